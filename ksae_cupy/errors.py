@@ -1,0 +1,15 @@
+"""The one exception type that user-facing entry points turn into a one-line message."""
+
+
+class KsaeError(Exception):
+    """A mistake the user can fix: bad option, missing data, corrupt file.
+
+    The message is one line that names the bad value and what is allowed. The CLI prints
+    it as ``error: <message>`` and exits with status 2; it never shows a traceback.
+    """
+
+
+def check(condition: bool, message: str) -> None:
+    """Raise :class:`KsaeError` with ``message`` unless ``condition`` holds."""
+    if not condition:
+        raise KsaeError(message)

@@ -1,0 +1,127 @@
+"""The k-sparse autoencoder of Makhzani & Frey (2014), section 2.2, with hand-written gradients.
+
+Tied weights ``W_dh`` (D inputs, H hidden units), encoder bias ``b_h``, decoder bias ``c_d``.
+The paper's algorithm box, for a minibatch ``X_nd``:
+
+    1) Z_nh    = X_nd W_dh + b_h                      (feedforward; linear units)
+    2) Gamma   = supp_k(Z_nh) per row; Zs_nh = Z_nh on Gamma, 0 elsewhere
+    3) Xhat_nd = Zs_nh W_dh^T + c_d ;  E = 0.5/N * sum_n ||Xhat_n - X_n||^2
+    4) backpropagate the error through the k kept units only.
+
+Loss scale: half the squared error, summed over dimensions and averaged over the batch,
+as in the authors' code; so the paper's learning rate 0.01 keeps its meaning.
+
+Gradients, with R_nd = (Xhat_nd - X_nd) / N and S_nh the mask of kept units:
+    dc_d  = sum_n R_nd
+    dZ_nh = (R_nd W_dh) * S_nh            (only the kept units pass gradient)
+    db_h  = sum_n dZ_nh
+    dW_dh = X_nd^T dZ_nh + R_nd^T Zs_nh   (W is used twice: encoder and decoder)
+
+Every function is written against the array module of its inputs (NumPy or CuPy).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .backend import array_module
+from .topk import scatter_rows, topk
+
+PARAM_NAMES = ("W_dh", "b_h", "c_d")
+
+
+def init_params(D: int, H: int, sigma: float, rng: np.random.Generator, dtype=np.float32):
+    """Gaussian weights of standard deviation ``sigma`` (section 4.3.2), zero biases.
+
+    Drawn on the host from ``rng`` so CPU and GPU runs with one seed start identically.
+    """
+    return {
+        "W_dh": (rng.standard_normal((D, H)) * sigma).astype(dtype),
+        "b_h": np.zeros(H, dtype=dtype),
+        "c_d": np.zeros(D, dtype=dtype),
+    }
+
+
+def hidden_preactivations(params, X_nd):
+    """``Z_nh = X_nd W_dh + b_h``: the linear hidden code before selection."""
+    return X_nd @ params["W_dh"] + params["b_h"]
+
+
+@dataclass
+class ForwardCache:
+    """What the backward pass needs from the forward pass."""
+
+    X_nd: object
+    idx_nk: object  # int32 columns of the kept units
+    Zs_nh: object  # sparse code: Z on the kept units, 0 elsewhere
+
+
+def forward(params, X_nd, k: int, topk_method: str = "sort"):
+    """Reconstruct ``X_nd`` through the k largest hidden units: ``(Xhat_nd, cache)``."""
+    Z_nh = hidden_preactivations(params, X_nd)
+    idx_nk, val_nk = topk(Z_nh, k, topk_method)
+    Zs_nh = scatter_rows(idx_nk, val_nk, Z_nh.shape[1])
+    Xhat_nd = Zs_nh @ params["W_dh"].T + params["c_d"]
+    return Xhat_nd, ForwardCache(X_nd=X_nd, idx_nk=idx_nk, Zs_nh=Zs_nh)
+
+
+def reconstruction_loss(Xhat_nd, X_nd):
+    """``(E, R_nd)``: E = 0.5/N sum ||Xhat - X||^2 (a host float) and R = dE/dXhat."""
+    xp = array_module(X_nd)
+    R_nd = Xhat_nd - X_nd
+    N = X_nd.shape[0]
+    loss = 0.5 * float(xp.vdot(R_nd, R_nd)) / N
+    R_nd /= N
+    return loss, R_nd
+
+
+def backward(params, R_nd, cache: ForwardCache):
+    """Gradients of the loss for every parameter, through the kept units only.
+
+    ``R_nd`` is dE/dXhat. Returns a dict with the keys of :data:`PARAM_NAMES`.
+    """
+    xp = array_module(R_nd)
+    # Gradient reaches Z only at the kept units: gather there, zero elsewhere.
+    dZs_nh = R_nd @ params["W_dh"]
+    dZ_nk = xp.take_along_axis(dZs_nh, cache.idx_nk, axis=1)
+    dZ_nh = scatter_rows(cache.idx_nk, dZ_nk, dZs_nh.shape[1])
+    # Both uses of W in one product: [X; R]^T [dZ; Zs] = X^T dZ + R^T Zs.
+    dW_dh = xp.concatenate([cache.X_nd, R_nd]).T @ xp.concatenate([dZ_nh, cache.Zs_nh])
+    return {"W_dh": dW_dh, "b_h": dZ_nh.sum(axis=0), "c_d": R_nd.sum(axis=0)}
+
+
+def loss_and_grads(params, X_nd, k: int, topk_method: str = "sort"):
+    """One forward and backward pass: ``(loss, grads, cache)``."""
+    Xhat_nd, cache = forward(params, X_nd, k, topk_method)
+    loss, R_nd = reconstruction_loss(Xhat_nd, X_nd)
+    return loss, backward(params, R_nd, cache), cache
+
+
+def encode(params, X_nd, k: int, alpha: float = 1.0, topk_method: str = "sort"):
+    """Sparse features ``h = supp_{alpha k}(W^T x + b)`` of section 2.2, as a dense (N, H) array.
+
+    ``alpha * k`` is rounded to the nearest integer and must not exceed H.
+    """
+    H = params["W_dh"].shape[1]
+    kept = alpha_k(k, alpha, H)
+    Z_nh = hidden_preactivations(params, X_nd)
+    idx_nk, val_nk = topk(Z_nh, kept, topk_method)
+    return scatter_rows(idx_nk, val_nk, H)
+
+
+def decode(params, Zs_nh):
+    """``Xhat_nd = Zs_nh W_dh^T + c_d``."""
+    return Zs_nh @ params["W_dh"].T + params["c_d"]
+
+
+def alpha_k(k: int, alpha: float, H: int) -> int:
+    """The number of units kept at encoding time, ``round(alpha * k)``, checked against H."""
+    from .errors import KsaeError
+
+    if not alpha >= 1:
+        raise KsaeError(f"alpha={alpha} is not allowed; use alpha >= 1 (section 2.2)")
+    kept = int(round(alpha * k))
+    if kept > H:
+        raise KsaeError(f"alpha*k = {alpha}*{k} = {kept} exceeds the {H} hidden units; use alpha <= {H / k:g}")
+    return kept
