@@ -141,7 +141,14 @@ def topk_threshold(Z_nh, k: int):
 
 
 def topk(Z_nh, k: int, method: str = "sort"):
-    """Dispatch to one implementation by name (``sort`` or ``threshold``)."""
+    """Dispatch to one implementation by name (``sort`` or ``threshold``).
+
+    CuPy arrays go to the CUDA kernels of :mod:`ksae_cupy.cuda` (same contract, same sets).
+    """
+    if array_module(Z_nh) is not np:
+        from .cuda import topk_gpu
+
+        return topk_gpu(Z_nh, k, method)
     if method == "sort":
         return topk_sort(Z_nh, k)
     if method == "threshold":

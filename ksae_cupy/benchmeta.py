@@ -1,0 +1,79 @@
+"""What every benchmark figure is recorded with: device, versions, commit, date; and where.
+
+Results are JSON files under ``benchmarks/results/`` (or ``--out``), written atomically.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+RESULTS_DIR = Path("benchmarks") / "results"
+
+
+def git_commit() -> str:
+    """The current commit (with ``-dirty`` when the tree has changes), or ``unknown``."""
+    try:
+        here = Path(__file__).resolve().parent
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        if commit.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return commit.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def run_metadata(backend=None) -> dict:
+    """Device, driver, library versions, commit and date, for one benchmark run."""
+    meta = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "blas": _blas_name(),
+    }
+    if backend is not None and backend.is_gpu:
+        import cupy
+
+        props = cupy.cuda.runtime.getDeviceProperties(backend.gpu_index)
+        name = props["name"]
+        meta.update({
+            "device": name.decode() if isinstance(name, bytes) else name,
+            "cupy": cupy.__version__,
+            "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
+            "cuda_driver": cupy.cuda.runtime.driverGetVersion(),
+        })
+    else:
+        meta["device"] = "cpu"
+    return meta
+
+
+def _blas_name() -> str:
+    try:
+        config = np.show_config(mode="dicts")
+        blas = config["Build Dependencies"]["blas"]
+        return f"{blas.get('name')} {blas.get('version', '')}".strip()
+    except Exception:  # older NumPy has no mode="dicts"
+        return "unknown"
+
+
+def write_results(name: str, payload: dict, out_dir: Path | None = None) -> Path:
+    """Write ``payload`` as ``<out_dir>/<name>-<date>.json`` atomically; return the path."""
+    out_dir = Path(out_dir) if out_dir is not None else RESULTS_DIR
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path = out_dir / f"{name}-{stamp}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    json.loads(tmp.read_text())  # verify before the rename
+    os.replace(tmp, path)
+    return path
