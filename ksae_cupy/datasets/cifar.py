@@ -74,7 +74,8 @@ def read_batch(raw: bytes, what: str) -> tuple[np.ndarray, np.ndarray]:
     try:
         batch = _ArrayUnpickler(io.BytesIO(raw), encoding="bytes").load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError) as exc:
-        raise KsaeError(f"{what}: not a readable CIFAR-10 batch ({type(exc).__name__}: {exc})") from None
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise KsaeError(f"{what}: not a readable CIFAR-10 batch ({type(exc).__name__}: {first})") from None
     if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
         keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
         raise KsaeError(f"{what}: CIFAR-10 batch holds {keys}; expected b'data' and b'labels'")
@@ -105,7 +106,8 @@ def read_archive(path: Path, n_expected: int | None = N_IMAGES) -> tuple[np.ndar
                 Xs.append(X)
                 ys.append(y)
     except (tarfile.TarError, OSError, EOFError) as exc:
-        raise KsaeError(f"{path}: not a readable tar archive ({type(exc).__name__}: {exc})") from None
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise KsaeError(f"{path}: not a readable tar archive ({type(exc).__name__}: {first})") from None
     X_n3072, y_n = np.concatenate(Xs), np.concatenate(ys)
     if n_expected is not None and len(X_n3072) != n_expected:
         raise KsaeError(f"{path}: training batches hold {len(X_n3072)} images; expected {n_expected}")
