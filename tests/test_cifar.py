@@ -110,11 +110,11 @@ def test_lcn_gives_each_patch_mean_zero_and_damped_unit_variance():
 def test_zca_whitened_covariance():
     rng = np.random.default_rng(3)
     A = rng.normal(size=(48, 48)) * np.logspace(0, -1, 48)  # correlated, eigenvalues spread 100x
-    X_nd = (rng.normal(size=(20_000, 48)) @ A.T + 5).astype(np.float32)
+    X_nd = (rng.normal(size=(10_000, 48)) @ A.T + 5).astype(np.float32)
     # With epsilon -> 0 the covariance of the result is the identity. The tolerance 2e-3 is
     # rounding only (the identity is exact algebra on the same sample): float32 storage of
     # X and P and float32 products over 48 terms, amplified by the condition number of C.
-    mean_d, P_dd = preprocess.zca_fit(X_nd, epsilon=1e-9, chunk=7000)
+    mean_d, P_dd = preprocess.zca_fit(X_nd, epsilon=1e-9, chunk=3000)
     W = preprocess.zca_apply(X_nd.copy(), mean_d, P_dd).astype(np.float64)
     np.testing.assert_allclose(np.cov(W.T), np.eye(48), atol=2e-3)
     np.testing.assert_allclose(P_dd, P_dd.T, atol=1e-6)  # ZCA: symmetric, unlike PCA whitening
