@@ -246,7 +246,7 @@ def data_fetch(name, data_dir):
 
     root = data_dir or data_root()
     paths = fetch_dataset(name, root, log=lambda msg: click.echo(msg, err=True))
-    for path in paths:
+    for path in paths.values():
         click.echo(f"ok  {path}")
 
 
@@ -274,8 +274,8 @@ def data_list(data_dir):
     from .datasets import data_root
     from .datasets.catalog import list_datasets
 
-    for name, state in list_datasets(data_dir or data_root()):
-        click.echo(f"{name:14s} {state}")
+    for name, description, state in list_datasets(data_dir or data_root()):
+        click.echo(f"{name:14s} {state:24s} {description}")
 
 
 # -- ksae-bench ------------------------------------------------------------------------

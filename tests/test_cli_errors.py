@@ -1,4 +1,6 @@
 """Every bad input to ksae-train answers with one line, exit status 2, and writes nothing."""
+import hashlib
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -90,9 +92,13 @@ def test_mnist_missing_and_no_source_reachable(tmp_path, monkeypatch):
 def test_file_failing_its_checksum(tmp_path):
     folder = tmp_path / "data" / "mnist"
     folder.mkdir(parents=True)
-    (folder / "train-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x03 not really mnist")
+    content = b"\x00\x00\x08\x03 not really mnist"
+    (folder / "train-images-idx3-ubyte").write_bytes(content)
     result = run(["mnist", *QUICK, "--data-dir", tmp_path / "data", "--run-dir", tmp_path / "run"], tmp_path, expect=2)
-    assert_one_line_error(result, "train-images-idx3-ubyte", "fails its checksum", mnist.FILES[0].sha256, "found")
+    found = hashlib.sha256(content).hexdigest()
+    assert_one_line_error(result, "train-images-idx3-ubyte", "fails its check", f"sha256 {found}",
+                          f"expected {mnist.FILES[0].sha256}")
+    assert (folder / "train-images-idx3-ubyte").read_bytes() == content  # the user's file is left alone
 
 
 def test_resume_with_contradicting_options(data_file, tmp_path):

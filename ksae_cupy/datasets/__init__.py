@@ -84,8 +84,27 @@ def load_synthetic(root: Path, log=print) -> Dataset:
                    y_valid=y[10_000:11_000], X_test=X[11_000:], y_test=y[11_000:], n_classes=4, image_shape=(8, 8))
 
 
+def load_norb(root: Path, log=print) -> Dataset:
+    from . import norb
+
+    return norb.load(root, log=log)
+
+
+def load_cifar_patches(root: Path, log=print) -> Dataset:
+    from . import cifar
+
+    return cifar.load(root, log=log)
+
+
+def load_patches(root: Path, log=print) -> Dataset:
+    from . import patches
+
+    return patches.load(root, log=log)
+
+
 # Built-in datasets by name. Each loader takes the data root and a log function.
-LOADERS = {"mnist": load_mnist, "synthetic": load_synthetic}
+LOADERS = {"mnist": load_mnist, "synthetic": load_synthetic, "norb": load_norb,
+           "cifar-patches": load_cifar_patches, "patches": load_patches}
 
 
 def load_user_file(spec: str, valid_fraction: float = 0.1, seed: int = 0) -> Dataset:

@@ -1,46 +1,89 @@
-"""The datasets that have files to fetch: what they are, where from, and their state on disk."""
+"""What ``ksae-data list / fetch / verify`` need: every dataset's files and sources by name.
+
+Plain functions; the click commands call them and print the rows.
+"""
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..errors import KsaeError
-from . import LOADERS, mnist
 from .fetch import ensure_files, verify_file
 
-# name -> (files, sources); the folder of each is <data root>/<name>.
-DATASET_FILES = {"mnist": (mnist.FILES, mnist.SOURCES)}
+
+def _dataset_files() -> dict:
+    from . import cifar, mnist, norb
+
+    # name -> (folder under the data root, file specs, sources)
+    return {
+        "mnist": ("mnist", mnist.FILES, mnist.SOURCES),
+        "norb": ("norb", norb.FILES, norb.SOURCES),
+        "cifar-patches": ("cifar", cifar.FILES, cifar.SOURCES),
+    }
 
 
-def fetch_dataset(name: str, root: Path, log=print) -> list[Path]:
-    """Fetch and verify every file of dataset ``name``; return their paths."""
-    if name not in DATASET_FILES:
-        fetchable = ", ".join(sorted(DATASET_FILES))
-        raise KsaeError(f"unknown dataset {name!r} for fetch; use one of {fetchable}")
-    specs, sources = DATASET_FILES[name]
-    return list(ensure_files(Path(root) / name, specs, sources, name, log=log).values())
+DATASET_FILES = _dataset_files()
+
+# Built-in datasets without files to fetch, and why.
+NO_FILES = {
+    "synthetic": "generated on the fly",
+    "patches": "photographs bundled with scikit-image (pip install 'ksae-cupy[patches]')",
+}
+
+DESCRIPTIONS = {
+    "mnist": "MNIST digits, 28x28, 50k/10k/10k, 10 classes",
+    "norb": "small NORB normalized-uniform, 2x32x32 = 2048 dims standardised, 20k/4.3k/24.3k, 5 classes",
+    "cifar-patches": "1M random 8x8x3 CIFAR-10 patches, LCN + ZCA, 95%/5% train/valid",
+    "patches": "random 8x8x3 patches of scikit-image photographs, LCN + ZCA, 95%/5% train/valid",
+    "synthetic": "sparse combinations of 8x8 atoms, 10k/1k/1k",
+}
 
 
-def verify_all(root: Path) -> list[tuple[str, str, str, str]]:
-    """``(dataset, file, status, detail)`` for every known file; status ok, missing or bad."""
+def list_datasets(root: Path) -> list[tuple[str, str, str]]:
+    """``(name, description, files)`` per built-in dataset; ``files`` is e.g. '2/4 present
+    in data/mnist' or why there is nothing to fetch."""
     rows = []
-    for name, (specs, _) in sorted(DATASET_FILES.items()):
-        for spec in specs:
-            status, path, found = verify_file(Path(root) / name, spec)
-            detail = f"expected sha256 {spec.sha256}, found {found}" if status == "bad" else ""
-            rows.append((name, path.name if path else spec.name, status, detail))
+    for name in sorted(set(DATASET_FILES) | set(NO_FILES)):
+        if name in DATASET_FILES:
+            folder, specs, _ = DATASET_FILES[name]
+            present = sum((Path(root) / folder / s.name).is_file() or (Path(root) / folder / (s.name + ".gz")).is_file()
+                          for s in specs)
+            files = f"{present}/{len(specs)} files present in {Path(root) / folder}"
+        else:
+            files = NO_FILES[name]
+        rows.append((name, DESCRIPTIONS.get(name, ""), files))
     return rows
 
 
-def list_datasets(root: Path) -> list[tuple[str, str]]:
-    """Every built-in dataset with a one-word state: generated, present, partial or missing."""
-    rows = verify_all(root)
-    states = []
-    for name in sorted(LOADERS):
-        mine = [status for dataset, _, status, _ in rows if dataset == name]
-        if not mine:
-            states.append((name, "generated (no files)"))
-        elif all(status == "ok" for status in mine):
-            states.append((name, "present"))
-        else:
-            states.append((name, "missing" if all(s == "missing" for s in mine) else "partial or bad"))
-    return states
+def verify_all(root: Path, names=None) -> list[tuple[str, str, str, str]]:
+    """``(dataset, file, status, detail)`` for every file of every dataset (or of ``names``).
+
+    ``status`` is ``ok``, ``missing`` or ``bad``; ``detail`` is the path checked and, for a
+    bad file, what failed. Files are checked in full (digests, size, format), never changed.
+    """
+    rows = []
+    for name in names or sorted(DATASET_FILES):
+        folder, specs, _ = _lookup(name)
+        for spec in specs:
+            status, path, problem = verify_file(Path(root) / folder, spec)
+            if status == "missing":
+                detail = f"not in {Path(root) / folder}"
+            else:
+                detail = str(path) + (f": {problem}" if problem else f" ({spec.describe()})")
+            rows.append((name, spec.name, status, detail))
+    return rows
+
+
+def fetch_dataset(name: str, root: Path, log=print) -> dict[str, Path]:
+    """Make every file of dataset ``name`` present and verified; return file name -> path."""
+    if name in NO_FILES:
+        log(f"{name}: nothing to fetch ({NO_FILES[name]})")
+        return {}
+    folder, specs, sources = _lookup(name)
+    return ensure_files(Path(root) / folder, specs, sources, name, log=log)
+
+
+def _lookup(name: str):
+    if name not in DATASET_FILES:
+        known = sorted(set(DATASET_FILES) | set(NO_FILES))
+        raise KsaeError(f"unknown dataset {name!r}; use one of {', '.join(known)}")
+    return DATASET_FILES[name]

