@@ -275,7 +275,7 @@ def data_list(data_dir):
     from .datasets.catalog import list_datasets
 
     for name, description, state in list_datasets(data_dir or data_root()):
-        click.echo(f"{name:14s} {state:24s} {description}")
+        click.echo(f"{name:14s} {state:44s} {description}")
 
 
 # -- ksae-bench ------------------------------------------------------------------------
