@@ -129,3 +129,32 @@ def test_learns_a_small_labelled_problem_well_above_chance():
     after = trainer.error(X_te, y_te)
     # Chance is 2/3 error for three balanced classes.
     assert after < 0.35 and after < before - 0.2, (before, after)
+
+
+def test_pretrained_stack_initialises_a_deep_net_that_learns():
+    from ksae_cupy.pretrain import encoder_of, pretrain_stack
+
+    common = dict(k_start=None, epochs=5, batch_size=50, lr=0.05, sigma=0.1, device="cpu", seed=1)
+    ae1, ae2 = pretrain_stack(X_tr, [dict(n_hidden=24, k=4, **common), dict(n_hidden=12, k=3, **common)],
+                              code_alpha=2)
+    # Layer 2 was trained on the alpha*k-sparse codes of layer 1.
+    assert ae2.components_.shape == (12, 24)
+    codes = ae1.transform(X_tr[:5], alpha=2)
+    assert ((codes != 0).sum(axis=1) <= 8).all()
+    rng = np.random.default_rng(0)
+    params = finetune.init_from_encoders([encoder_of(ae1), encoder_of(ae2)], 3, 0.01, rng)
+    np.testing.assert_array_equal(params["W1_dh"], ae1.components_.T)
+    np.testing.assert_array_equal(params["b2_h"], encoder_of(ae2)[1])
+    config = finetune.FinetuneConfig(kept=[8, 6], phases=["softmax", "top", "all"], epochs=4, batch_size=40,
+                                     lr_start=0.3, lr_end=0.01, momentum=0.5)
+    trainer = finetune.FinetuneTrainer(config, CPU, params, rng)
+    trainer.fit(X_tr, y_tr)
+    assert trainer.finished and trainer.error(X_te, y_te) < 0.4  # chance: 2/3
+
+
+def test_layers_that_do_not_stack_are_refused():
+    from ksae_cupy.errors import KsaeError
+
+    rng = np.random.default_rng(0)
+    with pytest.raises(KsaeError, match="do not stack"):
+        finetune.init_from_encoders([(np.zeros((4, 6)), np.zeros(6)), (np.zeros((5, 3)), np.zeros(3))], 2, 0.01, rng)
