@@ -26,6 +26,9 @@ from .cli import EXIT_INTERRUPTED, _install_interrupt_handler, report_errors
 from .errors import KsaeError
 
 RESULTS = "finetune.json"
+# Options fixed by a run: on --resume, giving one is an error rather than silently ignored.
+RUN_SHAPING = ("dataset", "alpha", "epochs", "phases", "lr_start", "lr_end", "momentum", "batch_size", "sigma",
+               "no_pretraining", "hidden", "k", "seed", "dtype")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -52,8 +55,9 @@ RESULTS = "finetune.json"
 @click.option("--resume", type=click.Path(path_type=Path), default=None, help="Continue the fine-tuning run in this folder.")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Data root.")
 @click.option("--quiet", is_flag=True)
+@click.pass_context
 @report_errors
-def finetune_command(pretrained, dataset, alpha, epochs, phases, lr_start, lr_end, momentum, batch_size, sigma,
+def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, lr_end, momentum, batch_size, sigma,
                      no_pretraining, hidden, k, seed, dtype, device, run_dir, checkpoint_every, resume, data_dir,
                      quiet):
     """Fine-tune a softmax network initialised from PRETRAINED_RUN_DIR [PRETRAINED_RUN_DIR_2] (ksae-train runs)."""
@@ -70,6 +74,10 @@ def finetune_command(pretrained, dataset, alpha, epochs, phases, lr_start, lr_en
     if resume is not None:
         if pretrained:
             raise KsaeError("--resume takes no PRETRAINED_RUN_DIR; the run folder remembers its own")
+        given = sorted(f"--{name.replace('_', '-')}" for name in RUN_SHAPING
+                       if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE)
+        if given:
+            raise KsaeError(f"--resume: {', '.join(given)} cannot change a run in progress; leave them out")
         folder = RunFolder(resume)
         folder.check_resumable()
         resolved = folder.read_config()

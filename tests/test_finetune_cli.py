@@ -80,6 +80,7 @@ def test_no_pretraining_run(tmp_path):
     ("momentum", ["--momentum 1.0"]),
     ("unlabelled", ["has no labels"]),
     ("resume_missing", ["--resume", "no such run folder"]),
+    ("resume_options", ["--resume: --epochs", "leave them out"]),
 ])
 def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, case, fragments):
     out = tmp_path / "ft"
@@ -99,8 +100,12 @@ def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, case, fragments):
         "momentum": [a, "--momentum", "1"],
         "unlabelled": [a, "--dataset", tmp_path / "x.npy"],
         "resume_missing": ["--resume", tmp_path / "nope"],
+        "resume_options": ["--resume", tmp_path / "nope"],
     }[case]
     # The case's own options come last, so they win over QUICK's.
-    result = invoke([*QUICK, "--run-dir", out, *args], expect=2)
+    quick = ["--device", "cpu"] if case.startswith("resume") else [*QUICK, "--run-dir", out]
+    if case == "resume_options":
+        quick += ["--epochs", "3"]
+    result = invoke([*quick, *args], expect=2)
     assert_one_line_error(result, *fragments)
     assert not (out / "checkpoint.h5").exists()
