@@ -1,0 +1,387 @@
+"""Supervised fine-tuning of k-sparse autoencoders (sections 4.3.2, 4.5 and 4.6).
+
+The discriminative network, for a minibatch ``X_nd`` with labels ``y_n``:
+
+    A0_nd = X_nd
+    Z_l   = A_{l-1} W_l + b_l                     (linear units, as in the autoencoder)
+    A_l   = Z_l on its alpha*k largest entries per row, 0 elsewhere   (l = 1..L)
+    S_nc  = A_L W_hc + b_c ;  P_nc = softmax(S_nc)
+    E     = -1/N sum_n log P[n, y_n]              (cross-entropy averaged over the batch)
+
+Layer l starts from the encoder ``W_dh, b_h`` of the l-th pretrained k-sparse autoencoder
+(or, "no pretraining", from Gaussian weights); the softmax layer starts from Gaussian
+weights. At fine-tuning every hidden layer keeps its ``alpha*k`` largest units (section
+4.5: "we used the alpha k largest hidden units"), and the error flows back through those
+kept units only, exactly as in :func:`ksae_cupy.model.backward`.
+
+Gradients, with G_nc = (P_nc - onehot(y)_nc) / N:
+    dW_hc = A_L^T G ;  db_c = sum_n G ;  dA_L = G W_hc^T
+    dZ_l  = dA_l on the kept units of layer l, 0 elsewhere
+    dW_l  = A_{l-1}^T dZ_l ;  db_l = sum_n dZ_l ;  dA_{l-1} = dZ_l W_l^T
+
+Layer-wise fine-tuning of the deep net (section 4.6) runs phases in order:
+``softmax`` (only ``W_hc, b_c`` learn), ``top`` (the last hidden layer and the softmax),
+``all``. Frozen parameters are not touched at all -- not even by a zero update, which
+could turn -0.0 into +0.0 -- so they stay bit-identical. Each phase is its own run of
+momentum SGD with the learning rate decaying linearly from ``lr_start`` to ``lr_end``
+(section 4.3.2) and fresh zero velocities: a phase starts a new optimisation problem.
+
+Parameter names: ``W1_dh, b1_h`` (layer 1), ``W2_hh, b2_h`` (layer 2, and so on),
+``W_hc, b_c`` (softmax). Everything is written against the array module of its inputs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .backend import Backend, array_module, to_host
+from .errors import KsaeError
+from .optim import MomentumSGD
+from .schedules import linear_decay
+from .topk import TOPK_METHODS, scatter_rows, topk
+
+PHASES = ("softmax", "top", "all")
+
+
+# -- the network ---------------------------------------------------------------------------
+
+def layer_names(l: int) -> tuple[str, str]:
+    """Names of the weight and bias of hidden layer ``l`` (1-based)."""
+    return ("W1_dh", "b1_h") if l == 1 else (f"W{l}_hh", f"b{l}_h")
+
+
+def n_layers(params) -> int:
+    return sum(1 for name in params if name.startswith("W") and name != "W_hc")
+
+
+def param_names(L: int) -> list[str]:
+    names = [n for l in range(1, L + 1) for n in layer_names(l)]
+    return names + ["W_hc", "b_c"]
+
+
+def trainable_names(phase: str, L: int) -> list[str]:
+    """The parameters that learn in ``phase`` of a net with ``L`` hidden layers."""
+    if phase == "softmax":
+        return ["W_hc", "b_c"]
+    if phase == "top":
+        return list(layer_names(L)) + ["W_hc", "b_c"]
+    if phase == "all":
+        return param_names(L)
+    raise KsaeError(f"fine-tuning phase {phase!r} is not allowed; use one of {', '.join(PHASES)}")
+
+
+def init_from_encoders(encoders, n_classes: int, sigma: float, rng: np.random.Generator, dtype=np.float32):
+    """Parameters of the net from a list of ``(W_dh, b_h)`` host arrays, one per hidden layer.
+
+    Consecutive layers must chain (layer l+1 takes as many inputs as layer l has units).
+    The softmax weights are Gaussian of std ``sigma``, drawn from ``rng``; biases zero.
+    """
+    params = {}
+    for l, (W, b) in enumerate(encoders, start=1):
+        W, b = np.asarray(W), np.asarray(b)
+        if l > 1 and W.shape[0] != encoders[l - 2][0].shape[1]:
+            raise KsaeError(f"layer {l} takes {W.shape[0]} inputs but layer {l - 1} has "
+                            f"{encoders[l - 2][0].shape[1]} hidden units; the pretrained runs do not stack")
+        w_name, b_name = layer_names(l)
+        params[w_name], params[b_name] = W.astype(dtype, copy=True), b.astype(dtype, copy=True)
+    H = encoders[-1][0].shape[1]
+    params["W_hc"] = (rng.standard_normal((H, n_classes)) * sigma).astype(dtype)
+    params["b_c"] = np.zeros(n_classes, dtype=dtype)
+    return params
+
+
+def init_random(D: int, hidden: list[int], n_classes: int, sigma: float, rng: np.random.Generator,
+                dtype=np.float32):
+    """"No pretraining": the same net with Gaussian weights (std ``sigma``) in every layer."""
+    encoders, fan_in = [], D
+    for H in hidden:
+        encoders.append(((rng.standard_normal((fan_in, H)) * sigma).astype(dtype), np.zeros(H, dtype=dtype)))
+        fan_in = H
+    return init_from_encoders(encoders, n_classes, sigma, rng, dtype)
+
+
+@dataclass
+class NetCache:
+    """What the backward pass needs: each layer's input and kept columns, the probabilities."""
+
+    inputs: list = field(default_factory=list)  # A_{l-1} for l = 1..L
+    idx: list = field(default_factory=list)  # idx_nk of layer l
+    A_top: object = None  # A_L
+    P_nc: object = None
+
+
+def forward(params, X_nd, kept: list[int], topk_method: str = "sort"):
+    """Logits ``S_nc`` and the cache; ``kept[l-1]`` units survive in hidden layer l."""
+    A, cache = X_nd, NetCache()
+    for l, k in enumerate(kept, start=1):
+        w_name, b_name = layer_names(l)
+        Z_nh = A @ params[w_name] + params[b_name]
+        idx_nk, val_nk = topk(Z_nh, k, topk_method)
+        cache.inputs.append(A)
+        cache.idx.append(idx_nk)
+        A = scatter_rows(idx_nk, val_nk, Z_nh.shape[1])
+    cache.A_top = A
+    return A @ params["W_hc"] + params["b_c"], cache
+
+
+def softmax_cross_entropy(S_nc, y_n):
+    """``(E, P_nc)``: mean cross-entropy (a host float) and the softmax probabilities."""
+    xp = array_module(S_nc)
+    shifted = S_nc - S_nc.max(axis=1, keepdims=True)  # stable log-sum-exp
+    log_norm_n = xp.log(xp.exp(shifted).sum(axis=1))
+    N = S_nc.shape[0]
+    log_p_true = shifted[xp.arange(N), y_n] - log_norm_n
+    P_nc = xp.exp(shifted - log_norm_n[:, None])
+    return -float(log_p_true.sum()) / N, P_nc
+
+
+def backward(params, P_nc, y_n, cache: NetCache, trainable) -> dict:
+    """Gradients of the mean cross-entropy for the ``trainable`` names only.
+
+    Products that only feed frozen parameters are skipped.
+    """
+    xp = array_module(P_nc)
+    N = P_nc.shape[0]
+    G_nc = P_nc.copy()
+    G_nc[xp.arange(N), y_n] -= 1
+    G_nc /= N
+    grads = {}
+    if "W_hc" in trainable:
+        grads["W_hc"] = cache.A_top.T @ G_nc
+    if "b_c" in trainable:
+        grads["b_c"] = G_nc.sum(axis=0)
+    L = len(cache.idx)
+    lowest = min([l for l in range(1, L + 1) if set(layer_names(l)) & set(trainable)], default=L + 1)
+    if lowest > L:
+        return grads
+    dA = G_nc @ params["W_hc"].T
+    for l in range(L, lowest - 1, -1):
+        w_name, b_name = layer_names(l)
+        idx_nk = cache.idx[l - 1]
+        # Gradient reaches Z only at the kept units of this layer.
+        dZ = scatter_rows(idx_nk, xp.take_along_axis(dA, idx_nk, axis=1), dA.shape[1])
+        if w_name in trainable:
+            grads[w_name] = cache.inputs[l - 1].T @ dZ
+        if b_name in trainable:
+            grads[b_name] = dZ.sum(axis=0)
+        if l > lowest:
+            dA = dZ @ params[w_name].T
+    return grads
+
+
+def loss_and_grads(params, X_nd, y_n, kept, trainable=None, topk_method: str = "sort"):
+    """One forward and backward pass: ``(loss, grads)``; ``trainable=None`` means all."""
+    S_nc, cache = forward(params, X_nd, kept, topk_method)
+    loss, P_nc = softmax_cross_entropy(S_nc, y_n)
+    names = param_names(len(kept)) if trainable is None else trainable
+    return loss, backward(params, P_nc, y_n, cache, names)
+
+
+def predict(params, X_nd, kept, topk_method: str = "sort", chunk: int = 8192):
+    """Class of each row (argmax of the logits), on the array module of ``X_nd``."""
+    xp = array_module(X_nd)
+    out = [xp.argmax(forward(params, X_nd[s:s + chunk], kept, topk_method)[0], axis=1)
+           for s in range(0, X_nd.shape[0], chunk)]
+    return xp.concatenate(out) if out else xp.zeros(0, dtype=np.int64)
+
+
+def error_rate(params, X_nd, y_n, kept, topk_method: str = "sort") -> float:
+    """Fraction of misclassified rows."""
+    pred = predict(params, X_nd, kept, topk_method)
+    return float(to_host((pred != y_n).mean()))
+
+
+# -- training ------------------------------------------------------------------------------
+
+@dataclass
+class FinetuneConfig:
+    """Options of one fine-tuning run; defaults are the paper's supervised MNIST settings.
+
+    Sources: momentum 0.25 and lr 1 -> 0.001 linearly over 200 epochs (section 4.3.2);
+    alpha*k units kept in every hidden layer, k=25, alpha=3 on MNIST (section 4.6);
+    phases softmax / top / all for the deep net (section 4.6). ``epochs`` is per phase.
+    Batch 128 and softmax std 0.01 are our choices (the paper does not say).
+    """
+
+    kept: list = field(default_factory=lambda: [75])  # alpha*k per hidden layer
+    phases: list = field(default_factory=lambda: ["all"])
+    epochs: int = 200
+    batch_size: int = 128
+    lr_start: float = 1.0
+    lr_end: float = 0.001
+    momentum: float = 0.25
+    sigma: float = 0.01
+    topk: str = "sort"
+    seed: int = 0
+    dtype: str = "float32"
+
+    def validate(self, n_train: int | None = None, hidden: list[int] | None = None) -> None:
+        """Raise :class:`KsaeError` naming the first bad option and what is allowed."""
+        if not self.phases or any(p not in PHASES for p in self.phases):
+            raise KsaeError(f"phases {self.phases} are not allowed; use a list drawn from {', '.join(PHASES)}")
+        if self.epochs <= 0:
+            raise KsaeError(f"--epochs {self.epochs} is not allowed; use a positive number of epochs")
+        if self.batch_size <= 0 or (n_train is not None and self.batch_size > n_train):
+            limit = f" and at most the {n_train} training examples" if n_train is not None else ""
+            raise KsaeError(f"--batch-size {self.batch_size} is not allowed; use a positive size{limit}")
+        for name in ("lr_start", "lr_end"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise KsaeError(f"--{name.replace('_', '-')} {value} is not allowed; use a positive learning rate")
+        if not 0 <= self.momentum < 1:
+            raise KsaeError(f"--momentum {self.momentum} is not allowed; use 0 <= momentum < 1")
+        if self.topk not in TOPK_METHODS:
+            raise KsaeError(f"--topk {self.topk!r} is not allowed; use one of {', '.join(TOPK_METHODS)}")
+        if self.dtype not in ("float32", "float64"):
+            raise KsaeError(f"--dtype {self.dtype!r} is not allowed; use float32 or float64")
+        for l, k in enumerate(self.kept, start=1):
+            H = hidden[l - 1] if hidden else None
+            if k < 1 or (H is not None and k > H):
+                raise KsaeError(f"alpha*k = {k} units kept in layer {l} is not allowed; use 1 <= alpha*k <= {H}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "FinetuneConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in values.items() if key in names})
+
+
+@dataclass
+class FinetuneReport:
+    """What one epoch did (written to ``metrics.jsonl``)."""
+
+    phase: str
+    epoch: int  # 1-based within the phase
+    step: int
+    lr: float
+    train_loss: float  # mean over the epoch's batches of the cross-entropy
+    valid_error: float | None
+    seconds: float
+
+
+class FinetuneTrainer:
+    """Parameters, velocities and random state of one fine-tuning run, on ``backend``.
+
+    Resumable to the bit on the CPU: the batch order comes from one NumPy generator whose
+    state (and, mid-epoch, the epoch's order) is saved by :meth:`state` and restored by
+    :meth:`from_state`.
+    """
+
+    def __init__(self, config: FinetuneConfig, backend: Backend, host_params: dict, rng: np.random.Generator):
+        config.validate(hidden=[host_params[layer_names(l)[0]].shape[1] for l in range(1, len(config.kept) + 1)])
+        self.config, self.backend, self.rng = config, backend, rng
+        self.dtype = np.dtype(config.dtype)
+        self.params = {name: backend.asarray(value, dtype=self.dtype) for name, value in host_params.items()}
+        self.phase_index, self.epoch, self.step, self.batch_in_epoch, self.epoch_perm = 0, 0, 0, 0, None
+        self.optimizer = MomentumSGD(self.params, config.momentum, backend.xp)
+        self.stop_requested = False
+
+    @property
+    def L(self) -> int:
+        return len(self.config.kept)
+
+    @property
+    def finished(self) -> bool:
+        return self.phase_index >= len(self.config.phases)
+
+    @property
+    def phase(self) -> str:
+        return self.config.phases[self.phase_index]
+
+    def current_lr(self) -> float:
+        return linear_decay(self.epoch, self.config.epochs, self.config.lr_start, self.config.lr_end)
+
+    def run_epoch(self, X_nd, y_n, X_valid_nd=None, y_valid_n=None, on_batch=None) -> FinetuneReport | None:
+        """One epoch (or the rest of an interrupted one) of the current phase, on device arrays.
+
+        Returns None when :attr:`stop_requested` stopped it between batches.
+        """
+        cfg = self.config
+        trainable = trainable_names(self.phase, self.L)
+        N = X_nd.shape[0]
+        lr = self.current_lr()
+        if self.epoch_perm is None:
+            self.epoch_perm = self.rng.permutation(N)
+            self.batch_in_epoch = 0
+        order = self.backend.asarray(self.epoch_perm.astype(np.int64))
+        n_batches = -(-N // cfg.batch_size)
+        loss_sum, loss_batches, start = 0.0, 0, time.perf_counter()
+        # Only the trainable arrays go to the optimiser: frozen ones are never written.
+        live = {name: self.params[name] for name in trainable}
+        for b in range(self.batch_in_epoch, n_batches):
+            rows = order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
+            loss, grads = loss_and_grads(self.params, X_nd[rows], y_n[rows], cfg.kept, trainable, cfg.topk)
+            if not math.isfinite(loss):
+                from .train import TrainingDiverged
+
+                raise TrainingDiverged(f"the cross-entropy became {loss} in phase {self.phase}, epoch "
+                                       f"{self.epoch + 1}; try a smaller --lr-start (now {cfg.lr_start})")
+            self.optimizer.step(live, grads, lr)
+            loss_sum, loss_batches = loss_sum + loss, loss_batches + 1
+            self.step += 1
+            self.batch_in_epoch = b + 1
+            if on_batch is not None:
+                on_batch(b + 1, n_batches)
+            if self.stop_requested and b + 1 < n_batches:
+                return None
+        self.backend.synchronize()
+        phase = self.phase
+        self.epoch += 1
+        self.batch_in_epoch, self.epoch_perm = 0, None
+        report = FinetuneReport(
+            phase=phase, epoch=self.epoch, step=self.step, lr=lr, train_loss=loss_sum / max(loss_batches, 1),
+            valid_error=self.error(X_valid_nd, y_valid_n) if X_valid_nd is not None else None,
+            seconds=time.perf_counter() - start)
+        if self.epoch >= cfg.epochs:
+            self._next_phase()
+        return report
+
+    def _next_phase(self) -> None:
+        # A new phase is a new optimisation problem: fresh velocities, fresh lr schedule.
+        self.phase_index += 1
+        self.epoch = 0
+        for v in self.optimizer.velocities.values():
+            v[...] = 0
+
+    def fit(self, X_nd, y_n, X_valid_nd=None, y_valid_n=None, on_epoch=None, on_batch=None) -> None:
+        """Run every remaining phase, or until :attr:`stop_requested`."""
+        with self.backend.use():
+            while not self.finished:
+                report = self.run_epoch(X_nd, y_n, X_valid_nd, y_valid_n, on_batch)
+                if report is None:
+                    return
+                if on_epoch is not None:
+                    on_epoch(report)
+                if self.stop_requested:
+                    return
+
+    def error(self, X_nd, y_n) -> float:
+        return error_rate(self.params, X_nd, y_n, self.config.kept, self.config.topk)
+
+    # -- state for checkpoints -------------------------------------------------------------
+    def state(self) -> dict:
+        """Host copy of the whole state (see :mod:`ksae_cupy.finetune_checkpoint`)."""
+        return {
+            "params": {n: to_host(v) for n, v in self.params.items()},
+            "velocities": {n: to_host(v) for n, v in self.optimizer.velocities.items()},
+            "config": self.config.to_dict(), "phase_index": self.phase_index, "epoch": self.epoch,
+            "step": self.step, "batch_in_epoch": self.batch_in_epoch, "rng_state": self.rng.bit_generator.state,
+            "epoch_perm": self.epoch_perm if self.batch_in_epoch else None,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict, backend: Backend) -> "FinetuneTrainer":
+        rng = np.random.default_rng()
+        rng.bit_generator.state = state["rng_state"]
+        trainer = cls(FinetuneConfig.from_dict(state["config"]), backend, state["params"], rng)
+        for name, value in state["velocities"].items():
+            trainer.optimizer.velocities[name][...] = backend.asarray(value)
+        trainer.phase_index, trainer.epoch, trainer.step = state["phase_index"], state["epoch"], state["step"]
+        trainer.batch_in_epoch, trainer.epoch_perm = state["batch_in_epoch"], state["epoch_perm"]
+        return trainer
