@@ -1,0 +1,421 @@
+"""Data-parallel training over MPI ranks: every rank trains on its shard of each minibatch.
+
+Launch (one process per rank; on GPUs one GPU per rank and ``--comm nccl``):
+
+    mpiexec -n 4 python -m mpi4py -m ksae_cupy.distributed train synthetic --hidden 256 --k 5 --epochs 20
+    mpiexec -n 4 python -m mpi4py -m ksae_cupy.distributed train --resume runs/synthetic-h256-k5-...
+
+How one step works:
+
+* every rank seeds the same host generator, so all ranks draw the same initial weights and
+  the same permutation of each epoch: they agree on every global minibatch without
+  exchanging indices;
+* rank r takes the r-th contiguous shard of the global minibatch and computes its loss and
+  gradients, scaled by ``n_shard / n_batch`` so that summing over ranks gives the gradient
+  of the loss averaged over the *global* batch (the top-k is per example, so sharding rows
+  changes nothing else);
+* all gradients and the loss are packed into ONE flat buffer and summed by one all-reduce
+  (MPI on host arrays, NCCL on GPU arrays); every rank then takes the same optimiser step,
+  so the parameters stay identical on all ranks (checked at every checkpoint).
+
+Rank 0 alone writes the run folder (config, metrics, checkpoints); a checkpoint is a
+plain single-process checkpoint plus the world size, and resuming needs the same number
+of ranks. An error on any rank aborts the whole job (``MPI_Abort``) instead of leaving the
+other ranks waiting in a collective forever.
+
+``--shard-hidden`` instead splits the hidden units over the ranks (see
+:mod:`ksae_cupy.dist_hidden`). mpi4py is imported only inside functions.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+import zlib
+
+import numpy as np
+
+from . import model
+from .backend import to_host
+from .errors import KsaeError
+from .train import EpochReport, Trainer, TrainingDiverged
+
+
+def shard_bounds(n: int, size: int, rank: int) -> tuple[int, int]:
+    """``[start, stop)`` of rank ``rank``'s contiguous share of ``n`` items (sizes differ by <= 1)."""
+    base, extra = divmod(n, size)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+class FlatGrads:
+    """One contiguous buffer holding every gradient plus the loss: one all-reduce per step.
+
+    ``views[name]`` are reshaped views into ``flat``; the loss is the last element (in the
+    parameters' dtype: float32 loses nothing that matters for a logged loss).
+    """
+
+    def __init__(self, params: dict, xp):
+        sizes = [int(np.prod(params[n].shape)) for n in model.PARAM_NAMES]
+        dtype = params[model.PARAM_NAMES[0]].dtype
+        self.flat = xp.zeros(sum(sizes) + 1, dtype=dtype)
+        self.views, offset = {}, 0
+        for name, size in zip(model.PARAM_NAMES, sizes):
+            self.views[name] = self.flat[offset:offset + size].reshape(params[name].shape)
+            offset += size
+        self.loss_slot = offset
+
+    def pack(self, grads: dict | None, loss: float, scale: float) -> None:
+        """Copy ``scale * grads`` and ``scale * loss`` into the buffer (zeros for an empty shard)."""
+        if grads is None:
+            self.flat[...] = 0
+            return
+        for name, view in self.views.items():
+            view[...] = grads[name]
+            view *= view.dtype.type(scale)
+        self.flat[self.loss_slot] = loss * scale
+
+    @property
+    def loss(self) -> float:
+        return float(self.flat[self.loss_slot])
+
+
+class DataParallelTrainer(Trainer):
+    """A :class:`~ksae_cupy.train.Trainer` whose steps all-reduce gradients over ``comm``.
+
+    ``allreduce(flat)`` sums a buffer of the backend's array type in place; with a GPU
+    backend and MPI it is wrapped to go through the host.
+    """
+
+    def __init__(self, config, backend, D, comm, allreduce, checkpoint=None):
+        super().__init__(config, backend, D, checkpoint)
+        self.comm, self.rank, self.size = comm, comm.rank, comm.size
+        self.allreduce = allreduce
+        self.grads = FlatGrads(self.params, backend.xp)
+        self.fail_at_step = None  # (step, mode) for the fault-injection test only
+
+    def _sum_host(self, a):
+        """Sum a small array over the ranks through the host (epoch statistics)."""
+        from .comm import mpi_sum_inplace
+
+        return mpi_sum_inplace(self.comm, np.ascontiguousarray(to_host(a)))
+
+    def run_epoch(self, X_train_nd, X_valid_nd=None, on_batch=None) -> EpochReport | None:
+        cfg, xp = self.config, self.backend.xp
+        N, H = X_train_nd.shape[0], cfg.hidden
+        k = self.current_k()
+        if self.epoch_perm is None:
+            self.epoch_perm = self.rng.permutation(N)  # same generator state on every rank
+            self.batch_in_epoch = 0
+        n_batches = -(-N // cfg.batch_size)
+        kept_count_h = xp.zeros(H, dtype=np.int64)
+        loss_sum, loss_batches = 0.0, 0
+        start = time.perf_counter()
+        first_batch = self.batch_in_epoch
+        for b in range(first_batch, n_batches):
+            batch = self.epoch_perm[b * cfg.batch_size:(b + 1) * cfg.batch_size]
+            lo, hi = shard_bounds(len(batch), self.size, self.rank)
+            self._maybe_fail()
+            if hi > lo:
+                X_nd = X_train_nd[self.backend.asarray(batch[lo:hi].astype(np.int64))]
+                loss, grads, cache = model.loss_and_grads(self.params, X_nd, k, cfg.topk)
+                kept_count_h += xp.bincount(cache.idx_nk.ravel(), minlength=H)
+                self.grads.pack(grads, loss, (hi - lo) / len(batch))
+            else:  # a last batch smaller than the rank count leaves some ranks idle
+                self.grads.pack(None, 0.0, 0.0)
+            self.allreduce(self.grads.flat)
+            loss = self.grads.loss  # the global batch's loss, the same on every rank
+            if not math.isfinite(loss):
+                raise TrainingDiverged(f"the loss became {loss} at epoch {self.epoch + 1}, step {self.step + 1}; "
+                                       f"nothing was saved after the last good checkpoint; try a smaller --lr (now {cfg.lr})")
+            self.optimizer.step(self.params, self.grads.views, cfg.lr)
+            loss_sum += loss
+            loss_batches += 1
+            self.step += 1
+            self.batch_in_epoch = b + 1
+            if on_batch is not None:
+                on_batch(b + 1, n_batches)
+        self.backend.synchronize()
+        seconds = time.perf_counter() - start
+        samples = min(N, n_batches * cfg.batch_size) - first_batch * cfg.batch_size
+        self.epoch += 1
+        self.batch_in_epoch, self.epoch_perm = 0, None
+        kept_count_h = self._sum_host(kept_count_h)
+        return EpochReport(
+            epoch=self.epoch, step=self.step, k=k, lr=cfg.lr,
+            train_loss=loss_sum / max(loss_batches, 1),
+            valid_loss=self.evaluate_loss(X_valid_nd, k) if X_valid_nd is not None else None,
+            dead_fraction=float((kept_count_h == 0).mean()),
+            samples_per_s=samples / seconds if seconds > 0 else float("inf"),
+            seconds=seconds,
+        )
+
+    def evaluate_loss(self, X_nd, k=None, chunk: int = 4096) -> float:
+        """The mean loss over ``X_nd``, each rank evaluating its contiguous share."""
+        lo, hi = shard_bounds(X_nd.shape[0], self.size, self.rank)
+        partial = Trainer.evaluate_loss(self, X_nd[lo:hi], k, chunk) * (hi - lo) if hi > lo else 0.0
+        return float(self._sum_host(np.array([partial]))[0]) / X_nd.shape[0]
+
+    def check_replicas_agree(self) -> None:
+        """Raise when the ranks' parameters differ (they must be bit-identical)."""
+        crc = 0
+        for name in model.PARAM_NAMES:
+            crc = zlib.crc32(np.ascontiguousarray(to_host(self.params[name])).tobytes(), crc)
+        crcs = self.comm.allgather(crc)
+        if len(set(crcs)) != 1:
+            raise KsaeError(f"the ranks' parameters differ after step {self.step} (CRC32 per rank: {crcs})")
+
+    def checkpoint(self, preprocess=None):
+        ckpt = super().checkpoint(preprocess)
+        ckpt.config["world_size"] = self.size
+        return ckpt
+
+    def _maybe_fail(self) -> None:
+        if self.fail_at_step is not None and self.step == self.fail_at_step[0]:
+            if self.fail_at_step[1] == "exit":
+                import os
+
+                os._exit(3)  # a crash: no exception handler, no MPI_Abort
+            raise RuntimeError(f"injected failure on rank {self.rank} at step {self.step}")
+
+
+def _host_allreducer(backend, allreduce):
+    """Wrap an MPI host all-reduce so it accepts the backend's (possibly GPU) buffers."""
+    if not backend.is_gpu:
+        return allreduce
+
+    def through_host(flat):
+        host = to_host(flat)
+        allreduce(host)
+        flat[...] = backend.asarray(host)
+        return flat
+
+    return through_host
+
+
+# -- command line ----------------------------------------------------------------------
+
+def run_distributed(dataset, config, *, run_dir, resume, device, comm_kind, checkpoint_every, data_dir, quiet,
+                    shard_hidden=False, topk_dist="threshold", fail_at_step=None, log=print):
+    """Train on every rank of ``MPI.COMM_WORLD``; rank 0 writes ``run_dir``. Returns the trainer."""
+    from .backend import resolve_device
+    from .checkpoint import load_checkpoint
+    from .comm import make_allreducer, world
+    from .datasets import load_dataset
+    from .runs import RunFolder, default_run_dir
+    from .train import TrainConfig
+
+    comm = world()
+    rank, size = comm.rank, comm.size
+    say = log if (rank == 0 and not quiet) else (lambda *a, **kw: None)
+    if device.startswith("gpu") and ":" not in device:
+        device = f"gpu:{rank % _gpus_per_node()}"  # one GPU per rank on each node
+    backend = resolve_device(device)
+    if comm_kind == "nccl" and not backend.is_gpu:
+        raise KsaeError("--comm nccl needs --device gpu (NCCL sums GPU buffers); use --comm mpi on the CPU")
+
+    ckpt = None
+    if resume is not None:
+        folder = RunFolder(resume)
+        if rank == 0:
+            folder.check_resumable()
+            ckpt = load_checkpoint(folder.checkpoint)
+            previous = folder.read_config()
+        else:
+            previous = None
+        ckpt, previous = comm.bcast((ckpt, previous), root=0)  # one reader, the others get a copy
+        saved_size = ckpt.config.get("world_size")
+        if saved_size != size:
+            raise KsaeError(f"--resume: the run was trained on {saved_size} ranks; resume it with mpiexec -n {saved_size} "
+                            f"(this job has {size})")
+        if bool(ckpt.config.get("shard_hidden", False)) != shard_hidden:
+            raise KsaeError("--resume: --shard-hidden must be given exactly when the run used it")
+        if dataset is not None and dataset != previous.get("dataset"):
+            raise KsaeError(f"--resume: DATASET {dataset!r} contradicts the run's dataset {previous.get('dataset')!r}")
+        dataset = previous["dataset"]
+        config = TrainConfig.from_dict(ckpt.config)
+    else:
+        if dataset is None:
+            raise KsaeError("missing DATASET; give a dataset name or file, or --resume RUN_DIR")
+        config.validate()
+        if run_dir is None:
+            run_dir = comm.bcast(default_run_dir(dataset, config.hidden, config.k) if rank == 0 else None, root=0)
+        folder = RunFolder(run_dir)
+        if rank == 0:
+            folder.check_new()
+    comm.Barrier()
+
+    say(f"{backend.description}; {size} ranks, {'hidden units' if shard_hidden else 'data'} sharded, comm {comm_kind}")
+    data = load_dataset(dataset, root=data_dir, log=lambda msg: say(msg, err=True) if rank == 0 else None)
+    config.validate(n_train=len(data.X_train))
+    D = data.dim
+    if ckpt is not None and ckpt.params["W_dh"].shape[0] != D:
+        raise KsaeError(f"the checkpoint's model takes {ckpt.params['W_dh'].shape[0]} dimensions, {dataset} has {D}")
+    allreduce = make_allreducer(comm, comm_kind)
+    if comm_kind == "mpi":
+        allreduce = _host_allreducer(backend, allreduce)
+    if shard_hidden:
+        from .dist_hidden import ShardedHiddenTrainer
+
+        trainer = ShardedHiddenTrainer(config, backend, D, comm, allreduce, checkpoint=ckpt, topk_dist=topk_dist)
+    else:
+        trainer = DataParallelTrainer(config, backend, D, comm, allreduce, checkpoint=ckpt)
+    trainer.fail_at_step = fail_at_step
+    preprocess = dict(ckpt.preprocess) if ckpt is not None else dict(data.preprocess)
+
+    if rank == 0:
+        folder.create()
+        folder.write_config({"dataset": dataset, "device": backend.name, "train": config.to_dict(),
+                             "checkpoint_every": checkpoint_every, "run_dir": str(folder.path),
+                             "world_size": size, "shard_hidden": shard_hidden, "comm": comm_kind})
+        say("config: " + json.dumps(config.to_dict(), sort_keys=True))
+        say(f"run folder: {folder.path}")
+
+    def save():
+        trainer.check_replicas_agree()
+        ckpt_now = trainer.checkpoint(preprocess)  # collective when hidden units are sharded
+        if rank == 0:
+            from .checkpoint import save_checkpoint
+
+            save_checkpoint(folder.checkpoint, ckpt_now)
+        comm.Barrier()  # nobody runs ahead of (or exits before) the written checkpoint
+
+    X_train = backend.asarray(data.X_train, dtype=trainer.dtype)
+    X_valid = backend.asarray(data.X_valid, dtype=trainer.dtype)
+    started = time.perf_counter()
+    with backend.use():
+        while not trainer.finished:
+            report = trainer.run_epoch(X_train, X_valid)
+            if rank == 0:
+                folder.append_metrics(report)
+                valid = f"  valid {report.valid_loss:.4f}" if report.valid_loss is not None else ""
+                say(f"epoch {report.epoch}/{config.epochs}  k {report.k}  loss {report.train_loss:.4f}{valid}  "
+                    f"dead {100 * report.dead_fraction:.1f}%  {report.samples_per_s:,.0f} samples/s")
+            if report.epoch % checkpoint_every == 0:
+                save()
+    save()
+    if rank == 0:
+        log(f"done: {trainer.epoch} epochs on {size} ranks in {time.perf_counter() - started:.1f} s; "
+            f"checkpoint {folder.checkpoint}")
+    return trainer
+
+
+def _gpus_per_node() -> int:
+    try:
+        import cupy
+
+        return max(1, cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # noqa: BLE001 - no cupy or no GPU: resolve_device reports it
+        return 1
+
+
+def abort_on_error(func):
+    """Run ``func``; on any error print it with the rank and ``MPI_Abort`` the whole job.
+
+    Without this, one rank leaving (even with a clean ``sys.exit``) would leave the others
+    blocked in their next collective forever.
+    """
+    import functools
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except SystemExit as exc:
+            if exc.code in (0, None):
+                raise
+            _abort(int(exc.code) if isinstance(exc.code, int) else 1, None)
+        except TrainingDiverged as exc:
+            _abort(1, exc)
+        except KsaeError as exc:
+            _abort(2, exc)
+        except BaseException as exc:  # noqa: BLE001 - anything else: report, abort everyone
+            _abort(1, exc)
+
+    return wrapper
+
+
+def _abort(status: int, exc) -> None:
+    rank = "?"
+    try:
+        from mpi4py import MPI
+
+        rank = MPI.COMM_WORLD.rank
+    except ImportError:
+        MPI = None
+    if exc is not None:
+        kind = "" if isinstance(exc, KsaeError) else f"{type(exc).__name__}: "
+        print(f"error: [rank {rank}] {kind}{exc}", file=sys.stderr, flush=True)
+    if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.size > 1:
+        MPI.COMM_WORLD.Abort(status)
+    sys.exit(status)
+
+
+def _build_cli():
+    import click
+
+    from .schedules import resolve_k_start
+    from .train import TrainConfig
+
+    @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+    def main():
+        """Multi-process training (run under mpiexec, one process per rank)."""
+
+    @main.command("train", context_settings={"show_default": True})
+    @click.argument("dataset", required=False)
+    @click.option("--hidden", type=int, default=1000)
+    @click.option("--k", "k", type=int, default=25)
+    @click.option("--k-start", type=int, default=None, help="[default: 100, or k if larger, at most hidden]")
+    @click.option("--no-k-schedule", is_flag=True)
+    @click.option("--epochs", type=int, default=5000)
+    @click.option("--batch-size", type=int, default=128, help="The GLOBAL minibatch, split over the ranks.")
+    @click.option("--lr", type=float, default=0.01)
+    @click.option("--momentum", type=float, default=0.9)
+    @click.option("--sigma", type=float, default=0.01)
+    @click.option("--topk", type=click.Choice(["sort", "threshold"]), default="sort")
+    @click.option("--seed", type=int, default=0)
+    @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32")
+    @click.option("--device", default="cpu", help="cpu, or gpu (GPU rank % GPUs per node) or gpu:N.")
+    @click.option("--comm", "comm_kind", type=click.Choice(["mpi", "nccl"]), default="mpi",
+                  help="Gradient all-reduce: MPI on host buffers, or NCCL on GPU buffers.")
+    @click.option("--shard-hidden", is_flag=True, help="Split the hidden units (W's columns) over the ranks.")
+    @click.option("--topk-dist", type=click.Choice(["threshold", "gather"]), default="threshold",
+                  help="With --shard-hidden: global top-k by all-reduced radix counts, or local top-k + all-gather.")
+    @click.option("--run-dir", type=click.Path(), default=None)
+    @click.option("--checkpoint-every", type=int, default=10)
+    @click.option("--resume", type=click.Path(), default=None)
+    @click.option("--data-dir", type=click.Path(), default=None)
+    @click.option("--quiet", is_flag=True)
+    @click.option("--fail-at-step", type=int, default=None, hidden=True, help="Fault injection for tests.")
+    @click.option("--fail-rank", type=int, default=1, hidden=True)
+    @click.option("--fail-mode", type=click.Choice(["raise", "exit"]), default="raise", hidden=True)
+    @abort_on_error
+    def train(dataset, hidden, k, k_start, no_k_schedule, epochs, batch_size, lr, momentum, sigma, topk, seed,
+              dtype, device, comm_kind, shard_hidden, topk_dist, run_dir, checkpoint_every, resume, data_dir,
+              quiet, fail_at_step, fail_rank, fail_mode):
+        """Train on DATASET with every rank of the MPI job."""
+        from .comm import world
+
+        if checkpoint_every <= 0:
+            raise KsaeError(f"--checkpoint-every {checkpoint_every} is not allowed; use a positive number of epochs")
+        config = TrainConfig(hidden=hidden, k=k, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum,
+                             sigma=sigma, topk=topk, seed=seed, dtype=dtype,
+                             k_start=None if no_k_schedule else resolve_k_start(
+                                 k_start if k_start is not None else "auto", k, hidden))
+        fail = (fail_at_step, fail_mode) if fail_at_step is not None and world().rank == fail_rank else None
+        run_distributed(dataset, config, run_dir=run_dir, resume=resume, device=device, comm_kind=comm_kind,
+                        checkpoint_every=checkpoint_every, data_dir=data_dir, quiet=quiet,
+                        shard_hidden=shard_hidden, topk_dist=topk_dist, fail_at_step=fail,
+                        log=lambda *a, **kw: click.echo(*a, **kw))
+
+    return main
+
+
+def main(argv=None):
+    """Entry point: ``python -m mpi4py -m ksae_cupy.distributed train ...``."""
+    _build_cli()(args=argv, prog_name="ksae-dist")
+
+
+if __name__ == "__main__":
+    main()
