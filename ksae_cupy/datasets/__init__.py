@@ -1,0 +1,154 @@
+"""Datasets by name: fetched, verified, parsed and preprocessed into float32 ``X_nd`` arrays.
+
+``load_dataset(name)`` takes a built-in name (see :data:`LOADERS`) or a path to the
+user's own data (an ``.npy`` file, or ``file.h5`` / ``file.h5:dataset`` holding an N x D
+array). The data root is ``$KSAE_DATA_DIR``, else ``./data``; each dataset has a folder
+of its own there.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import KsaeError
+
+
+@dataclass
+class Dataset:
+    """Training, validation and (when the data has one) test splits, float32 ``X`` and int64 ``y``.
+
+    ``preprocess`` holds the statistics the preprocessing computed on the training set
+    (means, standard deviations, a ZCA matrix); they travel with checkpoints so that
+    evaluation reuses them. Labels are None for unlabelled data.
+    """
+
+    name: str
+    X_train: np.ndarray
+    X_valid: np.ndarray
+    X_test: np.ndarray | None = None
+    y_train: np.ndarray | None = None
+    y_valid: np.ndarray | None = None
+    y_test: np.ndarray | None = None
+    n_classes: int | None = None
+    image_shape: tuple | None = None  # e.g. (28, 28), for drawing filters
+    preprocess: dict = field(default_factory=dict)
+
+    @property
+    def dim(self) -> int:
+        return self.X_train.shape[1]
+
+    def summary(self) -> str:
+        sizes = f"{len(self.X_train)} train / {len(self.X_valid)} valid"
+        if self.X_test is not None:
+            sizes += f" / {len(self.X_test)} test"
+        return f"{self.name}: {sizes}, {self.dim} dimensions"
+
+
+def data_root() -> Path:
+    """``$KSAE_DATA_DIR`` if set, else ``./data``."""
+    return Path(os.environ.get("KSAE_DATA_DIR") or "data")
+
+
+def check_finite(X: np.ndarray, what: str) -> None:
+    """Reject NaN and infinities with the position of the first one."""
+    finite = np.isfinite(X)
+    if not finite.all():
+        row, col = np.argwhere(~finite)[0]
+        raise KsaeError(f"{what} holds {int((~finite).sum())} non-finite values (first at row {row}, "
+                        f"column {col}: {X[row, col]}); only finite values are allowed")
+
+
+def load_mnist(root: Path, log=print) -> Dataset:
+    from . import mnist
+
+    X_all, y_all, X_test, y_test = mnist.load_arrays(root / "mnist", log=log)
+    train, valid = mnist.train_valid_split(len(X_all), mnist.N_VALID)
+    scale = np.float32(1.0 / 255.0)
+    return Dataset(
+        name="mnist",
+        X_train=X_all[train].astype(np.float32) * scale, y_train=y_all[train],
+        X_valid=X_all[valid].astype(np.float32) * scale, y_valid=y_all[valid],
+        X_test=X_test.astype(np.float32) * scale, y_test=y_test,
+        n_classes=10, image_shape=(28, 28),
+    )
+
+
+def load_synthetic(root: Path, log=print) -> Dataset:
+    from .synthetic import make_sparse_signals
+
+    X, y, _ = make_sparse_signals(12_000)
+    return Dataset(name="synthetic", X_train=X[:10_000], y_train=y[:10_000], X_valid=X[10_000:11_000],
+                   y_valid=y[10_000:11_000], X_test=X[11_000:], y_test=y[11_000:], n_classes=4, image_shape=(8, 8))
+
+
+# Built-in datasets by name. Each loader takes the data root and a log function.
+LOADERS = {"mnist": load_mnist, "synthetic": load_synthetic}
+
+
+def load_user_file(spec: str, valid_fraction: float = 0.1, seed: int = 0) -> Dataset:
+    """An N x D array from ``file.npy``, ``file.h5`` (its only dataset) or ``file.h5:name``.
+
+    A seeded random ``valid_fraction`` of the rows becomes the validation set; there is no
+    test set and there are no labels.
+    """
+    path_text, member = spec, ""
+    if ".h5:" in spec or ".hdf5:" in spec:
+        path_text, member = spec.rsplit(":", 1)
+    path = Path(path_text)
+    if not path.is_file():
+        raise KsaeError(f"data file {path} does not exist")
+    if path.suffix == ".npy":
+        try:
+            X = np.load(path, allow_pickle=False)
+        except (ValueError, OSError) as exc:
+            raise KsaeError(f"{path}: not a readable .npy file ({exc})") from None
+    elif path.suffix in (".h5", ".hdf5"):
+        X = _read_h5_array(path, member)
+    else:
+        raise KsaeError(f"data file {path} has suffix {path.suffix!r}; use .npy, .h5 or .hdf5")
+    if X.ndim != 2 or X.shape[0] < 2 or X.shape[1] < 1:
+        raise KsaeError(f"{spec}: array of shape {X.shape}; expected N x D with N >= 2")
+    if not np.issubdtype(X.dtype, np.number) or np.iscomplexobj(X):
+        raise KsaeError(f"{spec}: array of dtype {X.dtype}; expected real numbers")
+    X = X.astype(np.float32)
+    check_finite(X, spec)
+    order = np.random.default_rng(seed).permutation(len(X))
+    n_valid = max(1, int(round(valid_fraction * len(X))))
+    return Dataset(name=str(spec), X_train=X[np.sort(order[n_valid:])], X_valid=X[np.sort(order[:n_valid])])
+
+
+def _read_h5_array(path: Path, member: str) -> np.ndarray:
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            if not member:
+                names = [n for n, obj in f.items() if isinstance(obj, h5py.Dataset)]
+                if len(names) != 1:
+                    raise KsaeError(f"{path} holds datasets {names}; name one as {path}:NAME")
+                member = names[0]
+            if member not in f or not isinstance(f[member], h5py.Dataset):
+                raise KsaeError(f"{path} has no dataset {member!r}")
+            return f[member][()]
+    except OSError as exc:
+        raise KsaeError(f"{path}: not a readable HDF5 file ({exc})") from None
+
+
+def is_user_file(name: str) -> bool:
+    return name.endswith((".npy", ".h5", ".hdf5")) or ".h5:" in name or ".hdf5:" in name
+
+
+def load_dataset(name: str, root: Path | None = None, log=print) -> Dataset:
+    """Load a built-in dataset by name, or the user's own file (see :func:`load_user_file`)."""
+    if is_user_file(name):
+        return load_user_file(name)
+    if name not in LOADERS:
+        raise KsaeError(f"unknown dataset {name!r}; use one of {', '.join(sorted(LOADERS))}, or a path to an .npy / .h5 file")
+    dataset = LOADERS[name](Path(root) if root is not None else data_root(), log=log)
+    for split in ("X_train", "X_valid", "X_test"):
+        if getattr(dataset, split) is not None:
+            check_finite(getattr(dataset, split), f"{name} {split}")
+    return dataset

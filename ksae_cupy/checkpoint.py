@@ -1,0 +1,129 @@
+"""Checkpoints: one HDF5 file of host arrays, written to a temporary name and renamed.
+
+Layout (``format = "ksae-cupy checkpoint"``, ``format_version = 1``):
+
+* root attributes: ``format``, ``format_version``, ``epoch`` (completed epochs), ``step``
+  (optimiser steps taken), ``batch_in_epoch`` (batches done in the unfinished epoch, 0 at
+  an epoch boundary), ``config`` (JSON of every option that shaped the run);
+* ``params/``: ``W_dh``, ``b_h``, ``c_d``;  ``optim/``: their velocities (same names);
+* ``rng/``: attribute ``state`` (JSON of NumPy's bit-generator state) and, mid-epoch,
+  dataset ``epoch_perm`` (the order of the unfinished epoch);
+* ``preprocess/``: statistics of the data preprocessing (means, stds, ZCA matrix).
+
+Loading checks the format version, the presence, shapes and dtypes of the arrays, and
+fails with one line naming what differs. A crash never leaves half a checkpoint under the
+real name: the file is written as ``<name>.tmp``, flushed, reopened to verify, renamed.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import KsaeError
+
+FORMAT = "ksae-cupy checkpoint"
+FORMAT_VERSION = 1
+PARAM_NAMES = ("W_dh", "b_h", "c_d")
+
+
+@dataclass
+class Checkpoint:
+    """Everything needed to resume a run or use its model (all host arrays)."""
+
+    params: dict
+    velocities: dict
+    config: dict
+    epoch: int = 0
+    step: int = 0
+    batch_in_epoch: int = 0
+    rng_state: dict | None = None
+    epoch_perm: np.ndarray | None = None
+    preprocess: dict = field(default_factory=dict)
+
+
+def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:
+    """Write ``ckpt`` to ``path`` atomically (temporary file, verify, rename)."""
+    import h5py
+
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with h5py.File(tmp, "w") as f:
+        f.attrs["format"] = FORMAT
+        f.attrs["format_version"] = FORMAT_VERSION
+        f.attrs["epoch"] = int(ckpt.epoch)
+        f.attrs["step"] = int(ckpt.step)
+        f.attrs["batch_in_epoch"] = int(ckpt.batch_in_epoch)
+        f.attrs["config"] = json.dumps(ckpt.config, sort_keys=True)
+        for group, arrays in (("params", ckpt.params), ("optim", ckpt.velocities), ("preprocess", ckpt.preprocess)):
+            g = f.create_group(group)
+            for name, value in arrays.items():
+                g.create_dataset(name, data=np.asarray(value))
+        rng = f.create_group("rng")
+        rng.attrs["state"] = json.dumps(ckpt.rng_state) if ckpt.rng_state is not None else ""
+        if ckpt.epoch_perm is not None:
+            rng.create_dataset("epoch_perm", data=np.asarray(ckpt.epoch_perm))
+        f.flush()
+    load_checkpoint(tmp)  # verify what was written before it takes the real name
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    """Read and validate a checkpoint; a missing, corrupt or foreign file is a KsaeError."""
+    import h5py
+
+    path = Path(path)
+    if not path.is_file():
+        raise KsaeError(f"checkpoint {path} does not exist")
+    try:
+        with h5py.File(path, "r") as f:
+            if f.attrs.get("format") != FORMAT:
+                raise KsaeError(f"{path} is not a ksae-cupy checkpoint (format attribute {f.attrs.get('format')!r})")
+            version = int(f.attrs.get("format_version", -1))
+            if version != FORMAT_VERSION:
+                raise KsaeError(f"{path} has checkpoint format_version {version}; this version reads {FORMAT_VERSION}")
+            config = json.loads(f.attrs["config"])
+            params = _read_group(f, "params", path)
+            velocities = _read_group(f, "optim", path)
+            preprocess = _read_group(f, "preprocess", path) if "preprocess" in f else {}
+            state_text = f["rng"].attrs.get("state", "")
+            epoch_perm = f["rng"]["epoch_perm"][()] if "epoch_perm" in f["rng"] else None
+            ckpt = Checkpoint(params=params, velocities=velocities, config=config,
+                              epoch=int(f.attrs["epoch"]), step=int(f.attrs["step"]),
+                              batch_in_epoch=int(f.attrs.get("batch_in_epoch", 0)),
+                              rng_state=json.loads(state_text) if state_text else None,
+                              epoch_perm=epoch_perm, preprocess=preprocess)
+    except KsaeError:
+        raise
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        raise KsaeError(f"{path} is corrupt or truncated ({type(exc).__name__}: {exc})".splitlines()[0]) from None
+    _check_shapes(ckpt, path)
+    return ckpt
+
+
+def _read_group(f, name: str, path: Path) -> dict:
+    if name not in f:
+        raise KsaeError(f"{path} has no group {name}/")
+    return {key: f[name][key][()] for key in f[name]}
+
+
+def _check_shapes(ckpt: Checkpoint, path: Path) -> None:
+    missing = [n for n in PARAM_NAMES if n not in ckpt.params]
+    if missing:
+        raise KsaeError(f"{path} lacks parameters {missing}")
+    D, H = ckpt.params["W_dh"].shape
+    expected = {"W_dh": (D, H), "b_h": (H,), "c_d": (D,)}
+    dtype = ckpt.params["W_dh"].dtype
+    for group_name, group in (("params", ckpt.params), ("optim", ckpt.velocities)):
+        for name, shape in expected.items():
+            if name not in group:
+                raise KsaeError(f"{path} lacks {group_name}/{name}")
+            if group[name].shape != shape or group[name].dtype != dtype:
+                raise KsaeError(f"{path}: {group_name}/{name} has shape {group[name].shape} {group[name].dtype}, "
+                                f"expected {shape} {dtype}")
+    hidden = ckpt.config.get("hidden")
+    if hidden is not None and hidden != H:
+        raise KsaeError(f"{path}: config says hidden={hidden} but W_dh has {H} columns")
