@@ -25,3 +25,13 @@ def linear_decay(epoch: int, epochs: int, start: float, end: float) -> float:
     if epochs <= 1:
         return start
     return start + (end - start) * (epoch / (epochs - 1))
+
+
+DEFAULT_K_START = 100  # section 4.3.1: "we start off with a large sparsity level (e.g. k=100)"
+
+
+def resolve_k_start(k_start, k: int, hidden: int) -> int | None:
+    """``"auto"`` -> 100 clipped into [k, hidden]; None -> None (no schedule); an int as given."""
+    if k_start == "auto":
+        return max(k, min(DEFAULT_K_START, hidden))
+    return None if k_start is None else int(k_start)
