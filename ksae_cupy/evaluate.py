@@ -180,29 +180,73 @@ def _parse_floats(text: str, option: str) -> list[float]:
         raise KsaeError(f"{option} {text!r}: not a comma-separated list of numbers") from None
 
 
+@dataclass
+class Run:
+    """A trained run folder, opened: its checkpoint, k, H and dataset name."""
+
+    path: Path
+    ckpt: object
+    k: int
+    H: int
+    dataset: str
+
+    @property
+    def params(self) -> dict:
+        return self.ckpt.params
+
+
+def open_run(run_dir) -> Run:
+    """Open ``run_dir``: read ``checkpoint.h5`` and the dataset name from ``config.json``.
+
+    The dataset comes from ``config.json`` (the trainer records it there), else from the
+    checkpoint's own config. Any problem is a one-line :class:`KsaeError`.
+    """
+    from .checkpoint import load_checkpoint
+
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise KsaeError(f"run folder {path} does not exist")
+    ckpt = load_checkpoint(path / "checkpoint.h5")
+    dataset = ckpt.config.get("dataset")
+    config_path = path / "config.json"
+    if config_path.is_file():
+        try:
+            dataset = json.loads(config_path.read_text()).get("dataset", dataset)
+        except ValueError:
+            raise KsaeError(f"{config_path} is not valid JSON") from None
+    k, H = ckpt.config.get("k"), ckpt.params["W_dh"].shape[1]
+    if not isinstance(k, int) or not 1 <= k <= H:
+        raise KsaeError(f"{path / 'checkpoint.h5'}: config has no valid k for {H} hidden units ({k!r})")
+    return Run(path=path, ckpt=ckpt, k=k, H=H, dataset=dataset)
+
+
+def load_run_dataset(run: Run, data_root=None, log=print):
+    """The run's dataset, checked against the checkpoint's input dimension."""
+    from .datasets import load_dataset
+
+    if not run.dataset:
+        raise KsaeError(f"{run.path}: neither config.json nor the checkpoint names the dataset")
+    dataset = load_dataset(run.dataset, data_root, log=log)
+    D = run.params["W_dh"].shape[0]
+    if dataset.dim != D:
+        raise KsaeError(f"dataset {dataset.name} has {dataset.dim} dimensions but the checkpoint's W_dh has {D} rows")
+    return dataset
+
+
 def evaluate_run(run_dir, alphas=DEFAULT_ALPHAS, l2_grid=DEFAULT_L2, refit: str = "train+valid",
                  raw_baseline: bool = False, backend: Backend = CPU, dataset=None, data_root=None,
                  max_iter: int = 500, log=print) -> dict:
     """Evaluate the checkpoint of ``run_dir``; write ``eval.json`` and ``eval.md`` there.
 
-    ``dataset`` defaults to the run's own (``config["dataset"]``), loaded from ``data_root``.
+    ``dataset`` defaults to the run's own (named in ``config.json``), loaded from ``data_root``.
     """
-    from .checkpoint import load_checkpoint
-
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise KsaeError(f"run folder {run_dir} does not exist")
-    ckpt = load_checkpoint(run_dir / "checkpoint.h5")
-    k, H = int(ckpt.config.get("k", 0)), ckpt.params["W_dh"].shape[1]
-    if k < 1:
-        raise KsaeError(f"{run_dir}/checkpoint.h5: config has no valid k ({ckpt.config.get('k')!r})")
+    run = open_run(run_dir)
+    run_dir, ckpt, k, H = run.path, run.ckpt, run.k, run.H
     for alpha in alphas:
         alpha_k(k, alpha, H)  # fail before any work on an alpha that cannot be used
     if dataset is None:
-        from .datasets import load_dataset
-
-        dataset = load_dataset(ckpt.config.get("dataset", "mnist"), data_root, log=log)
-    if dataset.dim != ckpt.params["W_dh"].shape[0]:
+        dataset = load_run_dataset(run, data_root, log)
+    elif dataset.dim != ckpt.params["W_dh"].shape[0]:
         raise KsaeError(f"dataset {dataset.name} has {dataset.dim} dimensions but the checkpoint's W_dh has "
                         f"{ckpt.params['W_dh'].shape[0]} rows")
     topk_method = ckpt.config.get("topk", "sort")

@@ -18,11 +18,13 @@ def make_run(run_dir, W_dh, k, dataset="synthetic", b_h=None, c_d=None, **config
     params = {"W_dh": W_dh,
               "b_h": np.zeros(H, np.float32) if b_h is None else np.asarray(b_h, np.float32),
               "c_d": np.zeros(D, np.float32) if c_d is None else np.asarray(c_d, np.float32)}
-    cfg = {"dataset": dataset, "hidden": H, "k": k, "k_start": k, "topk": "sort", "lr": 0.01, "momentum": 0.9,
+    # As the trainer writes them: the checkpoint holds the training options, config.json
+    # the dataset, the device and those options under "train".
+    cfg = {"hidden": H, "k": k, "k_start": k, "topk": "sort", "lr": 0.01, "momentum": 0.9,
            "sigma": 0.01, "batch_size": 128, "epochs": 1, "seed": 0, "dtype": "float32", **config}
     save_checkpoint(run_dir / "checkpoint.h5", Checkpoint(
         params=params, velocities={n: np.zeros_like(v) for n, v in params.items()}, config=cfg, epoch=1, step=10))
-    (run_dir / "config.json").write_text(json.dumps(cfg))
+    (run_dir / "config.json").write_text(json.dumps({"dataset": dataset, "device": "cpu", "train": cfg}))
     (run_dir / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "loss": 1.0}) + "\n")
     return run_dir
 
