@@ -284,3 +284,50 @@ def _write_json(path: Path, payload: dict) -> None:
     tmp = Path(str(path) + ".tmp")
     tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
+
+
+@analyze_command.command("compare", context_settings=CONTEXT)
+@click.argument("run_dir", type=RUN_DIR)
+@click.option("--alpha", type=float, default=1.0, help="Non-zeros per row: alpha*k, for every method.")
+@click.option("--l2", "l2_text", default="1e-3,1e-4", help="Comma-separated L2 grid of the classifier.")
+@click.option("--n-train", type=int, default=10000, help="Training rows for the classifiers (OMP is slow).")
+@click.option("--dict-seconds", default="none",
+              help="Also learn a dictionary by sparse coding (scikit-learn) for this many seconds; "
+                   "'auto' = the run's own training time; 'none' = skip.")
+@DATA_DIR
+@QUIET
+@user_errors
+def analyze_compare(run_dir, alpha, l2_text, n_train, dict_seconds, data_dir, quiet):
+    """k-sparse encoder vs OMP on the same dictionary (same number of non-zeros), and vs a
+    dictionary learnt by MiniBatchDictionaryLearning in the same wall time: test error and
+    encoding speed (needs: pip install ksae-cupy[compare]). Writes RUN_DIR/compare.json."""
+    from .compare import compare_encoders, require_sklearn
+    from .evaluate import load_run_dataset, open_run, parse_l2
+
+    require_sklearn()
+    run = open_run(run_dir)
+    l2_list = parse_l2(l2_text)
+    if n_train < 1:
+        raise KsaeError(f"--n-train {n_train} is not allowed; use a positive number")
+    if dict_seconds == "none":
+        seconds = None
+    elif dict_seconds == "auto":
+        metrics = run.path / "metrics.jsonl"
+        records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
+        seconds = float(sum(r.get("seconds", 0.0) for r in records))
+        if seconds <= 0:
+            raise KsaeError(f"--dict-seconds auto: {metrics} records no training time; give a number of seconds")
+    else:
+        try:
+            seconds = float(dict_seconds)
+        except ValueError:
+            raise KsaeError(f"--dict-seconds {dict_seconds!r}: use a number of seconds, auto or none") from None
+        if seconds <= 0:
+            raise KsaeError(f"--dict-seconds {dict_seconds}: use a positive number of seconds")
+    say = _progress(quiet)
+    dataset = load_run_dataset(run, data_dir, say)
+    report = compare_encoders(run.params, run.k, dataset, alpha, l2_list, n_train, seconds, log=say)
+    _write_json(run.path / "compare.json", report)
+    click.echo(f"| method | test error | test encoding rows/s |\n|---|---|---|")
+    for name, m in report["methods"].items():
+        click.echo(f"| {name} | {100 * m['test_error']:.2f}% | {m['rows_per_second']:.0f} |")

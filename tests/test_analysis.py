@@ -95,3 +95,16 @@ def test_encoder_agrees_with_iti_on_an_incoherent_dictionary_with_biases():
 def test_iti_rejects_bad_k():
     with pytest.raises(KsaeError, match="k="):
         analysis.iti(np.eye(4), np.ones((2, 4)), 5)
+
+
+def test_omp_encoder_recovers_codes_of_the_true_dictionary():
+    pytest.importorskip("sklearn")
+    from ksae_cupy.compare import omp_encoder
+
+    rng = np.random.default_rng(9)
+    W_dh = analysis.gaussian_dictionary(64, 128, rng)
+    Z_nh, support_nk = analysis.draw_sparse_codes(128, 4, 20, 0.3, True, rng)
+    c_d = rng.standard_normal(64)
+    codes = omp_encoder(3 * W_dh.T, 4, c_d)(Z_nh @ W_dh.T + c_d).toarray()  # atom scale must not matter
+    assert (np.count_nonzero(codes, axis=1) <= 4).all()
+    np.testing.assert_allclose(codes, Z_nh, atol=1e-6)

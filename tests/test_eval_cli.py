@@ -119,3 +119,16 @@ def test_analyze_theorem(tmp_path):
     assert json.loads(out.read_text())["recovery_when_satisfied"] == 1.0
     assert_user_error(invoke(analyze_command, ["theorem", "--dim", "60"]), "power of two")
     assert_user_error(invoke(analyze_command, ["theorem", "--dictionary", tmp_path / "nope"]), "does not exist")
+
+
+def test_compare_ksae_with_omp_and_dictionary_learning(run_dir):
+    pytest.importorskip("sklearn")
+    result = invoke(analyze_command, ["compare", run_dir, "--n-train", "300", "--l2", "1e-3", "--dict-seconds", "0.5"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((run_dir / "compare.json").read_text())
+    assert set(report["methods"]) == {"ksae", "omp", "dict_learning"} and report["n_train"] == 300
+    # The run's W is the true dictionary: OMP with the true sparsity finds the codes, so it
+    # classifies at least as well as chance and every timing is real.
+    for m in report["methods"].values():
+        assert 0 <= m["test_error"] < 0.75 and m["test_encode_seconds"] > 0
+    assert_user_error(invoke(analyze_command, ["compare", run_dir, "--dict-seconds", "soon"]), "--dict-seconds")
