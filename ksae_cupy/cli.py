@@ -286,7 +286,7 @@ def bench_command():
 
 
 @bench_command.command("train")
-@click.option("--device", default="cpu", help="cpu, or gpu / gpu:N (compares against PyTorch).")
+@click.option("--device", default="cpu", help="cpu, or gpu / gpu:N (then: seconds per MNIST epoch, ours vs PyTorch).")
 @click.option("--hidden", type=int, default=1000)
 @click.option("--dim", type=int, default=784)
 @click.option("--k", "k", type=int, default=25)
@@ -304,7 +304,47 @@ def bench_train(device, hidden, dim, k, batch_size, topk, repeats, steps, out):
 
     backend = resolve_device(device)
     click.echo(backend.description)
+    if backend.is_gpu:
+        from .bench_gpu import bench_train_gpu
+
+        result = bench_train_gpu(D=dim, H=hidden, k=k, batch=batch_size, device=backend.gpu_index, out_dir=out)
+        click.echo(json.dumps({key: value for key, value in result.items() if key != "meta"}, indent=1, default=str))
+        return
     result = bench_train_step(backend, D=dim, H=hidden, k=k, batch_size=batch_size, topk_method=topk,
                               repeats=repeats, steps=steps, log=click.echo)
     path = write_results(f"train-{backend.name.replace(':', '')}", result, out)
     click.echo(f"results: {path}")
+
+
+@bench_command.command("topk")
+@click.option("--device", default="gpu", help="gpu or gpu:N.")
+@click.option("--N", "Ns", default="128,4096,65536", help="Comma-separated batch sizes.")
+@click.option("--H", "Hs", default="1000,4000,16384", help="Comma-separated row lengths.")
+@click.option("--k", "ks", default="25,150,512", help="Comma-separated k values (k <= H).")
+@click.option("--repeats", type=int, default=50)
+@click.option("--no-torch", is_flag=True, help="Leave torch.topk out even when torch imports.")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Results folder. [default: benchmarks/results]")
+@report_errors
+def bench_topk_command(device, Ns, Hs, ks, repeats, no_torch, out):
+    """Both top-k kernels against cupy (argpartition, sort) and torch.topk, validated then timed."""
+    from .backend import resolve_device
+    from .bench_gpu import bench_topk
+
+    backend = resolve_device(device)
+    if not backend.is_gpu:
+        raise KsaeError(f"--device {device}: ksae-bench topk times CUDA kernels; use --device gpu[:N]")
+    click.echo(backend.description)
+    parse = lambda text, flag: tuple(_positive_ints(text, flag))
+    result = bench_topk(Ns=parse(Ns, "--N"), Hs=parse(Hs, "--H"), ks=parse(ks, "--k"), repeats=repeats,
+                        device=backend.gpu_index, include_torch=not no_torch, out_dir=out)
+    click.echo(f"results: {result.get('path')}")
+
+
+def _positive_ints(text: str, flag: str):
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise KsaeError(f"{flag} {text!r} is not allowed; use comma-separated positive integers") from None
+    if not values or min(values) <= 0:
+        raise KsaeError(f"{flag} {text!r} is not allowed; use comma-separated positive integers")
+    return values

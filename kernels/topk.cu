@@ -1,0 +1,304 @@
+// Batched top-k kernels for ksae-cupy, and the gathers/scatters of the sparse backward pass.
+//
+// The contract (ksae_cupy/topk.py) these kernels match bit for bit:
+//   * entries are ranked by order-preserving unsigned keys: a positive float gets its sign bit
+//     set, a negative float has all bits flipped, and every NaN maps to key 0 (below -inf);
+//   * exactly k entries are kept per row, 1 <= k <= H;
+//   * among equal keys the lower column index wins.
+//
+// Compiled by cupy.RawModule (NVRTC, -std=c++17; the template instantiations are named through
+// name_expressions, listed once in ksae_cupy/cuda.py) and, for the compile test, by nvcc.
+// No headers are included, so NVRTC needs no include paths.
+//
+// Layout: every array is C-contiguous; Z is (N, H), idx/val are (N, k), dense is (N, H).
+// One thread block handles one row at a time and strides over rows (row += gridDim.x), so any N
+// works with any grid. The row's keys live in dynamic shared memory (the launcher sizes it and
+// raises the per-block limit above 48 KB when the row needs it).
+
+namespace ksae {
+
+// ---------------------------------------------------------------------------------------------
+// Order-preserving keys.
+template <typename T>
+struct KeyTraits;
+
+template <>
+struct KeyTraits<float> {
+    typedef unsigned int Key;
+    static constexpr int BITS = 32;
+    static __device__ __forceinline__ Key to_key(float x) {
+        const unsigned int u = __float_as_uint(x);
+        if ((u & 0x7fffffffu) > 0x7f800000u) return 0u;  // NaN (any sign, any payload)
+        // Arithmetic shift: all ones for negatives, zero otherwise; then force the sign bit.
+        const unsigned int flip = static_cast<unsigned int>(static_cast<int>(u) >> 31) | 0x80000000u;
+        return u ^ flip;
+    }
+};
+
+template <>
+struct KeyTraits<double> {
+    typedef unsigned long long Key;
+    static constexpr int BITS = 64;
+    static __device__ __forceinline__ Key to_key(double x) {
+        const unsigned long long u = static_cast<unsigned long long>(__double_as_longlong(x));
+        if ((u & 0x7fffffffffffffffull) > 0x7ff0000000000000ull) return 0ull;  // NaN
+        const unsigned long long flip =
+            static_cast<unsigned long long>(static_cast<long long>(u) >> 63) | 0x8000000000000000ull;
+        return u ^ flip;
+    }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Block-wide exclusive sum of one unsigned value per thread, in thread order.
+// Every thread of the block must call it (it contains __syncthreads). BLOCK is a multiple of 32
+// and at most 1024, so the per-warp totals fit in one warp. `warp_sums` holds BLOCK/32 entries.
+// Returns the exclusive prefix of the calling thread and the block's sum.
+struct ScanResult {
+    unsigned int exclusive;
+    unsigned int total;
+};
+
+template <int BLOCK>
+__device__ __forceinline__ ScanResult block_exclusive_sum(unsigned int v, unsigned int* warp_sums) {
+    static_assert(BLOCK % 32 == 0 && BLOCK >= 32 && BLOCK <= 1024, "BLOCK must be 32..1024, a multiple of 32");
+    constexpr int WARPS = BLOCK / 32;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    unsigned int x = v;  // inclusive scan within the warp
+#pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1) {
+        const unsigned int y = __shfl_up_sync(0xffffffffu, x, offset);
+        if (lane >= offset) x += y;
+    }
+    if (lane == 31) warp_sums[warp] = x;
+    __syncthreads();
+    if (warp == 0) {  // the whole first warp takes part, so the full mask is right
+        unsigned int s = (lane < WARPS) ? warp_sums[lane] : 0u;
+#pragma unroll
+        for (int offset = 1; offset < 32; offset <<= 1) {
+            const unsigned int y = __shfl_up_sync(0xffffffffu, s, offset);
+            if (lane >= offset) s += y;
+        }
+        if (lane < WARPS) warp_sums[lane] = s;  // inclusive per-warp prefix
+    }
+    __syncthreads();
+    ScanResult r;
+    r.exclusive = ((warp > 0) ? warp_sums[warp - 1] : 0u) + x - v;
+    r.total = warp_sums[WARPS - 1];
+    __syncthreads();  // warp_sums may be reused by the next call
+    return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Iterative threshold (radix select), one block per row.
+//
+// 1. Load the row once as keys into shared memory.
+// 2. Find the k-th largest key 8 bits at a time, from the top digit down: histogram the digit of
+//    the candidates that match the digits found so far (shared-memory atomics, 256 bins), take
+//    suffix counts with one block scan, and pick the digit bin holding the k-th key from the
+//    counts alone. Stop early when that bin's candidates are exactly the ones still needed.
+//    Afterwards (prefix, mask) describes the threshold group: entries whose masked key exceeds
+//    prefix are above it; entries equal to it are ties, of which the first `need` are kept
+//    (with an early stop, need equals the group's size, so all of it is kept).
+// 3. Emit in ascending column order with one ordered block scan per tile of BLOCK columns over
+//    packed (above, tie) flags: the output slot of a kept column j is
+//    above_before(j) + min(ties_before(j), need).
+// Optionally also writes the dense masked row (kept values, zeros elsewhere).
+template <typename T, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, 1)
+topk_threshold_kernel(const T* __restrict__ Z, int N, int H, int k, int* __restrict__ idx_out,
+                      T* __restrict__ val_out, T* __restrict__ dense_out, int write_dense) {
+    static_assert(BLOCK >= 256, "the digit histogram scan needs one thread per bin");
+    typedef typename KeyTraits<T>::Key Key;
+    constexpr int BITS = KeyTraits<T>::BITS;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    Key* keys = reinterpret_cast<Key*>(smem_raw);
+    __shared__ unsigned int hist[256];
+    __shared__ unsigned int warp_sums[32];
+    __shared__ unsigned int s_digit, s_need, s_bin;
+
+    for (long long row = blockIdx.x; row < N; row += gridDim.x) {
+        const T* z = Z + row * static_cast<long long>(H);
+        for (int j = threadIdx.x; j < H; j += BLOCK) keys[j] = KeyTraits<T>::to_key(z[j]);
+
+        Key prefix = 0, mask = 0;
+        unsigned int need = static_cast<unsigned int>(k);  // rank of the k-th key among candidates
+        for (int shift = BITS - 8; shift >= 0; shift -= 8) {
+            for (int b = threadIdx.x; b < 256; b += BLOCK) hist[b] = 0u;
+            __syncthreads();  // keys loaded (first pass), histogram cleared
+            for (int j = threadIdx.x; j < H; j += BLOCK) {
+                const Key key = keys[j];
+                if ((key & mask) == prefix) atomicAdd(&hist[static_cast<unsigned int>(key >> shift) & 0xffu], 1u);
+            }
+            __syncthreads();
+            // Thread t looks at digit d = 255 - t; the exclusive scan of hist[255 - t] is the
+            // number of candidates with a digit above d.
+            const int t = threadIdx.x;
+            const unsigned int count = (t < 256) ? hist[255 - t] : 0u;
+            const unsigned int above = block_exclusive_sum<BLOCK>(count, warp_sums).exclusive;
+            if (t < 256 && above < need && need <= above + count) {  // exactly one thread
+                s_digit = 255u - static_cast<unsigned int>(t);
+                s_need = need - above;
+                s_bin = count;
+            }
+            __syncthreads();
+            prefix |= static_cast<Key>(s_digit) << shift;
+            mask |= static_cast<Key>(0xffu) << shift;
+            need = s_need;
+            const bool whole_bin = (s_bin == need);  // every candidate left is kept
+            if (whole_bin) break;  // uniform across the block: all threads read the same values
+        }
+
+        // Emit the kept columns in ascending order.
+        int* idx_row = idx_out + row * static_cast<long long>(k);
+        T* val_row = val_out + row * static_cast<long long>(k);
+        T* dense_row = dense_out + (write_dense ? row * static_cast<long long>(H) : 0ll);
+        unsigned int run_above = 0, run_ties = 0;
+        for (int base = 0; base < H; base += BLOCK) {
+            const int j = base + threadIdx.x;
+            unsigned int is_above = 0, is_tie = 0;
+            if (j < H) {
+                const Key m = keys[j] & mask;
+                is_above = (m > prefix) ? 1u : 0u;
+                is_tie = (m == prefix) ? 1u : 0u;
+            }
+            // Per-tile counts are at most BLOCK <= 1024, so the low 16 bits never carry.
+            const ScanResult scan = block_exclusive_sum<BLOCK>(is_above | (is_tie << 16), warp_sums);
+            const unsigned int excl = scan.exclusive, total = scan.total;
+            const unsigned int ties_before = run_ties + (excl >> 16);
+            const bool keep = is_above || (is_tie && ties_before < need);
+            if (j < H) {
+                const T v = z[j];
+                if (keep) {
+                    const unsigned int slot = run_above + (excl & 0xffffu) + (ties_before < need ? ties_before : need);
+                    idx_row[slot] = j;
+                    val_row[slot] = v;
+                }
+                if (write_dense) dense_row[j] = keep ? v : T(0);
+            }
+            run_above += total & 0xffffu;
+            run_ties += total >> 16;
+            const unsigned int kept = run_above + (run_ties < need ? run_ties : need);
+            if (!write_dense && kept >= static_cast<unsigned int>(k)) break;  // uniform
+        }
+        __syncthreads();  // the next row overwrites keys
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Selection by sorting, one block per row: bitonic sort of the whole row's (key, column) pairs in
+// shared memory, padded to P = next power of two >= H with pairs (key 0, column INT_MAX) that rank
+// below every real entry (NaN included, whose key is also 0 but whose column is smaller). The
+// order is descending key, ascending column among equal keys. The first k pairs are written in
+// that order. The dense masked row, when asked for, keeps j iff (key_j, j) ranks at or before the
+// k-th pair.
+template <typename T>
+__device__ __forceinline__ bool ranks_before(typename KeyTraits<T>::Key ka, int ia, typename KeyTraits<T>::Key kb,
+                                             int ib) {
+    return ka > kb || (ka == kb && ia < ib);
+}
+
+template <typename T, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, 1)
+topk_sort_kernel(const T* __restrict__ Z, int N, int H, int P, int k, int* __restrict__ idx_out,
+                 T* __restrict__ val_out, T* __restrict__ dense_out, int write_dense) {
+    typedef typename KeyTraits<T>::Key Key;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    Key* keys = reinterpret_cast<Key*>(smem_raw);      // P keys
+    int* cols = reinterpret_cast<int*>(keys + P);       // P columns
+
+    for (long long row = blockIdx.x; row < N; row += gridDim.x) {
+        const T* z = Z + row * static_cast<long long>(H);
+        for (int j = threadIdx.x; j < P; j += BLOCK) {
+            if (j < H) {
+                keys[j] = KeyTraits<T>::to_key(z[j]);
+                cols[j] = j;
+            } else {
+                keys[j] = 0;
+                cols[j] = 0x7fffffff;
+            }
+        }
+        __syncthreads();
+        for (int size = 2; size <= P; size <<= 1) {
+            for (int stride = size >> 1; stride > 0; stride >>= 1) {
+                for (int i = threadIdx.x; i < (P >> 1); i += BLOCK) {
+                    const int lo = 2 * i - (i & (stride - 1));  // partner lo + stride, bit `stride` clear
+                    const int hi = lo + stride;
+                    const bool forward = (lo & size) == 0;  // this run is sorted in our order, else reversed
+                    const Key ka = keys[lo], kb = keys[hi];
+                    const int ia = cols[lo], ib = cols[hi];
+                    if (ranks_before<T>(kb, ib, ka, ia) == forward) {
+                        keys[lo] = kb; keys[hi] = ka;
+                        cols[lo] = ib; cols[hi] = ia;
+                    }
+                }
+                __syncthreads();
+            }
+        }
+        int* idx_row = idx_out + row * static_cast<long long>(k);
+        T* val_row = val_out + row * static_cast<long long>(k);
+        for (int j = threadIdx.x; j < k; j += BLOCK) {
+            const int c = cols[j];
+            idx_row[j] = c;
+            val_row[j] = z[c];
+        }
+        if (write_dense) {
+            const Key kth_key = keys[k - 1];
+            const int kth_col = cols[k - 1];
+            T* dense_row = dense_out + row * static_cast<long long>(H);
+            for (int j = threadIdx.x; j < H; j += BLOCK) {
+                const T v = z[j];
+                const Key key = KeyTraits<T>::to_key(v);
+                const bool keep = key > kth_key || (key == kth_key && j <= kth_col);
+                dense_row[j] = keep ? v : T(0);
+            }
+        }
+        __syncthreads();  // the next row overwrites keys and cols
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sparse backward helpers. Flat grid-stride loops over the N*k kept entries; a column outside
+// [0, H) is skipped (never read or written out of bounds).
+
+// out_nk[n, j] = src_nh[n, idx_nk[n, j]]
+template <typename T>
+__global__ void gather_rows_kernel(const T* __restrict__ src_nh, const int* __restrict__ idx_nk, int N, int H,
+                                   int k, T* __restrict__ out_nk) {
+    const long long total = static_cast<long long>(N) * k;
+    const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
+    for (long long t = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += step) {
+        const long long n = t / k;
+        const int c = idx_nk[t];
+        out_nk[t] = (c >= 0 && c < H) ? src_nh[n * H + c] : T(0);
+    }
+}
+
+// out_nh[n, idx_nk[n, j]] = val_nk[n, j]; out_nh is zeroed by the caller.
+template <typename T>
+__global__ void scatter_rows_kernel(const T* __restrict__ val_nk, const int* __restrict__ idx_nk, int N, int H,
+                                    int k, T* __restrict__ out_nh) {
+    const long long total = static_cast<long long>(N) * k;
+    const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
+    for (long long t = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += step) {
+        const long long n = t / k;
+        const int c = idx_nk[t];
+        if (c >= 0 && c < H) out_nh[n * H + c] = val_nk[t];
+    }
+}
+
+// out_nh[n, c] = src_nh[n, c] for the kept columns c of row n; out_nh is zeroed by the caller.
+// The fused gather + scatter of dZ_nh = (R W) masked to the kept units.
+template <typename T>
+__global__ void mask_rows_kernel(const T* __restrict__ src_nh, const int* __restrict__ idx_nk, int N, int H, int k,
+                                 T* __restrict__ out_nh) {
+    const long long total = static_cast<long long>(N) * k;
+    const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
+    for (long long t = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += step) {
+        const long long n = t / k;
+        const int c = idx_nk[t];
+        if (c >= 0 && c < H) out_nh[n * H + c] = src_nh[n * H + c];
+    }
+}
+
+}  // namespace ksae

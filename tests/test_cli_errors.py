@@ -1,0 +1,145 @@
+"""Every bad input to ksae-train answers with one line, exit status 2, and writes nothing."""
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ksae_cupy.cli import train_command
+from ksae_cupy.datasets import mnist
+from ksae_cupy.datasets.fetch import HttpSource
+from ksae_cupy.datasets.synthetic import make_sparse_signals
+
+QUICK = ["--hidden", "16", "--k", "2", "--epochs", "1", "--batch-size", "10", "--device", "cpu"]
+
+
+@pytest.fixture
+def data_file(tmp_path):
+    path = tmp_path / "x.npy"
+    np.save(path, make_sparse_signals(60, D=8, H=16, k=2, seed=0)[0])
+    return path
+
+
+def run(args, tmp_path, expect):
+    result = CliRunner().invoke(train_command, [str(a) for a in args], catch_exceptions=False)
+    assert result.exit_code == expect, result.output
+    return result
+
+
+def assert_one_line_error(result, *fragments):
+    """One ``error:`` line (progress lines may come before it), naming every fragment."""
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and result.stderr.rstrip().endswith(errors[0]), result.stderr
+    for fragment in fragments:
+        assert fragment in errors[0], (fragment, errors[0])
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("override,fragments", [
+    (["--k", "0"], ["--k 0", "1 <= k"]),
+    (["--k", "17"], ["--k 17", "hidden (16)"]),
+    (["--k", "5", "--k-start", "3"], ["--k-start 3", "k-start >= k"]),
+    (["--hidden", "0"], ["--hidden 0"]),
+    (["--epochs", "0"], ["--epochs 0"]),
+    (["--batch-size", "0"], ["--batch-size 0"]),
+    (["--batch-size", "5000"], ["--batch-size 5000", "training examples"]),
+    (["--lr", "0"], ["--lr 0.0"]),
+    (["--lr", "-1"], ["--lr -1.0"]),
+    (["--momentum", "1"], ["--momentum 1.0", "0 <= momentum < 1"]),
+    (["--momentum", "-0.5"], ["--momentum -0.5"]),
+    (["--device", "tpu"], ["--device 'tpu'", "auto, cpu, gpu"]),
+])
+def test_bad_option_values(data_file, tmp_path, override, fragments):
+    run_dir = tmp_path / "run"
+    result = run([data_file, *QUICK, *override, "--run-dir", run_dir], tmp_path, expect=2)
+    assert_one_line_error(result, *fragments)
+    assert not run_dir.exists()
+
+
+def test_unknown_dataset(tmp_path):
+    result = run(["imagenet", *QUICK, "--run-dir", tmp_path / "run"], tmp_path, expect=2)
+    assert_one_line_error(result, "'imagenet'", "mnist", "synthetic")
+
+
+def test_gpu_requested_without_one(data_file, tmp_path, monkeypatch):
+    import ksae_cupy.backend as backend
+
+    monkeypatch.setattr(backend, "_probe_gpu", lambda index: (None, "cupy does not import"))
+    result = run([data_file, *QUICK[:-2], "--device", "gpu", "--run-dir", tmp_path / "run"], tmp_path, expect=2)
+    assert_one_line_error(result, "--device gpu", "no usable GPU")
+    assert not (tmp_path / "run").exists()
+
+
+def test_non_finite_data(tmp_path):
+    X = np.ones((50, 4), dtype=np.float32)
+    X[7, 2] = np.nan
+    np.save(tmp_path / "bad.npy", X)
+    result = run([tmp_path / "bad.npy", "--hidden", "4", "--k", "2", "--batch-size", "10", "--device", "cpu",
+                  "--run-dir", tmp_path / "run"], tmp_path, expect=2)
+    assert_one_line_error(result, "non-finite", "row 7", "column 2")
+    assert not (tmp_path / "run" / "checkpoint.h5").exists()
+
+
+def test_mnist_missing_and_no_source_reachable(tmp_path, monkeypatch):
+    monkeypatch.setattr(mnist, "SOURCES", [HttpSource("http://127.0.0.1:9/mnist/")])
+    result = run(["mnist", *QUICK, "--data-dir", tmp_path / "data", "--run-dir", tmp_path / "run"], tmp_path, expect=2)
+    assert_one_line_error(result, "could not fetch train-images-idx3-ubyte", "127.0.0.1:9",
+                          str(tmp_path / "data" / "mnist"), mnist.FILES[0].sha256)
+    assert not (tmp_path / "run").exists()
+    assert not list((tmp_path / "data" / "mnist").glob("*ubyte*"))
+
+
+def test_file_failing_its_checksum(tmp_path):
+    folder = tmp_path / "data" / "mnist"
+    folder.mkdir(parents=True)
+    (folder / "train-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x03 not really mnist")
+    result = run(["mnist", *QUICK, "--data-dir", tmp_path / "data", "--run-dir", tmp_path / "run"], tmp_path, expect=2)
+    assert_one_line_error(result, "train-images-idx3-ubyte", "fails its checksum", mnist.FILES[0].sha256, "found")
+
+
+def test_resume_with_contradicting_options(data_file, tmp_path):
+    run([data_file, *QUICK, "--run-dir", tmp_path / "run"], tmp_path, expect=0)
+    before = (tmp_path / "run" / "checkpoint.h5").read_bytes()
+    result = run(["--resume", tmp_path / "run", "--k", "3", "--lr", "0.5", "--device", "cpu"], tmp_path, expect=2)
+    assert_one_line_error(result, "contradict", "--k 3 (the run has 2)", "--lr 0.5 (the run has 0.01)")
+    assert (tmp_path / "run" / "checkpoint.h5").read_bytes() == before
+
+
+def test_resume_of_missing_folder(tmp_path):
+    result = run(["--resume", tmp_path / "nowhere"], tmp_path, expect=2)
+    assert_one_line_error(result, "nowhere", "no such run folder")
+
+
+def test_existing_run_folder_is_not_overwritten(data_file, tmp_path):
+    run([data_file, *QUICK, "--run-dir", tmp_path / "run"], tmp_path, expect=0)
+    result = run([data_file, *QUICK, "--run-dir", tmp_path / "run"], tmp_path, expect=2)
+    assert_one_line_error(result, "already holds a run", "--resume")
+
+
+def test_diverging_loss_stops_and_keeps_last_good_checkpoint(data_file, tmp_path, monkeypatch):
+    import ksae_cupy.train as train
+    from ksae_cupy.checkpoint import load_checkpoint
+
+    real = train.model.loss_and_grads
+    calls = {"n": 0}
+
+    def diverging_after_two_epochs(params, X_nd, k, method):
+        calls["n"] += 1
+        loss, grads, cache = real(params, X_nd, k, method)
+        return (float("nan") if calls["n"] > 2 * 6 else loss), grads, cache  # 54 rows / 10 = 6 batches
+
+    monkeypatch.setattr(train.model, "loss_and_grads", diverging_after_two_epochs)
+    result = run([data_file, *QUICK, "--epochs", "5", "--checkpoint-every", "1", "--run-dir", tmp_path / "run"],
+                 tmp_path, expect=1)
+    assert_one_line_error(result, "loss became nan", "epoch 3", "--lr")
+    ckpt = load_checkpoint(tmp_path / "run" / "checkpoint.h5")
+    assert ckpt.epoch == 2 and all(np.isfinite(v).all() for v in ckpt.params.values())
+
+
+def test_successful_run_writes_its_folder(data_file, tmp_path):
+    result = run([data_file, *QUICK, "--epochs", "2", "--run-dir", tmp_path / "run"], tmp_path, expect=0)
+    assert "device: cpu" in result.output and "epoch 2/2" in result.output
+    import json
+
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in lines] == [1, 2]
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["train"]["k"] == 2 and config["device"] == "cpu"
