@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from . import classifier
-from .backend import CPU, Backend, to_host
+from .backend import CPU, Backend
 from .errors import KsaeError
 from .model import alpha_k, hidden_preactivations
 from .topk import topk
