@@ -43,7 +43,7 @@ def report_errors(func):
 
 # Options that shape the run; on --resume, each one given explicitly must match the checkpoint.
 RUN_SHAPING = ("hidden", "k", "k_start", "no_k_schedule", "epochs", "batch_size", "lr", "momentum", "sigma",
-               "seed", "dtype")
+               "seed", "dtype", "activation")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -62,6 +62,8 @@ RUN_SHAPING = ("hidden", "k", "k_start", "no_k_schedule", "epochs", "batch_size"
               help="Top-k algorithm: selection by sorting, or iterative threshold.")
 @click.option("--seed", type=int, default=0, help="Seed of the initial weights and of the batch order.")
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32")
+@click.option("--activation", type=click.Choice(["linear", "relu"]), default="linear",
+              help="Hidden units: linear (the paper) or relu (negative survivors of the top-k set to zero).")
 @click.option("--device", default="auto", help="auto, cpu, gpu or gpu:N.")
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None,
               help="Folder for checkpoint.h5, config.json, metrics.jsonl. [default: runs/<dataset>-h<H>-k<k>-<time>]")
@@ -72,7 +74,7 @@ RUN_SHAPING = ("hidden", "k", "k_start", "no_k_schedule", "epochs", "batch_size"
 @click.pass_context
 @report_errors
 def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch_size, lr, momentum, sigma, topk,
-                  seed, dtype, device, run_dir, checkpoint_every, resume, data_dir, quiet):
+                  seed, dtype, activation, device, run_dir, checkpoint_every, resume, data_dir, quiet):
     """Train a k-sparse autoencoder on DATASET.
 
     DATASET is a built-in name (mnist, synthetic, and the others `ksae-data list` shows)
@@ -107,7 +109,7 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
         if dataset is None:
             raise KsaeError("missing DATASET; give a dataset name or file, or --resume RUN_DIR")
         config = TrainConfig(hidden=hidden, k=k, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum,
-                             sigma=sigma, topk=topk, seed=seed, dtype=dtype,
+                             sigma=sigma, topk=topk, seed=seed, dtype=dtype, activation=activation,
                              k_start=None if no_k_schedule else resolve_k_start(k_start if k_start is not None else "auto", k, hidden))
         config.validate()
         folder = RunFolder(run_dir or default_run_dir(dataset, hidden, k))
@@ -123,7 +125,7 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
         model = KSparseAutoencoder(n_hidden=config.hidden, k=config.k, k_start=config.k_start, epochs=config.epochs,
                                    batch_size=config.batch_size, lr=config.lr, momentum=config.momentum,
                                    sigma=config.sigma, topk=config.topk, seed=config.seed, dtype=config.dtype,
-                                   device=backend.name)
+                                   device=backend.name, activation=config.activation)
         model.config().validate(n_train=len(data.X_train))
         model.preprocess_ = dict(data.preprocess)
     elif model.trainer_.params["W_dh"].shape[0] != data.dim:

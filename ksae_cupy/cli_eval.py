@@ -158,7 +158,8 @@ def plot_hist(run_dirs, output, n_samples, split, alpha, bins, data_dir, quiet):
             datasets[run.dataset] = load_run_dataset(run, data_dir, say)
         X_nd = _split(datasets[run.dataset], split)[0][:n_samples]
         label = f"k={run.k}" + (" (dense)" if run.k == run.H else "") + f" [{run.path.name}]"
-        activities[label] = encode(run.params, X_nd.astype(run.params["W_dh"].dtype), run.k, alpha)
+        activities[label] = encode(run.params, X_nd.astype(run.params["W_dh"].dtype), run.k, alpha,
+                                   activation=run.ckpt.config.get("activation", "linear"))
         say(f"encoded {len(X_nd)} {split} rows with {label}")
     save_activity_histograms(activities, output, bins=bins)
     click.echo(f"wrote {output}")

@@ -28,8 +28,7 @@ import numpy as np
 from . import classifier
 from .backend import CPU, Backend
 from .errors import KsaeError
-from .model import alpha_k, hidden_preactivations
-from .topk import topk
+from .model import alpha_k, hidden_preactivations, select_units
 
 DEFAULT_ALPHAS = (1.0, 2.0, 3.0, 4.0)
 # Mean cross-entropy + l2/2 ||W||^2: on 50k MNIST images the useful range sits around
@@ -54,7 +53,7 @@ class Trial:
 
 
 def sparse_features(params, X_nd, k: int, alpha: float = 1.0, topk_method: str = "sort",
-                    backend: Backend = CPU, batch: int = 10_000):
+                    backend: Backend = CPU, batch: int = 10_000, activation: str = "linear"):
     """``supp_{alpha k}(W^T x + b)`` for every row of host ``X_nd``, in batches.
 
     Same values as :func:`ksae_cupy.model.encode`; on the CPU they come back as a
@@ -67,7 +66,7 @@ def sparse_features(params, X_nd, k: int, alpha: float = 1.0, topk_method: str =
     idx_parts, val_parts = [], []
     for start in range(0, len(X_nd), batch):
         Z_nh = hidden_preactivations(dev_params, backend.asarray(X_nd[start:start + batch], dtype=dev_params["W_dh"].dtype))
-        idx_nk, val_nk = topk(Z_nh, kept, topk_method)
+        idx_nk, val_nk = select_units(Z_nh, kept, topk_method, activation)
         idx_parts.append(idx_nk)
         val_parts.append(val_nk)
     xp = backend.xp
@@ -250,11 +249,12 @@ def evaluate_run(run_dir, alphas=DEFAULT_ALPHAS, l2_grid=DEFAULT_L2, refit: str 
         raise KsaeError(f"dataset {dataset.name} has {dataset.dim} dimensions but the checkpoint's W_dh has "
                         f"{ckpt.params['W_dh'].shape[0]} rows")
     topk_method = ckpt.config.get("topk", "sort")
+    activation = ckpt.config.get("activation", "linear")  # checkpoints before the option: linear
     start = time.perf_counter()
     log(f"evaluating {run_dir} (k={k}, H={H}, epoch {ckpt.epoch}) on {dataset.summary()}; {backend.description}")
 
     def encode(alpha, X_nd):
-        return sparse_features(ckpt.params, X_nd, k, alpha, topk_method, backend)
+        return sparse_features(ckpt.params, X_nd, k, alpha, topk_method, backend, activation=activation)
 
     result = {
         "run_dir": str(run_dir), "dataset": dataset.name, "k": k, "hidden": H, "epoch": ckpt.epoch,

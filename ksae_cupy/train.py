@@ -48,6 +48,7 @@ class TrainConfig:
     topk: str = "sort"
     seed: int = 0
     dtype: str = "float32"
+    activation: str = "linear"  # the paper's linear units; "relu" is an investigated variant
 
     def validate(self, n_train: int | None = None) -> None:
         """Raise :class:`KsaeError` naming the first bad option and what is allowed."""
@@ -72,6 +73,8 @@ class TrainConfig:
             raise KsaeError(f"--sigma {self.sigma} is not allowed; use a positive standard deviation")
         if self.topk not in TOPK_METHODS:
             raise KsaeError(f"--topk {self.topk!r} is not allowed; use one of {', '.join(TOPK_METHODS)}")
+        if self.activation not in model.ACTIVATIONS:
+            raise KsaeError(f"--activation {self.activation!r} is not allowed; use one of {', '.join(model.ACTIVATIONS)}")
         if self.dtype not in ("float32", "float64"):
             raise KsaeError(f"--dtype {self.dtype!r} is not allowed; use float32 or float64")
 
@@ -157,7 +160,7 @@ class Trainer:
         first_batch = self.batch_in_epoch
         for b in range(first_batch, n_batches):
             X_nd = X_train_nd[order[b * cfg.batch_size:(b + 1) * cfg.batch_size]]
-            loss, grads, cache = model.loss_and_grads(self.params, X_nd, k, cfg.topk)
+            loss, grads, cache = model.loss_and_grads(self.params, X_nd, k, cfg.topk, cfg.activation)
             if not math.isfinite(loss):
                 raise TrainingDiverged(f"the loss became {loss} at epoch {self.epoch + 1}, step {self.step + 1}; "
                                        f"nothing was saved after the last good checkpoint; try a smaller --lr (now {cfg.lr})")
@@ -192,7 +195,7 @@ class Trainer:
         total = 0.0
         for start in range(0, X_nd.shape[0], chunk):
             X_chunk = X_nd[start:start + chunk]
-            Xhat, _ = model.forward(self.params, X_chunk, k, self.config.topk)
+            Xhat, _ = model.forward(self.params, X_chunk, k, self.config.topk, self.config.activation)
             R = Xhat - X_chunk
             total += 0.5 * float(self.backend.xp.vdot(R, R))
         return total / X_nd.shape[0]

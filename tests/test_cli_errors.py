@@ -127,9 +127,9 @@ def test_diverging_loss_stops_and_keeps_last_good_checkpoint(data_file, tmp_path
     real = train.model.loss_and_grads
     calls = {"n": 0}
 
-    def diverging_after_two_epochs(params, X_nd, k, method):
+    def diverging_after_two_epochs(params, X_nd, k, *options):
         calls["n"] += 1
-        loss, grads, cache = real(params, X_nd, k, method)
+        loss, grads, cache = real(params, X_nd, k, *options)
         return (float("nan") if calls["n"] > 2 * 6 else loss), grads, cache  # 54 rows / 10 = 6 batches
 
     monkeypatch.setattr(train.model, "loss_and_grads", diverging_after_two_epochs)
@@ -149,3 +149,14 @@ def test_successful_run_writes_its_folder(data_file, tmp_path):
     assert [json.loads(line)["epoch"] for line in lines] == [1, 2]
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["train"]["k"] == 2 and config["device"] == "cpu"
+
+
+def test_relu_run_records_its_activation_and_resume_keeps_it(data_file, tmp_path):
+    from ksae_cupy.estimator import KSparseAutoencoder
+
+    run([data_file, *QUICK, "--activation", "relu", "--run-dir", tmp_path / "run"], tmp_path, expect=0)
+    model = KSparseAutoencoder.load(tmp_path / "run" / "checkpoint.h5", device="cpu")
+    assert model.trainer_.config.activation == "relu"
+    assert (model.transform(np.load(data_file)) >= 0).all()  # ReLU codes carry no negative value
+    result = run(["--resume", tmp_path / "run", "--activation", "linear", "--device", "cpu"], tmp_path, expect=2)
+    assert_one_line_error(result, "--activation linear (the run has relu)")

@@ -18,21 +18,24 @@ def draw_problem(D, H, seed):
     return params, X_nd
 
 
+@pytest.mark.parametrize("activation", model.ACTIVATIONS)
 @pytest.mark.parametrize("topk_method", ["sort", "threshold"])
 @pytest.mark.parametrize("D,H,k", SHAPES)
-def test_every_parameter_matches_finite_differences(D, H, k, topk_method):
+def test_every_parameter_matches_finite_differences(D, H, k, topk_method, activation):
     for seed in range(20):  # redraw when the support is not locally constant
         params, X_nd = draw_problem(D, H, seed)
 
         def loss():
-            Xhat_nd, _ = model.forward(params, X_nd, k, topk_method)
+            Xhat_nd, _ = model.forward(params, X_nd, k, topk_method, activation)
             return model.reconstruction_loss(Xhat_nd, X_nd)[0]
 
         def support():
+            # The kept set, and (for ReLU) which kept units are positive: both are kinks.
             Z_nh = model.hidden_preactivations(params, X_nd)
-            return np.sort(np.argsort(-Z_nh, axis=1, kind="stable")[:, :k], axis=1)
+            idx_nk = np.sort(np.argsort(-Z_nh, axis=1, kind="stable")[:, :k], axis=1)
+            return np.concatenate([idx_nk, np.take_along_axis(Z_nh, idx_nk, axis=1) > 0], axis=1)
 
-        _, grads, _ = model.loss_and_grads(params, X_nd, k, topk_method)
+        _, grads, _ = model.loss_and_grads(params, X_nd, k, topk_method, activation)
         try:
             numeric = {name: numerical_gradient(loss, params[name], unchanged=support) for name in model.PARAM_NAMES}
         except KinkError:
@@ -52,3 +55,26 @@ def test_gradient_reaches_only_kept_units():
     assert unused_h.size > 0
     assert np.all(grads["b_h"][unused_h] == 0)
     assert np.all(grads["W_dh"][:, unused_h] == 0)
+
+
+def test_relu_zeroes_negative_survivors_and_their_gradient():
+    # k = H keeps every unit, so the ReLU alone decides which units carry a value.
+    params, X_nd = draw_problem(5, 9, seed=1)
+    Z_nh = model.hidden_preactivations(params, X_nd)
+    assert (Z_nh < 0).any() and (Z_nh > 0).any()
+    _, grads, cache = model.loss_and_grads(params, X_nd, 9, activation="relu")
+    np.testing.assert_array_equal(cache.Zs_nh, np.maximum(Z_nh, 0))
+    linear = model.loss_and_grads(params, X_nd, 9, activation="linear")[1]
+    # A unit negative on every row passes no encoder-bias gradient under ReLU.
+    always_negative_h = np.all(Z_nh < 0, axis=0)
+    if always_negative_h.any():
+        assert np.all(grads["b_h"][always_negative_h] == 0)
+    assert not np.allclose(grads["b_h"], linear["b_h"])
+    np.testing.assert_array_equal(model.encode(params, X_nd, 9, activation="relu"), np.maximum(Z_nh, 0))
+
+
+def test_unknown_activation_is_a_one_line_error():
+    from ksae_cupy.errors import KsaeError
+    params, X_nd = draw_problem(5, 9, seed=1)
+    with pytest.raises(KsaeError, match="activation 'tanh' is not allowed; use one of linear, relu"):
+        model.forward(params, X_nd, 3, activation="tanh")
