@@ -287,6 +287,32 @@ def _write_json(path: Path, payload: dict) -> None:
     os.replace(tmp, path)
 
 
+@analyze_command.command("variants", context_settings=CONTEXT)
+@click.argument("run_dir", type=RUN_DIR)
+@click.option("--variants", "variants_text", default="sparse,relu,standardized,early-stop-50,early-stop-150",
+              help="Comma-separated: sparse (the ksae-eval protocol), relu, standardized, early-stop-N.")
+@click.option("--alphas", default="1,2,3,4", help="Comma-separated alpha grid of every variant.")
+@click.option("--l2", "l2_text", default="1e-3,1e-4,1e-5", help="Comma-separated L2 grid (not for early-stop-N).")
+@click.option("--max-iter", type=int, default=500, help="L-BFGS iterations at most (variants without early stopping).")
+@DEVICE
+@DATA_DIR
+@QUIET
+@user_errors
+def analyze_variants(run_dir, variants_text, alphas, l2_text, max_iter, device, data_dir, quiet):
+    """The feature evaluation under each choice the paper leaves open (ReLU at encoding,
+    standardised features, early stopping instead of L2), every one chosen on validation and
+    tested once. Writes RUN_DIR/variants.json and variants.md."""
+    from .backend import resolve_device
+    from .evaluate import parse_alphas, parse_l2
+    from .variants import markdown, parse_variants, run_variants
+
+    variants, alpha_list, l2_list = parse_variants(variants_text), parse_alphas(alphas), parse_l2(l2_text)
+    if max_iter < 1:
+        raise KsaeError(f"--max-iter {max_iter} is not allowed; use a positive number of iterations")
+    result = run_variants(run_dir, variants, alpha_list, l2_list, max_iter, resolve_device(device), data_dir,
+                          log=_progress(quiet))
+    click.echo(markdown(result))
+
 @analyze_command.command("compare", context_settings=CONTEXT)
 @click.argument("run_dir", type=RUN_DIR)
 @click.option("--alpha", type=float, default=1.0, help="Non-zeros per row: alpha*k, for every method.")
