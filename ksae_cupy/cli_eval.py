@@ -109,8 +109,10 @@ def _parse_shape(text):
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None, help="PNG file. [default: RUN_DIR/filters.png]")
 @click.option("--n", "n_filters", type=int, default=None, help="Draw the first N filters. [default: all]")
 @click.option("--cols", type=int, default=None, help="Filters per row. [default: square grid]")
-@click.option("--shape", default=None, help="Filter image shape HxW. [default: square, sqrt(D / channels)]")
-@click.option("--channels", type=click.Choice(["1", "3"]), default="1", help="1: grey; 3: colour patches.")
+@click.option("--shape", default=None,
+              help="Filter image shape HxW. [default: the run's dataset's, else square, sqrt(D / channels)]")
+@click.option("--channels", type=click.Choice(["1", "3"]), default=None,
+              help="1: grey; 3: colour patches. [default: the run's dataset's, else 1]")
 @click.option("--layout", type=click.Choice(["hwc", "chw"]), default="hwc", help="Order of a colour filter's values.")
 @click.option("--scale", type=int, default=2, help="Pixels per filter pixel.")
 @user_errors
@@ -122,7 +124,14 @@ def plot_filters(run_dir, output, n_filters, cols, shape, channels, layout, scal
     require_matplotlib()
     run = open_run(run_dir)
     output = output or run.path / "filters.png"
-    width, height = save_filter_grid(run.params["W_dh"], output, _parse_shape(shape), int(channels), layout,
+    image_shape, channels = _parse_shape(shape), None if channels is None else int(channels)
+    if image_shape is None and channels is None:  # draw the run's dataset as it is laid out
+        from .datasets.catalog import IMAGE_SHAPES
+
+        known = IMAGE_SHAPES.get(run.dataset)
+        if known is not None and known[0] * known[1] * (known[2] if len(known) == 3 else 1) == run.params["W_dh"].shape[0]:
+            image_shape, channels = known[:2], (known[2] if len(known) == 3 else 1)
+    width, height = save_filter_grid(run.params["W_dh"], output, image_shape, channels or 1, layout,
                                      n_filters, cols, scale)
     click.echo(f"wrote {output} ({width}x{height} pixels, k={run.k}, {run.H} filters)")
 

@@ -82,6 +82,16 @@ def test_plot_filters_png(run_dir, tmp_path):
     assert plots.png_size(out) == (111, 111)
 
 
+def test_plot_filters_takes_colour_patch_layout_from_the_run_dataset(tmp_path):
+    rng = np.random.default_rng(0)
+    run = make_run(tmp_path / "patches-run", rng.standard_normal((192, 4)), k=2, dataset="patches")
+    out = tmp_path / "p.png"
+    result = invoke(plot_command, ["filters", run, "-o", out, "--scale", "1"])
+    assert result.exit_code == 0, result.output
+    # 4 colour filters of 8x8 (D = 192 = 8*8*3) in a 2x2 grid with 1-pixel gaps: 2*9+1 = 19.
+    assert plots.png_size(out) == (19, 19)
+
+
 def test_plot_filters_rejects_a_wrong_shape(run_dir):
     assert_user_error(invoke(plot_command, ["filters", run_dir, "--shape", "28x28"]), "cannot be shown")
     assert_user_error(invoke(plot_command, ["filters", run_dir, "--shape", "big"]), "--shape")

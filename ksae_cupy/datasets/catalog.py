@@ -29,6 +29,16 @@ NO_FILES = {
     "patches": "photographs bundled with scikit-image (pip install 'ksae-cupy[patches]')",
 }
 
+# How one example is drawn as an image: (height, width) or (height, width, channels),
+# values flattened row, column, channel. Lets `ksae-plot filters` draw a run without options.
+IMAGE_SHAPES = {
+    "mnist": (28, 28),
+    "norb": (32, 64),  # the two 32x32 channels side by side
+    "cifar-patches": (8, 8, 3),
+    "patches": (8, 8, 3),
+    "synthetic": (8, 8),
+}
+
 DESCRIPTIONS = {
     "mnist": "MNIST digits, 28x28, 50k/10k/10k, 10 classes",
     "norb": "small NORB normalized-uniform, 2x32x32 = 2048 dims standardised, 20k/4.3k/24.3k, 5 classes",
