@@ -30,13 +30,18 @@ def report_errors(func):
         try:
             return func(*args, **kwargs)
         except TrainingDiverged as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {_one_line(exc)}", err=True)
             sys.exit(EXIT_DIVERGED)
         except KsaeError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {_one_line(exc)}", err=True)
             sys.exit(EXIT_USAGE)
 
     return wrapper
+
+
+def _one_line(exc: Exception) -> str:
+    text = str(exc)
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # -- ksae-train ------------------------------------------------------------------------

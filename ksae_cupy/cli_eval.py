@@ -7,31 +7,15 @@ one line ``error: ...`` on stderr and exit status 2, never a traceback.
 """
 from __future__ import annotations
 
-import functools
 import json
-import sys
 from pathlib import Path
 
 import click
 
+from .cli import report_errors
 from .errors import KsaeError
 
-EXIT_USAGE = 2
 CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True}
-
-
-def user_errors(func):
-    """Turn :class:`KsaeError` into ``error: <one line>`` on stderr and exit status 2."""
-
-    @functools.wraps(func)
-    def wrapper(*args, **kwargs):
-        try:
-            return func(*args, **kwargs)
-        except KsaeError as exc:
-            click.echo(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", err=True)
-            sys.exit(EXIT_USAGE)
-
-    return wrapper
 
 
 def _progress(quiet: bool):
@@ -59,7 +43,7 @@ QUIET = click.option("--quiet", is_flag=True, help="No progress lines on stderr.
 @DEVICE
 @DATA_DIR
 @QUIET
-@user_errors
+@report_errors
 def eval_command(run_dir, alphas, l2_text, refit, raw_baseline, max_iter, device, data_dir, quiet):
     """Classify with logistic regression on supp_{alpha k}(W^T x + b) features (paper, section 4.5).
 
@@ -115,7 +99,7 @@ def _parse_shape(text):
               help="1: grey; 3: colour patches. [default: the run's dataset's, else 1]")
 @click.option("--layout", type=click.Choice(["hwc", "chw"]), default="hwc", help="Order of a colour filter's values.")
 @click.option("--scale", type=int, default=2, help="Pixels per filter pixel.")
-@user_errors
+@report_errors
 def plot_filters(run_dir, output, n_filters, cols, shape, channels, layout, scale):
     """Each column of W as an image, in a grid (the paper's Figures 1-3)."""
     from .evaluate import open_run
@@ -145,7 +129,7 @@ def plot_filters(run_dir, output, n_filters, cols, shape, channels, layout, scal
 @click.option("--bins", type=int, default=100)
 @DATA_DIR
 @QUIET
-@user_errors
+@report_errors
 def plot_hist(run_dirs, output, n_samples, split, alpha, bins, data_dir, quiet):
     """Histogram of hidden activities for one or more runs (the paper's Figure 6).
 
@@ -190,7 +174,7 @@ def analyze_command():
 
 @analyze_command.command("coherence", context_settings=CONTEXT)
 @click.argument("run_dir", type=RUN_DIR)
-@user_errors
+@report_errors
 def analyze_coherence(run_dir):
     """Mutual coherence mu(W) of the learnt dictionary (unit-norm columns), with the Welch
     bound and the largest k for which Theorem 3.1's condition can hold. Writes RUN_DIR/coherence.json."""
@@ -216,7 +200,7 @@ def analyze_coherence(run_dir):
 @DEVICE
 @DATA_DIR
 @QUIET
-@user_errors
+@report_errors
 def analyze_iti(run_dir, n_samples, split, k, max_iter, device, data_dir, quiet):
     """How often the encoder's one-step support supp_k(W^T x + b) equals the support ITI
     converges to (section 3.1-3.2). Writes RUN_DIR/iti.json."""
@@ -257,7 +241,7 @@ def analyze_iti(run_dir, n_samples, split, k, max_iter, device, data_dir, quiet)
 @click.option("--n", "n", type=int, default=1000, help="Codes drawn per case.")
 @click.option("--seed", type=int, default=0)
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None, help="Also write the report as JSON.")
-@user_errors
+@report_errors
 def analyze_theorem(dictionary, D, H, k, n, seed, output):
     """Theorem 3.1: x = W z with k-sparse z drawn to satisfy and to violate k mu <= z_k / (2 z_1);
     how often supp_k(W^T x) finds the support of z in each case."""
@@ -306,7 +290,7 @@ def _write_json(path: Path, payload: dict) -> None:
 @DEVICE
 @DATA_DIR
 @QUIET
-@user_errors
+@report_errors
 def analyze_variants(run_dir, variants_text, alphas, l2_text, max_iter, device, data_dir, quiet):
     """The feature evaluation under each choice the paper leaves open (ReLU at encoding,
     standardised features, early stopping instead of L2), every one chosen on validation and
@@ -332,7 +316,7 @@ def analyze_variants(run_dir, variants_text, alphas, l2_text, max_iter, device, 
                    "'auto' = the run's own training time; 'none' = skip.")
 @DATA_DIR
 @QUIET
-@user_errors
+@report_errors
 def analyze_compare(run_dir, alpha, l2_text, n_train, dict_seconds, data_dir, quiet):
     """k-sparse encoder vs OMP on the same dictionary (same number of non-zeros), and vs a
     dictionary learnt by MiniBatchDictionaryLearning in the same wall time: test error and

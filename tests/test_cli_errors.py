@@ -9,6 +9,7 @@ from ksae_cupy.cli import train_command
 from ksae_cupy.datasets import mnist
 from ksae_cupy.datasets.fetch import HttpSource
 from ksae_cupy.datasets.synthetic import make_sparse_signals
+from clicheck import assert_one_line_error
 
 QUICK = ["--hidden", "16", "--k", "2", "--epochs", "1", "--batch-size", "10", "--device", "cpu"]
 
@@ -24,15 +25,6 @@ def run(args, tmp_path, expect):
     result = CliRunner().invoke(train_command, [str(a) for a in args], catch_exceptions=False)
     assert result.exit_code == expect, result.output
     return result
-
-
-def assert_one_line_error(result, *fragments):
-    """One ``error:`` line (progress lines may come before it), naming every fragment."""
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and result.stderr.rstrip().endswith(errors[0]), result.stderr
-    for fragment in fragments:
-        assert fragment in errors[0], (fragment, errors[0])
-    assert "Traceback" not in result.output
 
 
 @pytest.mark.parametrize("override,fragments", [

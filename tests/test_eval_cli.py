@@ -8,6 +8,7 @@ from click.testing import CliRunner
 from ksae_cupy import plots
 from ksae_cupy.cli_eval import analyze_command, eval_command, plot_command
 from ksae_cupy.datasets.synthetic import make_sparse_signals
+from clicheck import assert_one_line_error
 from runfolder import make_run
 
 
@@ -27,12 +28,7 @@ def invoke(command, args):
 
 
 def assert_user_error(result, *fragments):
-    assert result.exit_code == 2, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "Traceback" not in result.output
-    for fragment in fragments:
-        assert fragment in lines[0]
+    assert_one_line_error(result, *fragments, status=2)
 
 
 def test_missing_run_folder(tmp_path):

@@ -10,6 +10,7 @@ from ksae_cupy.cli_eval import analyze_command
 from ksae_cupy.datasets.synthetic import make_sparse_signals
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.variants import column_scale, make_encoder, parse_variants
+from clicheck import assert_one_line_error
 from runfolder import make_run, sparse_signal_dataset
 from ksae_cupy.backend import CPU
 
@@ -68,6 +69,4 @@ def test_variants_command_reports_every_variant(tmp_path):
 def test_variants_command_rejects_alpha_k_above_hidden(tmp_path):
     run_dir = make_run(tmp_path / "run", make_sparse_signals(1)[2], k=5, dataset="synthetic")
     result = CliRunner().invoke(analyze_command, ["variants", str(run_dir), "--alphas", "1000", "--device", "cpu"])
-    assert result.exit_code == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "1000" in lines[0], result.stderr
+    assert_one_line_error(result, "alpha", "1000", status=2)
