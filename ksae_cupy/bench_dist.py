@@ -270,6 +270,8 @@ def bench_dist(*, ranks, threads=1, baseline_threads=0, D=784, H=1000, N=128, k=
     if not 1 <= k <= H or any(not 1 <= kk <= H for kk in topk_ks):
         raise KsaeError(f"k={k} and top-k k={list(topk_ks)} are not allowed for H={H}; use 1 <= k <= H")
     mpiexec = find_mpiexec(mpiexec)
+    # Other work on the machine slows every figure: record how busy it was before we started.
+    load_before = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
     spec = {"D": D, "H": H, "N": N, "k": k, "topk_ks": list(topk_ks), "repeats": repeats, "steps": steps,
             "topk_repeats": topk_repeats, "seed": seed}
     configs = [(R, threads, True) for R in ranks]
@@ -288,6 +290,7 @@ def bench_dist(*, ranks, threads=1, baseline_threads=0, D=784, H=1000, N=128, k=
         "benchmark": "dist",
         "shape": {"N": N, "D": D, "H": H, "k": k, "dtype": "float32"},
         "mpiexec": mpiexec,
+        "load_average_before": load_before,  # 1, 5, 15 minutes
         "repeats": repeats, "steps_per_repeat": steps, "topk_repeats": topk_repeats,
         "jobs": jobs,
         "dp_allreduce_bytes": dp_allreduce_volume(D, H, 2).sent,
@@ -304,8 +307,8 @@ def markdown(result: dict, note: str = "") -> str:
     lines = [f"# Distributed benchmark ({meta['device']}, {meta['cpu_count']} cores, {meta['date']})", "",
              f"Commit {meta['commit']}, Python {meta['python']}, NumPy {meta['numpy']} ({meta['blas']}), "
              f"MPI via `{Path(result['mpiexec']).name}`. Shapes: N={shape['N']}, D={shape['D']}, H={shape['H']}, "
-             f"k={shape['k']}, float32; median of {result['repeats']} repeats of {result['steps_per_repeat']} steps.",
-             ""]
+             f"k={shape['k']}, float32; median of {result['repeats']} repeats of {result['steps_per_repeat']} steps. "
+             f"Load average (1, 5, 15 min) before the run: {result.get('load_average_before')}.", ""]
     if note:
         lines += [note, ""]
     single = next((j["single_process"]["step_ms"] for j in result["jobs"]
