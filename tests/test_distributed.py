@@ -110,7 +110,7 @@ def test_bench_dist_validates_times_and_writes_results(tmp_path):
     result = json.loads(path.read_text())
     assert [job["ranks"] for job in result["jobs"]] == [1, 2]
     two = result["jobs"][1]
-    assert two["validation"]["replicas_bit_identical"] and two["validation"]["dp_step_max_rel_diff"] <= 1e-5
+    assert two["validation"]["replicas_bit_identical"] and two["validation"]["dp_grad_max_rel_diff"] <= 1e-5
     assert two["validation"]["dp_allreduce_bytes_counted"] == (12 * 40 + 40 + 12 + 1) * 4
     assert len(two["data_parallel"]["allreduce_in_step_ms_per_rank"]) == 2
     assert {(r["method"], r["k"]) for r in two["sharded_topk"]} == {(m, k) for m in ("threshold", "gather") for k in (3, 30)}
