@@ -57,7 +57,10 @@ def run_job(spec: dict) -> dict | None:
     D, H, N, k = spec["D"], spec["H"], spec["N"], spec["k"]
     rng = np.random.default_rng(spec["seed"])
     X_train_nd = rng.random((N * spec["steps"], D), dtype=np.float32)  # the same on every rank
-    result = {"ranks": comm.size, "threads_per_rank": spec["threads"]}
+    import mpi4py
+
+    result = {"ranks": comm.size, "threads_per_rank": spec["threads"], "mpi4py": mpi4py.__version__,
+              "mpi_library": MPI.Get_library_version().strip().splitlines()[0]}
     result["validation"] = _validate_dp(comm, X_train_nd[:N], D, H, k)
     if comm.size == 1:
         result["single_process"] = _time_single(X_train_nd, D, H, N, k, spec)
