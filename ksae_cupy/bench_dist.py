@@ -51,14 +51,13 @@ DP_TOLERANCE = 1e-5  # float32 gradient, relative to its largest entry (see test
 
 def run_job(spec: dict) -> dict | None:
     """Validate, then time, on every rank of ``MPI.COMM_WORLD``; rank 0 returns the results."""
+    import mpi4py
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     D, H, N, k = spec["D"], spec["H"], spec["N"], spec["k"]
     rng = np.random.default_rng(spec["seed"])
     X_train_nd = rng.random((N * spec["steps"], D), dtype=np.float32)  # the same on every rank
-    import mpi4py
-
     result = {"ranks": comm.size, "threads_per_rank": spec["threads"], "mpi4py": mpi4py.__version__,
               "mpi_library": MPI.Get_library_version().strip().splitlines()[0]}
     result["validation"] = _validate_dp(comm, X_train_nd[:N], D, H, k)
