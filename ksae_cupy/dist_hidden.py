@@ -17,8 +17,6 @@ single-process checkpoints (plus ``world_size`` and ``shard_hidden``).
 """
 from __future__ import annotations
 
-import math
-import time
 import zlib
 
 import numpy as np
@@ -29,7 +27,7 @@ from .checkpoint import Checkpoint
 from .dist_topk import sharded_topk
 from .distributed import shard_bounds
 from .errors import KsaeError
-from .train import EpochReport, Trainer, TrainingDiverged
+from .train import Trainer
 
 
 class ShardedHiddenTrainer(Trainer):
@@ -38,6 +36,8 @@ class ShardedHiddenTrainer(Trainer):
     def __init__(self, config, backend, D, comm, allreduce, checkpoint=None, topk_dist="threshold"):
         super().__init__(config, backend, D, checkpoint)  # full arrays, then keep our block
         self.comm, self.rank, self.size = comm, comm.rank, comm.size
+        if config.activation != "linear":  # the sharded forward below selects linear units only
+            raise KsaeError(f"--shard-hidden trains linear hidden units; activation {config.activation!r} is not supported")
         if config.hidden < comm.size:
             raise KsaeError(f"--shard-hidden: {config.hidden} hidden units cannot be split over {comm.size} ranks")
         self.allreduce, self.topk_dist = allreduce, topk_dist
@@ -72,46 +72,17 @@ class ShardedHiddenTrainer(Trainer):
         dW_dh = xp.concatenate([X_nd, R_nd]).T @ xp.concatenate([dZ_nh, Zs_nh])
         return loss, {"W_dh": dW_dh, "b_h": dZ_nh.sum(axis=0), "c_d": R_nd.sum(axis=0)}, keep_nh
 
-    def run_epoch(self, X_train_nd, X_valid_nd=None, on_batch=None) -> EpochReport | None:
-        cfg = self.config
-        N = X_train_nd.shape[0]
-        k = self.current_k()
-        if self.epoch_perm is None:
-            self.epoch_perm = self.rng.permutation(N)
-            self.batch_in_epoch = 0
-        n_batches = -(-N // cfg.batch_size)
-        kept_count_h = np.zeros(self.col_hi - self.col_lo, dtype=np.int64)
-        loss_sum, loss_batches = 0.0, 0
-        start = time.perf_counter()
-        first_batch = self.batch_in_epoch
-        for b in range(first_batch, n_batches):
-            batch = self.epoch_perm[b * cfg.batch_size:(b + 1) * cfg.batch_size]
-            if self.fail_at_step is not None and self.step == self.fail_at_step[0]:
-                raise RuntimeError(f"injected failure on rank {self.rank} at step {self.step}")
-            X_nd = X_train_nd[self.backend.asarray(batch.astype(np.int64))]
-            loss, grads, keep_nh = self.loss_and_grads(X_nd, k)
-            if not math.isfinite(loss):
-                raise TrainingDiverged(f"the loss became {loss} at epoch {self.epoch + 1}, step {self.step + 1}; "
-                                       f"nothing was saved after the last good checkpoint; try a smaller --lr (now {cfg.lr})")
-            self.optimizer.step(self.params, grads, cfg.lr)
-            kept_count_h += to_host(keep_nh.sum(axis=0))
-            loss_sum += loss
-            loss_batches += 1
-            self.step += 1
-            self.batch_in_epoch = b + 1
-            if on_batch is not None:
-                on_batch(b + 1, n_batches)
-        self.backend.synchronize()
-        seconds = time.perf_counter() - start
-        samples = min(N, n_batches * cfg.batch_size) - first_batch * cfg.batch_size
-        self.epoch += 1
-        self.batch_in_epoch, self.epoch_perm = 0, None
-        dead = self._sum_host(np.array([(kept_count_h == 0).sum()], dtype=np.int64))[0]
-        return EpochReport(
-            epoch=self.epoch, step=self.step, k=k, lr=cfg.lr, train_loss=loss_sum / max(loss_batches, 1),
-            valid_loss=self.evaluate_loss(X_valid_nd, k) if X_valid_nd is not None else None,
-            dead_fraction=float(dead) / cfg.hidden,
-            samples_per_s=samples / seconds if seconds > 0 else float("inf"), seconds=seconds)
+    def _batch_gradients(self, X_nd, k: int):
+        """The whole batch on every rank; gradients of this rank's block (and of ``c_d``)."""
+        if self.fail_at_step is not None and self.step == self.fail_at_step[0]:
+            raise RuntimeError(f"injected failure on rank {self.rank} at step {self.step}")
+        loss, grads, keep_nh = self.loss_and_grads(X_nd, k)
+        return loss, grads, keep_nh.sum(axis=0)
+
+    def _dead_fraction(self, kept_count_h) -> float:
+        """Dead units over all blocks: each rank counts its own, the counts are summed."""
+        dead = self._sum_host(np.array([int((kept_count_h == 0).sum())], dtype=np.int64))[0]
+        return float(dead) / self.config.hidden
 
     def evaluate_loss(self, X_nd, k=None, chunk: int = 4096) -> float:
         k = self.config.k if k is None else k

@@ -6,33 +6,37 @@ belong to the *global* top-k under the contract of :mod:`ksae_cupy.topk` (rank b
 :func:`~ksae_cupy.topk.order_keys`, exactly k per row, ties to the lower global column),
 so the union over ranks is exactly the single-process set.
 
-Two methods:
+Both methods first all-gather every rank's block width (one int64 each). Then:
 
 * ``threshold`` -- the iterative threshold with counts only. Per radix digit (8 bits) each
-  rank histograms the digit of its surviving candidates per row; the (N, 256) histograms
-  are summed by one all-reduce and every rank picks the same digit of the k-th key from
-  the summed counts. After 4 passes (float32) every rank knows the k-th key per row. Then
-  one all-reduce of per-row counts above it tells how many ties are wanted, and an
-  exclusive scan (``MPI_Exscan``) of per-rank tie counts tells each rank how many
-  lower-column ties precede its block, so the first ties in global column order are kept.
-  Traffic per row: 4 x 256 counts + 2 counts, whatever k and the rank count; 6 rounds.
-* ``gather`` -- each rank's local top-min(k, H_local) keys and global columns are
-  all-gathered (N x k x P pairs), and every rank selects the global top-k from those
-  candidates (any global winner is among its own rank's local winners, ties included,
-  because the local tie rule is the global one restricted to a block). One round.
+  rank histograms the digit of its surviving candidates per row; the (N, 256) int32
+  histograms are summed by one all-reduce and every rank picks the same digit of the k-th
+  key from the summed counts. After 4 passes (float32; 8 for float64) every rank knows the
+  k-th key per row. Then one all-reduce of per-row counts above it tells how many ties are
+  wanted, and an exclusive scan (``MPI_Exscan``) of per-rank tie counts tells each rank how
+  many lower-column ties precede its block, so the first ties in global column order are
+  kept. Per row: 4 x 1 KiB of counts + 16 B, whatever k and the rank count R; 7 calls.
+* ``gather`` -- each rank's local top-min(k, H_local) (key, global column) pairs, both as
+  the key's unsigned type (8 B per pair for float32), are all-gathered in one
+  ``MPI_Allgatherv``, and every rank selects the global top-k from those candidates (any
+  global winner is among its own rank's local winners, ties included, because the local
+  tie rule is the global one restricted to a block). Per row: 8 min(k, H_local) B sent,
+  8 min(k R, H) B received (about); 2 calls.
 
-When each wins (reasoned, not measured at scale here): ``gather`` moves about
-``8 k P`` bytes per row in one round, ``threshold`` about ``4 x 256 x 4 = 4 KiB`` per
-row (int32 counts) in 6 rounds, independent of k and P. So ``gather`` wins for the small
-k of this paper (k <= 100) on few ranks and whenever latency dominates (small batches);
-``threshold`` wins once ``k P`` exceeds roughly 500 (large alpha*k at encoding time, many
-ranks), and its work per rank stays O(H_local) with no O(k P log) merge.
-
-Measured only on one small shared CPU machine (2 cores, busy; shared-memory MPICH; N=128,
-H=1000, float32, ms per call): P=2, k=25: threshold 22, gather 4.4; P=2, k=250:
-threshold 18, gather 29; P=3, k=25: threshold 27, gather 15; P=3, k=250: threshold 28,
-gather 107. So on this machine gather wins at the paper's k and threshold at large k P,
-as argued; the crossover on a real network (where rounds cost more) is not measured.
+Every message is a NumPy buffer, so :mod:`ksae_cupy.commvolume` gives the bytes exactly
+(and the tests check them against the real calls). When each wins, from those formulas
+(float32, per row, bytes one rank transmits with bandwidth-optimal algorithms):
+threshold about ``8 KiB (R-1)/R``, gather about ``8 (min(kR, H) - k)``. So ``gather`` moves
+fewer bytes whenever ``k R < 1024``, and for any k and R when ``H <= 1024`` (at most it
+sends whole rows): always at MNIST's H = 1000. ``threshold`` moves fewer bytes only for wide
+layers (H > 1024) with ``k R > 1024`` (large alpha*k at encoding time, many ranks); it
+also avoids the gather's merge of up to ``k R`` candidates per row, but pays 7 rounds of
+latency against 2. Measured (``ksae-bench dist``, N=128, H=1000, 2-3 ranks on a shared
+2-core CPU, shared-memory MPICH, ms per call over three runs): k=25, threshold 6-28,
+gather 1.4-9; k=250, threshold 8-29, gather 13-59. Through shared memory bytes are cheap
+and the gather's cost grows with k (local top-k, merge of kR candidates), so there gather
+wins at the paper's k and threshold at large k; on a network the bytes and the rounds
+would count more (not measured).
 
 Works on host (NumPy) arrays; CuPy input is copied to the host and back.
 """
@@ -42,7 +46,7 @@ import numpy as np
 
 from .backend import array_module, to_host
 from .errors import KsaeError
-from .topk import check_topk_args, order_keys, topk_sort
+from .topk import order_keys, topk_sort
 
 DIST_TOPK_METHODS = ("threshold", "gather")
 
@@ -53,28 +57,38 @@ def sharded_topk(Z_local_nh, k: int, comm, col_offset: int, method: str = "thres
     ``np.nonzero(mask)`` gives the kept (row, local column) pairs; add ``col_offset`` for
     global columns. Summed over ranks, every row holds exactly ``k`` kept entries.
     Collective: every rank of ``comm`` must call it with the same ``k`` and ``method``.
+    Every message is a NumPy buffer (no pickling), so the bytes sent are exactly those
+    :func:`ksae_cupy.commvolume.topk_volume` computes.
     """
     xp = array_module(Z_local_nh)
     Z = np.ascontiguousarray(to_host(Z_local_nh))
-    H_total = comm.allreduce(Z.shape[1])
-    if Z.ndim != 2 or not (1 <= k <= H_total):
+    if Z.ndim != 2 or np.dtype(Z.dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise KsaeError(f"sharded top-k expects a 2-D float32 or float64 array; got {Z.dtype} of shape {Z.shape}")
+    H_r = block_sizes(comm, Z.shape[1])
+    H_total = int(H_r.sum())
+    if not 1 <= k <= H_total:
         raise KsaeError(f"k={k} is not allowed for H={H_total} hidden units; use 1 <= k <= {H_total}")
-    if Z.shape[1]:
-        check_topk_args(Z, 1)
     if method == "threshold":
         keep = _threshold(Z, k, comm)
     elif method == "gather":
-        keep = _gather(Z, k, comm, col_offset)
+        keep = _gather(Z, k, comm, col_offset, H_r)
     else:
         raise KsaeError(f"--topk-dist {method!r} is not allowed; use one of {', '.join(DIST_TOPK_METHODS)}")
     return keep if xp is np else xp.asarray(keep)
+
+
+def block_sizes(comm, H_local: int) -> np.ndarray:
+    """Every rank's number of columns, in rank order (one all-gather of one int64 each)."""
+    H_r = np.empty(comm.size, dtype=np.int64)
+    comm.Allgather(np.array([H_local], dtype=np.int64), H_r)
+    return H_r
 
 
 def _threshold(Z, k: int, comm):
     from mpi4py import MPI
 
     N = Z.shape[0]
-    keys_nh = order_keys(Z) if Z.shape[1] else np.zeros((N, 0), np.uint32)
+    keys_nh = order_keys(Z)  # also for an empty block: the key type must match the other ranks'
     key_type, bits = keys_nh.dtype.type, keys_nh.dtype.itemsize * 8
     rows_n = np.arange(N)
     cand_nh = np.ones(keys_nh.shape, dtype=bool)  # entries still sharing the k-th key's prefix
@@ -106,19 +120,27 @@ def _threshold(Z, k: int, comm):
     return above_nh | (tie_nh & (tie_rank_nh <= ties_wanted_n[:, None]))
 
 
-def _gather(Z, k: int, comm, col_offset: int):
+def _gather(Z, k: int, comm, col_offset: int, H_r: np.ndarray):
     N, H_local = Z.shape
-    k_local = min(k, H_local)
+    keys_nh = order_keys(Z)
+    key_type = keys_nh.dtype
+    k_r = np.minimum(k, H_r)  # candidates per row from each rank
+    k_local = int(k_r[comm.rank])
+    # (key, global column) pairs, both in the key's unsigned type (columns fit: H < 2^32),
+    # so one buffer and one round carry them.
+    mine_nk2 = np.empty((N, k_local, 2), dtype=key_type)
     if k_local:
         idx_nk, _ = topk_sort(Z, k_local)
-        keys_nk = np.take_along_axis(order_keys(Z), idx_nk, axis=1).astype(np.uint64)
-        cols_nk = idx_nk.astype(np.int64) + col_offset
-    else:
-        keys_nk = np.zeros((N, 0), np.uint64)
-        cols_nk = np.zeros((N, 0), np.int64)
-    parts = comm.allgather((keys_nk, cols_nk))
-    keys_nc = np.concatenate([p[0] for p in parts], axis=1)
-    cols_nc = np.concatenate([p[1] for p in parts], axis=1)
+        idx_nk = idx_nk.astype(np.int64)
+        mine_nk2[..., 0] = np.take_along_axis(keys_nh, idx_nk, axis=1)
+        mine_nk2[..., 1] = idx_nk + col_offset
+    counts_r = N * k_r * 2
+    displs_r = np.concatenate([[0], np.cumsum(counts_r)[:-1]])
+    all_flat = np.empty(int(counts_r.sum()), dtype=key_type)
+    comm.Allgatherv(mine_nk2, [all_flat, (counts_r, displs_r)])
+    blocks = [all_flat[d:d + c].reshape(N, kr, 2) for d, c, kr in zip(displs_r, counts_r, k_r)]
+    pairs_nc2 = np.concatenate(blocks, axis=1)
+    keys_nc, cols_nc = pairs_nc2[..., 0], pairs_nc2[..., 1].astype(np.int64)
     # Global rank: key descending, then global column ascending (lexsort: last key is primary).
     order_nc = np.lexsort((cols_nc, ~keys_nc), axis=1)[:, :k]
     win_cols_nk = np.take_along_axis(cols_nc, order_nc, axis=1) - col_offset

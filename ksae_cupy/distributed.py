@@ -29,7 +29,6 @@ other ranks waiting in a collective forever.
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 import zlib
@@ -39,7 +38,7 @@ import numpy as np
 from . import model
 from .backend import to_host
 from .errors import KsaeError
-from .train import EpochReport, Trainer, TrainingDiverged
+from .train import Trainer, TrainingDiverged
 
 
 def shard_bounds(n: int, size: int, rank: int) -> tuple[int, int]:
@@ -101,55 +100,26 @@ class DataParallelTrainer(Trainer):
 
         return mpi_sum_inplace(self.comm, np.ascontiguousarray(to_host(a)))
 
-    def run_epoch(self, X_train_nd, X_valid_nd=None, on_batch=None) -> EpochReport | None:
-        cfg, xp = self.config, self.backend.xp
-        N, H = X_train_nd.shape[0], cfg.hidden
-        k = self.current_k()
-        if self.epoch_perm is None:
-            self.epoch_perm = self.rng.permutation(N)  # same generator state on every rank
-            self.batch_in_epoch = 0
-        n_batches = -(-N // cfg.batch_size)
-        kept_count_h = xp.zeros(H, dtype=np.int64)
-        loss_sum, loss_batches = 0.0, 0
-        start = time.perf_counter()
-        first_batch = self.batch_in_epoch
-        for b in range(first_batch, n_batches):
-            batch = self.epoch_perm[b * cfg.batch_size:(b + 1) * cfg.batch_size]
-            lo, hi = shard_bounds(len(batch), self.size, self.rank)
-            self._maybe_fail()
-            if hi > lo:
-                X_nd = X_train_nd[self.backend.asarray(batch[lo:hi].astype(np.int64))]
-                loss, grads, cache = model.loss_and_grads(self.params, X_nd, k, cfg.topk)
-                kept_count_h += xp.bincount(cache.idx_nk.ravel(), minlength=H)
-                self.grads.pack(grads, loss, (hi - lo) / len(batch))
-            else:  # a last batch smaller than the rank count leaves some ranks idle
-                self.grads.pack(None, 0.0, 0.0)
-            self.allreduce(self.grads.flat)
-            loss = self.grads.loss  # the global batch's loss, the same on every rank
-            if not math.isfinite(loss):
-                raise TrainingDiverged(f"the loss became {loss} at epoch {self.epoch + 1}, step {self.step + 1}; "
-                                       f"nothing was saved after the last good checkpoint; try a smaller --lr (now {cfg.lr})")
-            self.optimizer.step(self.params, self.grads.views, cfg.lr)
-            loss_sum += loss
-            loss_batches += 1
-            self.step += 1
-            self.batch_in_epoch = b + 1
-            if on_batch is not None:
-                on_batch(b + 1, n_batches)
-        self.backend.synchronize()
-        seconds = time.perf_counter() - start
-        samples = min(N, n_batches * cfg.batch_size) - first_batch * cfg.batch_size
-        self.epoch += 1
-        self.batch_in_epoch, self.epoch_perm = 0, None
-        kept_count_h = self._sum_host(kept_count_h)
-        return EpochReport(
-            epoch=self.epoch, step=self.step, k=k, lr=cfg.lr,
-            train_loss=loss_sum / max(loss_batches, 1),
-            valid_loss=self.evaluate_loss(X_valid_nd, k) if X_valid_nd is not None else None,
-            dead_fraction=float((kept_count_h == 0).mean()),
-            samples_per_s=samples / seconds if seconds > 0 else float("inf"),
-            seconds=seconds,
-        )
+    def _batch_gradients(self, X_nd, k: int):
+        """This rank's shard of the global batch ``X_nd``; gradients and loss summed over ranks."""
+        lo, hi = shard_bounds(X_nd.shape[0], self.size, self.rank)
+        self._maybe_fail()
+        xp, H = self.backend.xp, self.config.hidden
+        if hi > lo:
+            loss, grads, cache = model.loss_and_grads(self.params, X_nd[lo:hi], k, self.config.topk,
+                                                       self.config.activation)
+            kept_h = xp.bincount(cache.idx_nk.ravel(), minlength=H)
+            self.grads.pack(grads, loss, (hi - lo) / X_nd.shape[0])
+        else:  # a last batch smaller than the rank count leaves some ranks idle
+            kept_h = xp.zeros(H, dtype=np.int64)
+            self.grads.pack(None, 0.0, 0.0)
+        self.allreduce(self.grads.flat)
+        # The global batch's loss and mean gradient, the same on every rank.
+        return self.grads.loss, self.grads.views, kept_h
+
+    def _dead_fraction(self, kept_count_h) -> float:
+        """Dead units of the whole batch: this rank's counts summed over the ranks first."""
+        return float((self._sum_host(kept_count_h) == 0).mean())
 
     def evaluate_loss(self, X_nd, k=None, chunk: int = 4096) -> float:
         """The mean loss over ``X_nd``, each rank evaluating its contiguous share."""

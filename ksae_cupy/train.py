@@ -145,27 +145,30 @@ class Trainer:
         ``on_batch(done, total)`` is called after every batch (for a progress bar).
         Returns the epoch's report, or None when :attr:`stop_requested` stopped it midway
         (then :attr:`batch_in_epoch` and :attr:`epoch_perm` say where it stands).
+        The distributed trainers reuse this loop and override only :meth:`_batch_gradients`
+        (where they communicate) and :meth:`_dead_fraction`.
         """
         cfg, xp = self.config, self.backend.xp
-        N, H = X_train_nd.shape[0], cfg.hidden
+        N = X_train_nd.shape[0]
         k = self.current_k()
         if self.epoch_perm is None:
-            self.epoch_perm = self.rng.permutation(N)
+            self.epoch_perm = self.rng.permutation(N)  # on every rank the same generator state
             self.batch_in_epoch = 0
         order = self.backend.asarray(self.epoch_perm.astype(np.int64))
         n_batches = -(-N // cfg.batch_size)  # the last, smaller batch is trained on too
-        kept_count_h = xp.zeros(H, dtype=np.int64)
+        # One count per hidden unit held here (all of them, or this rank's block).
+        kept_count_h = xp.zeros(self.params["b_h"].shape[0], dtype=np.int64)
         loss_sum, loss_batches = 0.0, 0
         start = time.perf_counter()
         first_batch = self.batch_in_epoch
         for b in range(first_batch, n_batches):
             X_nd = X_train_nd[order[b * cfg.batch_size:(b + 1) * cfg.batch_size]]
-            loss, grads, cache = model.loss_and_grads(self.params, X_nd, k, cfg.topk, cfg.activation)
+            loss, grads, kept_h = self._batch_gradients(X_nd, k)
             if not math.isfinite(loss):
                 raise TrainingDiverged(f"the loss became {loss} at epoch {self.epoch + 1}, step {self.step + 1}; "
                                        f"nothing was saved after the last good checkpoint; try a smaller --lr (now {cfg.lr})")
             self.optimizer.step(self.params, grads, cfg.lr)
-            kept_count_h += xp.bincount(cache.idx_nk.ravel(), minlength=H)
+            kept_count_h += kept_h
             loss_sum += loss
             loss_batches += 1
             self.step += 1
@@ -184,10 +187,21 @@ class Trainer:
             train_loss=loss_sum / max(loss_batches, 1),
             valid_loss=self.evaluate_loss(X_valid_nd, k) if X_valid_nd is not None else None,
             # Resumed mid-epoch, units kept before the interruption are not counted here.
-            dead_fraction=float(to_host((kept_count_h == 0).mean())),
+            dead_fraction=self._dead_fraction(kept_count_h),
             samples_per_s=samples / seconds if seconds > 0 else float("inf"),
             seconds=seconds,
         )
+
+    def _batch_gradients(self, X_nd, k: int):
+        """``(loss, grads, kept_h)`` for one minibatch: the loss, the gradients to step with,
+        and how many examples kept each hidden unit. The one hook where subclasses communicate."""
+        loss, grads, cache = model.loss_and_grads(self.params, X_nd, k, self.config.topk, self.config.activation)
+        kept_h = self.backend.xp.bincount(cache.idx_nk.ravel(), minlength=self.config.hidden)
+        return loss, grads, kept_h
+
+    def _dead_fraction(self, kept_count_h) -> float:
+        """The fraction of hidden units that no example kept during the epoch."""
+        return float(to_host((kept_count_h == 0).mean()))
 
     def evaluate_loss(self, X_nd, k: int | None = None, chunk: int = 4096) -> float:
         """Mean of 0.5 ||x - xhat||^2 per example over ``X_nd``, with ``k`` kept units."""

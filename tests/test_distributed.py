@@ -85,6 +85,50 @@ def test_sharded_topk_is_the_single_process_support(tmp_path, n, method):
         assert np.array_equal(keep, expected), key
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_bytes_passed_to_mpi_equal_the_formulas(tmp_path, n):
+    """CountingComm on real collectives == commvolume's formulas, for both top-k methods
+    (float32 and float64, uneven blocks, k above a block's width) and the data-parallel step."""
+    mpirun(n, [str(WORKER), "volume", str(tmp_path), "-"])
+    result = json.loads((tmp_path / f"volume_{n}.json").read_text())
+    assert result["checked"] == n * 17
+    assert result["mismatches"] == []
+
+
+def test_bench_dist_validates_times_and_writes_results(tmp_path):
+    """ksae-bench dist on tiny shapes: one MPI job per rank count, JSON + Markdown written."""
+    from click.testing import CliRunner
+
+    from ksae_cupy.cli import bench_command
+
+    out = CliRunner().invoke(bench_command, [
+        "dist", "--ranks", "1,2", "--baseline-threads", "0", "--hidden", "40", "--dim", "12", "--batch-size", "16",
+        "--k", "3", "--topk-k", "3,30", "--formula-ranks", "1,2,4", "--repeats", "1", "--steps", "2",
+        "--topk-repeats", "1", "--timeout", "120", "--mpiexec", str(MPIEXEC), "--out", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    [path] = tmp_path.glob("dist-cpu-*.json")
+    result = json.loads(path.read_text())
+    assert [job["ranks"] for job in result["jobs"]] == [1, 2]
+    two = result["jobs"][1]
+    assert two["validation"]["replicas_bit_identical"] and two["validation"]["dp_grad_max_rel_diff"] <= 1e-5
+    assert two["validation"]["dp_allreduce_bytes_counted"] == (12 * 40 + 40 + 12 + 1) * 4
+    assert len(two["data_parallel"]["allreduce_in_step_ms_per_rank"]) == 2
+    assert {(r["method"], r["k"]) for r in two["sharded_topk"]} == {(m, k) for m in ("threshold", "gather") for k in (3, 30)}
+    assert len(result["topk_formula"]) == 2 * 3 * 2 and result["meta"]["device"] == "cpu"
+    assert "| 2 x 1 |" in path.with_suffix(".md").read_text()
+
+
+def test_bench_dist_rejects_bad_values(tmp_path):
+    from click.testing import CliRunner
+
+    from ksae_cupy.cli import bench_command
+
+    out = CliRunner().invoke(bench_command, ["dist", "--ranks", "2,0", "--out", str(tmp_path)])
+    assert out.exit_code == 2 and "--ranks '2,0' is not allowed" in out.output
+    out = CliRunner().invoke(bench_command, ["dist", "--hidden", "10", "--topk-k", "25", "--out", str(tmp_path)])
+    assert out.exit_code == 2 and "top-k k=[25] are not allowed for H=10" in out.output
+
+
 def _data(tmp_path):
     X = np.random.default_rng(0).standard_normal((300, 16)).astype(np.float32)
     np.save(tmp_path / "x.npy", X)
