@@ -67,6 +67,7 @@ class KSparseAutoencoder:
         """
         trainer = self._ensure_trainer(X_nd)
         X_dev, X_valid_dev = self._to_device(X_nd), self._to_device(X_valid_nd)
+        step_before = trainer.step
         with trainer.backend.use():
             while not trainer.finished:
                 report = trainer.run_epoch(X_dev, X_valid_dev, on_batch)
@@ -78,7 +79,8 @@ class KSparseAutoencoder:
                     self.save(checkpoint_path)
                 if trainer.stop_requested:
                     break
-        if checkpoint_path is not None:
+        # A finished run resumed again trains nothing: leave its checkpoint file untouched.
+        if checkpoint_path is not None and (trainer.step != step_before or not Path(checkpoint_path).exists()):
             self.save(checkpoint_path)
         return self
 

@@ -152,3 +152,12 @@ def test_relu_run_records_its_activation_and_resume_keeps_it(data_file, tmp_path
     assert (model.transform(np.load(data_file)) >= 0).all()  # ReLU codes carry no negative value
     result = run(["--resume", tmp_path / "run", "--activation", "linear", "--device", "cpu"], tmp_path, expect=2)
     assert_one_line_error(result, "--activation linear (the run has relu)")
+
+
+def test_resume_of_a_finished_run_leaves_its_checkpoint_untouched(data_file, tmp_path):
+    run([data_file, *QUICK, "--run-dir", tmp_path / "run"], tmp_path, expect=0)
+    checkpoint = tmp_path / "run" / "checkpoint.h5"
+    before = (checkpoint.read_bytes(), checkpoint.stat().st_mtime_ns)
+    result = run(["--resume", tmp_path / "run", "--device", "cpu"], tmp_path, expect=0)
+    assert "done: 1 epochs" in result.output
+    assert (checkpoint.read_bytes(), checkpoint.stat().st_mtime_ns) == before
