@@ -59,6 +59,10 @@ from .units import check_dropout_rate, dropout_mask, sigmoid
 
 PARAM_NAMES = ("W_dh", "b_h", "c_d")  # the same names for the autoencoder and the RBM
 
+# Each baseline's dropout, in pretraining and -- section 4.5: "the regularization method used in
+# the fine-tuning stage ... is the same" -- in fine-tuning. The RBM has none.
+REGULARISATION = {"rbm": {}, "dropout-ae": {"hidden_dropout": 0.5}, "denoising-ae": {"input_dropout": 0.2}}
+
 
 def init_params(D: int, H: int, sigma: float, rng: np.random.Generator, dtype=np.float32) -> dict:
     """Gaussian ``W_dh`` of std ``sigma`` drawn on the host, zero biases (as :func:`model.init_params`)."""
@@ -284,21 +288,39 @@ def fit_rbm(X_nd, config: RBMConfig, backend: Backend = CPU, on_epoch=None) -> d
     return _run_epochs(params, X_nd, config, backend, rng, batch_loss_and_grads, on_epoch)
 
 
-def fit_autoencoder_stack(X_nd, configs: list[AutoencoderConfig], backend: Backend = CPU, on_epoch=None) -> list:
+def fit_stack(X_nd, configs: list, backend: Backend = CPU, on_epoch=None) -> list:
     """Greedy layer-wise pretraining (section 4.6): layer l+1 learns on layer l's features.
 
-    The features are :func:`encode` -- every hidden unit of the uncorrupted input, as the
-    paper uses them. ``on_epoch(layer, report)`` with ``layer`` 1-based. Host parameters.
+    ``configs`` holds one :class:`AutoencoderConfig` or :class:`RBMConfig` per layer. The
+    features are :func:`encode` -- every hidden unit of the uncorrupted input, as the paper
+    uses them. ``on_epoch(layer, report)`` with ``layer`` 1-based. Host parameters per layer.
     """
     stack, inputs = [], X_nd
     for layer, config in enumerate(configs, start=1):
         report = None if on_epoch is None else (lambda r, layer=layer: on_epoch(layer, r))
-        params = fit_autoencoder(inputs, config, backend, report)
+        fit = fit_rbm if isinstance(config, RBMConfig) else fit_autoencoder
+        params = fit(inputs, config, backend, report)
         stack.append(params)
         with backend.use():
             inputs = encode({n: backend.asarray(v) for n, v in params.items()},
                             backend.asarray(inputs, dtype=np.dtype(config.dtype)))
     return stack
+
+
+def pretrain_baseline(kind: str, X_nd, sizes: list[int], epochs: int, seed: int = 0, backend: Backend = CPU,
+                      on_epoch=None) -> list:
+    """:func:`fit_stack` of ``len(sizes)`` layers of a baseline named in :data:`REGULARISATION`.
+
+    Options not named here take their config class's defaults; layer l is seeded ``seed + l - 1``.
+    """
+    if kind not in REGULARISATION:
+        raise KsaeError(f"baseline {kind!r} is not allowed; use one of {', '.join(REGULARISATION)}")
+    if kind == "rbm":
+        configs = [RBMConfig(hidden=H, epochs=epochs, seed=seed + i) for i, H in enumerate(sizes)]
+    else:
+        configs = [AutoencoderConfig(hidden=H, epochs=epochs, seed=seed + i, **REGULARISATION[kind])
+                   for i, H in enumerate(sizes)]
+    return fit_stack(X_nd, configs, backend, on_epoch)
 
 
 def _checked_input(X_nd, config, what: str):

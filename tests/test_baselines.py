@@ -101,15 +101,34 @@ def test_denoising_autoencoder_lowers_clean_reconstruction_error():
     assert after < 0.05 * before, (before, after)
 
 
-def test_dropout_autoencoder_stack_learns_on_features_of_the_layer_below():
-    X = low_rank_images(N=200)
+def test_stack_learns_each_layer_on_the_features_of_the_layer_below():
+    X = low_rank_images(N=200).astype(np.float32)
     configs = [baselines.AutoencoderConfig(hidden=12, hidden_dropout=0.5, epochs=3, batch_size=50, lr=0.01,
-                                           sigma=0.1, seed=s) for s in (1, 2)]
+                                           sigma=0.1, seed=1),
+               baselines.RBMConfig(hidden=7, epochs=2, batch_size=50, seed=2)]
     seen = []
-    stack = baselines.fit_autoencoder_stack(X.astype(np.float32), configs, on_epoch=lambda l, r: seen.append(l))
-    assert seen == [1, 1, 1, 2, 2, 2]
-    assert stack[0]["W_dh"].shape == (20, 12) and stack[1]["W_dh"].shape == (12, 12)
+    stack = baselines.fit_stack(X, configs, on_epoch=lambda l, r: seen.append(l))
+    assert seen == [1, 1, 1, 2, 2]
+    assert stack[0]["W_dh"].shape == (20, 12) and stack[1]["W_dh"].shape == (12, 7)
     assert stack[1]["W_dh"].dtype == np.float32
+    # Layer 2 is what fitting an RBM on layer 1's sigmoid features gives.
+    alone = baselines.fit_rbm(baselines.encode(stack[0], X), configs[1])
+    np.testing.assert_array_equal(alone["W_dh"], stack[1]["W_dh"])
+
+
+@pytest.mark.parametrize("kind,p_in,p_hid", [("dropout-ae", 0.0, 0.5), ("denoising-ae", 0.2, 0.0)])
+def test_pretrain_baseline_uses_the_papers_dropout(kind, p_in, p_hid, monkeypatch):
+    seen = []
+    real = baselines.fit_autoencoder
+    monkeypatch.setattr(baselines, "fit_autoencoder", lambda X, c, *a: seen.append(c) or real(X, c, *a))
+    baselines.pretrain_baseline(kind, low_rank_images(N=200), [6, 4], epochs=1, seed=3)
+    assert [(c.hidden, c.input_dropout, c.hidden_dropout, c.seed) for c in seen] == [(6, p_in, p_hid, 3),
+                                                                                    (4, p_in, p_hid, 4)]
+
+
+def test_unknown_baseline_is_a_one_line_error():
+    with pytest.raises(KsaeError, match="baseline 'sae' is not allowed; use one of rbm, dropout-ae, denoising-ae"):
+        baselines.pretrain_baseline("sae", np.zeros((4, 3)), [2], epochs=1)
 
 
 # -- the RBM ------------------------------------------------------------------------------------
