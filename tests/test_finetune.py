@@ -5,7 +5,6 @@ import pytest
 from ksae_cupy import finetune
 from ksae_cupy.backend import CPU
 from ksae_cupy.datasets.synthetic import make_sparse_signals
-from ksae_cupy.estimator import KSparseAutoencoder
 from gradcheck import KinkError, numerical_gradient, relative_error
 
 # (D, hidden sizes, kept per layer, classes)
