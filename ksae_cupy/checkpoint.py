@@ -45,13 +45,28 @@ class Checkpoint:
     preprocess: dict = field(default_factory=dict)
 
 
-def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:
-    """Write ``ckpt`` to ``path`` atomically (temporary file, verify, rename)."""
+def write_hdf5_atomically(path: Path, write_fn, verify_fn) -> None:
+    """Write an HDF5 file so that ``path`` only ever holds a complete, verified file.
+
+    ``write_fn(f)`` fills the open ``h5py.File`` ``<name>.tmp``; ``verify_fn(tmp_path)``
+    reopens and checks it (raising on damage); only then is it renamed to ``path``. A crash
+    or a failed check leaves the previous file at ``path`` untouched.
+    """
     import h5py
 
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     with h5py.File(tmp, "w") as f:
+        write_fn(f)
+        f.flush()
+    verify_fn(tmp)  # verify what was written before it takes the real name
+    os.replace(tmp, path)
+
+
+def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:
+    """Write ``ckpt`` to ``path`` atomically (temporary file, verify, rename)."""
+
+    def write(f) -> None:
         f.attrs["format"] = FORMAT
         f.attrs["format_version"] = FORMAT_VERSION
         f.attrs["epoch"] = int(ckpt.epoch)
@@ -66,9 +81,8 @@ def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:
         rng.attrs["state"] = json.dumps(ckpt.rng_state) if ckpt.rng_state is not None else ""
         if ckpt.epoch_perm is not None:
             rng.create_dataset("epoch_perm", data=np.asarray(ckpt.epoch_perm))
-        f.flush()
-    load_checkpoint(tmp)  # verify what was written before it takes the real name
-    os.replace(tmp, path)
+
+    write_hdf5_atomically(path, write, load_checkpoint)
 
 
 def load_checkpoint(path: Path) -> Checkpoint:

@@ -3,7 +3,14 @@
     ksae-finetune runs/mnist-h1000-k25-A --alpha 3 --epochs 200            # shallow (section 4.5)
     ksae-finetune runs/A runs/B --alpha 3 --epochs 200                      # deep, layer-wise (4.6)
     ksae-finetune --no-pretraining --hidden 1000 --k 25 --dataset mnist     # baseline, random init
+    ksae-finetune --baseline dropout-ae --hidden 1000,1000 --dataset mnist  # baseline pretrained here
     ksae-finetune --resume runs/finetune-mnist-...
+
+``--baseline rbm|dropout-ae|denoising-ae`` pretrains that learner of
+:mod:`ksae_cupy.baselines` (one layer per ``--hidden`` size, ``--pretrain-epochs`` each) on
+the training set in this process, then fine-tunes its sigmoid layers with the same dropout
+(section 4.5). The pretrained weights are the run's initial parameters; a resumed run
+continues from its checkpoint and does not pretrain again.
 
 The run folder holds ``checkpoint.h5`` (a fine-tuning checkpoint), ``config.json``,
 ``metrics.jsonl`` and, at the end, ``finetune.json`` with the validation and test error.
@@ -28,7 +35,8 @@ from .errors import KsaeError
 RESULTS = "finetune.json"
 # Options fixed by a run: on --resume, giving one is an error rather than silently ignored.
 RUN_SHAPING = ("dataset", "alpha", "epochs", "phases", "lr_start", "lr_end", "momentum", "batch_size", "sigma",
-               "no_pretraining", "hidden", "k", "seed", "dtype")
+               "no_pretraining", "baseline", "pretrain_epochs", "hidden", "k", "seed", "dtype")
+BASELINES = ("rbm", "dropout-ae", "denoising-ae")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -44,7 +52,11 @@ RUN_SHAPING = ("dataset", "alpha", "epochs", "phases", "lr_start", "lr_end", "mo
 @click.option("--batch-size", type=int, default=128)
 @click.option("--sigma", type=float, default=0.01, help="Std of the Gaussian initial softmax (and random) weights.")
 @click.option("--no-pretraining", is_flag=True, help="Random initial weights instead of pretrained runs.")
-@click.option("--hidden", default="1000", help="With --no-pretraining: hidden units per layer, e.g. 1000 or 1000,1000.")
+@click.option("--baseline", type=click.Choice(BASELINES), default=None,
+              help="Pretrain this baseline here and fine-tune its sigmoid layers with its dropout (section 4.5).")
+@click.option("--pretrain-epochs", type=int, default=5000, help="With --baseline: epochs per layer (paper: 5000).")
+@click.option("--hidden", default="1000",
+              help="With --no-pretraining or --baseline: hidden units per layer, e.g. 1000 or 1000,1000.")
 @click.option("--k", "k", type=int, default=25, help="With --no-pretraining: k of every layer (alpha*k are kept).")
 @click.option("--seed", type=int, default=0)
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32")
@@ -58,8 +70,8 @@ RUN_SHAPING = ("dataset", "alpha", "epochs", "phases", "lr_start", "lr_end", "mo
 @click.pass_context
 @report_errors
 def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, lr_end, momentum, batch_size, sigma,
-                     no_pretraining, hidden, k, seed, dtype, device, run_dir, checkpoint_every, resume, data_dir,
-                     quiet):
+                     no_pretraining, baseline, pretrain_epochs, hidden, k, seed, dtype, device, run_dir,
+                     checkpoint_every, resume, data_dir, quiet):
     """Fine-tune a softmax network initialised from PRETRAINED_RUN_DIR [PRETRAINED_RUN_DIR_2] (ksae-train runs)."""
     from . import finetune
     from .backend import resolve_device
@@ -88,8 +100,14 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
             raise KsaeError(f"{len(pretrained)} pretrained runs given; fine-tuning takes one (shallow) or two (deep)")
         if no_pretraining and pretrained:
             raise KsaeError("--no-pretraining contradicts the PRETRAINED_RUN_DIR arguments; give one or the other")
-        if not no_pretraining and not pretrained:
-            raise KsaeError("missing PRETRAINED_RUN_DIR; give one or two ksae-train run folders, or --no-pretraining")
+        if baseline and (pretrained or no_pretraining):
+            raise KsaeError(f"--baseline {baseline} contradicts "
+                            f"{'the PRETRAINED_RUN_DIR arguments' if pretrained else '--no-pretraining'}; give one")
+        if not no_pretraining and not pretrained and not baseline:
+            raise KsaeError("missing PRETRAINED_RUN_DIR; give one or two ksae-train run folders, --no-pretraining "
+                            "or --baseline")
+        if pretrain_epochs <= 0:
+            raise KsaeError(f"--pretrain-epochs {pretrain_epochs} is not allowed; use a positive number of epochs")
         encoders, ks, sources = [], [], []
         for path in pretrained:
             from .pretrain import encoder_of, load_pretrained_run
@@ -113,6 +131,18 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
             sizes = _parse_hidden(hidden)
             ks = [k] * len(sizes)
             host_params = finetune.init_random(data.dim, sizes, data.n_classes, sigma, rng, np.dtype(dtype))
+        elif baseline:
+            from . import baselines
+
+            sizes = _parse_hidden(hidden)
+            ks = [None] * len(sizes)  # sigmoid layers keep every unit
+            say(f"pretraining {baseline}: {len(sizes)} layer(s) of {hidden} units, {pretrain_epochs} epochs each")
+            stack = baselines.pretrain_baseline(
+                baseline, data.X_train, sizes, pretrain_epochs, seed, backend,
+                on_epoch=lambda layer, r: say(f"pretrain layer {layer} epoch {r.epoch}/{pretrain_epochs}  "
+                                              f"loss {r.train_loss:.4f}  {r.seconds:.1f} s"))
+            host_params = finetune.init_from_encoders([baselines.encoder(p) for p in stack], data.n_classes, sigma,
+                                                      rng, np.dtype(dtype))
         else:
             if encoders[0][0].shape[0] != data.dim:
                 raise KsaeError(f"the pretrained run {pretrained[0]} takes {encoders[0][0].shape[0]} dimensions, "
@@ -122,15 +152,22 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
 
         L = len(ks)
         sizes = [host_params[finetune.layer_names(l)[0]].shape[1] for l in range(1, L + 1)]
-        kept = [alpha_k(k_l, alpha, H_l) for k_l, H_l in zip(ks, sizes)]
+        kept = [None if k_l is None else alpha_k(k_l, alpha, H_l) for k_l, H_l in zip(ks, sizes)]
         phase_list = _parse_phases(phases, L)
+        if baseline:
+            from .baselines import REGULARISATION
+
+            network = dict(activations=["sigmoid"] * L, **REGULARISATION[baseline])  # section 4.5
+        else:
+            network = {}
         config = finetune.FinetuneConfig(kept=kept, phases=phase_list, epochs=epochs, batch_size=batch_size,
                                          lr_start=lr_start, lr_end=lr_end, momentum=momentum, sigma=sigma,
-                                         seed=seed, dtype=dtype)
+                                         seed=seed, dtype=dtype, **network)
         config.validate(n_train=len(data.X_train), hidden=sizes)
         trainer = finetune.FinetuneTrainer(config, backend, host_params, rng)
         resolved = {"dataset": dataset, "device": backend.name, "alpha": alpha, "pretrained": sources,
-                    "no_pretraining": bool(no_pretraining), "finetune": config.to_dict(),
+                    "no_pretraining": bool(no_pretraining), "baseline": baseline,
+                    "pretrain_epochs": pretrain_epochs if baseline else None, "finetune": config.to_dict(),
                     "checkpoint_every": checkpoint_every, "run_dir": str(folder.path)}
         folder.create()
         folder.write_config(resolved)

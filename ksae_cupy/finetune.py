@@ -1,22 +1,34 @@
-"""Supervised fine-tuning of k-sparse autoencoders (sections 4.3.2, 4.5 and 4.6).
+"""Supervised fine-tuning of pretrained autoencoders and RBMs (sections 4.3.2, 4.5 and 4.6).
 
 The discriminative network, for a minibatch ``X_nd`` with labels ``y_n``:
 
-    A0_nd = X_nd
-    Z_l   = A_{l-1} W_l + b_l                     (linear units, as in the autoencoder)
-    A_l   = Z_l on its alpha*k largest entries per row, 0 elsewhere   (l = 1..L)
+    A0_nd = X_nd * M0_nd                          (input dropout mask, or none)
+    Z_l   = A_{l-1} W_l + b_l
+    H_l   = Z_l on its alpha*k largest entries per row, 0 elsewhere    ("ksparse" layer)
+          | sigmoid(Z_l)                                               ("sigmoid" layer)
+    A_l   = H_l * M_l                             (hidden dropout mask, or none; l = 1..L)
     S_nc  = A_L W_hc + b_c ;  P_nc = softmax(S_nc)
     E     = -1/N sum_n log P[n, y_n]              (cross-entropy averaged over the batch)
 
-Layer l starts from the encoder ``W_dh, b_h`` of the l-th pretrained k-sparse autoencoder
-(or, "no pretraining", from Gaussian weights); the softmax layer starts from Gaussian
-weights. At fine-tuning every hidden layer keeps its ``alpha*k`` largest units (section
-4.5: "we used the alpha k largest hidden units"), and the error flows back through those
-kept units only, exactly as in :func:`ksae_cupy.model.backward`.
+A "ksparse" layer starts from the encoder ``W_dh, b_h`` of a pretrained k-sparse
+autoencoder (or, "no pretraining", from Gaussian weights) and keeps its ``alpha*k`` largest
+linear units (section 4.5: "we used the alpha k largest hidden units"); the error flows back
+through those kept units only, exactly as in :func:`ksae_cupy.model.backward`. A "sigmoid"
+layer starts from a baseline of :mod:`ksae_cupy.baselines` (dropout or denoising
+autoencoder, RBM), whose features are sigmoid units. The softmax layer starts from Gaussian
+weights.
+
+Dropout during fine-tuning (section 4.5: "we fine-tuned the weights obtained from dropout
+autoencoder with dropout regularization or in denoising autoencoder, we fine-tuned the
+discriminative neural net by adding noise to the input"): ``input_dropout`` masks the input,
+``hidden_dropout`` every hidden layer's output; inverted masks (:mod:`ksae_cupy.units`),
+fresh for every batch, and none at prediction.
 
 Gradients, with G_nc = (P_nc - onehot(y)_nc) / N:
     dW_hc = A_L^T G ;  db_c = sum_n G ;  dA_L = G W_hc^T
-    dZ_l  = dA_l on the kept units of layer l, 0 elsewhere
+    dH_l  = dA_l * M_l
+    dZ_l  = dH_l on the kept units of layer l, 0 elsewhere     ("ksparse")
+          | dH_l * H_l (1 - H_l)                                ("sigmoid")
     dW_l  = A_{l-1}^T dZ_l ;  db_l = sum_n dZ_l ;  dA_{l-1} = dZ_l W_l^T
 
 Layer-wise fine-tuning of the deep net (section 4.6) runs phases in order:
@@ -43,8 +55,10 @@ from .errors import KsaeError
 from .optim import MomentumSGD
 from .schedules import linear_decay
 from .topk import TOPK_METHODS, scatter_rows, topk
+from .units import check_dropout_rate, dropout_mask, sigmoid
 
 PHASES = ("softmax", "top", "all")
+ACTIVATIONS = ("ksparse", "sigmoid")
 
 
 # -- the network ---------------------------------------------------------------------------
@@ -106,24 +120,43 @@ def init_random(D: int, hidden: list[int], n_classes: int, sigma: float, rng: np
 
 @dataclass
 class NetCache:
-    """What the backward pass needs: each layer's input and kept columns, the probabilities."""
+    """What the backward pass needs, per hidden layer: its input, its kept columns (ksparse)
+    or sigmoid outputs (sigmoid), its dropout mask; and the top layer's output."""
 
-    inputs: list = field(default_factory=list)  # A_{l-1} for l = 1..L
-    idx: list = field(default_factory=list)  # idx_nk of layer l
+    inputs: list = field(default_factory=list)  # A_{l-1} for l = 1..L (the masked input for l = 1)
+    idx: list = field(default_factory=list)  # idx_nk of a ksparse layer, None for a sigmoid one
+    S: list = field(default_factory=list)  # H_l of a sigmoid layer, None for a ksparse one
+    masks: list = field(default_factory=list)  # M_l, or None without hidden dropout
     A_top: object = None  # A_L
     P_nc: object = None
 
 
-def forward(params, X_nd, kept: list[int], topk_method: str = "sort"):
-    """Logits ``S_nc`` and the cache; ``kept[l-1]`` units survive in hidden layer l."""
-    A, cache = X_nd, NetCache()
-    for l, k in enumerate(kept, start=1):
+def forward(params, X_nd, kept: list, topk_method: str = "sort", activations=None, masks=None):
+    """Logits ``S_nc`` and the cache.
+
+    Hidden layer l is ``activations[l-1]`` (None: every layer "ksparse"); a ksparse layer
+    keeps ``kept[l-1]`` units, a sigmoid layer ignores its ``kept`` entry. ``masks`` is None
+    (no dropout, as at prediction) or L+1 arrays or Nones: ``masks[0]`` multiplies the
+    input, ``masks[l]`` the output of hidden layer l.
+    """
+    activations = activations or ["ksparse"] * len(kept)
+    masks = masks or [None] * (len(kept) + 1)
+    A, cache = (X_nd if masks[0] is None else X_nd * masks[0]), NetCache()
+    for l, (k, activation) in enumerate(zip(kept, activations), start=1):
         w_name, b_name = layer_names(l)
         Z_nh = A @ params[w_name] + params[b_name]
-        idx_nk, val_nk = topk(Z_nh, k, topk_method)
         cache.inputs.append(A)
-        cache.idx.append(idx_nk)
-        A = scatter_rows(idx_nk, val_nk, Z_nh.shape[1])
+        if activation == "ksparse":
+            idx_nk, val_nk = topk(Z_nh, k, topk_method)
+            H_nh = scatter_rows(idx_nk, val_nk, Z_nh.shape[1])
+            cache.idx.append(idx_nk)
+            cache.S.append(None)
+        else:
+            H_nh = sigmoid(Z_nh)
+            cache.idx.append(None)
+            cache.S.append(H_nh)
+        cache.masks.append(masks[l])
+        A = H_nh if masks[l] is None else H_nh * masks[l]
     cache.A_top = A
     return A @ params["W_hc"] + params["b_c"], cache
 
@@ -161,9 +194,13 @@ def backward(params, P_nc, y_n, cache: NetCache, trainable) -> dict:
     dA = G_nc @ params["W_hc"].T
     for l in range(L, lowest - 1, -1):
         w_name, b_name = layer_names(l)
-        idx_nk = cache.idx[l - 1]
-        # Gradient reaches Z only at the kept units of this layer.
-        dZ = scatter_rows(idx_nk, xp.take_along_axis(dA, idx_nk, axis=1), dA.shape[1])
+        idx_nk, S_nh, M_nh = cache.idx[l - 1], cache.S[l - 1], cache.masks[l - 1]
+        dH = dA if M_nh is None else dA * M_nh  # dropped units pass no gradient
+        if idx_nk is not None:
+            # Gradient reaches Z only at the kept units of this layer.
+            dZ = scatter_rows(idx_nk, xp.take_along_axis(dH, idx_nk, axis=1), dH.shape[1])
+        else:
+            dZ = dH * S_nh * (1 - S_nh)
         if w_name in trainable:
             grads[w_name] = cache.inputs[l - 1].T @ dZ
         if b_name in trainable:
@@ -173,25 +210,40 @@ def backward(params, P_nc, y_n, cache: NetCache, trainable) -> dict:
     return grads
 
 
-def loss_and_grads(params, X_nd, y_n, kept, trainable=None, topk_method: str = "sort"):
+def loss_and_grads(params, X_nd, y_n, kept, trainable=None, topk_method: str = "sort", activations=None,
+                   masks=None):
     """One forward and backward pass: ``(loss, grads)``; ``trainable=None`` means all."""
-    S_nc, cache = forward(params, X_nd, kept, topk_method)
+    S_nc, cache = forward(params, X_nd, kept, topk_method, activations, masks)
     loss, P_nc = softmax_cross_entropy(S_nc, y_n)
     names = param_names(len(kept)) if trainable is None else trainable
     return loss, backward(params, P_nc, y_n, cache, names)
 
 
-def predict(params, X_nd, kept, topk_method: str = "sort", chunk: int = 8192):
-    """Class of each row (argmax of the logits), on the array module of ``X_nd``."""
+def draw_masks(rng: np.random.Generator, n: int, sizes: list[int], input_dropout: float, hidden_dropout: float,
+               backend: Backend, dtype=np.float32):
+    """Fresh dropout masks for a batch of ``n`` (``sizes`` = [D, H_1, ..., H_L]), or None without dropout.
+
+    Drawn on the host from ``rng`` (the trainer's generator, saved in checkpoints), so a
+    resumed run drops the very same units; nothing is drawn for a rate of 0.
+    """
+    if input_dropout == 0 and hidden_dropout == 0:
+        return None
+    rates = [input_dropout] + [hidden_dropout] * (len(sizes) - 1)
+    return [None if p == 0 else backend.asarray(dropout_mask(rng, (n, size), p, dtype))
+            for p, size in zip(rates, sizes)]
+
+
+def predict(params, X_nd, kept, topk_method: str = "sort", chunk: int = 8192, activations=None):
+    """Class of each row (argmax of the logits, no dropout), on the array module of ``X_nd``."""
     xp = array_module(X_nd)
-    out = [xp.argmax(forward(params, X_nd[s:s + chunk], kept, topk_method)[0], axis=1)
+    out = [xp.argmax(forward(params, X_nd[s:s + chunk], kept, topk_method, activations)[0], axis=1)
            for s in range(0, X_nd.shape[0], chunk)]
     return xp.concatenate(out) if out else xp.zeros(0, dtype=np.int64)
 
 
-def error_rate(params, X_nd, y_n, kept, topk_method: str = "sort") -> float:
+def error_rate(params, X_nd, y_n, kept, topk_method: str = "sort", activations=None) -> float:
     """Fraction of misclassified rows."""
-    pred = predict(params, X_nd, kept, topk_method)
+    pred = predict(params, X_nd, kept, topk_method, activations=activations)
     return float(to_host((pred != y_n).mean()))
 
 
@@ -205,9 +257,16 @@ class FinetuneConfig:
     alpha*k units kept in every hidden layer, k=25, alpha=3 on MNIST (section 4.6);
     phases softmax / top / all for the deep net (section 4.6). ``epochs`` is per phase.
     Batch 128 and softmax std 0.01 are our choices (the paper does not say).
+
+    ``activations`` names each hidden layer's units, "ksparse" or "sigmoid"; None (and
+    every config written before sigmoid layers existed) means all "ksparse". A sigmoid
+    layer's ``kept`` entry is None. Dropout rates are 0 (off) by default.
     """
 
-    kept: list = field(default_factory=lambda: [75])  # alpha*k per hidden layer
+    kept: list = field(default_factory=lambda: [75])  # alpha*k per ksparse layer, None per sigmoid layer
+    activations: list | None = None
+    input_dropout: float = 0.0
+    hidden_dropout: float = 0.0
     phases: list = field(default_factory=lambda: ["all"])
     epochs: int = 200
     batch_size: int = 128
@@ -219,8 +278,14 @@ class FinetuneConfig:
     seed: int = 0
     dtype: str = "float32"
 
+    def __post_init__(self):
+        self.kept = list(self.kept)
+        self.activations = ["ksparse"] * len(self.kept) if self.activations is None else list(self.activations)
+
     def validate(self, n_train: int | None = None, hidden: list[int] | None = None) -> None:
         """Raise :class:`KsaeError` naming the first bad option and what is allowed."""
+        check_dropout_rate("--input-dropout", self.input_dropout)
+        check_dropout_rate("--hidden-dropout", self.hidden_dropout)
         if not self.phases or any(p not in PHASES for p in self.phases):
             raise KsaeError(f"phases {self.phases} are not allowed; use a list drawn from {', '.join(PHASES)}")
         if self.epochs <= 0:
@@ -238,10 +303,21 @@ class FinetuneConfig:
             raise KsaeError(f"--topk {self.topk!r} is not allowed; use one of {', '.join(TOPK_METHODS)}")
         if self.dtype not in ("float32", "float64"):
             raise KsaeError(f"--dtype {self.dtype!r} is not allowed; use float32 or float64")
-        for l, k in enumerate(self.kept, start=1):
+        if len(self.activations) != len(self.kept):
+            raise KsaeError(f"activations {self.activations} name {len(self.activations)} layers but kept "
+                            f"{self.kept} has {len(self.kept)}; give one activation per hidden layer")
+        for l, (k, activation) in enumerate(zip(self.kept, self.activations), start=1):
             H = hidden[l - 1] if hidden else None
-            if k < 1 or (H is not None and k > H):
-                raise KsaeError(f"alpha*k = {k} units kept in layer {l} is not allowed; use 1 <= alpha*k <= {H}")
+            if activation not in ACTIVATIONS:
+                raise KsaeError(f"activation {activation!r} of layer {l} is not allowed; use one of "
+                                f"{', '.join(ACTIVATIONS)}")
+            if activation == "sigmoid" and k is not None:
+                raise KsaeError(f"alpha*k = {k} units kept in sigmoid layer {l} is not allowed; a sigmoid layer "
+                                f"keeps every unit, use None")
+            if activation == "ksparse" and (not isinstance(k, (int, np.integer)) or k < 1
+                                            or (H is not None and k > H)):
+                raise KsaeError(f"alpha*k = {k} units kept in layer {l} is not allowed; use an integer "
+                                f"1 <= alpha*k <= {H}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -268,9 +344,9 @@ class FinetuneReport:
 class FinetuneTrainer:
     """Parameters, velocities and random state of one fine-tuning run, on ``backend``.
 
-    Resumable to the bit on the CPU: the batch order comes from one NumPy generator whose
-    state (and, mid-epoch, the epoch's order) is saved by :meth:`state` and restored by
-    :meth:`from_state`.
+    Resumable to the bit on the CPU: the batch order and the dropout masks come from one
+    NumPy generator whose state (and, mid-epoch, the epoch's order) is saved by
+    :meth:`state` and restored by :meth:`from_state`.
     """
 
     def __init__(self, config: FinetuneConfig, backend: Backend, host_params: dict, rng: np.random.Generator):
@@ -285,6 +361,12 @@ class FinetuneTrainer:
     @property
     def L(self) -> int:
         return len(self.config.kept)
+
+    @property
+    def sizes(self) -> list[int]:
+        """``[D, H_1, ..., H_L]``: the widths the dropout masks cover."""
+        return [self.params["W1_dh"].shape[0]] + [self.params[layer_names(l)[0]].shape[1]
+                                                  for l in range(1, self.L + 1)]
 
     @property
     def finished(self) -> bool:
@@ -316,7 +398,10 @@ class FinetuneTrainer:
         live = {name: self.params[name] for name in trainable}
         for b in range(self.batch_in_epoch, n_batches):
             rows = order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
-            loss, grads = loss_and_grads(self.params, X_nd[rows], y_n[rows], cfg.kept, trainable, cfg.topk)
+            masks = draw_masks(self.rng, rows.shape[0], self.sizes, cfg.input_dropout, cfg.hidden_dropout,
+                               self.backend, self.dtype)
+            loss, grads = loss_and_grads(self.params, X_nd[rows], y_n[rows], cfg.kept, trainable, cfg.topk,
+                                         cfg.activations, masks)
             if not math.isfinite(loss):
                 from .train import TrainingDiverged
 
@@ -362,7 +447,7 @@ class FinetuneTrainer:
                     return
 
     def error(self, X_nd, y_n) -> float:
-        return error_rate(self.params, X_nd, y_n, self.config.kept, self.config.topk)
+        return error_rate(self.params, X_nd, y_n, self.config.kept, self.config.topk, self.config.activations)
 
     # -- state for checkpoints -------------------------------------------------------------
     def state(self) -> dict:

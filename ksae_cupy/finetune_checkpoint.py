@@ -8,17 +8,17 @@ Layout (``format = "ksae-cupy finetune checkpoint"``, ``format_version = 1``):
 * ``params/`` and ``optim/`` (velocities): ``W1_dh, b1_h, [W2_hh, b2_h,] W_hc, b_c``;
 * ``rng/``: attribute ``state`` and, mid-epoch, dataset ``epoch_perm``.
 
-Same discipline as :mod:`ksae_cupy.checkpoint`: written as ``<name>.tmp``, reopened to
-verify, renamed; a missing, foreign or damaged file is a one-line :class:`KsaeError`.
+Written with :func:`ksae_cupy.checkpoint.write_hdf5_atomically` (``<name>.tmp``, reopened
+to verify, renamed); a missing, foreign or damaged file is a one-line :class:`KsaeError`.
 """
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
+from .checkpoint import write_hdf5_atomically
 from .errors import KsaeError
 
 FORMAT = "ksae-cupy finetune checkpoint"
@@ -28,11 +28,8 @@ _COUNTERS = ("phase_index", "epoch", "step", "batch_in_epoch")
 
 def save_finetune_checkpoint(path: Path, state: dict) -> None:
     """Write a :meth:`FinetuneTrainer.state` dict to ``path`` atomically."""
-    import h5py
 
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with h5py.File(tmp, "w") as f:
+    def write(f) -> None:
         f.attrs["format"] = FORMAT
         f.attrs["format_version"] = FORMAT_VERSION
         for name in _COUNTERS:
@@ -46,9 +43,8 @@ def save_finetune_checkpoint(path: Path, state: dict) -> None:
         rng.attrs["state"] = json.dumps(state["rng_state"])
         if state["epoch_perm"] is not None:
             rng.create_dataset("epoch_perm", data=np.asarray(state["epoch_perm"]))
-        f.flush()
-    load_finetune_checkpoint(tmp)  # verify before it takes the real name
-    os.replace(tmp, path)
+
+    write_hdf5_atomically(path, write, load_finetune_checkpoint)
 
 
 def load_finetune_checkpoint(path: Path) -> dict:

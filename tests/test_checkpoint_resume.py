@@ -124,3 +124,18 @@ def test_ctrl_c_saves_and_resume_matches_uninterrupted_run(tmp_path):
     assert a.epoch == b.epoch == 40
     for name in a.params:
         np.testing.assert_array_equal(a.params[name], b.params[name])
+
+
+def test_atomic_write_keeps_the_old_file_when_verification_fails(tmp_path):
+    from ksae_cupy.checkpoint import write_hdf5_atomically
+
+    path = tmp_path / "f.h5"
+    write_hdf5_atomically(path, lambda f: f.attrs.__setitem__("v", 1), lambda p: None)
+
+    def refuse(p):
+        raise KsaeError(f"{p} is damaged")
+
+    with pytest.raises(KsaeError, match="damaged"):
+        write_hdf5_atomically(path, lambda f: f.attrs.__setitem__("v", 2), refuse)
+    with h5py.File(path, "r") as f:
+        assert f.attrs["v"] == 1

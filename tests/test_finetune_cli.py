@@ -67,6 +67,25 @@ def test_no_pretraining_run(tmp_path):
     assert json.loads((out / "finetune.json").read_text())["kept"] == [9]
 
 
+@pytest.mark.parametrize("baseline,hidden,regularisation", [
+    ("denoising-ae", "16", {"input_dropout": 0.2, "hidden_dropout": 0.0}),
+    ("dropout-ae", "16,8", {"input_dropout": 0.0, "hidden_dropout": 0.5}),
+])
+def test_baseline_pretrained_here_then_fine_tuned_with_its_dropout(tmp_path, baseline, hidden, regularisation):
+    out = tmp_path / "ft"
+    invoke(["--baseline", baseline, "--hidden", hidden, "--pretrain-epochs", "1", "--dataset", "synthetic",
+            "--run-dir", out, *QUICK], expect=0)
+    L = len(hidden.split(","))
+    results = json.loads((out / "finetune.json").read_text())
+    assert results["kept"] == [None] * L and 0 <= results["test_error"] <= 1
+    config = RunFolder(out).read_config()
+    assert config["baseline"] == baseline and config["pretrain_epochs"] == 1
+    assert config["finetune"]["activations"] == ["sigmoid"] * L
+    assert {k: config["finetune"][k] for k in regularisation} == regularisation
+    invoke(["--resume", out, "--device", "cpu"], expect=0)  # a finished run: no pretraining again
+    assert json.loads((out / "finetune.json").read_text())["test_error"] == results["test_error"]
+
+
 @pytest.mark.parametrize("case,fragments", [
     ("unknown_run", ["no such run folder"]),
     ("mismatch", ["layer 2 takes 20 inputs", "10 hidden units"]),
@@ -81,6 +100,10 @@ def test_no_pretraining_run(tmp_path):
     ("unlabelled", ["has no labels"]),
     ("resume_missing", ["--resume", "no such run folder"]),
     ("resume_options", ["--resume: --epochs", "leave them out"]),
+    ("baseline_and_run", ["--baseline rbm contradicts the PRETRAINED_RUN_DIR"]),
+    ("baseline_and_random", ["--baseline rbm contradicts --no-pretraining"]),
+    ("baseline_epochs", ["--pretrain-epochs 0", "positive"]),
+    ("rbm_on_signed_data", ["the RBM's input holds values in", "only values in [0, 1]"]),
 ])
 def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, case, fragments):
     out = tmp_path / "ft"
@@ -101,6 +124,11 @@ def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, case, fragments):
         "unlabelled": [a, "--dataset", tmp_path / "x.npy"],
         "resume_missing": ["--resume", tmp_path / "nope"],
         "resume_options": ["--resume", tmp_path / "nope"],
+        "baseline_and_run": [a, "--baseline", "rbm"],
+        "baseline_and_random": ["--no-pretraining", "--baseline", "rbm", "--dataset", "synthetic"],
+        "baseline_epochs": ["--baseline", "rbm", "--pretrain-epochs", "0", "--dataset", "synthetic"],
+        "rbm_on_signed_data": ["--baseline", "rbm", "--hidden", "8", "--pretrain-epochs", "1", "--dataset",
+                               "synthetic"],
     }[case]
     # The case's own options come last, so they win over QUICK's.
     quick = ["--device", "cpu"] if case.startswith("resume") else [*QUICK, "--run-dir", out]
