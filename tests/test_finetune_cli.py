@@ -9,6 +9,7 @@ from ksae_cupy.cli_finetune import finetune_command
 from ksae_cupy.datasets.synthetic import make_sparse_signals
 from ksae_cupy.estimator import KSparseAutoencoder
 from ksae_cupy.runs import RunFolder
+from clicheck import assert_one_line_error
 
 QUICK = ["--epochs", "1", "--batch-size", "500", "--device", "cpu", "--lr-start", "0.1", "--lr-end", "0.01"]
 
@@ -36,14 +37,6 @@ def invoke(args, expect):
     result = CliRunner().invoke(finetune_command, [str(a) for a in args], catch_exceptions=False)
     assert result.exit_code == expect, result.output
     return result
-
-
-def assert_one_line_error(result, *fragments):
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and result.stderr.rstrip().endswith(errors[0]), result.stderr
-    for fragment in fragments:
-        assert fragment in errors[0], (fragment, errors[0])
-    assert "Traceback" not in result.output
 
 
 def test_deep_run_writes_results_and_resume_of_a_finished_run_is_idempotent(runs, tmp_path):
