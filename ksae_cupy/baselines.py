@@ -53,6 +53,7 @@ import numpy as np
 
 from .backend import CPU, Backend, array_module, to_host
 from .errors import KsaeError
+from .options import check_batch_size, check_dtype, check_momentum, check_positive_count, check_positive_finite
 from .model import reconstruction_loss
 from .optim import MomentumSGD
 from .units import check_dropout_rate, dropout_mask, sigmoid
@@ -225,21 +226,13 @@ class RBMConfig:
 
 
 def _check_common(cfg, n_train) -> None:
-    if cfg.hidden <= 0:
-        raise KsaeError(f"hidden {cfg.hidden} is not allowed; use a positive number of hidden units")
-    if cfg.epochs <= 0:
-        raise KsaeError(f"epochs {cfg.epochs} is not allowed; use a positive number of epochs")
-    if cfg.batch_size <= 0 or (n_train is not None and cfg.batch_size > n_train):
-        limit = f" and at most the {n_train} training examples" if n_train is not None else ""
-        raise KsaeError(f"batch_size {cfg.batch_size} is not allowed; use a positive size{limit}")
-    if not (cfg.lr > 0 and math.isfinite(cfg.lr)):
-        raise KsaeError(f"lr {cfg.lr} is not allowed; use a positive learning rate")
-    if not 0 <= cfg.momentum < 1:
-        raise KsaeError(f"momentum {cfg.momentum} is not allowed; use 0 <= momentum < 1")
-    if not (cfg.sigma > 0 and math.isfinite(cfg.sigma)):
-        raise KsaeError(f"sigma {cfg.sigma} is not allowed; use a positive standard deviation")
-    if cfg.dtype not in ("float32", "float64"):
-        raise KsaeError(f"dtype {cfg.dtype!r} is not allowed; use float32 or float64")
+    check_positive_count("hidden", cfg.hidden, "hidden units")
+    check_positive_count("epochs", cfg.epochs, "epochs")
+    check_batch_size("batch_size", cfg.batch_size, n_train)
+    check_positive_finite("lr", cfg.lr, "learning rate")
+    check_momentum("momentum", cfg.momentum)
+    check_positive_finite("sigma", cfg.sigma, "standard deviation")
+    check_dtype("dtype", cfg.dtype)
 
 
 @dataclass

@@ -52,6 +52,7 @@ import numpy as np
 
 from .backend import Backend, array_module, to_host
 from .errors import KsaeError
+from .options import check_batch_size, check_dtype, check_momentum, check_positive_count, check_positive_finite
 from .optim import MomentumSGD
 from .schedules import linear_decay
 from .topk import TOPK_METHODS, scatter_rows, topk
@@ -288,21 +289,14 @@ class FinetuneConfig:
         check_dropout_rate("--hidden-dropout", self.hidden_dropout)
         if not self.phases or any(p not in PHASES for p in self.phases):
             raise KsaeError(f"phases {self.phases} are not allowed; use a list drawn from {', '.join(PHASES)}")
-        if self.epochs <= 0:
-            raise KsaeError(f"--epochs {self.epochs} is not allowed; use a positive number of epochs")
-        if self.batch_size <= 0 or (n_train is not None and self.batch_size > n_train):
-            limit = f" and at most the {n_train} training examples" if n_train is not None else ""
-            raise KsaeError(f"--batch-size {self.batch_size} is not allowed; use a positive size{limit}")
-        for name in ("lr_start", "lr_end"):
-            value = getattr(self, name)
-            if not (value > 0 and math.isfinite(value)):
-                raise KsaeError(f"--{name.replace('_', '-')} {value} is not allowed; use a positive learning rate")
-        if not 0 <= self.momentum < 1:
-            raise KsaeError(f"--momentum {self.momentum} is not allowed; use 0 <= momentum < 1")
+        check_positive_count("--epochs", self.epochs, "epochs")
+        check_batch_size("--batch-size", self.batch_size, n_train)
+        check_positive_finite("--lr-start", self.lr_start, "learning rate")
+        check_positive_finite("--lr-end", self.lr_end, "learning rate")
+        check_momentum("--momentum", self.momentum)
         if self.topk not in TOPK_METHODS:
             raise KsaeError(f"--topk {self.topk!r} is not allowed; use one of {', '.join(TOPK_METHODS)}")
-        if self.dtype not in ("float32", "float64"):
-            raise KsaeError(f"--dtype {self.dtype!r} is not allowed; use float32 or float64")
+        check_dtype("--dtype", self.dtype)
         if len(self.activations) != len(self.kept):
             raise KsaeError(f"activations {self.activations} name {len(self.activations)} layers but kept "
                             f"{self.kept} has {len(self.kept)}; give one activation per hidden layer")

@@ -23,6 +23,7 @@ from . import model
 from .backend import Backend, to_host
 from .checkpoint import Checkpoint
 from .errors import KsaeError
+from .options import check_batch_size, check_dtype, check_momentum, check_positive_count, check_positive_finite
 from .optim import MomentumSGD
 from .schedules import sparsity_at_epoch
 from .topk import TOPK_METHODS
@@ -52,31 +53,23 @@ class TrainConfig:
 
     def validate(self, n_train: int | None = None) -> None:
         """Raise :class:`KsaeError` naming the first bad option and what is allowed."""
-        if self.hidden <= 0:
-            raise KsaeError(f"--hidden {self.hidden} is not allowed; use a positive number of hidden units")
+        check_positive_count("--hidden", self.hidden, "hidden units")
         if not 1 <= self.k <= self.hidden:
             raise KsaeError(f"--k {self.k} is not allowed; use 1 <= k <= hidden ({self.hidden})")
         if self.k_start is not None and self.k_start < self.k:
             raise KsaeError(f"--k-start {self.k_start} is not allowed; use k-start >= k ({self.k})")
         if self.k_start is not None and self.k_start > self.hidden:
             raise KsaeError(f"--k-start {self.k_start} is not allowed; use k-start <= hidden ({self.hidden})")
-        if self.epochs <= 0:
-            raise KsaeError(f"--epochs {self.epochs} is not allowed; use a positive number of epochs")
-        if self.batch_size <= 0 or (n_train is not None and self.batch_size > n_train):
-            limit = f" and at most the {n_train} training examples" if n_train is not None else ""
-            raise KsaeError(f"--batch-size {self.batch_size} is not allowed; use a positive size{limit}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise KsaeError(f"--lr {self.lr} is not allowed; use a positive learning rate")
-        if not 0 <= self.momentum < 1:
-            raise KsaeError(f"--momentum {self.momentum} is not allowed; use 0 <= momentum < 1")
-        if not (self.sigma > 0 and math.isfinite(self.sigma)):
-            raise KsaeError(f"--sigma {self.sigma} is not allowed; use a positive standard deviation")
+        check_positive_count("--epochs", self.epochs, "epochs")
+        check_batch_size("--batch-size", self.batch_size, n_train)
+        check_positive_finite("--lr", self.lr, "learning rate")
+        check_momentum("--momentum", self.momentum)
+        check_positive_finite("--sigma", self.sigma, "standard deviation")
         if self.topk not in TOPK_METHODS:
             raise KsaeError(f"--topk {self.topk!r} is not allowed; use one of {', '.join(TOPK_METHODS)}")
         if self.activation not in model.ACTIVATIONS:
             raise KsaeError(f"--activation {self.activation!r} is not allowed; use one of {', '.join(model.ACTIVATIONS)}")
-        if self.dtype not in ("float32", "float64"):
-            raise KsaeError(f"--dtype {self.dtype!r} is not allowed; use float32 or float64")
+        check_dtype("--dtype", self.dtype)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
