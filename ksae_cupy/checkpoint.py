@@ -63,6 +63,31 @@ def write_hdf5_atomically(path: Path, write_fn, verify_fn) -> None:
     os.replace(tmp, path)
 
 
+def read_hdf5_checked(path: Path, what: str, fmt: str, version: int, read_fn):
+    """``read_fn(f)`` on the open HDF5 file at ``path`` once its ``format`` and
+    ``format_version`` attributes say it is a ``what`` this code reads.
+
+    A missing, foreign, newer or damaged file is a one-line :class:`KsaeError`.
+    """
+    import h5py
+
+    path = Path(path)
+    if not path.is_file():
+        raise KsaeError(f"{what} {path} does not exist")
+    try:
+        with h5py.File(path, "r") as f:
+            if f.attrs.get("format") != fmt:
+                raise KsaeError(f"{path} is not a ksae-cupy {what} (format attribute {f.attrs.get('format')!r})")
+            found = int(f.attrs.get("format_version", -1))
+            if found != version:
+                raise KsaeError(f"{path} has {what} format_version {found}; this version reads {version}")
+            return read_fn(f)
+    except KsaeError:
+        raise
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        raise KsaeError(f"{path} is corrupt or truncated ({type(exc).__name__}: {exc})".splitlines()[0]) from None
+
+
 def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:
     """Write ``ckpt`` to ``path`` atomically (temporary file, verify, rename)."""
 
@@ -87,33 +112,19 @@ def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:
 
 def load_checkpoint(path: Path) -> Checkpoint:
     """Read and validate a checkpoint; a missing, corrupt or foreign file is a KsaeError."""
-    import h5py
-
     path = Path(path)
-    if not path.is_file():
-        raise KsaeError(f"checkpoint {path} does not exist")
-    try:
-        with h5py.File(path, "r") as f:
-            if f.attrs.get("format") != FORMAT:
-                raise KsaeError(f"{path} is not a ksae-cupy checkpoint (format attribute {f.attrs.get('format')!r})")
-            version = int(f.attrs.get("format_version", -1))
-            if version != FORMAT_VERSION:
-                raise KsaeError(f"{path} has checkpoint format_version {version}; this version reads {FORMAT_VERSION}")
-            config = json.loads(f.attrs["config"])
-            params = _read_group(f, "params", path)
-            velocities = _read_group(f, "optim", path)
-            preprocess = _read_group(f, "preprocess", path) if "preprocess" in f else {}
-            state_text = f["rng"].attrs.get("state", "")
-            epoch_perm = f["rng"]["epoch_perm"][()] if "epoch_perm" in f["rng"] else None
-            ckpt = Checkpoint(params=params, velocities=velocities, config=config,
-                              epoch=int(f.attrs["epoch"]), step=int(f.attrs["step"]),
-                              batch_in_epoch=int(f.attrs.get("batch_in_epoch", 0)),
-                              rng_state=json.loads(state_text) if state_text else None,
-                              epoch_perm=epoch_perm, preprocess=preprocess)
-    except KsaeError:
-        raise
-    except (OSError, KeyError, ValueError, TypeError) as exc:
-        raise KsaeError(f"{path} is corrupt or truncated ({type(exc).__name__}: {exc})".splitlines()[0]) from None
+
+    def read(f) -> Checkpoint:
+        state_text = f["rng"].attrs.get("state", "")
+        return Checkpoint(params=_read_group(f, "params", path), velocities=_read_group(f, "optim", path),
+                          config=json.loads(f.attrs["config"]),
+                          epoch=int(f.attrs["epoch"]), step=int(f.attrs["step"]),
+                          batch_in_epoch=int(f.attrs.get("batch_in_epoch", 0)),
+                          rng_state=json.loads(state_text) if state_text else None,
+                          epoch_perm=f["rng"]["epoch_perm"][()] if "epoch_perm" in f["rng"] else None,
+                          preprocess=_read_group(f, "preprocess", path) if "preprocess" in f else {})
+
+    ckpt = read_hdf5_checked(path, "checkpoint", FORMAT, FORMAT_VERSION, read)
     _check_shapes(ckpt, path)
     return ckpt
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import write_hdf5_atomically
+from .checkpoint import read_hdf5_checked, write_hdf5_atomically
 from .errors import KsaeError
 
 FORMAT = "ksae-cupy finetune checkpoint"
@@ -49,28 +49,18 @@ def save_finetune_checkpoint(path: Path, state: dict) -> None:
 
 def load_finetune_checkpoint(path: Path) -> dict:
     """Read and check a fine-tuning checkpoint; returns the state dict."""
-    import h5py
-
     path = Path(path)
-    if not path.is_file():
-        raise KsaeError(f"fine-tuning checkpoint {path} does not exist")
-    try:
-        with h5py.File(path, "r") as f:
-            if f.attrs.get("format") != FORMAT:
-                raise KsaeError(f"{path} is not a ksae-cupy fine-tuning checkpoint (format {f.attrs.get('format')!r})")
-            version = int(f.attrs.get("format_version", -1))
-            if version != FORMAT_VERSION:
-                raise KsaeError(f"{path} has format_version {version}; this version reads {FORMAT_VERSION}")
-            state = {name: int(f.attrs[name]) for name in _COUNTERS}
-            state["config"] = json.loads(f.attrs["config"])
-            state["params"] = {k: f["params"][k][()] for k in f["params"]}
-            state["velocities"] = {k: f["optim"][k][()] for k in f["optim"]}
-            state["rng_state"] = json.loads(f["rng"].attrs["state"])
-            state["epoch_perm"] = f["rng"]["epoch_perm"][()] if "epoch_perm" in f["rng"] else None
-    except KsaeError:
-        raise
-    except (OSError, KeyError, ValueError, TypeError) as exc:
-        raise KsaeError(f"{path} is corrupt or truncated ({type(exc).__name__}: {exc})".splitlines()[0]) from None
+
+    def read(f) -> dict:
+        state = {name: int(f.attrs[name]) for name in _COUNTERS}
+        state["config"] = json.loads(f.attrs["config"])
+        state["params"] = {k: f["params"][k][()] for k in f["params"]}
+        state["velocities"] = {k: f["optim"][k][()] for k in f["optim"]}
+        state["rng_state"] = json.loads(f["rng"].attrs["state"])
+        state["epoch_perm"] = f["rng"]["epoch_perm"][()] if "epoch_perm" in f["rng"] else None
+        return state
+
+    state = read_hdf5_checked(path, "fine-tuning checkpoint", FORMAT, FORMAT_VERSION, read)
     for name, value in state["params"].items():
         v = state["velocities"].get(name)
         if v is None or v.shape != value.shape or v.dtype != value.dtype:
