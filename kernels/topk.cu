@@ -7,7 +7,7 @@
 //   * among equal keys the lower column index wins.
 //
 // Compiled by cupy.RawModule (NVRTC, -std=c++17; the template instantiations are named through
-// name_expressions, listed once in ksae_cupy/cuda.py) and, for the compile test, by nvcc.
+// name_expressions, listed once in ksae_cupy/gpu/kernels.py) and, for the compile test, by nvcc.
 // No headers are included, so NVRTC needs no include paths.
 //
 // Layout: every array is C-contiguous; Z is (N, H), idx/val are (N, k), dense is (N, H).

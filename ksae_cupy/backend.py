@@ -13,7 +13,7 @@ from types import ModuleType
 
 import numpy as np
 
-from .errors import KsaeError
+from ksae_cupy.errors import KsaeError
 
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|gpu(:\d+)?)$")
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .backend import array_module
-from .topk import scatter_rows, topk
+from ksae_cupy.backend import array_module
+from ksae_cupy.topk import scatter_rows, topk
 
 PARAM_NAMES = ("W_dh", "b_h", "c_d")
 ACTIVATIONS = ("linear", "relu")
@@ -70,7 +70,7 @@ def select_units(Z_nh, k: int, topk_method: str = "sort", activation: str = "lin
     if activation == "relu":
         val_nk = array_module(val_nk).maximum(val_nk, 0)
     elif activation != "linear":
-        from .errors import KsaeError
+        from ksae_cupy.errors import KsaeError
         raise KsaeError(f"activation {activation!r} is not allowed; use one of {', '.join(ACTIVATIONS)}")
     return idx_nk, val_nk
 
@@ -137,7 +137,7 @@ def decode(params, Zs_nh):
 
 def alpha_k(k: int, alpha: float, H: int) -> int:
     """The number of units kept at encoding time, ``round(alpha * k)``, checked against H."""
-    from .errors import KsaeError
+    from ksae_cupy.errors import KsaeError
 
     if not alpha >= 1:
         raise KsaeError(f"alpha={alpha} is not allowed; use alpha >= 1 (section 2.2)")

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backend import array_module
-from .errors import KsaeError
+from ksae_cupy.backend import array_module
+from ksae_cupy.errors import KsaeError
 
 TOPK_METHODS = ("sort", "threshold")
 
@@ -143,10 +143,10 @@ def topk_threshold(Z_nh, k: int):
 def topk(Z_nh, k: int, method: str = "sort"):
     """Dispatch to one implementation by name (``sort`` or ``threshold``).
 
-    CuPy arrays go to the CUDA kernels of :mod:`ksae_cupy.cuda` (same contract, same sets).
+    CuPy arrays go to the CUDA kernels of :mod:`ksae_cupy.gpu.kernels` (same contract, same sets).
     """
     if array_module(Z_nh) is not np:
-        from .cuda import topk_gpu
+        from ksae_cupy.gpu.kernels import topk_gpu
 
         return topk_gpu(Z_nh, k, method)
     if method == "sort":

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ksae_cupy.checkpoint import Checkpoint, save_checkpoint
+from ksae_cupy.training.checkpoint import Checkpoint, save_checkpoint
 from ksae_cupy.datasets import Dataset
 from ksae_cupy.datasets.synthetic import make_sparse_signals
 

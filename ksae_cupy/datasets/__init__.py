@@ -8,43 +8,13 @@ of its own there.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import KsaeError
+from ksae_cupy.datasets.dataset import Dataset, check_finite
+from ksae_cupy.errors import KsaeError
 
-
-@dataclass
-class Dataset:
-    """Training, validation and (when the data has one) test splits, float32 ``X`` and int64 ``y``.
-
-    ``preprocess`` holds the statistics the preprocessing computed on the training set
-    (means, standard deviations, a ZCA matrix); they travel with checkpoints so that
-    evaluation reuses them. Labels are None for unlabelled data.
-    """
-
-    name: str
-    X_train: np.ndarray
-    X_valid: np.ndarray
-    X_test: np.ndarray | None = None
-    y_train: np.ndarray | None = None
-    y_valid: np.ndarray | None = None
-    y_test: np.ndarray | None = None
-    n_classes: int | None = None
-    image_shape: tuple | None = None  # e.g. (28, 28), for drawing filters
-    preprocess: dict = field(default_factory=dict)
-
-    @property
-    def dim(self) -> int:
-        return self.X_train.shape[1]
-
-    def summary(self) -> str:
-        sizes = f"{len(self.X_train)} train / {len(self.X_valid)} valid"
-        if self.X_test is not None:
-            sizes += f" / {len(self.X_test)} test"
-        return f"{self.name}: {sizes}, {self.dim} dimensions"
 
 
 def data_root() -> Path:
@@ -52,17 +22,8 @@ def data_root() -> Path:
     return Path(os.environ.get("KSAE_DATA_DIR") or "data")
 
 
-def check_finite(X: np.ndarray, what: str) -> None:
-    """Reject NaN and infinities with the position of the first one."""
-    finite = np.isfinite(X)
-    if not finite.all():
-        row, col = np.argwhere(~finite)[0]
-        raise KsaeError(f"{what} holds {int((~finite).sum())} non-finite values (first at row {row}, "
-                        f"column {col}: {X[row, col]}); only finite values are allowed")
-
-
 def load_mnist(root: Path, log=print) -> Dataset:
-    from . import mnist
+    from ksae_cupy.datasets import mnist
 
     X_all, y_all, X_test, y_test = mnist.load_arrays(root / "mnist", log=log)
     train, valid = mnist.train_valid_split(len(X_all), mnist.N_VALID)
@@ -77,7 +38,7 @@ def load_mnist(root: Path, log=print) -> Dataset:
 
 
 def load_synthetic(root: Path, log=print) -> Dataset:
-    from .synthetic import make_sparse_signals
+    from ksae_cupy.datasets.synthetic import make_sparse_signals
 
     X, y, _ = make_sparse_signals(12_000)
     return Dataset(name="synthetic", X_train=X[:10_000], y_train=y[:10_000], X_valid=X[10_000:11_000],
@@ -85,19 +46,19 @@ def load_synthetic(root: Path, log=print) -> Dataset:
 
 
 def load_norb(root: Path, log=print) -> Dataset:
-    from . import norb
+    from ksae_cupy.datasets import norb
 
     return norb.load(root, log=log)
 
 
 def load_cifar_patches(root: Path, log=print) -> Dataset:
-    from . import cifar
+    from ksae_cupy.datasets import cifar
 
     return cifar.load(root, log=log)
 
 
 def load_patches(root: Path, log=print) -> Dataset:
-    from . import patches
+    from ksae_cupy.datasets import patches
 
     return patches.load(root, log=log)
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import KsaeError
-from .fetch import ensure_files, verify_file
+from ksae_cupy.errors import KsaeError
+from ksae_cupy.datasets.fetch import ensure_files, verify_file
 
 
 def _dataset_files() -> dict:
-    from . import cifar, mnist, norb
+    from ksae_cupy.datasets import cifar, mnist, norb
 
     # name -> (folder under the data root, file specs, sources)
     return {

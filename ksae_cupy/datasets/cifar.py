@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import KsaeError
-from .fetch import FileSpec, HttpSource, ensure_files
-from .preprocess import LCN_EPSILON, ZCA_EPSILON, lcn_zca_patches, split_rows
+from ksae_cupy.errors import KsaeError
+from ksae_cupy.datasets.fetch import FileSpec, HttpSource, ensure_files
+from ksae_cupy.datasets.preprocess import LCN_EPSILON, ZCA_EPSILON, lcn_zca_patches, split_rows
 
 ARCHIVE = "cifar-10-python.tar.gz"
 MEMBER_DIR = "cifar-10-batches-py/"
@@ -166,7 +166,7 @@ def read_cache(path: Path, n_patches: int):
 def load(root: Path, log=print, n_patches: int = N_PATCHES, seed: int = PATCH_SEED,
          valid_fraction: float = VALID_FRACTION, files=None, n_expected: int | None = N_IMAGES):
     """The cached patches if present, else fetch CIFAR-10, extract, preprocess and cache them."""
-    from . import Dataset
+    from ksae_cupy.datasets.dataset import Dataset
 
     if n_patches < 2:
         raise KsaeError(f"cifar-patches needs at least 2 patches, got {n_patches}")

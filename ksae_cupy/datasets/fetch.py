@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..errors import KsaeError
+from ksae_cupy.errors import KsaeError
 
 HTTP_TIMEOUT_S = 10
 NPM_TIMEOUT_S = 120

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import KsaeError
+from ksae_cupy.errors import KsaeError
 
 _UBYTE = 0x08
 

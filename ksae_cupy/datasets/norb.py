@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import KsaeError
-from .fetch import FileSpec, HttpSource, ensure_files
+from ksae_cupy.errors import KsaeError
+from ksae_cupy.datasets.fetch import FileSpec, HttpSource, ensure_files
 
 MAGIC_BYTE = 0x1E3D4C55  # matrix of uint8
 MAGIC_INT = 0x1E3D4C54   # matrix of little-endian int32
@@ -194,8 +194,8 @@ def standardise_stats(X_nd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def make_dataset(dat_train, y_train, dat_test, y_test, n_valid: int = N_VALID, seed: int = SPLIT_SEED):
     """The :class:`Dataset` from raw training and test arrays (see the module docstring)."""
-    from . import Dataset
-    from .mnist import train_valid_split
+    from ksae_cupy.datasets.dataset import Dataset
+    from ksae_cupy.datasets.mnist import train_valid_split
 
     X_all = crop_resize(dat_train)
     mean_d, std_d = standardise_stats(X_all)  # statistics of the whole training file, as in the paper

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import KsaeError
-from .preprocess import LCN_EPSILON, ZCA_EPSILON, lcn_zca, random_patches, split_rows
+from ksae_cupy.errors import KsaeError
+from ksae_cupy.datasets.preprocess import LCN_EPSILON, ZCA_EPSILON, lcn_zca, random_patches, split_rows
 
 # skimage.data functions whose images are in the wheel (checked against scikit-image 0.26).
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "stereo_motorcycle")
@@ -58,7 +58,7 @@ def photo_patches(photos: list[np.ndarray], n_patches: int, size: int = PATCH, s
 
 def load(root=None, log=print, n_patches: int = N_PATCHES, seed: int = SEED, valid_fraction: float = VALID_FRACTION):
     """The ``patches`` Dataset (``root`` is unused: the images come with scikit-image)."""
-    from . import Dataset
+    from ksae_cupy.datasets.dataset import Dataset
 
     if n_patches < 2:
         raise KsaeError(f"patches needs at least 2 patches, got {n_patches}")

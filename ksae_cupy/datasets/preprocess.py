@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import KsaeError
+from ksae_cupy.errors import KsaeError
 
 # 10 on the 0..255 scale (a standard deviation of ~3 grey levels): contrast of nearly flat
 # patches, which is mostly quantisation noise, is not blown up to unit variance.

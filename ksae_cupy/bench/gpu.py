@@ -1,0 +1,300 @@
+"""GPU benchmarks: the top-k kernels against library top-k, and seconds per training epoch.
+
+Both functions return a dict and write it as JSON through :func:`ksae_cupy.bench.metadata.write_results`
+(with the run's metadata: device, versions, commit, date). cupy (and torch, when present) are
+imported inside the functions, so this module imports anywhere.
+
+Timing method: CUDA events around every call, median over many calls; inputs rotate over enough
+buffers that the rotating set is several times the device's L2 cache, so repeated calls do not read
+a cached row. Each candidate's kept set is checked against the NumPy reference before it is timed.
+Bandwidth is reported against a large device-to-device copy measured in the same run.
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ksae_cupy.bench.metadata import run_metadata, write_results
+from ksae_cupy.errors import KsaeError
+
+TOPK_NS = (128, 4096, 65536)
+TOPK_HS = (1000, 4000, 16384)
+TOPK_KS = (25, 150, 512)
+VALIDATE_ROWS = 256  # rows checked against the NumPy reference at each end of the batch
+MAX_TIMED_MS = 3000.0  # rough cap on the timed calls of one candidate at one size
+
+
+def _gpu_backend(device: int):
+    from ksae_cupy.backend import resolve_device
+
+    return resolve_device(f"gpu:{int(device)}")
+
+
+def _median_ms(cupy, fn, inputs, repeats: int, warmup: int) -> dict:
+    """Median, 10th and 90th percentile of per-call times (ms), rotating over ``inputs``."""
+    for i in range(warmup):
+        fn(inputs[i % len(inputs)])
+    starts = [cupy.cuda.Event() for _ in range(repeats)]
+    ends = [cupy.cuda.Event() for _ in range(repeats)]
+    for i in range(repeats):
+        x = inputs[(i + warmup) % len(inputs)]
+        starts[i].record()
+        fn(x)
+        ends[i].record()
+    ends[-1].synchronize()
+    times = np.array([cupy.cuda.get_elapsed_time(s, e) for s, e in zip(starts, ends)])
+    return {"median_ms": float(np.median(times)), "p10_ms": float(np.percentile(times, 10)),
+            "p90_ms": float(np.percentile(times, 90)), "repeats": int(repeats)}
+
+
+def copy_bandwidth(cupy, nbytes: int = 1 << 30, repeats: int = 20) -> dict:
+    """Device-to-device copy bandwidth (read + write bytes per second) of an ``nbytes`` buffer."""
+    src = cupy.ones(nbytes // 4, dtype=np.float32)
+    dst = cupy.empty_like(src)
+    stats = _median_ms(cupy, lambda s: dst.data.copy_from_device_async(s.data, s.nbytes), [src], repeats, 3)
+    gbps = 2 * src.nbytes / (stats["median_ms"] * 1e-3) / 1e9
+    del src, dst
+    return {"bytes": int(nbytes), "GBps": gbps, **stats}
+
+
+def _topk_candidates(cupy, torch, k: int):
+    """name -> function(Z) returning (idx, val) on the GPU, for one k."""
+    from ksae_cupy.gpu import kernels as cuda
+
+    def argpartition(Z):
+        H = Z.shape[1]
+        idx = cupy.argpartition(Z, H - k, axis=1)[:, H - k:]
+        return idx, cupy.take_along_axis(Z, idx, axis=1)
+
+    def full_sort(Z):
+        idx = cupy.argsort(Z, axis=1)[:, -k:]
+        return idx, cupy.take_along_axis(Z, idx, axis=1)
+
+    cands = {
+        "ksae_sort": lambda Z: cuda.topk_gpu(Z, k, "sort"),
+        "ksae_threshold": lambda Z: cuda.topk_gpu(Z, k, "threshold"),
+        "cupy_argpartition": argpartition,
+        "cupy_sort": full_sort,
+    }
+    if torch is not None:
+        def torch_topk(Z):
+            vals, idx = torch.topk(torch.from_dlpack(Z), k, dim=1)
+            return idx, vals
+
+        cands["torch_topk"] = torch_topk
+    return cands
+
+
+def _import_torch():
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch
+    except Exception:
+        pass
+    return None
+
+
+def _to_host(a) -> np.ndarray:
+    if hasattr(a, "get"):
+        return a.get()
+    if hasattr(a, "cpu"):  # torch tensor
+        return a.cpu().numpy()
+    return np.asarray(a)
+
+
+def _valid_set(idx, Z_host_rows: np.ndarray, rows: np.ndarray, k: int) -> bool:
+    """The candidate's kept columns on ``rows`` equal the reference's (as sets, rows in any order)."""
+    from ksae_cupy.topk import topk_threshold
+
+    ref_idx, _ = topk_threshold(Z_host_rows, k)
+    got = _to_host(idx)[rows].astype(np.int64)
+    return bool(np.array_equal(np.sort(got, axis=1), np.sort(ref_idx.astype(np.int64), axis=1)))
+
+
+def bench_topk(Ns=TOPK_NS, Hs=TOPK_HS, ks=TOPK_KS, *, repeats: int = 50, warmup: int = 3, device: int = 0,
+               include_torch: bool = True, seed: int = 0, out_dir: Path | None = None, write: bool = True) -> dict:
+    """Time both top-k kernels against cupy argpartition, cupy sort and torch.topk (if importable).
+
+    For every (N, H, k) with k <= H: float32 standard-normal rows, rotated over enough buffers to
+    exceed 3x the L2 cache (capped by memory); each candidate's kept set validated on the first and
+    last :data:`VALIDATE_ROWS` rows against the NumPy reference before timing; median of
+    ``repeats`` CUDA-event timings per call. Reports milliseconds, achieved GB/s (bytes read of Z
+    plus bytes written of idx and val) and that rate's fraction of a 1 GiB device-to-device copy.
+    Returns the result dict (with ``"path"`` of the JSON written unless ``write=False``).
+    """
+    backend = _gpu_backend(device)
+    cupy = backend.xp
+    torch = _import_torch() if include_torch else None
+    results = []
+    with backend.use():
+        copy = copy_bandwidth(cupy)
+        l2 = int(cupy.cuda.Device().attributes.get("L2CacheSize", 50 << 20))
+        free, _total = cupy.cuda.runtime.memGetInfo()
+        rng = cupy.random.default_rng(seed)
+        for N in Ns:
+            for H in Hs:
+                buffer_bytes = N * H * 4
+                budget = max(buffer_bytes, free // 4)
+                n_buf = int(min(1024, max(2, math.ceil(3 * l2 / buffer_bytes)), max(1, budget // buffer_bytes)))
+                Zs = rng.standard_normal((n_buf, N, H), dtype=np.float32)
+                inputs = [Zs[i] for i in range(n_buf)]
+                rows = np.unique(np.concatenate([np.arange(min(N, VALIDATE_ROWS)),
+                                                 np.arange(max(0, N - VALIDATE_ROWS), N)]))
+                Z_host_rows = np.ascontiguousarray(inputs[0][cupy.asarray(rows)].get())
+                for k in ks:
+                    if k > H:
+                        continue
+                    cands = _topk_candidates(cupy, torch, k)
+                    moved = N * H * 4 + N * k * 8
+                    for name, fn in cands.items():
+                        record = {"N": N, "H": H, "k": k, "candidate": name, "buffers": n_buf}
+                        try:
+                            idx, _val = fn(inputs[0])  # first call: compiles our kernels
+                            record["valid"] = _valid_set(idx, Z_host_rows, rows, k)
+                            del idx, _val
+                            if record["valid"]:
+                                first_ms = _median_ms(cupy, fn, inputs, 1, 0)["median_ms"]
+                                # Slow candidates (full sorts of huge batches) get fewer repeats:
+                                # about MAX_TIMED_MS of timed calls, never fewer than 5.
+                                reps = max(5, min(repeats, int(MAX_TIMED_MS / max(first_ms, 1e-3))))
+                                stats = _median_ms(cupy, fn, inputs, reps, warmup)
+                                gbps = moved / (stats["median_ms"] * 1e-3) / 1e9
+                                record.update(stats, GBps=gbps, fraction_of_copy=gbps / copy["GBps"])
+                        except (KsaeError, RuntimeError, MemoryError) as exc:  # e.g. out of memory
+                            record["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                        results.append(record)
+                del Zs, inputs
+                cupy.get_default_memory_pool().free_all_blocks()
+    payload = {
+        "benchmark": "topk-gpu",
+        "meta": run_metadata(backend),
+        "torch": getattr(torch, "__version__", None),
+        "copy": copy,
+        "config": {"Ns": list(Ns), "Hs": list(Hs), "ks": list(ks), "repeats": repeats, "warmup": warmup,
+                   "dtype": "float32", "validate_rows": VALIDATE_ROWS},
+        "results": results,
+    }
+    if write:
+        payload["path"] = str(write_results("topk-gpu", payload, out_dir))
+    return payload
+
+
+# ------------------------------------------------------------------------------------------------
+# Training epochs.
+
+def _torch_epoch_fn(torch, W0, X_host, k: int, batch: int, lr: float, momentum: float):
+    """The same model in PyTorch (torch.topk + autograd, float32): returns (run_epoch, params)."""
+    dev = torch.device("cuda")
+    W = torch.tensor(W0, device=dev, requires_grad=True)
+    b = torch.zeros(W0.shape[1], device=dev, requires_grad=True)
+    c = torch.zeros(W0.shape[0], device=dev, requires_grad=True)
+    params = [W, b, c]
+    vel = [torch.zeros_like(p) for p in params]
+    X = torch.tensor(X_host, device=dev)
+
+    def step(x):
+        z = x @ W + b
+        vals, idx = torch.topk(z, k, dim=1)
+        zs = torch.zeros_like(z).scatter(1, idx, vals)
+        xhat = zs @ W.T + c
+        loss = 0.5 * ((xhat - x) ** 2).sum() / x.shape[0]
+        for p in params:
+            p.grad = None
+        loss.backward()
+        with torch.no_grad():
+            for p, v in zip(params, vel):  # v <- m v - lr g ; p <- p + v (ksae_cupy.optim)
+                v.mul_(momentum).sub_(lr * p.grad)
+                p.add_(v)
+        return loss.item()  # one host sync per step, like ksae_cupy.model.reconstruction_loss
+
+    def run_epoch():
+        losses = [step(X[i:i + batch]) for i in range(0, X.shape[0] - batch + 1, batch)]
+        torch.cuda.synchronize()
+        return losses
+
+    return run_epoch
+
+
+def bench_train_gpu(n_samples: int = 60000, D: int = 784, H: int = 1000, k: int = 25, batch: int = 128, *,
+                    lr: float = 0.01, momentum: float = 0.9, sigma: float = 0.01, topk_methods=("sort", "threshold"),
+                    epochs: int = 3, project_epochs: int = 5000, device: int = 0, include_torch: bool = True,
+                    seed: int = 0, out_dir: Path | None = None, write: bool = True) -> dict:
+    """Seconds per MNIST-shaped epoch (60,000 x 784 -> 1000, k=25, batch 128) on the GPU.
+
+    Ours: :func:`ksae_cupy.model.loss_and_grads` + :class:`ksae_cupy.optim.MomentumSGD` on cupy
+    arrays, for each top-k method; also the fused-kernel step :func:`ksae_cupy.gpu.fused_step.loss_and_grads_fused`.
+    Against: the same model in PyTorch (torch.topk + autograd, float32, same batch), when torch
+    imports with CUDA. Synthetic uniform [0, 1) data of MNIST's shape. Every variant runs one
+    warm-up epoch, then ``epochs`` timed epochs; the median epoch time is projected to
+    ``project_epochs`` epochs. Returns the result dict (``"path"`` of the JSON unless ``write=False``).
+    """
+    from ksae_cupy.gpu import fused_step
+    from ksae_cupy.model import init_params, loss_and_grads
+    from ksae_cupy.optim import MomentumSGD
+
+    backend = _gpu_backend(device)
+    cupy = backend.xp
+    torch = _import_torch() if include_torch else None
+    rng = np.random.default_rng(seed)
+    X_host = rng.random((n_samples, D), dtype=np.float32)
+    W0 = init_params(D, H, sigma, np.random.default_rng(seed + 1))["W_dh"]
+    variants = {}
+    with backend.use():
+        X = cupy.asarray(X_host)
+
+        def ours(step_fn, method):
+            params = {name: cupy.asarray(v) for name, v in init_params(D, H, sigma, np.random.default_rng(seed + 1)).items()}
+            opt = MomentumSGD(params, momentum, cupy)
+
+            def run_epoch():
+                losses = []
+                for i in range(0, n_samples - batch + 1, batch):
+                    loss, grads, _ = step_fn(params, X[i:i + batch], k, method)
+                    opt.step(params, grads, lr)
+                    losses.append(loss)
+                backend.synchronize()
+                return losses
+
+            return run_epoch
+
+        for method in topk_methods:
+            variants[f"ksae_{method}"] = ours(loss_and_grads, method)
+            variants[f"ksae_fused_{method}"] = ours(fused_step.loss_and_grads_fused, method)
+        if torch is not None:
+            variants["torch"] = _torch_epoch_fn(torch, W0, X_host, k, batch, lr, momentum)
+
+        results = {}
+        for name, run_epoch in variants.items():
+            record = {}
+            try:
+                first = run_epoch()  # warm-up: compilation, cuBLAS handles, memory pool
+                times = []
+                last = first
+                for _ in range(epochs):
+                    t0 = time.perf_counter()
+                    last = run_epoch()
+                    times.append(time.perf_counter() - t0)
+                sec = float(np.median(times))
+                record = {"seconds_per_epoch": sec, "epoch_times": times, "steps_per_epoch": len(last),
+                          "first_loss": first[0], "last_loss": last[-1],
+                          "projected_hours": sec * project_epochs / 3600.0}
+            except (KsaeError, RuntimeError, MemoryError) as exc:
+                record = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+            results[name] = record
+    payload = {
+        "benchmark": "train-gpu",
+        "meta": run_metadata(backend),
+        "torch": getattr(torch, "__version__", None),
+        "config": {"n_samples": n_samples, "D": D, "H": H, "k": k, "batch": batch, "lr": lr, "momentum": momentum,
+                   "sigma": sigma, "epochs_timed": epochs, "project_epochs": project_epochs, "dtype": "float32",
+                   "data": "synthetic uniform [0, 1), MNIST shape"},
+        "results": results,
+    }
+    if write:
+        payload["path"] = str(write_results("train-gpu", payload, out_dir))
+    return payload

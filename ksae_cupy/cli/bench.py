@@ -1,0 +1,119 @@
+"""``ksae-bench``: the benchmarks (training step, top-k kernels, distributed step).
+
+Each validates before it times and writes JSON under benchmarks/results/.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from ksae_cupy.cli.common import positive_ints, report_errors
+from ksae_cupy.errors import KsaeError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def bench_command():
+    """Benchmarks; each validates before it times and writes JSON under benchmarks/results/."""
+
+
+@bench_command.command("train")
+@click.option("--device", default="cpu", help="cpu, or gpu / gpu:N (then: seconds per MNIST epoch, ours vs PyTorch).")
+@click.option("--hidden", type=int, default=1000)
+@click.option("--dim", type=int, default=784)
+@click.option("--k", "k", type=int, default=25)
+@click.option("--batch-size", type=int, default=128)
+@click.option("--topk", type=click.Choice(["sort", "threshold"]), default="sort")
+@click.option("--repeats", type=int, default=7, help="Timed repeats; the median is reported.")
+@click.option("--steps", type=int, default=50, help="Steps per timed repeat.")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Results folder. [default: benchmarks/results]")
+@report_errors
+def bench_train(device, hidden, dim, k, batch_size, topk, repeats, steps, out):
+    """Training-step speed on MNIST shapes, against the step's matrix products alone."""
+    from ksae_cupy.backend import resolve_device
+    from ksae_cupy.bench.train_cpu import bench_train_step
+    from ksae_cupy.bench.metadata import write_results
+
+    backend = resolve_device(device)
+    click.echo(backend.description)
+    if backend.is_gpu:
+        from ksae_cupy.bench.gpu import bench_train_gpu
+
+        result = bench_train_gpu(D=dim, H=hidden, k=k, batch=batch_size, device=backend.gpu_index, out_dir=out)
+        click.echo(json.dumps({key: value for key, value in result.items() if key != "meta"}, indent=1, default=str))
+        return
+    result = bench_train_step(backend, D=dim, H=hidden, k=k, batch_size=batch_size, topk_method=topk,
+                              repeats=repeats, steps=steps, log=click.echo)
+    path = write_results(f"train-{backend.name.replace(':', '')}", result, out)
+    click.echo(f"results: {path}")
+
+
+@bench_command.command("dist")
+@click.option("--ranks", default="1,2,3", help="Comma-separated rank counts; one MPI job each (more ranks than cores oversubscribe).")
+@click.option("--threads", type=int, default=1, help="BLAS threads per rank.")
+@click.option("--baseline-threads", type=int, default=None,
+              help="Also time one rank with this many BLAS threads (0: no). [default: the CPU count]")
+@click.option("--hidden", type=int, default=1000)
+@click.option("--dim", type=int, default=784)
+@click.option("--k", "k", type=int, default=25)
+@click.option("--batch-size", type=int, default=128, help="The GLOBAL minibatch, split over the ranks.")
+@click.option("--topk-k", "topk_ks", default="25,250", help="Comma-separated k values for the sharded top-k.")
+@click.option("--formula-ranks", default="1,2,4,8,16", help="Rank counts of the computed traffic table.")
+@click.option("--repeats", type=int, default=7, help="Timed repeats; the median is reported.")
+@click.option("--steps", type=int, default=20, help="Steps per timed repeat.")
+@click.option("--topk-repeats", type=int, default=21, help="Timed calls of each sharded top-k.")
+@click.option("--mpiexec", default=None, help="[default: the mpiexec beside this Python, else on PATH]")
+@click.option("--timeout", type=float, default=600.0, help="Seconds each MPI job may run.")
+@click.option("--note", default="", help="A line for the Markdown summary (e.g. that the machine was shared).")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Results folder. [default: benchmarks/results]")
+@report_errors
+def bench_dist_command(ranks, threads, baseline_threads, hidden, dim, k, batch_size, topk_ks, formula_ranks,
+                       repeats, steps, topk_repeats, mpiexec, timeout, note, out):
+    """Data-parallel step vs one process, all-reduce time, and sharded top-k traffic (MPI, CPU)."""
+    import os
+
+    from ksae_cupy.bench.distributed import bench_dist, markdown
+    from ksae_cupy.bench.metadata import write_results
+
+    for flag, value in (("--threads", threads), ("--hidden", hidden), ("--dim", dim), ("--batch-size", batch_size),
+                        ("--repeats", repeats), ("--steps", steps), ("--topk-repeats", topk_repeats)):
+        if value <= 0:
+            raise KsaeError(f"{flag} {value} is not allowed; use a positive number")
+    if baseline_threads is None:
+        baseline_threads = os.cpu_count() or 1
+    if baseline_threads < 0:
+        raise KsaeError(f"--baseline-threads {baseline_threads} is not allowed; use 0 (none) or a positive number")
+    result = bench_dist(ranks=positive_ints(ranks, "--ranks"), threads=threads, baseline_threads=baseline_threads,
+                        D=dim, H=hidden, N=batch_size, k=k, topk_ks=positive_ints(topk_ks, "--topk-k"),
+                        formula_ranks=positive_ints(formula_ranks, "--formula-ranks"), repeats=repeats, steps=steps,
+                        topk_repeats=topk_repeats, mpiexec=mpiexec, timeout=timeout, log=click.echo)
+    path = write_results("dist-cpu", result, out)
+    summary = markdown(result, note)
+    path.with_suffix(".md").write_text(summary)
+    click.echo(summary)
+    click.echo(f"results: {path} and {path.with_suffix('.md')}")
+
+
+@bench_command.command("topk")
+@click.option("--device", default="gpu", help="gpu or gpu:N.")
+@click.option("--N", "Ns", default="128,4096,65536", help="Comma-separated batch sizes.")
+@click.option("--H", "Hs", default="1000,4000,16384", help="Comma-separated row lengths.")
+@click.option("--k", "ks", default="25,150,512", help="Comma-separated k values (k <= H).")
+@click.option("--repeats", type=int, default=50)
+@click.option("--no-torch", is_flag=True, help="Leave torch.topk out even when torch imports.")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Results folder. [default: benchmarks/results]")
+@report_errors
+def bench_topk_command(device, Ns, Hs, ks, repeats, no_torch, out):
+    """Both top-k kernels against cupy (argpartition, sort) and torch.topk, validated then timed."""
+    from ksae_cupy.backend import resolve_device
+    from ksae_cupy.bench.gpu import bench_topk
+
+    backend = resolve_device(device)
+    if not backend.is_gpu:
+        raise KsaeError(f"--device {device}: ksae-bench topk times CUDA kernels; use --device gpu[:N]")
+    click.echo(backend.description)
+    parse = lambda text, flag: tuple(positive_ints(text, flag))
+    result = bench_topk(Ns=parse(Ns, "--N"), Hs=parse(Hs, "--H"), ks=parse(ks, "--k"), repeats=repeats,
+                        device=backend.gpu_index, include_torch=not no_torch, out_dir=out)
+    click.echo(f"results: {result.get('path')}")

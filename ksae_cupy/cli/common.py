@@ -1,0 +1,106 @@
+"""What every command shares: the one-line error wrapper, exit statuses, the Ctrl-C handler,
+and the parsing of comma-separated option values.
+
+A user mistake is one line ``error: ...`` on stderr and exit status 2; a run whose loss
+diverges exits with status 1; Ctrl-C saves a checkpoint and exits with 130.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from ksae_cupy.errors import KsaeError
+
+EXIT_USAGE, EXIT_DIVERGED, EXIT_INTERRUPTED = 2, 1, 130
+
+
+def report_errors(func):
+    """Turn :class:`KsaeError` into ``error: <one line>`` and the right exit status."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        from ksae_cupy.training.trainer import TrainingDiverged
+
+        try:
+            return func(*args, **kwargs)
+        except TrainingDiverged as exc:
+            click.echo(f"error: {_one_line(exc)}", err=True)
+            sys.exit(EXIT_DIVERGED)
+        except KsaeError as exc:
+            click.echo(f"error: {_one_line(exc)}", err=True)
+            sys.exit(EXIT_USAGE)
+
+    return wrapper
+
+
+def _one_line(exc: Exception) -> str:
+    text = str(exc)
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def install_interrupt_handler(model, say):
+    """First Ctrl-C: finish the current step, save, exit. Second: stop at once. Returns an undo."""
+    previous = signal.getsignal(signal.SIGINT)
+
+    def handler(signum, frame):
+        if model.trainer_ is not None and not model.trainer_.stop_requested:
+            model.trainer_.stop_requested = True
+            say("\nCtrl-C: stopping after this step and saving a checkpoint (Ctrl-C again to abort without saving)",
+                err=True)
+        else:
+            raise KeyboardInterrupt
+
+    try:
+        signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread (e.g. inside a test runner's worker)
+        return lambda: None
+    return lambda: signal.signal(signal.SIGINT, previous)
+
+
+
+def positive_ints(text: str, flag: str):
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise KsaeError(f"{flag} {text!r} is not allowed; use comma-separated positive integers") from None
+    if not values or min(values) <= 0:
+        raise KsaeError(f"{flag} {text!r} is not allowed; use comma-separated positive integers")
+    return values
+
+
+# -- options and helpers of the commands that read a run folder (eval, plot, analyze) --------
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True}
+
+
+def progress_printer(quiet: bool):
+    """Progress lines go to stderr so stdout stays the result."""
+    return (lambda *a, **k: None) if quiet else (lambda msg: click.echo(msg, err=True))
+
+
+RUN_DIR = click.Path(path_type=Path)  # existence is checked by open_run, with a one-line error
+DEVICE = click.option("--device", default="auto", help="auto (a GPU when one answers, else the CPU), cpu, gpu or gpu:N.")
+DATA_DIR = click.option("--data-dir", type=click.Path(path_type=Path), default=None,
+                        help="Data root. [default: $KSAE_DATA_DIR or ./data]")
+QUIET = click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
+
+
+def write_json(path: Path, payload: dict) -> None:
+    import os
+
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def dataset_split(dataset, split: str):
+    """``(X, y)`` of one split of a loaded dataset, or a one-line error when it has none."""
+    X, y = getattr(dataset, f"X_{split}"), getattr(dataset, f"y_{split}")
+    if X is None:
+        raise KsaeError(f"dataset {dataset.name} has no {split} split; use --split valid")
+    return X, y

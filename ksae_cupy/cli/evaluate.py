@@ -1,0 +1,50 @@
+"""``ksae-eval``: logistic regression on a trained run's alpha*k-sparse features (section 5).
+
+Alpha and the L2 strength are chosen on the validation set; the test set is read once.
+Results go to stdout and the run folder; progress goes to stderr.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ksae_cupy.cli.common import CONTEXT, DATA_DIR, DEVICE, QUIET, RUN_DIR, progress_printer, report_errors
+from ksae_cupy.errors import KsaeError
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("run_dir", type=RUN_DIR)
+@click.option("--alphas", default="1,2,3,4", help="Comma-separated alpha values; features keep the alpha*k largest units.")
+@click.option("--l2", "l2_text", default="1e-3,1e-4,1e-5", help="Comma-separated L2 strengths of the classifier.")
+@click.option("--refit", type=click.Choice(["train+valid", "train"]), default="train+valid",
+              help="Data the classifier is refit on once alpha and L2 are chosen on the validation set.")
+@click.option("--raw-baseline", is_flag=True, help="Also run the raw-pixel baseline through the same classifier.")
+@click.option("--max-iter", type=int, default=500, help="L-BFGS iterations per classifier fit (at most).")
+@DEVICE
+@DATA_DIR
+@QUIET
+@report_errors
+def eval_command(run_dir, alphas, l2_text, refit, raw_baseline, max_iter, device, data_dir, quiet):
+    """Classify with logistic regression on supp_{alpha k}(W^T x + b) features (paper, section 4.5).
+
+    For every alpha and L2 the classifier is fit on the training set and judged on the
+    validation set; the best pair is refit and the test error is measured once. Writes
+    RUN_DIR/eval.json and RUN_DIR/eval.md and prints the Markdown summary.
+
+    \b
+    Examples:
+      ksae-eval runs/mnist-h1000-k25-20261121-101500
+      ksae-eval RUN_DIR --alphas 1,3 --l2 1e-4 --raw-baseline --device gpu
+    """
+    from ksae_cupy.backend import resolve_device
+    from ksae_cupy.evaluation.features import evaluate_run, markdown_report, parse_alphas, parse_l2
+
+    alpha_list, l2_list = parse_alphas(alphas), parse_l2(l2_text)
+    if max_iter < 1:
+        raise KsaeError(f"--max-iter {max_iter} is not allowed; use a positive number")
+    backend = resolve_device(device)
+    result = evaluate_run(run_dir, alpha_list, l2_list, refit=refit, raw_baseline=raw_baseline, backend=backend,
+                          data_root=data_dir, max_iter=max_iter, log=progress_printer(quiet))
+    click.echo(markdown_report(result), nl=False)
+    click.echo(f"wrote {Path(run_dir) / 'eval.json'} and {Path(run_dir) / 'eval.md'}", err=True)

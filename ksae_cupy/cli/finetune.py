@@ -1,0 +1,248 @@
+"""``ksae-finetune``: supervised fine-tuning of one or two pretrained k-sparse autoencoders.
+
+    ksae-finetune runs/mnist-h1000-k25-A --alpha 3 --epochs 200            # shallow (section 4.5)
+    ksae-finetune runs/A runs/B --alpha 3 --epochs 200                      # deep, layer-wise (4.6)
+    ksae-finetune --no-pretraining --hidden 1000 --k 25 --dataset mnist     # baseline, random init
+    ksae-finetune --baseline dropout-ae --hidden 1000,1000 --dataset mnist  # baseline pretrained here
+    ksae-finetune --resume runs/finetune-mnist-...
+
+``--baseline rbm|dropout-ae|denoising-ae`` pretrains that learner of
+:mod:`ksae_cupy.supervised.baselines` (one layer per ``--hidden`` size, ``--pretrain-epochs`` each) on
+the training set in this process, then fine-tunes its sigmoid layers with the same dropout
+(section 4.5). The pretrained weights are the run's initial parameters; a resumed run
+continues from its checkpoint and does not pretrain again.
+
+The run folder holds ``checkpoint.h5`` (a fine-tuning checkpoint), ``config.json``,
+``metrics.jsonl`` and, at the end, ``finetune.json`` with the validation and test error.
+Bad input is one line ``error: ...`` and exit status 2 (see :func:`ksae_cupy.cli.common.report_errors`).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import click
+import numpy as np
+
+from ksae_cupy.cli.common import EXIT_INTERRUPTED, install_interrupt_handler, report_errors
+from ksae_cupy.errors import KsaeError
+
+RESULTS = "finetune.json"
+# Options fixed by a run: on --resume, giving one is an error rather than silently ignored.
+RUN_SHAPING = ("dataset", "alpha", "epochs", "phases", "lr_start", "lr_end", "momentum", "batch_size", "sigma",
+               "no_pretraining", "baseline", "pretrain_epochs", "hidden", "k", "seed", "dtype")
+BASELINES = ("rbm", "dropout-ae", "denoising-ae")
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.argument("pretrained", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--dataset", default=None, help="Labelled dataset (mnist, synthetic). [default: the pretrained run's]")
+@click.option("--alpha", type=float, default=3.0, help="Keep alpha*k units per hidden layer (paper, MNIST: 3).")
+@click.option("--epochs", type=int, default=200, help="Epochs per fine-tuning phase (paper: 200).")
+@click.option("--phases", default=None,
+              help="Comma-separated phases from softmax,top,all. [default: all (shallow); softmax,top,all (deep)]")
+@click.option("--lr-start", type=float, default=1.0, help="First learning rate (paper, MNIST: 1; NORB: 0.01).")
+@click.option("--lr-end", type=float, default=0.001, help="Last learning rate, reached linearly (paper: 0.001).")
+@click.option("--momentum", type=float, default=0.25, help="Momentum (paper, MNIST: 0.25; NORB: 0.9).")
+@click.option("--batch-size", type=int, default=128)
+@click.option("--sigma", type=float, default=0.01, help="Std of the Gaussian initial softmax (and random) weights.")
+@click.option("--no-pretraining", is_flag=True, help="Random initial weights instead of pretrained runs.")
+@click.option("--baseline", type=click.Choice(BASELINES), default=None,
+              help="Pretrain this baseline here and fine-tune its sigmoid layers with its dropout (section 4.5).")
+@click.option("--pretrain-epochs", type=int, default=5000, help="With --baseline: epochs per layer (paper: 5000).")
+@click.option("--hidden", default="1000",
+              help="With --no-pretraining or --baseline: hidden units per layer, e.g. 1000 or 1000,1000.")
+@click.option("--k", "k", type=int, default=25, help="With --no-pretraining: k of every layer (alpha*k are kept).")
+@click.option("--seed", type=int, default=0)
+@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32")
+@click.option("--device", default="auto", help="auto, cpu, gpu or gpu:N.")
+@click.option("--run-dir", type=click.Path(path_type=Path), default=None,
+              help="[default: runs/finetune-<dataset>-<time>]")
+@click.option("--checkpoint-every", type=int, default=10, help="Write a checkpoint every N epochs (and at the end).")
+@click.option("--resume", type=click.Path(path_type=Path), default=None, help="Continue the fine-tuning run in this folder.")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Data root.")
+@click.option("--quiet", is_flag=True)
+@click.pass_context
+@report_errors
+def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, lr_end, momentum, batch_size, sigma,
+                     no_pretraining, baseline, pretrain_epochs, hidden, k, seed, dtype, device, run_dir,
+                     checkpoint_every, resume, data_dir, quiet):
+    """Fine-tune a softmax network initialised from PRETRAINED_RUN_DIR [PRETRAINED_RUN_DIR_2] (ksae-train runs)."""
+    from ksae_cupy.supervised import finetune
+    from ksae_cupy.backend import resolve_device
+    from ksae_cupy.datasets import load_dataset
+    from ksae_cupy.supervised.checkpoint import load_finetune_checkpoint
+    from ksae_cupy.training.runs import RunFolder
+
+    say = (lambda *a, **kw: None) if quiet else click.echo
+    if checkpoint_every <= 0:
+        raise KsaeError(f"--checkpoint-every {checkpoint_every} is not allowed; use a positive number of epochs")
+    backend = resolve_device(device)
+    if resume is not None:
+        if pretrained:
+            raise KsaeError("--resume takes no PRETRAINED_RUN_DIR; the run folder remembers its own")
+        given = sorted(f"--{name.replace('_', '-')}" for name in RUN_SHAPING
+                       if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE)
+        if given:
+            raise KsaeError(f"--resume: {', '.join(given)} cannot change a run in progress; leave them out")
+        folder = RunFolder(resume)
+        folder.check_resumable()
+        resolved = folder.read_config()
+        trainer = finetune.FinetuneTrainer.from_state(load_finetune_checkpoint(folder.checkpoint), backend)
+        dataset = resolved["dataset"]
+    else:
+        if len(pretrained) > 2:
+            raise KsaeError(f"{len(pretrained)} pretrained runs given; fine-tuning takes one (shallow) or two (deep)")
+        if no_pretraining and pretrained:
+            raise KsaeError("--no-pretraining contradicts the PRETRAINED_RUN_DIR arguments; give one or the other")
+        if baseline and (pretrained or no_pretraining):
+            raise KsaeError(f"--baseline {baseline} contradicts "
+                            f"{'the PRETRAINED_RUN_DIR arguments' if pretrained else '--no-pretraining'}; give one")
+        if not no_pretraining and not pretrained and not baseline:
+            raise KsaeError("missing PRETRAINED_RUN_DIR; give one or two ksae-train run folders, --no-pretraining "
+                            "or --baseline")
+        if pretrain_epochs <= 0:
+            raise KsaeError(f"--pretrain-epochs {pretrain_epochs} is not allowed; use a positive number of epochs")
+        encoders, ks, sources = [], [], []
+        for path in pretrained:
+            from ksae_cupy.supervised.pretrain import encoder_of, load_pretrained_run
+
+            model, run_config = load_pretrained_run(path, device="cpu")
+            encoders.append(encoder_of(model))
+            ks.append(model.k)
+            sources.append({"run_dir": str(path), "dataset": run_config.get("dataset"), "k": model.k,
+                            "hidden": model.n_hidden})
+        if dataset is None:
+            dataset = sources[0]["dataset"] if sources else None
+            if dataset is None:
+                raise KsaeError("missing --dataset; name a labelled dataset such as mnist")
+        folder = RunFolder(run_dir or _default_run_dir(dataset))
+        folder.check_new()
+        data = load_dataset(dataset, root=data_dir, log=lambda msg: say(msg, err=True))
+        if data.y_train is None:
+            raise KsaeError(f"dataset {dataset!r} has no labels; fine-tuning needs a labelled dataset such as mnist")
+        rng = np.random.default_rng(seed)
+        if no_pretraining:
+            sizes = _parse_hidden(hidden)
+            ks = [k] * len(sizes)
+            host_params = finetune.init_random(data.dim, sizes, data.n_classes, sigma, rng, np.dtype(dtype))
+        elif baseline:
+            from ksae_cupy.supervised import baselines
+
+            sizes = _parse_hidden(hidden)
+            ks = [None] * len(sizes)  # sigmoid layers keep every unit
+            say(f"pretraining {baseline}: {len(sizes)} layer(s) of {hidden} units, {pretrain_epochs} epochs each")
+            stack = baselines.pretrain_baseline(
+                baseline, data.X_train, sizes, pretrain_epochs, seed, backend,
+                on_epoch=lambda layer, r: say(f"pretrain layer {layer} epoch {r.epoch}/{pretrain_epochs}  "
+                                              f"loss {r.train_loss:.4f}  {r.seconds:.1f} s"))
+            host_params = finetune.init_from_encoders([baselines.encoder(p) for p in stack], data.n_classes, sigma,
+                                                      rng, np.dtype(dtype))
+        else:
+            if encoders[0][0].shape[0] != data.dim:
+                raise KsaeError(f"the pretrained run {pretrained[0]} takes {encoders[0][0].shape[0]} dimensions, "
+                                f"{dataset} has {data.dim}")
+            host_params = finetune.init_from_encoders(encoders, data.n_classes, sigma, rng, np.dtype(dtype))
+        from ksae_cupy.model import alpha_k
+
+        L = len(ks)
+        sizes = [host_params[finetune.layer_names(l)[0]].shape[1] for l in range(1, L + 1)]
+        kept = [None if k_l is None else alpha_k(k_l, alpha, H_l) for k_l, H_l in zip(ks, sizes)]
+        phase_list = _parse_phases(phases, L)
+        if baseline:
+            from ksae_cupy.supervised.baselines import REGULARISATION
+
+            network = dict(activations=["sigmoid"] * L, **REGULARISATION[baseline])  # section 4.5
+        else:
+            network = {}
+        config = finetune.FinetuneConfig(kept=kept, phases=phase_list, epochs=epochs, batch_size=batch_size,
+                                         lr_start=lr_start, lr_end=lr_end, momentum=momentum, sigma=sigma,
+                                         seed=seed, dtype=dtype, **network)
+        config.validate(n_train=len(data.X_train), hidden=sizes)
+        trainer = finetune.FinetuneTrainer(config, backend, host_params, rng)
+        resolved = {"dataset": dataset, "device": backend.name, "alpha": alpha, "pretrained": sources,
+                    "no_pretraining": bool(no_pretraining), "baseline": baseline,
+                    "pretrain_epochs": pretrain_epochs if baseline else None, "finetune": config.to_dict(),
+                    "checkpoint_every": checkpoint_every, "run_dir": str(folder.path)}
+        folder.create()
+        folder.write_config(resolved)
+
+    say(backend.description)
+    if resume is not None:
+        data = load_dataset(dataset, root=data_dir, log=lambda msg: say(msg, err=True))
+    say(data.summary())
+    say("config: " + json.dumps(trainer.config.to_dict(), sort_keys=True))
+    say(f"run folder: {folder.path}")
+    X_train, y_train = (backend.asarray(a, dtype=t) for a, t in ((data.X_train, trainer.dtype), (data.y_train, np.int64)))
+    X_valid, y_valid = (backend.asarray(a, dtype=t) for a, t in ((data.X_valid, trainer.dtype), (data.y_valid, np.int64)))
+    save = _saver(folder, trainer)
+
+    def on_epoch(report):
+        folder.append_metrics(report)
+        say(f"phase {report.phase} epoch {report.epoch}/{trainer.config.epochs}  lr {report.lr:.4g}  "
+            f"loss {report.train_loss:.4f}  valid error {100 * report.valid_error:.2f}%  {report.seconds:.1f} s")
+        if report.epoch % checkpoint_every == 0:
+            save()
+
+    stop = install_interrupt_handler(SimpleNamespace(trainer_=trainer), say)
+    started = time.perf_counter()
+    try:
+        trainer.fit(X_train, y_train, X_valid, y_valid, on_epoch=on_epoch)
+    finally:
+        stop()
+    save()
+    if not trainer.finished:
+        click.echo(f"interrupted in phase {trainer.phase}, epoch {trainer.epoch + 1}; checkpoint saved to "
+                   f"{folder.checkpoint}; continue with: ksae-finetune --resume {folder.path}", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    with backend.use():
+        results = {"dataset": dataset, "device": backend.name, "phases": trainer.config.phases,
+                   "epochs_per_phase": trainer.config.epochs, "kept": trainer.config.kept,
+                   "valid_error": trainer.error(X_valid, y_valid),
+                   "test_error": (trainer.error(backend.asarray(data.X_test, dtype=trainer.dtype),
+                                                backend.asarray(data.y_test, dtype=np.int64))
+                                  if data.X_test is not None else None),
+                   "wall_seconds_this_session": time.perf_counter() - started,
+                   "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    tmp = folder.path / (RESULTS + ".tmp")
+    tmp.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, folder.path / RESULTS)
+    test = f", test error {100 * results['test_error']:.2f}%" if results["test_error"] is not None else ""
+    click.echo(f"done: valid error {100 * results['valid_error']:.2f}%{test}; results {folder.path / RESULTS}")
+
+
+def _saver(folder, trainer):
+    from ksae_cupy.supervised.checkpoint import save_finetune_checkpoint
+
+    return lambda: save_finetune_checkpoint(folder.checkpoint, trainer.state())
+
+
+def _default_run_dir(dataset: str, root: Path = Path("runs")) -> Path:
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return root / f"finetune-{Path(dataset).stem}-{stamp}"
+
+
+def _parse_hidden(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or len(sizes) > 2 or any(h <= 0 for h in sizes):
+        raise KsaeError(f"--hidden {text!r} is not allowed; use one or two positive sizes, e.g. 1000 or 1000,1000")
+    return sizes
+
+
+def _parse_phases(text: str | None, L: int) -> list[str]:
+    from ksae_cupy.supervised.finetune import PHASES
+
+    if text is None:
+        return ["all"] if L == 1 else ["softmax", "top", "all"]
+    phases = [p.strip() for p in text.split(",") if p.strip()]
+    if not phases or any(p not in PHASES for p in phases):
+        raise KsaeError(f"--phases {text!r} is not allowed; use a comma-separated list from {', '.join(PHASES)}")
+    return phases

@@ -1,0 +1,97 @@
+"""``ksae-plot``: the paper's figures from trained runs (filters, hidden-activity histograms)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ksae_cupy.cli.common import (CONTEXT, DATA_DIR, QUIET, RUN_DIR,
+                                   dataset_split, progress_printer, report_errors)
+from ksae_cupy.errors import KsaeError
+
+
+@click.group(context_settings=CONTEXT)
+def plot_command():
+    """Draw the paper's figures from trained runs (needs: pip install ksae-cupy[plot])."""
+
+
+def _parse_shape(text):
+    if text is None:
+        return None
+    try:
+        h, w = (int(p) for p in text.lower().split("x"))
+    except ValueError:
+        raise KsaeError(f"--shape {text!r}: use HxW, e.g. 28x28") from None
+    if h < 1 or w < 1:
+        raise KsaeError(f"--shape {text!r}: sides must be positive")
+    return h, w
+
+
+@plot_command.command("filters", context_settings=CONTEXT)
+@click.argument("run_dir", type=RUN_DIR)
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None, help="PNG file. [default: RUN_DIR/filters.png]")
+@click.option("--n", "n_filters", type=int, default=None, help="Draw the first N filters. [default: all]")
+@click.option("--cols", type=int, default=None, help="Filters per row. [default: square grid]")
+@click.option("--shape", default=None,
+              help="Filter image shape HxW. [default: the run's dataset's, else square, sqrt(D / channels)]")
+@click.option("--channels", type=click.Choice(["1", "3"]), default=None,
+              help="1: grey; 3: colour patches. [default: the run's dataset's, else 1]")
+@click.option("--layout", type=click.Choice(["hwc", "chw"]), default="hwc", help="Order of a colour filter's values.")
+@click.option("--scale", type=int, default=2, help="Pixels per filter pixel.")
+@report_errors
+def plot_filters(run_dir, output, n_filters, cols, shape, channels, layout, scale):
+    """Each column of W as an image, in a grid (the paper's Figures 1-3)."""
+    from ksae_cupy.evaluation.features import open_run
+    from ksae_cupy.evaluation.plots import require_matplotlib, save_filter_grid
+
+    require_matplotlib()
+    run = open_run(run_dir)
+    output = output or run.path / "filters.png"
+    image_shape, channels = _parse_shape(shape), None if channels is None else int(channels)
+    if image_shape is None and channels is None:  # draw the run's dataset as it is laid out
+        from ksae_cupy.datasets.catalog import IMAGE_SHAPES
+
+        known = IMAGE_SHAPES.get(run.dataset)
+        if known is not None and known[0] * known[1] * (known[2] if len(known) == 3 else 1) == run.params["W_dh"].shape[0]:
+            image_shape, channels = known[:2], (known[2] if len(known) == 3 else 1)
+    width, height = save_filter_grid(run.params["W_dh"], output, image_shape, channels or 1, layout,
+                                     n_filters, cols, scale)
+    click.echo(f"wrote {output} ({width}x{height} pixels, k={run.k}, {run.H} filters)")
+
+
+@plot_command.command("hist", context_settings=CONTEXT)
+@click.argument("run_dirs", type=RUN_DIR, nargs=-1, required=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("activity-histogram.png"), help="PNG file.")
+@click.option("--n-samples", type=int, default=1000, help="Rows of the split to encode per run.")
+@click.option("--split", type=click.Choice(["test", "valid", "train"]), default="test")
+@click.option("--alpha", type=float, default=1.0, help="Encode with the alpha*k largest units.")
+@click.option("--bins", type=int, default=100)
+@DATA_DIR
+@QUIET
+@report_errors
+def plot_hist(run_dirs, output, n_samples, split, alpha, bins, data_dir, quiet):
+    """Histogram of hidden activities for one or more runs (the paper's Figure 6).
+
+    Compare sparsity levels by passing several runs, e.g. k=70, k=15 and a dense linear
+    autoencoder (the same trainer with --k equal to --hidden).
+    """
+    from ksae_cupy.evaluation.features import load_run_dataset, open_run
+    from ksae_cupy.model import encode
+    from ksae_cupy.evaluation.plots import require_matplotlib, save_activity_histograms
+
+    require_matplotlib()
+    if n_samples < 1 or bins < 1:
+        raise KsaeError("--n-samples and --bins must be positive")
+    say = progress_printer(quiet)
+    activities, datasets = {}, {}
+    for run_dir in run_dirs:
+        run = open_run(run_dir)
+        if run.dataset not in datasets:
+            datasets[run.dataset] = load_run_dataset(run, data_dir, say)
+        X_nd = dataset_split(datasets[run.dataset], split)[0][:n_samples]
+        label = f"k={run.k}" + (" (dense)" if run.k == run.H else "") + f" [{run.path.name}]"
+        activities[label] = encode(run.params, X_nd.astype(run.params["W_dh"].dtype), run.k, alpha,
+                                   activation=run.ckpt.config.get("activation", "linear"))
+        say(f"encoded {len(X_nd)} {split} rows with {label}")
+    save_activity_histograms(activities, output, bins=bins)
+    click.echo(f"wrote {output}")

@@ -1,0 +1,64 @@
+"""``ksae-sweep``: train a grid of k-sparse autoencoders on a Dask cluster; one results table.
+
+    ksae-sweep synthetic --k 5,10 --alpha 1,2 --hidden 128,256 --seeds 0,1 --epochs 20
+    ksae-sweep data.npy --k 10 --scheduler tcp://head:8786 --out sweeps/s1
+
+See :mod:`ksae_cupy.parallel.sweep` for what one grid point does.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ksae_cupy.cli.common import report_errors
+from ksae_cupy.errors import KsaeError
+from ksae_cupy.parallel.sweep import grid, run_sweep, write_results
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise KsaeError(f"--{what} {text!r} is not allowed; use comma-separated integers such as 5,10") from None
+
+
+def _floats(text: str, what: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise KsaeError(f"--{what} {text!r} is not allowed; use comma-separated numbers such as 1,2,3") from None
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.argument("dataset")
+@click.option("--k", "ks", default="25", help="Comma-separated k values.")
+@click.option("--alpha", "alphas", default="1", help="Comma-separated encoding multiples of k (scored per model).")
+@click.option("--hidden", "hiddens", default="1000", help="Comma-separated hidden sizes.")
+@click.option("--seeds", default="0", help="Comma-separated seeds.")
+@click.option("--epochs", "epochs", default="50", help="Comma-separated epoch counts.")
+@click.option("--batch-size", type=int, default=128)
+@click.option("--lr", type=float, default=0.01)
+@click.option("--no-k-schedule", is_flag=True)
+@click.option("--scheduler", default=None, help="Dask scheduler address. [default: a LocalCluster]")
+@click.option("--workers", type=int, default=2, help="LocalCluster worker processes (one thread each).")
+@click.option("--data-dir", default=None)
+@click.option("--out", type=click.Path(path_type=Path), default=Path("sweeps/latest"))
+@report_errors
+def sweep_command(dataset, ks, alphas, hiddens, seeds, epochs, batch_size, lr, no_k_schedule, scheduler, workers,
+                  data_dir, out):
+    """Train a grid of k-sparse autoencoders on DATASET in parallel; write one results table."""
+    if workers <= 0:
+        raise KsaeError(f"--workers {workers} is not allowed; use a positive number")
+    base = {"batch_size": batch_size, "lr": lr, "k_start": None if no_k_schedule else "auto"}
+    specs = grid(_ints(ks, "k"), _floats(alphas, "alpha"), _ints(hiddens, "hidden"), _ints(seeds, "seeds"),
+                 _ints(epochs, "epochs"), base)
+    rows = run_sweep(specs, dataset, scheduler=scheduler, workers=workers, data_dir=data_dir, log=click.echo)
+    json_path, md_path = write_results(rows, out)
+    click.echo(md_path.read_text())
+    click.echo(f"results: {json_path} {md_path}")
+
+
+def main(argv=None):
+    """Entry point ``ksae-sweep``."""
+    sweep_command(args=argv, prog_name="ksae-sweep")

@@ -1,0 +1,48 @@
+"""The :class:`Dataset` every loader returns, and the finiteness check every loader applies."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ksae_cupy.errors import KsaeError
+
+
+@dataclass
+class Dataset:
+    """Training, validation and (when the data has one) test splits, float32 ``X`` and int64 ``y``.
+
+    ``preprocess`` holds the statistics the preprocessing computed on the training set
+    (means, standard deviations, a ZCA matrix); they travel with checkpoints so that
+    evaluation reuses them. Labels are None for unlabelled data.
+    """
+
+    name: str
+    X_train: np.ndarray
+    X_valid: np.ndarray
+    X_test: np.ndarray | None = None
+    y_train: np.ndarray | None = None
+    y_valid: np.ndarray | None = None
+    y_test: np.ndarray | None = None
+    n_classes: int | None = None
+    image_shape: tuple | None = None  # e.g. (28, 28), for drawing filters
+    preprocess: dict = field(default_factory=dict)
+
+    @property
+    def dim(self) -> int:
+        return self.X_train.shape[1]
+
+    def summary(self) -> str:
+        sizes = f"{len(self.X_train)} train / {len(self.X_valid)} valid"
+        if self.X_test is not None:
+            sizes += f" / {len(self.X_test)} test"
+        return f"{self.name}: {sizes}, {self.dim} dimensions"
+
+
+def check_finite(X: np.ndarray, what: str) -> None:
+    """Reject NaN and infinities with the position of the first one."""
+    finite = np.isfinite(X)
+    if not finite.all():
+        row, col = np.argwhere(~finite)[0]
+        raise KsaeError(f"{what} holds {int((~finite).sum())} non-finite values (first at row {row}, "
+                        f"column {col}: {X[row, col]}); only finite values are allowed")

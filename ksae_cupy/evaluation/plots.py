@@ -1,0 +1,135 @@
+"""Figures of the paper: filter grids (Figures 1-3) and hidden-activity histograms (Figure 6).
+
+matplotlib is an optional extra (``pip install ksae-cupy[plot]``) and is imported inside
+the functions that draw, never at module load; the mosaic itself is plain NumPy. Figures
+are drawn on an Agg canvas without pyplot, so nothing global (backends, open figures)
+is touched and the PNG's pixel size is exactly what is asked for.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from ksae_cupy.backend import to_host
+from ksae_cupy.errors import KsaeError
+
+LAYOUTS = ("hwc", "chw")
+
+
+def require_matplotlib():
+    """Import matplotlib or fail with the install hint."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise KsaeError("figures need matplotlib: pip install ksae-cupy[plot]") from None
+    return matplotlib
+
+
+def filter_shape(D: int, image_shape=None, channels: int = 1) -> tuple[int, int]:
+    """``(h, w)`` of one filter: ``image_shape`` if given, else the square ``sqrt(D / channels)``."""
+    if channels not in (1, 3):
+        raise KsaeError(f"channels={channels} is not allowed; use 1 (grey) or 3 (RGB)")
+    if image_shape is not None:
+        h, w = (int(s) for s in image_shape)
+        if h * w * channels != D:
+            raise KsaeError(f"filters of {D} values cannot be shown as {h}x{w}x{channels} images")
+        return h, w
+    side = math.isqrt(D // channels)
+    if side * side * channels != D:
+        raise KsaeError(f"filters of {D} values are not square images with {channels} channel(s); "
+                        "give the image shape, e.g. --shape 28x28")
+    return side, side
+
+
+def filter_mosaic(W_dh, image_shape=None, channels: int = 1, layout: str = "hwc", n_filters: int | None = None,
+                  cols: int | None = None, pad: int = 1):
+    """Tile the columns of ``W_dh`` as images: a float array in [0, 1], (rows, cols) or (rows, cols, 3).
+
+    Each filter is scaled to [0, 1] on its own (min to max), as in the paper's figures;
+    ``layout`` says how the D values of a colour filter are ordered (``hwc`` or ``chw``).
+    Grid cells are separated by ``pad`` pixels of white.
+    """
+    W_dh = to_host(W_dh).astype(np.float64)
+    D, H = W_dh.shape
+    if layout not in LAYOUTS:
+        raise KsaeError(f"layout={layout!r} is not allowed; use one of {', '.join(LAYOUTS)}")
+    h, w = filter_shape(D, image_shape, channels)
+    n = H if n_filters is None else min(int(n_filters), H)
+    if n < 1:
+        raise KsaeError(f"n_filters={n_filters} is not allowed; use at least 1")
+    cols = int(cols) if cols else math.ceil(math.sqrt(n))
+    rows = math.ceil(n / cols)
+    F_nd = W_dh[:, :n].T
+    lo_n, hi_n = F_nd.min(axis=1, keepdims=True), F_nd.max(axis=1, keepdims=True)
+    F_nd = (F_nd - lo_n) / np.where(hi_n > lo_n, hi_n - lo_n, 1)  # a constant filter shows as black
+    if channels == 1:
+        tiles = F_nd.reshape(n, h, w, 1)
+    elif layout == "hwc":
+        tiles = F_nd.reshape(n, h, w, channels)
+    else:
+        tiles = F_nd.reshape(n, channels, h, w).transpose(0, 2, 3, 1)
+    mosaic = np.ones((rows * (h + pad) + pad, cols * (w + pad) + pad, channels))
+    for i in range(n):
+        r, c = divmod(i, cols)
+        top, left = pad + r * (h + pad), pad + c * (w + pad)
+        mosaic[top:top + h, left:left + w] = tiles[i]
+    return mosaic[:, :, 0] if channels == 1 else mosaic
+
+
+def save_filter_grid(W_dh, path, image_shape=None, channels: int = 1, layout: str = "hwc",
+                     n_filters: int | None = None, cols: int | None = None, scale: int = 2) -> tuple[int, int]:
+    """Write the filter mosaic as a PNG, each pixel repeated ``scale`` times; returns (width, height)."""
+    require_matplotlib()
+    from matplotlib import image as mpimg
+
+    if scale < 1:
+        raise KsaeError(f"scale={scale} is not allowed; use an integer >= 1")
+    mosaic = filter_mosaic(W_dh, image_shape, channels, layout, n_filters, cols)
+    mosaic = np.repeat(np.repeat(mosaic, scale, axis=0), scale, axis=1)
+    mpimg.imsave(str(path), mosaic, cmap="gray", vmin=0.0, vmax=1.0)
+    return mosaic.shape[1], mosaic.shape[0]
+
+
+def save_activity_histograms(activities: dict, path, bins: int = 100, size=(800, 500), dpi: int = 100,
+                             title: str = "Hidden unit activities") -> tuple[int, int]:
+    """Overlaid histograms of hidden activities, one per labelled run (the paper's Figure 6).
+
+    ``activities`` maps a label (e.g. ``"k=70"``) to an array of encoded activities (all
+    units of all rows, zeros included). Counts are normalised per run and drawn on a log
+    scale; the legend gives each run's fraction of exact zeros. Returns (width, height).
+    """
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if not activities:
+        raise KsaeError("no runs to draw a histogram of")
+    values = {label: to_host(a).ravel().astype(np.float64) for label, a in activities.items()}
+    lo = min(v.min() for v in values.values())
+    hi = max(v.max() for v in values.values())
+    edges = np.linspace(lo, hi if hi > lo else lo + 1, bins + 1)
+    fig = Figure(figsize=(size[0] / dpi, size[1] / dpi), dpi=dpi)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    for label, v in values.items():
+        zeros = float(np.mean(v == 0))
+        ax.hist(v, bins=edges, histtype="step", weights=np.full(v.size, 1 / v.size), linewidth=1.5,
+                label=f"{label} ({100 * zeros:.1f}% exactly zero)")
+    ax.set_yscale("log")
+    ax.set_xlabel("activity")
+    ax.set_ylabel("fraction of activities")
+    ax.set_title(title)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(str(path), dpi=dpi, format="png")
+    return size[0], size[1]
+
+
+def png_size(path) -> tuple[int, int]:
+    """``(width, height)`` from a PNG's IHDR chunk; KsaeError if the file is no PNG."""
+    head = Path(path).read_bytes()[:24]
+    if head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
+        raise KsaeError(f"{path} is not a PNG file")
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")

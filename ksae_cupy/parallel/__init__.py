@@ -1,0 +1,10 @@
+"""Training over several processes: MPI data parallelism, hidden units sharded over ranks with
+their distributed top-k, the communicators and the traffic formulas, and Dask sweeps.
+
+``data_parallel.py`` (the DP trainer and ``run_distributed``), ``sharded_hidden.py`` (W's columns
+split over ranks), ``sharded_topk.py`` (top-k across shards: counts only, or gather), ``comm.py``
+(MPI / NCCL all-reduce, shard bounds), ``commvolume.py`` (bytes per step, by formula and counted),
+``sweep.py`` (a grid of runs on Dask workers). mpi4py and dask are imported inside functions.
+
+May import: the algorithm, gpu, datasets, training, evaluation.
+"""

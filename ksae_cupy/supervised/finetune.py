@@ -1,0 +1,466 @@
+"""Supervised fine-tuning of pretrained autoencoders and RBMs (sections 4.3.2, 4.5 and 4.6).
+
+The discriminative network, for a minibatch ``X_nd`` with labels ``y_n``:
+
+    A0_nd = X_nd * M0_nd                          (input dropout mask, or none)
+    Z_l   = A_{l-1} W_l + b_l
+    H_l   = Z_l on its alpha*k largest entries per row, 0 elsewhere    ("ksparse" layer)
+          | sigmoid(Z_l)                                               ("sigmoid" layer)
+    A_l   = H_l * M_l                             (hidden dropout mask, or none; l = 1..L)
+    S_nc  = A_L W_hc + b_c ;  P_nc = softmax(S_nc)
+    E     = -1/N sum_n log P[n, y_n]              (cross-entropy averaged over the batch)
+
+A "ksparse" layer starts from the encoder ``W_dh, b_h`` of a pretrained k-sparse
+autoencoder (or, "no pretraining", from Gaussian weights) and keeps its ``alpha*k`` largest
+linear units (section 4.5: "we used the alpha k largest hidden units"); the error flows back
+through those kept units only, exactly as in :func:`ksae_cupy.model.backward`. A "sigmoid"
+layer starts from a baseline of :mod:`ksae_cupy.supervised.baselines` (dropout or denoising
+autoencoder, RBM), whose features are sigmoid units. The softmax layer starts from Gaussian
+weights.
+
+Dropout during fine-tuning (section 4.5: "we fine-tuned the weights obtained from dropout
+autoencoder with dropout regularization or in denoising autoencoder, we fine-tuned the
+discriminative neural net by adding noise to the input"): ``input_dropout`` masks the input,
+``hidden_dropout`` every hidden layer's output; inverted masks (:mod:`ksae_cupy.supervised.units`),
+fresh for every batch, and none at prediction.
+
+Gradients, with G_nc = (P_nc - onehot(y)_nc) / N:
+    dW_hc = A_L^T G ;  db_c = sum_n G ;  dA_L = G W_hc^T
+    dH_l  = dA_l * M_l
+    dZ_l  = dH_l on the kept units of layer l, 0 elsewhere     ("ksparse")
+          | dH_l * H_l (1 - H_l)                                ("sigmoid")
+    dW_l  = A_{l-1}^T dZ_l ;  db_l = sum_n dZ_l ;  dA_{l-1} = dZ_l W_l^T
+
+Layer-wise fine-tuning of the deep net (section 4.6) runs phases in order:
+``softmax`` (only ``W_hc, b_c`` learn), ``top`` (the last hidden layer and the softmax),
+``all``. Frozen parameters are not touched at all -- not even by a zero update, which
+could turn -0.0 into +0.0 -- so they stay bit-identical. Each phase is its own run of
+momentum SGD with the learning rate decaying linearly from ``lr_start`` to ``lr_end``
+(section 4.3.2) and fresh zero velocities: a phase starts a new optimisation problem.
+
+Parameter names: ``W1_dh, b1_h`` (layer 1), ``W2_hh, b2_h`` (layer 2, and so on),
+``W_hc, b_c`` (softmax). Everything is written against the array module of its inputs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ksae_cupy.backend import Backend, array_module, to_host
+from ksae_cupy.errors import KsaeError
+from ksae_cupy.training.options import check_batch_size, check_dtype, check_momentum, check_positive_count, check_positive_finite
+from ksae_cupy.optim import MomentumSGD
+from ksae_cupy.schedules import linear_decay
+from ksae_cupy.topk import TOPK_METHODS, scatter_rows, topk
+from ksae_cupy.supervised.units import check_dropout_rate, dropout_mask, sigmoid
+
+PHASES = ("softmax", "top", "all")
+ACTIVATIONS = ("ksparse", "sigmoid")
+
+
+# -- the network ---------------------------------------------------------------------------
+
+def layer_names(l: int) -> tuple[str, str]:
+    """Names of the weight and bias of hidden layer ``l`` (1-based)."""
+    return ("W1_dh", "b1_h") if l == 1 else (f"W{l}_hh", f"b{l}_h")
+
+
+def n_layers(params) -> int:
+    return sum(1 for name in params if name.startswith("W") and name != "W_hc")
+
+
+def param_names(L: int) -> list[str]:
+    names = [n for l in range(1, L + 1) for n in layer_names(l)]
+    return names + ["W_hc", "b_c"]
+
+
+def trainable_names(phase: str, L: int) -> list[str]:
+    """The parameters that learn in ``phase`` of a net with ``L`` hidden layers."""
+    if phase == "softmax":
+        return ["W_hc", "b_c"]
+    if phase == "top":
+        return list(layer_names(L)) + ["W_hc", "b_c"]
+    if phase == "all":
+        return param_names(L)
+    raise KsaeError(f"fine-tuning phase {phase!r} is not allowed; use one of {', '.join(PHASES)}")
+
+
+def init_from_encoders(encoders, n_classes: int, sigma: float, rng: np.random.Generator, dtype=np.float32):
+    """Parameters of the net from a list of ``(W_dh, b_h)`` host arrays, one per hidden layer.
+
+    Consecutive layers must chain (layer l+1 takes as many inputs as layer l has units).
+    The softmax weights are Gaussian of std ``sigma``, drawn from ``rng``; biases zero.
+    """
+    params = {}
+    for l, (W, b) in enumerate(encoders, start=1):
+        W, b = np.asarray(W), np.asarray(b)
+        if l > 1 and W.shape[0] != encoders[l - 2][0].shape[1]:
+            raise KsaeError(f"layer {l} takes {W.shape[0]} inputs but layer {l - 1} has "
+                            f"{encoders[l - 2][0].shape[1]} hidden units; the pretrained runs do not stack")
+        w_name, b_name = layer_names(l)
+        params[w_name], params[b_name] = W.astype(dtype, copy=True), b.astype(dtype, copy=True)
+    H = encoders[-1][0].shape[1]
+    params["W_hc"] = (rng.standard_normal((H, n_classes)) * sigma).astype(dtype)
+    params["b_c"] = np.zeros(n_classes, dtype=dtype)
+    return params
+
+
+def init_random(D: int, hidden: list[int], n_classes: int, sigma: float, rng: np.random.Generator,
+                dtype=np.float32):
+    """"No pretraining": the same net with Gaussian weights (std ``sigma``) in every layer."""
+    encoders, fan_in = [], D
+    for H in hidden:
+        encoders.append(((rng.standard_normal((fan_in, H)) * sigma).astype(dtype), np.zeros(H, dtype=dtype)))
+        fan_in = H
+    return init_from_encoders(encoders, n_classes, sigma, rng, dtype)
+
+
+@dataclass
+class NetCache:
+    """What the backward pass needs, per hidden layer: its input, its kept columns (ksparse)
+    or sigmoid outputs (sigmoid), its dropout mask; and the top layer's output."""
+
+    inputs: list = field(default_factory=list)  # A_{l-1} for l = 1..L (the masked input for l = 1)
+    idx: list = field(default_factory=list)  # idx_nk of a ksparse layer, None for a sigmoid one
+    S: list = field(default_factory=list)  # H_l of a sigmoid layer, None for a ksparse one
+    masks: list = field(default_factory=list)  # M_l, or None without hidden dropout
+    A_top: object = None  # A_L
+    P_nc: object = None
+
+
+def forward(params, X_nd, kept: list, topk_method: str = "sort", activations=None, masks=None):
+    """Logits ``S_nc`` and the cache.
+
+    Hidden layer l is ``activations[l-1]`` (None: every layer "ksparse"); a ksparse layer
+    keeps ``kept[l-1]`` units, a sigmoid layer ignores its ``kept`` entry. ``masks`` is None
+    (no dropout, as at prediction) or L+1 arrays or Nones: ``masks[0]`` multiplies the
+    input, ``masks[l]`` the output of hidden layer l.
+    """
+    activations = activations or ["ksparse"] * len(kept)
+    masks = masks or [None] * (len(kept) + 1)
+    A, cache = (X_nd if masks[0] is None else X_nd * masks[0]), NetCache()
+    for l, (k, activation) in enumerate(zip(kept, activations), start=1):
+        w_name, b_name = layer_names(l)
+        Z_nh = A @ params[w_name] + params[b_name]
+        cache.inputs.append(A)
+        if activation == "ksparse":
+            idx_nk, val_nk = topk(Z_nh, k, topk_method)
+            H_nh = scatter_rows(idx_nk, val_nk, Z_nh.shape[1])
+            cache.idx.append(idx_nk)
+            cache.S.append(None)
+        else:
+            H_nh = sigmoid(Z_nh)
+            cache.idx.append(None)
+            cache.S.append(H_nh)
+        cache.masks.append(masks[l])
+        A = H_nh if masks[l] is None else H_nh * masks[l]
+    cache.A_top = A
+    return A @ params["W_hc"] + params["b_c"], cache
+
+
+def softmax_cross_entropy(S_nc, y_n):
+    """``(E, P_nc)``: mean cross-entropy (a host float) and the softmax probabilities."""
+    xp = array_module(S_nc)
+    shifted = S_nc - S_nc.max(axis=1, keepdims=True)  # stable log-sum-exp
+    log_norm_n = xp.log(xp.exp(shifted).sum(axis=1))
+    N = S_nc.shape[0]
+    log_p_true = shifted[xp.arange(N), y_n] - log_norm_n
+    P_nc = xp.exp(shifted - log_norm_n[:, None])
+    return -float(log_p_true.sum()) / N, P_nc
+
+
+def backward(params, P_nc, y_n, cache: NetCache, trainable) -> dict:
+    """Gradients of the mean cross-entropy for the ``trainable`` names only.
+
+    Products that only feed frozen parameters are skipped.
+    """
+    xp = array_module(P_nc)
+    N = P_nc.shape[0]
+    G_nc = P_nc.copy()
+    G_nc[xp.arange(N), y_n] -= 1
+    G_nc /= N
+    grads = {}
+    if "W_hc" in trainable:
+        grads["W_hc"] = cache.A_top.T @ G_nc
+    if "b_c" in trainable:
+        grads["b_c"] = G_nc.sum(axis=0)
+    L = len(cache.idx)
+    lowest = min([l for l in range(1, L + 1) if set(layer_names(l)) & set(trainable)], default=L + 1)
+    if lowest > L:
+        return grads
+    dA = G_nc @ params["W_hc"].T
+    for l in range(L, lowest - 1, -1):
+        w_name, b_name = layer_names(l)
+        idx_nk, S_nh, M_nh = cache.idx[l - 1], cache.S[l - 1], cache.masks[l - 1]
+        dH = dA if M_nh is None else dA * M_nh  # dropped units pass no gradient
+        if idx_nk is not None:
+            # Gradient reaches Z only at the kept units of this layer.
+            dZ = scatter_rows(idx_nk, xp.take_along_axis(dH, idx_nk, axis=1), dH.shape[1])
+        else:
+            dZ = dH * S_nh * (1 - S_nh)
+        if w_name in trainable:
+            grads[w_name] = cache.inputs[l - 1].T @ dZ
+        if b_name in trainable:
+            grads[b_name] = dZ.sum(axis=0)
+        if l > lowest:
+            dA = dZ @ params[w_name].T
+    return grads
+
+
+def loss_and_grads(params, X_nd, y_n, kept, trainable=None, topk_method: str = "sort", activations=None,
+                   masks=None):
+    """One forward and backward pass: ``(loss, grads)``; ``trainable=None`` means all."""
+    S_nc, cache = forward(params, X_nd, kept, topk_method, activations, masks)
+    loss, P_nc = softmax_cross_entropy(S_nc, y_n)
+    names = param_names(len(kept)) if trainable is None else trainable
+    return loss, backward(params, P_nc, y_n, cache, names)
+
+
+def draw_masks(rng: np.random.Generator, n: int, sizes: list[int], input_dropout: float, hidden_dropout: float,
+               backend: Backend, dtype=np.float32):
+    """Fresh dropout masks for a batch of ``n`` (``sizes`` = [D, H_1, ..., H_L]), or None without dropout.
+
+    Drawn on the host from ``rng`` (the trainer's generator, saved in checkpoints), so a
+    resumed run drops the very same units; nothing is drawn for a rate of 0.
+    """
+    if input_dropout == 0 and hidden_dropout == 0:
+        return None
+    rates = [input_dropout] + [hidden_dropout] * (len(sizes) - 1)
+    return [None if p == 0 else backend.asarray(dropout_mask(rng, (n, size), p, dtype))
+            for p, size in zip(rates, sizes)]
+
+
+def predict(params, X_nd, kept, topk_method: str = "sort", chunk: int = 8192, activations=None):
+    """Class of each row (argmax of the logits, no dropout), on the array module of ``X_nd``."""
+    xp = array_module(X_nd)
+    out = [xp.argmax(forward(params, X_nd[s:s + chunk], kept, topk_method, activations)[0], axis=1)
+           for s in range(0, X_nd.shape[0], chunk)]
+    return xp.concatenate(out) if out else xp.zeros(0, dtype=np.int64)
+
+
+def error_rate(params, X_nd, y_n, kept, topk_method: str = "sort", activations=None) -> float:
+    """Fraction of misclassified rows."""
+    pred = predict(params, X_nd, kept, topk_method, activations=activations)
+    return float(to_host((pred != y_n).mean()))
+
+
+# -- training ------------------------------------------------------------------------------
+
+@dataclass
+class FinetuneConfig:
+    """Options of one fine-tuning run; defaults are the paper's supervised MNIST settings.
+
+    Sources: momentum 0.25 and lr 1 -> 0.001 linearly over 200 epochs (section 4.3.2);
+    alpha*k units kept in every hidden layer, k=25, alpha=3 on MNIST (section 4.6);
+    phases softmax / top / all for the deep net (section 4.6). ``epochs`` is per phase.
+    Batch 128 and softmax std 0.01 are our choices (the paper does not say).
+
+    ``activations`` names each hidden layer's units, "ksparse" or "sigmoid"; None (and
+    every config written before sigmoid layers existed) means all "ksparse". A sigmoid
+    layer's ``kept`` entry is None. Dropout rates are 0 (off) by default.
+    """
+
+    kept: list = field(default_factory=lambda: [75])  # alpha*k per ksparse layer, None per sigmoid layer
+    activations: list | None = None
+    input_dropout: float = 0.0
+    hidden_dropout: float = 0.0
+    phases: list = field(default_factory=lambda: ["all"])
+    epochs: int = 200
+    batch_size: int = 128
+    lr_start: float = 1.0
+    lr_end: float = 0.001
+    momentum: float = 0.25
+    sigma: float = 0.01
+    topk: str = "sort"
+    seed: int = 0
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        self.kept = list(self.kept)
+        self.activations = ["ksparse"] * len(self.kept) if self.activations is None else list(self.activations)
+
+    def validate(self, n_train: int | None = None, hidden: list[int] | None = None) -> None:
+        """Raise :class:`KsaeError` naming the first bad option and what is allowed."""
+        check_dropout_rate("--input-dropout", self.input_dropout)
+        check_dropout_rate("--hidden-dropout", self.hidden_dropout)
+        if not self.phases or any(p not in PHASES for p in self.phases):
+            raise KsaeError(f"phases {self.phases} are not allowed; use a list drawn from {', '.join(PHASES)}")
+        check_positive_count("--epochs", self.epochs, "epochs")
+        check_batch_size("--batch-size", self.batch_size, n_train)
+        check_positive_finite("--lr-start", self.lr_start, "learning rate")
+        check_positive_finite("--lr-end", self.lr_end, "learning rate")
+        check_momentum("--momentum", self.momentum)
+        if self.topk not in TOPK_METHODS:
+            raise KsaeError(f"--topk {self.topk!r} is not allowed; use one of {', '.join(TOPK_METHODS)}")
+        check_dtype("--dtype", self.dtype)
+        if len(self.activations) != len(self.kept):
+            raise KsaeError(f"activations {self.activations} name {len(self.activations)} layers but kept "
+                            f"{self.kept} has {len(self.kept)}; give one activation per hidden layer")
+        for l, (k, activation) in enumerate(zip(self.kept, self.activations), start=1):
+            H = hidden[l - 1] if hidden else None
+            if activation not in ACTIVATIONS:
+                raise KsaeError(f"activation {activation!r} of layer {l} is not allowed; use one of "
+                                f"{', '.join(ACTIVATIONS)}")
+            if activation == "sigmoid" and k is not None:
+                raise KsaeError(f"alpha*k = {k} units kept in sigmoid layer {l} is not allowed; a sigmoid layer "
+                                f"keeps every unit, use None")
+            if activation == "ksparse" and (not isinstance(k, (int, np.integer)) or k < 1
+                                            or (H is not None and k > H)):
+                raise KsaeError(f"alpha*k = {k} units kept in layer {l} is not allowed; use an integer "
+                                f"1 <= alpha*k <= {H}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "FinetuneConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in values.items() if key in names})
+
+
+@dataclass
+class FinetuneReport:
+    """What one epoch did (written to ``metrics.jsonl``)."""
+
+    phase: str
+    epoch: int  # 1-based within the phase
+    step: int
+    lr: float
+    train_loss: float  # mean over the epoch's batches of the cross-entropy
+    valid_error: float | None
+    seconds: float
+
+
+class FinetuneTrainer:
+    """Parameters, velocities and random state of one fine-tuning run, on ``backend``.
+
+    Resumable to the bit on the CPU: the batch order and the dropout masks come from one
+    NumPy generator whose state (and, mid-epoch, the epoch's order) is saved by
+    :meth:`state` and restored by :meth:`from_state`.
+    """
+
+    def __init__(self, config: FinetuneConfig, backend: Backend, host_params: dict, rng: np.random.Generator):
+        config.validate(hidden=[host_params[layer_names(l)[0]].shape[1] for l in range(1, len(config.kept) + 1)])
+        self.config, self.backend, self.rng = config, backend, rng
+        self.dtype = np.dtype(config.dtype)
+        self.params = {name: backend.asarray(value, dtype=self.dtype) for name, value in host_params.items()}
+        self.phase_index, self.epoch, self.step, self.batch_in_epoch, self.epoch_perm = 0, 0, 0, 0, None
+        self.optimizer = MomentumSGD(self.params, config.momentum, backend.xp)
+        self.stop_requested = False
+
+    @property
+    def L(self) -> int:
+        return len(self.config.kept)
+
+    @property
+    def sizes(self) -> list[int]:
+        """``[D, H_1, ..., H_L]``: the widths the dropout masks cover."""
+        return [self.params["W1_dh"].shape[0]] + [self.params[layer_names(l)[0]].shape[1]
+                                                  for l in range(1, self.L + 1)]
+
+    @property
+    def finished(self) -> bool:
+        return self.phase_index >= len(self.config.phases)
+
+    @property
+    def phase(self) -> str:
+        return self.config.phases[self.phase_index]
+
+    def current_lr(self) -> float:
+        return linear_decay(self.epoch, self.config.epochs, self.config.lr_start, self.config.lr_end)
+
+    def run_epoch(self, X_nd, y_n, X_valid_nd=None, y_valid_n=None, on_batch=None) -> FinetuneReport | None:
+        """One epoch (or the rest of an interrupted one) of the current phase, on device arrays.
+
+        Returns None when :attr:`stop_requested` stopped it between batches.
+        """
+        cfg = self.config
+        trainable = trainable_names(self.phase, self.L)
+        N = X_nd.shape[0]
+        lr = self.current_lr()
+        if self.epoch_perm is None:
+            self.epoch_perm = self.rng.permutation(N)
+            self.batch_in_epoch = 0
+        order = self.backend.asarray(self.epoch_perm.astype(np.int64))
+        n_batches = -(-N // cfg.batch_size)
+        loss_sum, loss_batches, start = 0.0, 0, time.perf_counter()
+        # Only the trainable arrays go to the optimiser: frozen ones are never written.
+        live = {name: self.params[name] for name in trainable}
+        for b in range(self.batch_in_epoch, n_batches):
+            rows = order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
+            masks = draw_masks(self.rng, rows.shape[0], self.sizes, cfg.input_dropout, cfg.hidden_dropout,
+                               self.backend, self.dtype)
+            loss, grads = loss_and_grads(self.params, X_nd[rows], y_n[rows], cfg.kept, trainable, cfg.topk,
+                                         cfg.activations, masks)
+            if not math.isfinite(loss):
+                from ksae_cupy.training.trainer import TrainingDiverged
+
+                raise TrainingDiverged(f"the cross-entropy became {loss} in phase {self.phase}, epoch "
+                                       f"{self.epoch + 1}; try a smaller --lr-start (now {cfg.lr_start})")
+            self.optimizer.step(live, grads, lr)
+            loss_sum, loss_batches = loss_sum + loss, loss_batches + 1
+            self.step += 1
+            self.batch_in_epoch = b + 1
+            if on_batch is not None:
+                on_batch(b + 1, n_batches)
+            if self.stop_requested and b + 1 < n_batches:
+                return None
+        self.backend.synchronize()
+        phase = self.phase
+        self.epoch += 1
+        self.batch_in_epoch, self.epoch_perm = 0, None
+        report = FinetuneReport(
+            phase=phase, epoch=self.epoch, step=self.step, lr=lr, train_loss=loss_sum / max(loss_batches, 1),
+            valid_error=self.error(X_valid_nd, y_valid_n) if X_valid_nd is not None else None,
+            seconds=time.perf_counter() - start)
+        if self.epoch >= cfg.epochs:
+            self._next_phase()
+        return report
+
+    def _next_phase(self) -> None:
+        # A new phase is a new optimisation problem: fresh velocities, fresh lr schedule.
+        self.phase_index += 1
+        self.epoch = 0
+        for v in self.optimizer.velocities.values():
+            v[...] = 0
+
+    def fit(self, X_nd, y_n, X_valid_nd=None, y_valid_n=None, on_epoch=None, on_batch=None) -> None:
+        """Run every remaining phase, or until :attr:`stop_requested`."""
+        with self.backend.use():
+            while not self.finished:
+                report = self.run_epoch(X_nd, y_n, X_valid_nd, y_valid_n, on_batch)
+                if report is None:
+                    return
+                if on_epoch is not None:
+                    on_epoch(report)
+                if self.stop_requested:
+                    return
+
+    def error(self, X_nd, y_n) -> float:
+        return error_rate(self.params, X_nd, y_n, self.config.kept, self.config.topk, self.config.activations)
+
+    # -- state for checkpoints -------------------------------------------------------------
+    def state(self) -> dict:
+        """Host copy of the whole state (see :mod:`ksae_cupy.supervised.checkpoint`)."""
+        return {
+            "params": {n: to_host(v) for n, v in self.params.items()},
+            "velocities": {n: to_host(v) for n, v in self.optimizer.velocities.items()},
+            "config": self.config.to_dict(), "phase_index": self.phase_index, "epoch": self.epoch,
+            "step": self.step, "batch_in_epoch": self.batch_in_epoch, "rng_state": self.rng.bit_generator.state,
+            "epoch_perm": self.epoch_perm if self.batch_in_epoch else None,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict, backend: Backend) -> "FinetuneTrainer":
+        rng = np.random.default_rng()
+        rng.bit_generator.state = state["rng_state"]
+        trainer = cls(FinetuneConfig.from_dict(state["config"]), backend, state["params"], rng)
+        for name, value in state["velocities"].items():
+            trainer.optimizer.velocities[name][...] = backend.asarray(value)
+        trainer.phase_index, trainer.epoch, trainer.step = state["phase_index"], state["epoch"], state["step"]
+        trainer.batch_in_epoch, trainer.epoch_perm = state["batch_in_epoch"], state["epoch_perm"]
+        return trainer

@@ -1,0 +1,154 @@
+"""Checkpoints: one HDF5 file of host arrays, written to a temporary name and renamed.
+
+Layout (``format = "ksae-cupy checkpoint"``, ``format_version = 1``):
+
+* root attributes: ``format``, ``format_version``, ``epoch`` (completed epochs), ``step``
+  (optimiser steps taken), ``batch_in_epoch`` (batches done in the unfinished epoch, 0 at
+  an epoch boundary), ``config`` (JSON of every option that shaped the run);
+* ``params/``: ``W_dh``, ``b_h``, ``c_d``;  ``optim/``: their velocities (same names);
+* ``rng/``: attribute ``state`` (JSON of NumPy's bit-generator state) and, mid-epoch,
+  dataset ``epoch_perm`` (the order of the unfinished epoch);
+* ``preprocess/``: statistics of the data preprocessing (means, stds, ZCA matrix).
+
+Loading checks the format version, the presence, shapes and dtypes of the arrays, and
+fails with one line naming what differs. A crash never leaves half a checkpoint under the
+real name: the file is written as ``<name>.tmp``, flushed, reopened to verify, renamed.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ksae_cupy.errors import KsaeError
+
+FORMAT = "ksae-cupy checkpoint"
+FORMAT_VERSION = 1
+PARAM_NAMES = ("W_dh", "b_h", "c_d")
+
+
+@dataclass
+class Checkpoint:
+    """Everything needed to resume a run or use its model (all host arrays)."""
+
+    params: dict
+    velocities: dict
+    config: dict
+    epoch: int = 0
+    step: int = 0
+    batch_in_epoch: int = 0
+    rng_state: dict | None = None
+    epoch_perm: np.ndarray | None = None
+    preprocess: dict = field(default_factory=dict)
+
+
+def write_hdf5_atomically(path: Path, write_fn, verify_fn) -> None:
+    """Write an HDF5 file so that ``path`` only ever holds a complete, verified file.
+
+    ``write_fn(f)`` fills the open ``h5py.File`` ``<name>.tmp``; ``verify_fn(tmp_path)``
+    reopens and checks it (raising on damage); only then is it renamed to ``path``. A crash
+    or a failed check leaves the previous file at ``path`` untouched.
+    """
+    import h5py
+
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with h5py.File(tmp, "w") as f:
+        write_fn(f)
+        f.flush()
+    verify_fn(tmp)  # verify what was written before it takes the real name
+    os.replace(tmp, path)
+
+
+def read_hdf5_checked(path: Path, what: str, fmt: str, version: int, read_fn):
+    """``read_fn(f)`` on the open HDF5 file at ``path`` once its ``format`` and
+    ``format_version`` attributes say it is a ``what`` this code reads.
+
+    A missing, foreign, newer or damaged file is a one-line :class:`KsaeError`.
+    """
+    import h5py
+
+    path = Path(path)
+    if not path.is_file():
+        raise KsaeError(f"{what} {path} does not exist")
+    try:
+        with h5py.File(path, "r") as f:
+            if f.attrs.get("format") != fmt:
+                raise KsaeError(f"{path} is not a ksae-cupy {what} (format attribute {f.attrs.get('format')!r})")
+            found = int(f.attrs.get("format_version", -1))
+            if found != version:
+                raise KsaeError(f"{path} has {what} format_version {found}; this version reads {version}")
+            return read_fn(f)
+    except KsaeError:
+        raise
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        raise KsaeError(f"{path} is corrupt or truncated ({type(exc).__name__}: {exc})".splitlines()[0]) from None
+
+
+def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:
+    """Write ``ckpt`` to ``path`` atomically (temporary file, verify, rename)."""
+
+    def write(f) -> None:
+        f.attrs["format"] = FORMAT
+        f.attrs["format_version"] = FORMAT_VERSION
+        f.attrs["epoch"] = int(ckpt.epoch)
+        f.attrs["step"] = int(ckpt.step)
+        f.attrs["batch_in_epoch"] = int(ckpt.batch_in_epoch)
+        f.attrs["config"] = json.dumps(ckpt.config, sort_keys=True)
+        for group, arrays in (("params", ckpt.params), ("optim", ckpt.velocities), ("preprocess", ckpt.preprocess)):
+            g = f.create_group(group)
+            for name, value in arrays.items():
+                g.create_dataset(name, data=np.asarray(value))
+        rng = f.create_group("rng")
+        rng.attrs["state"] = json.dumps(ckpt.rng_state) if ckpt.rng_state is not None else ""
+        if ckpt.epoch_perm is not None:
+            rng.create_dataset("epoch_perm", data=np.asarray(ckpt.epoch_perm))
+
+    write_hdf5_atomically(path, write, load_checkpoint)
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    """Read and validate a checkpoint; a missing, corrupt or foreign file is a KsaeError."""
+    path = Path(path)
+
+    def read(f) -> Checkpoint:
+        state_text = f["rng"].attrs.get("state", "")
+        return Checkpoint(params=_read_group(f, "params", path), velocities=_read_group(f, "optim", path),
+                          config=json.loads(f.attrs["config"]),
+                          epoch=int(f.attrs["epoch"]), step=int(f.attrs["step"]),
+                          batch_in_epoch=int(f.attrs.get("batch_in_epoch", 0)),
+                          rng_state=json.loads(state_text) if state_text else None,
+                          epoch_perm=f["rng"]["epoch_perm"][()] if "epoch_perm" in f["rng"] else None,
+                          preprocess=_read_group(f, "preprocess", path) if "preprocess" in f else {})
+
+    ckpt = read_hdf5_checked(path, "checkpoint", FORMAT, FORMAT_VERSION, read)
+    _check_shapes(ckpt, path)
+    return ckpt
+
+
+def _read_group(f, name: str, path: Path) -> dict:
+    if name not in f:
+        raise KsaeError(f"{path} has no group {name}/")
+    return {key: f[name][key][()] for key in f[name]}
+
+
+def _check_shapes(ckpt: Checkpoint, path: Path) -> None:
+    missing = [n for n in PARAM_NAMES if n not in ckpt.params]
+    if missing:
+        raise KsaeError(f"{path} lacks parameters {missing}")
+    D, H = ckpt.params["W_dh"].shape
+    expected = {"W_dh": (D, H), "b_h": (H,), "c_d": (D,)}
+    dtype = ckpt.params["W_dh"].dtype
+    for group_name, group in (("params", ckpt.params), ("optim", ckpt.velocities)):
+        for name, shape in expected.items():
+            if name not in group:
+                raise KsaeError(f"{path} lacks {group_name}/{name}")
+            if group[name].shape != shape or group[name].dtype != dtype:
+                raise KsaeError(f"{path}: {group_name}/{name} has shape {group[name].shape} {group[name].dtype}, "
+                                f"expected {shape} {dtype}")
+    hidden = ckpt.config.get("hidden")
+    if hidden is not None and hidden != H:
+        raise KsaeError(f"{path}: config says hidden={hidden} but W_dh has {H} columns")

@@ -1,0 +1,219 @@
+"""The training loop: shuffled minibatches, the sparsity schedule, momentum SGD, checkpoints.
+
+:class:`TrainConfig` holds every option that shapes a run (it is saved in checkpoints);
+:class:`Trainer` owns the parameters, velocities and random state on one backend and runs
+epochs. It never prints: it reports each epoch to a callback, so the CLI and the Python
+API decide what to show and where to write.
+
+Determinism: the initial weights and each epoch's order come from one NumPy generator on
+the host, so a CPU run and a GPU run with one seed see the same batches, and a resumed run
+continues the very same sequence (the generator's state, and mid-epoch the epoch's order,
+are saved in the checkpoint).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ksae_cupy import model
+from ksae_cupy.backend import Backend, to_host
+from ksae_cupy.training.checkpoint import Checkpoint
+from ksae_cupy.errors import KsaeError
+from ksae_cupy.training.options import check_batch_size, check_dtype, check_momentum, check_positive_count, check_positive_finite
+from ksae_cupy.optim import MomentumSGD
+from ksae_cupy.schedules import sparsity_at_epoch
+from ksae_cupy.topk import TOPK_METHODS
+
+
+@dataclass
+class TrainConfig:
+    """Options of one training run; defaults are the paper's unsupervised MNIST settings.
+
+    Sources: sigma, momentum, lr and epochs from section 4.3.2; the k schedule (k_start
+    100, linear over the first half of the epochs) from section 4.3.1; batch 128 from the
+    authors' code.
+    """
+
+    hidden: int = 1000
+    k: int = 25
+    k_start: int | None = 100  # None: no schedule, k from the first epoch
+    epochs: int = 5000
+    batch_size: int = 128
+    lr: float = 0.01
+    momentum: float = 0.9
+    sigma: float = 0.01
+    topk: str = "sort"
+    seed: int = 0
+    dtype: str = "float32"
+    activation: str = "linear"  # the paper's linear units; "relu" is an investigated variant
+
+    def validate(self, n_train: int | None = None) -> None:
+        """Raise :class:`KsaeError` naming the first bad option and what is allowed."""
+        check_positive_count("--hidden", self.hidden, "hidden units")
+        if not 1 <= self.k <= self.hidden:
+            raise KsaeError(f"--k {self.k} is not allowed; use 1 <= k <= hidden ({self.hidden})")
+        if self.k_start is not None and self.k_start < self.k:
+            raise KsaeError(f"--k-start {self.k_start} is not allowed; use k-start >= k ({self.k})")
+        if self.k_start is not None and self.k_start > self.hidden:
+            raise KsaeError(f"--k-start {self.k_start} is not allowed; use k-start <= hidden ({self.hidden})")
+        check_positive_count("--epochs", self.epochs, "epochs")
+        check_batch_size("--batch-size", self.batch_size, n_train)
+        check_positive_finite("--lr", self.lr, "learning rate")
+        check_momentum("--momentum", self.momentum)
+        check_positive_finite("--sigma", self.sigma, "standard deviation")
+        if self.topk not in TOPK_METHODS:
+            raise KsaeError(f"--topk {self.topk!r} is not allowed; use one of {', '.join(TOPK_METHODS)}")
+        if self.activation not in model.ACTIVATIONS:
+            raise KsaeError(f"--activation {self.activation!r} is not allowed; use one of {', '.join(model.ACTIVATIONS)}")
+        check_dtype("--dtype", self.dtype)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "TrainConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in values.items() if key in names})
+
+
+class TrainingDiverged(KsaeError):
+    """The loss became NaN or infinite; the last good checkpoint is left untouched."""
+
+
+@dataclass
+class EpochReport:
+    """What one epoch did; the CLI logs it and writes it to ``metrics.jsonl``."""
+
+    epoch: int  # 1-based number of the epoch just finished
+    step: int
+    k: int
+    lr: float
+    train_loss: float  # mean over the epoch's batches of 0.5 ||x - xhat||^2 per example
+    valid_loss: float | None
+    dead_fraction: float  # hidden units kept by no example during the epoch
+    samples_per_s: float
+    seconds: float
+
+
+class Trainer:
+    """Parameters, velocities and random state of one run, resident on ``backend``."""
+
+    def __init__(self, config: TrainConfig, backend: Backend, D: int, checkpoint: Checkpoint | None = None):
+        config.validate()
+        self.config = config
+        self.backend = backend
+        self.dtype = np.dtype(config.dtype)
+        xp = backend.xp
+        if checkpoint is None:
+            self.rng = np.random.default_rng(config.seed)
+            host_params = model.init_params(D, config.hidden, config.sigma, self.rng, self.dtype)
+            self.params = {name: backend.asarray(value) for name, value in host_params.items()}
+            self.optimizer = MomentumSGD(self.params, config.momentum, xp)
+            self.epoch, self.step, self.batch_in_epoch, self.epoch_perm = 0, 0, 0, None
+        else:
+            self.rng = np.random.default_rng()
+            self.rng.bit_generator.state = checkpoint.rng_state
+            self.params = {name: backend.asarray(value) for name, value in checkpoint.params.items()}
+            self.optimizer = MomentumSGD(self.params, config.momentum, xp)
+            for name, value in checkpoint.velocities.items():
+                self.optimizer.velocities[name][...] = backend.asarray(value)
+            self.epoch, self.step = checkpoint.epoch, checkpoint.step
+            self.batch_in_epoch, self.epoch_perm = checkpoint.batch_in_epoch, checkpoint.epoch_perm
+        self.stop_requested = False  # set (e.g. by a SIGINT handler) to stop after the current step
+
+    @property
+    def finished(self) -> bool:
+        return self.epoch >= self.config.epochs
+
+    def current_k(self) -> int:
+        return sparsity_at_epoch(self.epoch, self.config.epochs, self.config.k, self.config.k_start)
+
+    def run_epoch(self, X_train_nd, X_valid_nd=None, on_batch=None) -> EpochReport | None:
+        """Train one epoch (or the rest of an interrupted one) on device arrays.
+
+        ``on_batch(done, total)`` is called after every batch (for a progress bar).
+        Returns the epoch's report, or None when :attr:`stop_requested` stopped it midway
+        (then :attr:`batch_in_epoch` and :attr:`epoch_perm` say where it stands).
+        The distributed trainers reuse this loop and override only :meth:`_batch_gradients`
+        (where they communicate) and :meth:`_dead_fraction`.
+        """
+        cfg, xp = self.config, self.backend.xp
+        N = X_train_nd.shape[0]
+        k = self.current_k()
+        if self.epoch_perm is None:
+            self.epoch_perm = self.rng.permutation(N)  # on every rank the same generator state
+            self.batch_in_epoch = 0
+        order = self.backend.asarray(self.epoch_perm.astype(np.int64))
+        n_batches = -(-N // cfg.batch_size)  # the last, smaller batch is trained on too
+        # One count per hidden unit held here (all of them, or this rank's block).
+        kept_count_h = xp.zeros(self.params["b_h"].shape[0], dtype=np.int64)
+        loss_sum, loss_batches = 0.0, 0
+        start = time.perf_counter()
+        first_batch = self.batch_in_epoch
+        for b in range(first_batch, n_batches):
+            X_nd = X_train_nd[order[b * cfg.batch_size:(b + 1) * cfg.batch_size]]
+            loss, grads, kept_h = self._batch_gradients(X_nd, k)
+            if not math.isfinite(loss):
+                raise TrainingDiverged(f"the loss became {loss} at epoch {self.epoch + 1}, step {self.step + 1}; "
+                                       f"nothing was saved after the last good checkpoint; try a smaller --lr (now {cfg.lr})")
+            self.optimizer.step(self.params, grads, cfg.lr)
+            kept_count_h += kept_h
+            loss_sum += loss
+            loss_batches += 1
+            self.step += 1
+            self.batch_in_epoch = b + 1
+            if on_batch is not None:
+                on_batch(b + 1, n_batches)
+            if self.stop_requested and b + 1 < n_batches:
+                return None
+        self.backend.synchronize()
+        seconds = time.perf_counter() - start
+        samples = min(N, n_batches * cfg.batch_size) - first_batch * cfg.batch_size
+        self.epoch += 1
+        self.batch_in_epoch, self.epoch_perm = 0, None
+        return EpochReport(
+            epoch=self.epoch, step=self.step, k=k, lr=cfg.lr,
+            train_loss=loss_sum / max(loss_batches, 1),
+            valid_loss=self.evaluate_loss(X_valid_nd, k) if X_valid_nd is not None else None,
+            # Resumed mid-epoch, units kept before the interruption are not counted here.
+            dead_fraction=self._dead_fraction(kept_count_h),
+            samples_per_s=samples / seconds if seconds > 0 else float("inf"),
+            seconds=seconds,
+        )
+
+    def _batch_gradients(self, X_nd, k: int):
+        """``(loss, grads, kept_h)`` for one minibatch: the loss, the gradients to step with,
+        and how many examples kept each hidden unit. The one hook where subclasses communicate."""
+        loss, grads, cache = model.loss_and_grads(self.params, X_nd, k, self.config.topk, self.config.activation)
+        kept_h = self.backend.xp.bincount(cache.idx_nk.ravel(), minlength=self.config.hidden)
+        return loss, grads, kept_h
+
+    def _dead_fraction(self, kept_count_h) -> float:
+        """The fraction of hidden units that no example kept during the epoch."""
+        return float(to_host((kept_count_h == 0).mean()))
+
+    def evaluate_loss(self, X_nd, k: int | None = None, chunk: int = 4096) -> float:
+        """Mean of 0.5 ||x - xhat||^2 per example over ``X_nd``, with ``k`` kept units."""
+        k = self.config.k if k is None else k
+        total = 0.0
+        for start in range(0, X_nd.shape[0], chunk):
+            X_chunk = X_nd[start:start + chunk]
+            Xhat, _ = model.forward(self.params, X_chunk, k, self.config.topk, self.config.activation)
+            R = Xhat - X_chunk
+            total += 0.5 * float(self.backend.xp.vdot(R, R))
+        return total / X_nd.shape[0]
+
+    def checkpoint(self, preprocess: dict | None = None) -> Checkpoint:
+        """A host copy of the whole state (what resuming needs)."""
+        return Checkpoint(
+            params={name: to_host(value) for name, value in self.params.items()},
+            velocities={name: to_host(value) for name, value in self.optimizer.velocities.items()},
+            config=self.config.to_dict(), epoch=self.epoch, step=self.step,
+            batch_in_epoch=self.batch_in_epoch, rng_state=self.rng.bit_generator.state,
+            epoch_perm=self.epoch_perm if self.batch_in_epoch else None,
+            preprocess=dict(preprocess or {}),
+        )

@@ -1,0 +1,36 @@
+"""Small runs of the GPU benchmarks (GPU only; skipped with a reason elsewhere)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+try:
+    import cupy
+
+    _HAVE_GPU = cupy.cuda.runtime.getDeviceCount() > 0
+except Exception:
+    _HAVE_GPU = False
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _HAVE_GPU, reason="no CUDA GPU/cupy")]
+
+
+def test_bench_topk_small(tmp_path):
+    from ksae_cupy.bench.gpu import bench_topk
+
+    out = bench_topk(Ns=(64,), Hs=(1000,), ks=(25,), repeats=5, out_dir=tmp_path)
+    data = json.loads(open(out["path"]).read())
+    names = {r["candidate"] for r in data["results"]}
+    assert {"ksae_sort", "ksae_threshold", "cupy_argpartition", "cupy_sort"} <= names
+    for r in data["results"]:
+        if r["candidate"].startswith("ksae"):
+            assert r["valid"] and r["median_ms"] > 0 and 0 < r["fraction_of_copy"]
+
+
+def test_bench_train_small(tmp_path):
+    from ksae_cupy.bench.gpu import bench_train_gpu
+
+    out = bench_train_gpu(n_samples=1024, epochs=1, out_dir=tmp_path)
+    for name, r in out["results"].items():
+        assert "error" not in r, (name, r)
+        assert r["steps_per_epoch"] == 8 and r["last_loss"] < r["first_loss"]

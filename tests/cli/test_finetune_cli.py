@@ -1,0 +1,132 @@
+"""ksae-finetune: a tiny end-to-end run on the synthetic dataset, resume, and every bad input."""
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ksae_cupy.cli.finetune import finetune_command
+from ksae_cupy.datasets.synthetic import make_sparse_signals
+from ksae_cupy.training.estimator import KSparseAutoencoder
+from ksae_cupy.training.runs import RunFolder
+from clicheck import assert_one_line_error
+
+QUICK = ["--epochs", "1", "--batch-size", "500", "--device", "cpu", "--lr-start", "0.1", "--lr-end", "0.01"]
+
+
+def make_run(path, D, H, k, seed=0, dataset="synthetic"):
+    """A tiny pretrained ksae-train run folder (checkpoint.h5 and config.json)."""
+    X = np.random.default_rng(seed).standard_normal((200, D)).astype(np.float32)
+    model = KSparseAutoencoder(n_hidden=H, k=k, k_start=None, epochs=1, batch_size=100, device="cpu", seed=seed)
+    model.fit(X)
+    folder = RunFolder(path)
+    folder.create()
+    model.save(folder.checkpoint)
+    folder.write_config({"dataset": dataset, "train": model.config().to_dict()})
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pretrained")
+    return {"a": make_run(root / "a", D=64, H=20, k=4), "b": make_run(root / "b", D=20, H=12, k=3),
+            "c": make_run(root / "c", D=64, H=10, k=4), "d": make_run(root / "d", D=16, H=8, k=2)}
+
+
+def invoke(args, expect):
+    result = CliRunner().invoke(finetune_command, [str(a) for a in args], catch_exceptions=False)
+    assert result.exit_code == expect, result.output
+    return result
+
+
+def test_deep_run_writes_results_and_resume_of_a_finished_run_is_idempotent(runs, tmp_path):
+    out = tmp_path / "ft"
+    invoke([runs["a"], runs["b"], "--alpha", "2", "--run-dir", out, *QUICK], expect=0)
+    results = json.loads((out / "finetune.json").read_text())
+    assert results["phases"] == ["softmax", "top", "all"] and results["kept"] == [8, 6]
+    assert 0 <= results["valid_error"] <= 1 and 0 <= results["test_error"] <= 1
+    assert len(RunFolder(out).read_metrics()) == 3
+    config = RunFolder(out).read_config()
+    assert [p["run_dir"] for p in config["pretrained"]] == [str(runs["a"]), str(runs["b"])]
+    invoke(["--resume", out, "--device", "cpu"], expect=0)
+    again = json.loads((out / "finetune.json").read_text())
+    assert again["test_error"] == results["test_error"]
+
+
+def test_no_pretraining_run(tmp_path):
+    out = tmp_path / "ft"
+    invoke(["--no-pretraining", "--hidden", "16", "--k", "3", "--dataset", "synthetic", "--run-dir", out, *QUICK],
+           expect=0)
+    assert json.loads((out / "finetune.json").read_text())["kept"] == [9]
+
+
+@pytest.mark.parametrize("baseline,hidden,regularisation", [
+    ("denoising-ae", "16", {"input_dropout": 0.2, "hidden_dropout": 0.0}),
+    ("dropout-ae", "16,8", {"input_dropout": 0.0, "hidden_dropout": 0.5}),
+])
+def test_baseline_pretrained_here_then_fine_tuned_with_its_dropout(tmp_path, baseline, hidden, regularisation):
+    out = tmp_path / "ft"
+    invoke(["--baseline", baseline, "--hidden", hidden, "--pretrain-epochs", "1", "--dataset", "synthetic",
+            "--run-dir", out, *QUICK], expect=0)
+    L = len(hidden.split(","))
+    results = json.loads((out / "finetune.json").read_text())
+    assert results["kept"] == [None] * L and 0 <= results["test_error"] <= 1
+    config = RunFolder(out).read_config()
+    assert config["baseline"] == baseline and config["pretrain_epochs"] == 1
+    assert config["finetune"]["activations"] == ["sigmoid"] * L
+    assert {k: config["finetune"][k] for k in regularisation} == regularisation
+    invoke(["--resume", out, "--device", "cpu"], expect=0)  # a finished run: no pretraining again
+    assert json.loads((out / "finetune.json").read_text())["test_error"] == results["test_error"]
+
+
+@pytest.mark.parametrize("case,fragments", [
+    ("unknown_run", ["no such run folder"]),
+    ("mismatch", ["layer 2 takes 20 inputs", "10 hidden units"]),
+    ("alpha_too_big", ["alpha*k", "exceeds the 20 hidden units"]),
+    ("wrong_dim", ["takes 16 dimensions", "64"]),
+    ("three_runs", ["3 pretrained runs"]),
+    ("none", ["missing PRETRAINED_RUN_DIR"]),
+    ("both", ["--no-pretraining contradicts"]),
+    ("phases", ["--phases 'bottom'"]),
+    ("epochs", ["--epochs 0"]),
+    ("momentum", ["--momentum 1.0"]),
+    ("unlabelled", ["has no labels"]),
+    ("resume_missing", ["--resume", "no such run folder"]),
+    ("resume_options", ["--resume: --epochs", "leave them out"]),
+    ("baseline_and_run", ["--baseline rbm contradicts the PRETRAINED_RUN_DIR"]),
+    ("baseline_and_random", ["--baseline rbm contradicts --no-pretraining"]),
+    ("baseline_epochs", ["--pretrain-epochs 0", "positive"]),
+    ("rbm_on_signed_data", ["the RBM's input holds values in", "only values in [0, 1]"]),
+])
+def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, case, fragments):
+    out = tmp_path / "ft"
+    a, b, c, d = runs["a"], runs["b"], runs["c"], runs["d"]
+    if case == "unlabelled":
+        np.save(tmp_path / "x.npy", make_sparse_signals(300, D=64, seed=0)[0])
+    args = {
+        "unknown_run": [tmp_path / "nope"],
+        "mismatch": [c, b],
+        "alpha_too_big": [a, "--alpha", "6"],
+        "wrong_dim": [d],
+        "three_runs": [a, b, b],
+        "none": [],
+        "both": [a, "--no-pretraining"],
+        "phases": [a, "--phases", "bottom"],
+        "epochs": [a, "--epochs", "0"],
+        "momentum": [a, "--momentum", "1"],
+        "unlabelled": [a, "--dataset", tmp_path / "x.npy"],
+        "resume_missing": ["--resume", tmp_path / "nope"],
+        "resume_options": ["--resume", tmp_path / "nope"],
+        "baseline_and_run": [a, "--baseline", "rbm"],
+        "baseline_and_random": ["--no-pretraining", "--baseline", "rbm", "--dataset", "synthetic"],
+        "baseline_epochs": ["--baseline", "rbm", "--pretrain-epochs", "0", "--dataset", "synthetic"],
+        "rbm_on_signed_data": ["--baseline", "rbm", "--hidden", "8", "--pretrain-epochs", "1", "--dataset",
+                               "synthetic"],
+    }[case]
+    # The case's own options come last, so they win over QUICK's.
+    quick = ["--device", "cpu"] if case.startswith("resume") else [*QUICK, "--run-dir", out]
+    if case == "resume_options":
+        quick += ["--epochs", "3"]
+    result = invoke([*quick, *args], expect=2)
+    assert_one_line_error(result, *fragments)
+    assert not (out / "checkpoint.h5").exists()

@@ -1,0 +1,81 @@
+"""Feature evaluation: encoding matches the model, the choice never sees the test set."""
+import json
+
+import numpy as np
+import pytest
+
+from ksae_cupy.evaluation import features as evaluate
+from ksae_cupy import model
+from ksae_cupy.errors import KsaeError
+from runfolder import make_run, sparse_signal_dataset
+
+
+@pytest.mark.parametrize("alpha", [1, 2, 2.5])
+def test_sparse_features_equal_model_encode(alpha):
+    rng = np.random.default_rng(0)
+    params = model.init_params(20, 30, 0.3, rng)
+    params["b_h"] = rng.standard_normal(30).astype(np.float32) * 0.1
+    X_nd = rng.standard_normal((25, 20)).astype(np.float32)
+    F = evaluate.sparse_features(params, X_nd, 4, alpha, batch=7)
+    dense = model.encode(params, X_nd, 4, alpha)
+    # Batching may change the last bit of the float32 products, never the kept set.
+    assert np.array_equal(F.toarray() != 0, dense != 0)
+    np.testing.assert_allclose(F.toarray(), dense, rtol=1e-5, atol=1e-6)
+    assert F.nnz == 25 * model.alpha_k(4, alpha, 30)
+
+
+def run_selection(data, W_dh, alphas=(1, 2), l2_grid=(1e-2, 1e-4)):
+    params = {"W_dh": W_dh.astype(np.float32), "b_h": np.zeros(W_dh.shape[1], np.float32),
+              "c_d": np.zeros(W_dh.shape[0], np.float32)}
+    encode = lambda alpha, X: evaluate.sparse_features(params, X, 5, alpha)  # noqa: E731
+    return evaluate.select_and_test(encode, data, list(alphas), list(l2_grid), log=lambda *_: None)
+
+
+def test_choice_is_the_best_validation_trial_and_ignores_test_labels():
+    data, W_dh = sparse_signal_dataset()
+    clean = run_selection(data, W_dh)
+    best = min(clean["trials"], key=lambda t: t["valid_error"])
+    assert clean["selected"]["valid_error"] == best["valid_error"]
+    assert len(clean["trials"]) == 4 and clean["test_error"] < 0.6  # chance is 0.75
+    # Poison the test labels: the selection must not move; only the reported test error does.
+    data.y_test = (data.y_test + 1) % 4
+    poisoned = run_selection(data, W_dh)
+    assert poisoned["selected"] == clean["selected"]
+    assert [t["valid_error"] for t in poisoned["trials"]] == [t["valid_error"] for t in clean["trials"]]
+    assert poisoned["test_error"] > clean["test_error"] + 0.2
+
+
+def test_poisoned_validation_labels_do_move_the_result():
+    # Control for the test above: validation labels are what the choice is made on.
+    data, W_dh = sparse_signal_dataset()
+    clean = run_selection(data, W_dh)
+    data.y_valid = (data.y_valid + 1) % 4
+    assert run_selection(data, W_dh)["selected"]["valid_error"] > clean["selected"]["valid_error"] + 0.2
+
+
+def test_evaluate_run_writes_json_and_markdown(tmp_path):
+    data, W_dh = sparse_signal_dataset(n_train=800, n_valid=200, n_test=200)
+    run = make_run(tmp_path / "run", W_dh, k=5)
+    result = evaluate.evaluate_run(run, alphas=[1, 2], l2_grid=[1e-3], raw_baseline=True, dataset=data,
+                                   log=lambda *_: None)
+    saved = json.loads((run / "eval.json").read_text())
+    assert saved["features"]["test_error"] == result["features"]["test_error"]
+    assert saved["raw_baseline"]["selected"]["alpha"] is None
+    md = (run / "eval.md").read_text()
+    # Every trial has its own row: 2 alphas x 1 L2 for the features, 1 for raw pixels.
+    assert md.count("| sparse |") == 2 and md.count("| raw |") == 1
+
+
+def test_alpha_times_k_above_hidden_is_refused_before_any_work(tmp_path):
+    data, W_dh = sparse_signal_dataset(n_train=50, n_valid=20, n_test=20)
+    run = make_run(tmp_path / "run", W_dh, k=50)
+    with pytest.raises(KsaeError, match="exceeds the 128 hidden units"):
+        evaluate.evaluate_run(run, alphas=[1, 3], dataset=data, log=lambda *_: None)
+    assert not (run / "eval.json").exists()
+
+
+@pytest.mark.parametrize("text,parser", [("0.5,1", evaluate.parse_alphas), ("1,x", evaluate.parse_alphas),
+                                         ("", evaluate.parse_alphas), ("-1e-3", evaluate.parse_l2)])
+def test_bad_grids_are_user_errors(text, parser):
+    with pytest.raises(KsaeError):
+        parser(text)

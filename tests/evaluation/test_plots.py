@@ -1,0 +1,73 @@
+"""Figures: filter mosaics and activity histograms are PNGs of the expected size."""
+import builtins
+
+import numpy as np
+import pytest
+
+from ksae_cupy.evaluation import plots
+from ksae_cupy.errors import KsaeError
+
+mpimg = pytest.importorskip("matplotlib.image")
+
+
+def test_mosaic_places_each_filter_as_its_image():
+    W_dh = np.random.default_rng(0).standard_normal((6, 5))  # 5 filters of 2x3
+    mosaic = plots.filter_mosaic(W_dh, image_shape=(2, 3), cols=3)
+    assert mosaic.shape == (2 * 3 + 1, 3 * 4 + 1)  # 2 rows x 3 cols of 2x3 tiles, 1-pixel gaps
+    f = W_dh[:, 4]
+    expected = ((f - f.min()) / (f.max() - f.min())).reshape(2, 3)
+    np.testing.assert_allclose(mosaic[4:6, 5:8], expected)  # filter 4: row 1, column 1
+    assert (mosaic[:, 0] == 1).all() and (mosaic[3, :] == 1).all()
+
+
+def test_colour_layouts_agree():
+    rng = np.random.default_rng(1)
+    img_nhwc = rng.random((4, 8, 8, 3))
+    hwc = plots.filter_mosaic(img_nhwc.reshape(4, -1).T, channels=3, layout="hwc")
+    chw = plots.filter_mosaic(img_nhwc.transpose(0, 3, 1, 2).reshape(4, -1).T, channels=3, layout="chw")
+    assert hwc.shape == (19, 19, 3)
+    np.testing.assert_allclose(hwc, chw)
+
+
+def test_filter_grid_png_has_the_expected_pixel_size(tmp_path):
+    W_dh = np.random.default_rng(2).standard_normal((784, 30))
+    path = tmp_path / "filters.png"
+    width, height = plots.save_filter_grid(W_dh, path, n_filters=25, scale=2)
+    # 25 filters -> 5x5 grid of 28x28 tiles with 1-pixel gaps: 5*29+1 = 146, doubled.
+    assert (width, height) == (292, 292) == plots.png_size(path)
+    assert mpimg.imread(path).shape[:2] == (292, 292)
+
+
+def test_histogram_png_has_the_requested_size(tmp_path):
+    rng = np.random.default_rng(3)
+    sparse = np.where(rng.random((50, 100)) < 0.1, rng.random((50, 100)), 0)
+    path = tmp_path / "hist.png"
+    plots.save_activity_histograms({"k=10": sparse, "dense": rng.standard_normal((50, 100))}, path, size=(640, 400))
+    assert plots.png_size(path) == (640, 400)
+    assert mpimg.imread(path).shape[:2] == (400, 640)
+
+
+def test_non_square_filters_need_a_shape():
+    with pytest.raises(KsaeError, match="not square"):
+        plots.filter_mosaic(np.ones((10, 3)))
+    with pytest.raises(KsaeError, match="cannot be shown"):
+        plots.filter_mosaic(np.ones((10, 3)), image_shape=(3, 3))
+
+
+def test_png_size_rejects_other_files(tmp_path):
+    (tmp_path / "x.png").write_bytes(b"GIF89a" + bytes(30))
+    with pytest.raises(KsaeError, match="not a PNG"):
+        plots.png_size(tmp_path / "x.png")
+
+
+def test_missing_matplotlib_names_the_extra(monkeypatch):
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.split(".")[0] == "matplotlib":
+            raise ImportError("no matplotlib")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    with pytest.raises(KsaeError, match=r"pip install ksae-cupy\[plot\]"):
+        plots.require_matplotlib()

@@ -1,0 +1,100 @@
+"""The package's layout rules, read from the import graph of the source (every import, lazy ones too).
+
+* Layers, lowest first: the algorithm (the top-level modules and ``gpu/``, its CUDA half),
+  ``datasets``, ``training``, ``evaluation``, ``supervised``, ``parallel``, ``bench``, ``cli``.
+  A module imports only from its own layer or a lower one.
+* Nothing outside ``cli/`` imports ``cli/``.
+* No import cycle between modules.
+* Every folder says in its ``__init__`` docstring what it holds.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import ksae_cupy
+
+PACKAGE_DIR = Path(ksae_cupy.__file__).parent
+LAYERS = ["", "gpu", "datasets", "training", "evaluation", "supervised", "parallel", "bench", "cli"]
+ALGORITHM = {"", "gpu"}  # "" is the package's top level
+
+
+def _module_name(path: Path) -> str:
+    parts = ["ksae_cupy", *path.relative_to(PACKAGE_DIR).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in PACKAGE_DIR.rglob("*.py") if "kernels" not in p.parts}
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The ksae_cupy modules (or packages) that ``name`` imports anywhere in its body."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module
+            for alias in node.names:  # `from pkg import module` imports the module
+                candidate = f"{target}.{alias.name}"
+                found.add(candidate if candidate in MODULES else target)
+    return {m for m in found if m == "ksae_cupy" or m.startswith("ksae_cupy.")} - {name}
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _folder(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) > 2 or (len(parts) == 2 and (PACKAGE_DIR / parts[1]).is_dir()):
+        return parts[1]
+    return ""  # a top-level module (or the package itself)
+
+
+def test_the_graph_is_read():
+    assert "ksae_cupy.model" in GRAPH["ksae_cupy.training.trainer"]
+    assert "ksae_cupy.gpu.kernels" in GRAPH["ksae_cupy.topk"]  # a lazy import inside a function
+    assert set(LAYERS) >= {_folder(m) for m in MODULES}, "a folder that has no layer: add it to LAYERS"
+
+
+def test_imports_point_down():
+    upward = [f"{m} ({_folder(m) or 'top'}) imports {d} ({_folder(d) or 'top'})"
+              for m, deps in GRAPH.items() for d in deps
+              if LAYERS.index(_folder(d)) > LAYERS.index(_folder(m))
+              and not (_folder(m) in ALGORITHM and _folder(d) in ALGORITHM)]
+    assert upward == []
+
+
+def test_nothing_imports_the_command_line():
+    assert [f"{m} imports {d}" for m, deps in GRAPH.items() for d in deps
+            if _folder(d) == "cli" and _folder(m) != "cli"] == []
+
+
+def test_no_import_cycles():
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles = []
+
+    def visit(module, path):
+        state[module] = 1
+        for dep in sorted(GRAPH.get(module, ())):
+            if state.get(dep) == 1:
+                cycles.append(" -> ".join(path[path.index(dep):] + [dep]))
+            elif dep in GRAPH and state.get(dep) is None:
+                visit(dep, path + [dep])
+        state[module] = 2
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []
+
+
+def test_every_folder_says_what_it_holds():
+    for init in PACKAGE_DIR.glob("*/__init__.py"):
+        docstring = ast.get_docstring(ast.parse(init.read_text()))
+        assert docstring and len(docstring) > 40, f"{init.parent.name}/__init__.py needs a docstring"
