@@ -8,7 +8,9 @@
 //
 // Compiled by cupy.RawModule (NVRTC, -std=c++17; the template instantiations are named through
 // name_expressions, listed once in ksae_cupy/gpu/kernels.py) and, for the compile test, by nvcc.
-// No headers are included, so NVRTC needs no include paths.
+// No headers are included, so NVRTC needs no include paths (none exist in a wheel install).
+// tests/gpu/test_kernels_host.py also compiles this file unmodified for the CPU
+// (tests/gpu/cuda_host/) and checks every instantiation against ksae_cupy.topk.
 //
 // Layout: every array is C-contiguous; Z is (N, H), idx/val are (N, k), dense is (N, H).
 // One thread block handles one row at a time and strides over rows (row += gridDim.x), so any N
@@ -181,7 +183,8 @@ topk_threshold_kernel(const T* __restrict__ Z, int N, int H, int k, int* __restr
             const unsigned int kept = run_above + (run_ties < need ? run_ties : need);
             if (!write_dense && kept >= static_cast<unsigned int>(k)) break;  // uniform
         }
-        __syncthreads();  // the next row overwrites keys
+        // No barrier needed before the next row overwrites keys and the histogram: every read of
+        // them in this row came before the last block scan, which ends with __syncthreads.
     }
 }
 
@@ -258,33 +261,36 @@ topk_sort_kernel(const T* __restrict__ Z, int N, int H, int P, int k, int* __res
 }
 
 // ---------------------------------------------------------------------------------------------
-// Sparse backward helpers. Flat grid-stride loops over the N*k kept entries; a column outside
-// [0, H) is skipped (never read or written out of bounds).
-
-// out_nk[n, j] = src_nh[n, idx_nk[n, j]]
-template <typename T>
-__global__ void gather_rows_kernel(const T* __restrict__ src_nh, const int* __restrict__ idx_nk, int N, int H,
-                                   int k, T* __restrict__ out_nk) {
+// Sparse backward helpers: one grid-stride loop over the N*k kept entries, shared by the three
+// kernels, which differ only in what they do with entry t = (n, j) and its column c. A column
+// outside [0, H) is skipped (never read or written out of bounds).
+template <typename Op>
+__device__ __forceinline__ void for_each_kept(const int* __restrict__ idx_nk, int N, int H, int k, Op op) {
     const long long total = static_cast<long long>(N) * k;
     const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
     for (long long t = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += step) {
-        const long long n = t / k;
         const int c = idx_nk[t];
-        out_nk[t] = (c >= 0 && c < H) ? src_nh[n * H + c] : T(0);
+        op(t, t / k * H, c, c >= 0 && c < H);  // (entry, offset of its row in an (N, H) array, column, valid)
     }
 }
 
-// out_nh[n, idx_nk[n, j]] = val_nk[n, j]; out_nh is zeroed by the caller.
+// out_nk[n, j] = src_nh[n, idx_nk[n, j]] (0 for an invalid column)
+template <typename T>
+__global__ void gather_rows_kernel(const T* __restrict__ src_nh, const int* __restrict__ idx_nk, int N, int H,
+                                   int k, T* __restrict__ out_nk) {
+    for_each_kept(idx_nk, N, H, k, [&](long long t, long long row, int c, bool valid) {
+        out_nk[t] = valid ? src_nh[row + c] : T(0);
+    });
+}
+
+// out_nh[n, idx_nk[n, j]] = val_nk[n, j]; out_nh is zeroed by the caller. A column repeated within
+// a row gets one of its values, which one is unspecified (top-k indices never repeat).
 template <typename T>
 __global__ void scatter_rows_kernel(const T* __restrict__ val_nk, const int* __restrict__ idx_nk, int N, int H,
                                     int k, T* __restrict__ out_nh) {
-    const long long total = static_cast<long long>(N) * k;
-    const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
-    for (long long t = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += step) {
-        const long long n = t / k;
-        const int c = idx_nk[t];
-        if (c >= 0 && c < H) out_nh[n * H + c] = val_nk[t];
-    }
+    for_each_kept(idx_nk, N, H, k, [&](long long t, long long row, int c, bool valid) {
+        if (valid) out_nh[row + c] = val_nk[t];
+    });
 }
 
 // out_nh[n, c] = src_nh[n, c] for the kept columns c of row n; out_nh is zeroed by the caller.
@@ -292,13 +298,9 @@ __global__ void scatter_rows_kernel(const T* __restrict__ val_nk, const int* __r
 template <typename T>
 __global__ void mask_rows_kernel(const T* __restrict__ src_nh, const int* __restrict__ idx_nk, int N, int H, int k,
                                  T* __restrict__ out_nh) {
-    const long long total = static_cast<long long>(N) * k;
-    const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
-    for (long long t = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += step) {
-        const long long n = t / k;
-        const int c = idx_nk[t];
-        if (c >= 0 && c < H) out_nh[n * H + c] = src_nh[n * H + c];
-    }
+    for_each_kept(idx_nk, N, H, k, [&](long long, long long row, int c, bool valid) {
+        if (valid) out_nh[row + c] = src_nh[row + c];
+    });
 }
 
 }  // namespace ksae
