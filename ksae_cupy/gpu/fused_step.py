@@ -16,15 +16,27 @@ def loss_and_grads_fused(params, X_nd, k: int, topk_method: str = "threshold"):
     """
     import cupy
 
+    return fused_step(params, X_nd, k, topk_method, xp=cupy,
+                      topk_dense=lambda Z_nh, k_, method: topk_gpu(Z_nh, k_, method, dense=True),
+                      mask_rows=mask_rows_gpu)
+
+
+def fused_step(params, X_nd, k: int, topk_method: str, *, xp, topk_dense, mask_rows):
+    """The fused step's arithmetic, given its array module and its two kernels.
+
+    ``topk_dense(Z_nh, k, method) -> (idx_nk, val_nk, Zs_nh)`` and ``mask_rows(src_nh, idx_nk) ->
+    dZ_nh``. On a GPU they are the CUDA launchers; the CPU harness of the kernels
+    (tests/gpu/test_kernels_host.py) passes NumPy and the same kernels run on the CPU.
+    """
     W_dh = params["W_dh"]
-    Z_nh = cupy.ascontiguousarray(X_nd @ W_dh + params["b_h"])
-    idx_nk, _val_nk, Zs_nh = topk_gpu(Z_nh, k, topk_method, dense=True)
+    Z_nh = xp.ascontiguousarray(X_nd @ W_dh + params["b_h"])
+    idx_nk, _val_nk, Zs_nh = topk_dense(Z_nh, k, topk_method)
     R_nd = Zs_nh @ W_dh.T + params["c_d"]
     R_nd -= X_nd
     N = X_nd.shape[0]
-    loss = 0.5 * float(cupy.vdot(R_nd, R_nd)) / N
+    loss = 0.5 * float(xp.vdot(R_nd, R_nd)) / N
     R_nd /= N
-    dZ_nh = mask_rows_gpu(cupy.ascontiguousarray(R_nd @ W_dh), idx_nk)
-    dW_dh = cupy.concatenate([X_nd, R_nd]).T @ cupy.concatenate([dZ_nh, Zs_nh])
+    dZ_nh = mask_rows(xp.ascontiguousarray(R_nd @ W_dh), idx_nk)
+    dW_dh = xp.concatenate([X_nd, R_nd]).T @ xp.concatenate([dZ_nh, Zs_nh])
     grads = {"W_dh": dW_dh, "b_h": dZ_nh.sum(axis=0), "c_d": R_nd.sum(axis=0)}
     return loss, grads, ForwardCache(X_nd=X_nd, idx_nk=idx_nk, Zs_nh=Zs_nh)

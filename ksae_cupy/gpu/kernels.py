@@ -1,24 +1,32 @@
 """CUDA launchers for the kernels in ``kernels/topk.cu``: top-k (sort and threshold), gathers, scatters.
 
-Nothing here imports cupy at module level, so the package imports on machines without it. The
-kernels are compiled on first use with ``cupy.RawModule`` (NVRTC, ``-std=c++17``), once per
-(device, source text), and cached in :data:`_MODULES`.
+Each launcher is two steps. A *plan* (:func:`plan_topk`, :func:`plan_rows`) checks the inputs and
+decides everything about the launch (kernel name, grid, block, shared memory, the argument tuple
+with every scalar as an explicit NumPy type) without importing cupy: it works on NumPy arrays too,
+which is how ``tests/gpu/test_kernels_host.py`` runs the very launches the launchers make through
+the CPU emulation of the kernels. Then :func:`_launch` hands the plan to ``cupy.RawKernel``.
 
-Every launcher checks its inputs (dtype, shape, C-contiguity, k range) and raises
-:class:`~ksae_cupy.errors.KsaeError` with a one-line message; scalars are passed to the kernels as
-explicit ``numpy.int32`` (CuPy does not check kernel argument types and would pass a Python int
-as a 64-bit value).
+Nothing here imports cupy at module level, so the package imports on machines without it. The
+kernels are compiled on first use with ``cupy.RawModule`` (NVRTC, ``-std=c++17``; the source
+includes no headers, so no include path is needed, wheel install or not), once per device, and
+cached with their functions.
+
+Every launcher checks its inputs (dtype, shape, C-contiguity, k range, H range) and raises
+:class:`~ksae_cupy.errors.KsaeError` with a one-line message. Scalars are ``numpy.int32``: CuPy
+does not check kernel argument types and would pass a Python int as a 64-bit value.
 
 Limits: one block handles one row, with the row's keys in shared memory. The threshold kernel
-needs ``H * 4`` bytes per block for float32 (``H * 8`` for float64), the sort kernel
-``P * 8`` bytes (``P * 12`` for float64), ``P`` the next power of two >= H. With the opt-in limit
-of current GPUs (227 KB on H100/H200, 163 KB on A100) both handle H = 16,384 in float32; beyond
-the device's limit the launcher raises a KsaeError naming the largest H it can take.
+needs ``H * 4`` bytes per block for float32 (``H * 8`` for float64) plus 1,168 bytes of static
+shared memory, the sort kernel ``P * 8`` bytes (``P * 12`` for float64), ``P`` the next power of
+two >= H. Above 48 KiB in all the launcher opts in (``max_dynamic_shared_size_bytes``); with the
+opt-in limit of current GPUs (227 KiB on H100/H200, 163 KiB on A100) both handle H = 16,384 in
+float32; beyond the device's limit the launcher raises a KsaeError naming the largest H it can take.
+Rows are strided over a 1-D grid of at most a few thousand blocks, so any N up to 2^31 - 1 works.
 """
 from __future__ import annotations
 
-import hashlib
 import numbers
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,11 +34,19 @@ import numpy as np
 from ksae_cupy.errors import KsaeError
 
 SOURCE_NAME = "topk.cu"
+NVRTC_OPTIONS = ("-std=c++17",)
 CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 KEY_BYTES = {np.dtype(np.float32): 4, np.dtype(np.float64): 8}
 TOPK_BLOCKS = (256, 512)  # threads per block of the per-row top-k kernels
-FLAT_BLOCK = 256  # threads per block of the gather/scatter kernels
+FLAT_BLOCK = 256  # threads per block of the gather/scatter/mask kernels
 BIG_ROW = 2048  # rows (padded rows, for sort) at least this long use the larger block
+DEFAULT_SHARED = 48 * 1024  # shared memory per block (static + dynamic) without the opt-in
+# Static shared memory of the top-k kernels, as ptxas reports it for sm_80 and sm_90
+# (tests/gpu/test_kernels_compile.py checks it). On a GPU the launcher uses the compiled kernel's own
+# figure; plans made without a GPU (the CPU harness) use these.
+STATIC_SHARED_BYTES = {"threshold": 1168, "sort": 0}
+ROW_KINDS = ("gather", "scatter", "mask")
+INT32_MAX = int(np.iinfo(np.int32).max)
 
 
 def _topk_name(method: str, ctype: str, block: int) -> str:
@@ -41,16 +57,17 @@ def _flat_name(kind: str, ctype: str) -> str:
     return f"ksae::{kind}_rows_kernel<{ctype}>"
 
 
-# The one list of template instantiations: passed to RawModule(name_expressions=...) and
-# instantiated by tests/test_kernels_compile.py for the nvcc compile check.
+# The one list of template instantiations: passed to RawModule(name_expressions=...), instantiated
+# by tests/gpu/test_kernels_compile.py for the nvcc compile check and by the CPU harness.
 KERNEL_NAMES: tuple[str, ...] = tuple(
     [_topk_name(m, c, b) for m in ("threshold", "sort") for c in CTYPES.values() for b in TOPK_BLOCKS]
-    + [_flat_name(kind, c) for kind in ("gather", "scatter", "mask") for c in CTYPES.values()]
+    + [_flat_name(kind, c) for kind in ROW_KINDS for c in CTYPES.values()]
 )
 
 _SOURCE_CACHE: dict[str, str] = {}
-_MODULES: dict[tuple[int, str], object] = {}  # (device id, source sha256) -> cupy.RawModule
-_FUNCTIONS: dict[tuple[int, str, str], object] = {}  # (device id, sha, name) -> cupy.RawKernel
+_MODULES: dict[int, object] = {}  # device id -> cupy.RawModule (the source is read once per process)
+_FUNCTIONS: dict[tuple[int, str], object] = {}  # (device id, name) -> cupy.RawKernel
+_LIMITS: dict[int, "DeviceLimits"] = {}  # device id -> its limits
 
 
 def kernel_source_path(name: str = SOURCE_NAME) -> Path:
@@ -90,95 +107,36 @@ def instantiation_source(include_path: str | Path) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
-# Compilation and launch helpers (cupy imported inside).
+# Launch plans (no cupy).
 
-def _cupy():
-    try:
-        import cupy
-    except Exception as exc:  # ImportError or a broken CUDA install
-        raise KsaeError(f"the CUDA kernels need cupy, which does not import ({type(exc).__name__}: {exc})".splitlines()[0])
-    return cupy
+@dataclass(frozen=True)
+class DeviceLimits:
+    """What a plan needs to know about the GPU."""
 
-
-def _module(cupy):
-    device = cupy.cuda.Device().id
-    source = kernel_source()
-    sha = hashlib.sha256(source.encode()).hexdigest()
-    key = (device, sha)
-    if key not in _MODULES:
-        _MODULES[key] = cupy.RawModule(code=source, options=("-std=c++17",), name_expressions=list(KERNEL_NAMES))
-    return _MODULES[key], device, sha
+    sm_count: int
+    shared_optin: int  # cudaDevAttrMaxSharedMemoryPerBlockOptin: static + dynamic bytes per block
 
 
-def _function(cupy, name: str):
-    module, device, sha = _module(cupy)
-    key = (device, sha, name)
-    if key not in _FUNCTIONS:
-        _FUNCTIONS[key] = module.get_function(name)
-    return _FUNCTIONS[key]
+@dataclass(frozen=True)
+class KernelLaunch:
+    """Everything about one launch: ``RawKernel(name)((grid,), (block,), args, shared_mem=...)``."""
 
-
-def _device_attribute(cupy, name: str, default: int) -> int:
-    try:
-        return int(cupy.cuda.Device().attributes[name])
-    except Exception:
-        return default
-
-
-def _shared_limit(cupy) -> int:
-    """Largest dynamic + static shared memory one block may opt in to on the current device."""
-    return _device_attribute(cupy, "MaxSharedMemoryPerBlockOptin", 48 * 1024)
-
-
-def _grid(cupy, work_items: int, per_sm: int) -> int:
-    sms = _device_attribute(cupy, "MultiProcessorCount", 80)
-    return max(1, min(int(work_items), sms * per_sm))
-
-
-def _is_cupy_array(a) -> bool:
-    return type(a).__module__.startswith("cupy") and hasattr(a, "data")
-
-
-def _check_array(a, what: str, ndim: int, dtypes) -> None:
-    if not _is_cupy_array(a):
-        raise KsaeError(f"{what} must be a cupy array on the GPU; got {type(a).__name__}")
-    if a.ndim != ndim:
-        raise KsaeError(f"{what} must be {ndim}-D; got shape {tuple(a.shape)}")
-    if np.dtype(a.dtype) not in dtypes:
-        allowed = ", ".join(str(np.dtype(d)) for d in dtypes)
-        raise KsaeError(f"{what} has dtype {a.dtype}; allowed: {allowed}")
-    if not a.flags.c_contiguous:
-        raise KsaeError(f"{what} must be C-contiguous (use cupy.ascontiguousarray); got strides {a.strides}")
-
-
-def _check_k(k, H: int) -> int:
-    if isinstance(k, (bool, np.bool_)) or not isinstance(k, numbers.Integral):
-        raise KsaeError(f"k={k!r} must be an integer with 1 <= k <= {H}")
-    k = int(k)
-    if not 1 <= k <= H:
-        raise KsaeError(f"k={k} is not allowed for H={H} hidden units; use 1 <= k <= {H}")
-    return k
-
-
-def _check_out(out, what: str, shape: tuple, dtype) -> None:
-    _check_array(out, what, len(shape), (np.dtype(dtype),))
-    if tuple(out.shape) != tuple(shape):
-        raise KsaeError(f"{what} has shape {tuple(out.shape)}; expected {tuple(shape)}")
-
-
-def _check_int32_range(N: int, H: int) -> None:
-    if N > np.iinfo(np.int32).max or H > np.iinfo(np.int32).max:
-        raise KsaeError(f"shape ({N}, {H}) is too large; the kernels take N, H <= {np.iinfo(np.int32).max}")
-
-
-# ------------------------------------------------------------------------------------------------
-# Top-k.
-
-TOPK_GPU_METHODS = ("sort", "threshold")
+    name: str  # an entry of KERNEL_NAMES
+    grid: int  # blocks (1-D); 0: nothing to run (the outputs in `zeroed` are still zeroed)
+    block: int  # threads per block
+    args: tuple  # arrays and NumPy scalars, in the kernel's parameter order
+    outputs: tuple  # positions in args of the arrays the kernel writes
+    zeroed: tuple = ()  # positions in args the launcher zeroes first (the kernel writes only some entries)
+    shared_mem: int = 0  # dynamic shared memory per block, bytes
+    shared_optin: int = 0  # value for max_dynamic_shared_size_bytes; 0: the default 48 KiB suffices
+    static_shared: int = 0  # the kernel's static shared memory this plan counted
 
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
+
+
+TOPK_GPU_METHODS = ("sort", "threshold")
 
 
 def topk_shared_bytes(method: str, H: int, dtype) -> int:
@@ -206,6 +164,196 @@ def topk_block(method: str, H: int) -> int:
     return TOPK_BLOCKS[1] if length >= BIG_ROW else TOPK_BLOCKS[0]
 
 
+def topk_kernel_name(method: str, dtype, H: int) -> str:
+    """The instantiation the launcher runs for this method, dtype and row length."""
+    return _topk_name(method, CTYPES[np.dtype(dtype)], topk_block(method, H))
+
+
+def _grid(limits: DeviceLimits, work_items: int, per_sm: int) -> int:
+    return max(1, min(int(work_items), limits.sm_count * per_sm))
+
+
+def _check_array(a, what: str, ndim: int, dtypes) -> None:
+    if a.ndim != ndim:
+        raise KsaeError(f"{what} must be {ndim}-D; got shape {tuple(a.shape)}")
+    if np.dtype(a.dtype) not in dtypes:
+        allowed = ", ".join(str(np.dtype(d)) for d in dtypes)
+        raise KsaeError(f"{what} has dtype {a.dtype}; allowed: {allowed}")
+    if not a.flags.c_contiguous:
+        raise KsaeError(f"{what} must be C-contiguous (use cupy.ascontiguousarray); got strides {a.strides}")
+
+
+def _check_k(k, H: int) -> int:
+    if isinstance(k, (bool, np.bool_)) or not isinstance(k, numbers.Integral):
+        raise KsaeError(f"k={k!r} must be an integer with 1 <= k <= {H}")
+    k = int(k)
+    if not 1 <= k <= H:
+        raise KsaeError(f"k={k} is not allowed for H={H} hidden units; use 1 <= k <= {H}")
+    return k
+
+
+def _check_out(out, what: str, shape: tuple, dtype) -> None:
+    _check_array(out, what, len(shape), (np.dtype(dtype),))
+    if tuple(out.shape) != tuple(shape):
+        raise KsaeError(f"{what} has shape {tuple(out.shape)}; expected {tuple(shape)}")
+
+
+def _check_int32_range(*sizes: int) -> None:
+    if max(sizes) > INT32_MAX:
+        raise KsaeError(f"sizes {sizes} are too large; the kernels take N, H, k <= {INT32_MAX}")
+
+
+def check_topk_inputs(Z_nh, k, method: str) -> tuple[int, int, int]:
+    """``(N, H, k)`` after checking method, array and k; raises KsaeError otherwise."""
+    if method not in TOPK_GPU_METHODS:
+        raise KsaeError(f"top-k method {method!r} is not allowed; use one of {', '.join(TOPK_GPU_METHODS)}")
+    _check_array(Z_nh, "Z_nh", 2, tuple(CTYPES))
+    N, H = (int(s) for s in Z_nh.shape)
+    if H < 1:
+        raise KsaeError(f"Z_nh has H={H} columns; top-k needs H >= 1")
+    k = _check_k(k, H)
+    _check_int32_range(N, H)
+    return N, H, k
+
+
+def plan_topk(Z_nh, k, method: str, outs: tuple, limits: DeviceLimits, *, static_shared: int | None = None,
+              max_blocks: int | None = None) -> KernelLaunch:
+    """The launch of the top-k kernel for ``Z_nh`` into ``outs`` = ``(idx_nk, val_nk)`` or ``(idx_nk, val_nk, Zs_nh)``.
+
+    ``static_shared``: the kernel's static shared memory (on a GPU, its ``shared_size_bytes``);
+    default :data:`STATIC_SHARED_BYTES`. Raises KsaeError when a row does not fit in the device's
+    shared memory, naming the largest H that does.
+    """
+    N, H, k = check_topk_inputs(Z_nh, k, method)
+    dtype = np.dtype(Z_nh.dtype)
+    dense = len(outs) == 3
+    if len(outs) not in (2, 3):
+        raise KsaeError(f"out must hold 2 or 3 arrays (idx_nk, val_nk[, Zs_nh]); got {len(outs)}")
+    _check_out(outs[0], "out idx_nk", (N, k), np.int32)
+    _check_out(outs[1], "out val_nk", (N, k), dtype)
+    if dense:
+        _check_out(outs[2], "out Zs_nh", (N, H), dtype)
+    static = STATIC_SHARED_BYTES[method] if static_shared is None else int(static_shared)
+    smem = topk_shared_bytes(method, H, dtype)
+    if smem + static > limits.shared_optin:
+        max_H = topk_max_H(method, dtype, limits.shared_optin, static)
+        other = " or --topk threshold" if method == "sort" else ""
+        raise KsaeError(
+            f"H={H} is too large for the {method} top-k kernel in {dtype}: a row needs {smem + static} bytes "
+            f"of shared memory and this GPU allows {limits.shared_optin} per block; use H <= {max_H}{other}")
+    # Static and dynamic shared memory together count against the 48 KiB default; above it the
+    # kernel must be allowed its dynamic part explicitly.
+    optin = smem if smem + static > DEFAULT_SHARED else 0
+    block = topk_block(method, H)
+    grid = _grid(limits, N, 2048 // block)
+    if max_blocks is not None:
+        grid = max(1, min(grid, int(max_blocks)))
+    dense_arg = outs[2] if dense else outs[1]  # never written when write_dense is 0
+    args = [Z_nh, np.int32(N), np.int32(H)]
+    if method == "sort":
+        args.append(np.int32(next_pow2(H)))
+    args += [np.int32(k), outs[0], outs[1], dense_arg, np.int32(1 if dense else 0)]
+    n = len(args)
+    outputs = (n - 4, n - 3, n - 2) if dense else (n - 4, n - 3)
+    return KernelLaunch(name=_topk_name(method, CTYPES[dtype], block), grid=grid if N else 0, block=block,
+                        args=tuple(args), outputs=outputs, shared_mem=smem, shared_optin=optin, static_shared=static)
+
+
+def plan_rows(kind: str, src, idx_nk, out, limits: DeviceLimits) -> KernelLaunch:
+    """The launch of a gather, scatter or mask kernel (one plan for the three: same loop, same arguments).
+
+    * ``gather``: ``out (N, k) = src (N, H)`` at ``idx_nk``;
+    * ``scatter``: ``out (N, H)`` = ``src (N, k)`` placed at ``idx_nk``, zeros elsewhere;
+    * ``mask``: ``out (N, H)`` = ``src (N, H)`` at ``idx_nk``, zeros elsewhere.
+
+    A column repeated within a row of ``idx_nk`` gets one of its values in a scatter, which one is
+    unspecified (top-k indices never repeat). Columns outside [0, H) are skipped.
+    """
+    if kind not in ROW_KINDS:
+        raise KsaeError(f"row kernel {kind!r} is unknown; use one of {', '.join(ROW_KINDS)}")
+    _check_array(src, "val_nk" if kind == "scatter" else "src_nh", 2, tuple(CTYPES))
+    _check_array(idx_nk, "idx_nk", 2, (np.dtype(np.int32),))
+    N, k = (int(s) for s in idx_nk.shape)
+    if int(src.shape[0]) != N:
+        raise KsaeError(f"idx_nk has {N} rows; expected {src.shape[0]}")
+    if kind == "scatter":
+        if tuple(src.shape) != (N, k):
+            raise KsaeError(f"idx_nk has shape {tuple(idx_nk.shape)}; expected {tuple(src.shape)} like val_nk")
+        H = int(out.shape[1]) if out.ndim == 2 else -1
+        out_shape = (N, H)
+    else:
+        H = int(src.shape[1])
+        out_shape = (N, k) if kind == "gather" else (N, H)
+    _check_out(out, "out", out_shape, src.dtype)
+    _check_int32_range(N, H, k)
+    blocks = -(-N * k // FLAT_BLOCK)
+    grid = _grid(limits, blocks, 2048 // FLAT_BLOCK * 4) if N * k else 0
+    return KernelLaunch(name=_flat_name(kind, CTYPES[np.dtype(src.dtype)]), grid=grid, block=FLAT_BLOCK,
+                        args=(src, idx_nk, np.int32(N), np.int32(H), np.int32(k), out), outputs=(5,),
+                        zeroed=() if kind == "gather" else (5,))
+
+
+# ------------------------------------------------------------------------------------------------
+# Compilation and launch (cupy imported inside).
+
+def _cupy():
+    try:
+        import cupy
+    except Exception as exc:  # ImportError or a broken CUDA install
+        raise KsaeError(f"the CUDA kernels need cupy, which does not import ({type(exc).__name__}: {exc})".splitlines()[0])
+    return cupy
+
+
+def _function(cupy, name: str):
+    """The compiled kernel ``name`` on the current device (the module is compiled once per device)."""
+    device = cupy.cuda.Device().id
+    key = (device, name)
+    if key not in _FUNCTIONS:
+        if device not in _MODULES:
+            _MODULES[device] = cupy.RawModule(code=kernel_source(), options=NVRTC_OPTIONS,
+                                              name_expressions=list(KERNEL_NAMES))
+        _FUNCTIONS[key] = _MODULES[device].get_function(name)
+    return _FUNCTIONS[key]
+
+
+def device_limits(cupy) -> DeviceLimits:
+    """The current device's SM count and opt-in shared memory limit, queried once per device.
+
+    Asked of the runtime directly: a failure is a real error and surfaces, rather than a guess
+    that would turn into a wrong "H too large" later.
+    """
+    device = cupy.cuda.Device().id
+    if device not in _LIMITS:
+        runtime = cupy.cuda.runtime
+        _LIMITS[device] = DeviceLimits(
+            sm_count=int(runtime.deviceGetAttribute(runtime.cudaDevAttrMultiProcessorCount, device)),
+            shared_optin=int(runtime.deviceGetAttribute(runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin, device)))
+    return _LIMITS[device]
+
+
+def _launch(cupy, plan: KernelLaunch, kernel=None) -> None:
+    for i in plan.zeroed:
+        plan.args[i].fill(0)
+    if plan.grid == 0:
+        return
+    kernel = kernel if kernel is not None else _function(cupy, plan.name)
+    if plan.shared_optin and int(kernel.max_dynamic_shared_size_bytes) < plan.shared_optin:
+        kernel.max_dynamic_shared_size_bytes = plan.shared_optin
+    kernel((plan.grid,), (plan.block,), plan.args, shared_mem=plan.shared_mem)
+
+
+def _is_cupy_array(a) -> bool:
+    return type(a).__module__.startswith("cupy") and hasattr(a, "data")
+
+
+def _require_gpu_array(a, what: str) -> None:
+    if not _is_cupy_array(a):
+        raise KsaeError(f"{what} must be a cupy array on the GPU; got {type(a).__name__}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Top-k.
+
 def topk_gpu(Z_nh, k: int, method: str = "sort", *, dense: bool = False, out=None, max_blocks: int | None = None):
     """Top-k of every row of the cupy array ``Z_nh`` with the CUDA kernels.
 
@@ -218,135 +366,64 @@ def topk_gpu(Z_nh, k: int, method: str = "sort", *, dense: bool = False, out=Non
     written completely. ``max_blocks`` caps the grid (tests use it to force several row passes).
     """
     cupy = _cupy()
-    if method not in TOPK_GPU_METHODS:
-        raise KsaeError(f"top-k method {method!r} is not allowed; use one of {', '.join(TOPK_GPU_METHODS)}")
-    _check_array(Z_nh, "Z_nh", 2, tuple(CTYPES))
-    N, H = (int(s) for s in Z_nh.shape)
-    if H < 1:
-        raise KsaeError(f"Z_nh has H={H} columns; top-k needs H >= 1")
-    k = _check_k(k, H)
-    _check_int32_range(N, H)
+    _require_gpu_array(Z_nh, "Z_nh")
+    N, H, k = check_topk_inputs(Z_nh, k, method)
     dtype = np.dtype(Z_nh.dtype)
     with cupy.cuda.Device(Z_nh.device.id):
         if out is None:
-            idx_nk = cupy.empty((N, k), dtype=np.int32)
-            val_nk = cupy.empty((N, k), dtype=dtype)
-            Zs_nh = cupy.empty((N, H), dtype=dtype) if dense else None
+            outs = (cupy.empty((N, k), dtype=np.int32), cupy.empty((N, k), dtype=dtype))
+            if dense:
+                outs += (cupy.empty((N, H), dtype=dtype),)
         else:
             expected = 3 if dense else 2
             if len(out) != expected:
                 raise KsaeError(f"out must hold {expected} arrays (idx_nk, val_nk{', Zs_nh' if dense else ''}); got {len(out)}")
-            idx_nk, val_nk = out[0], out[1]
-            _check_out(idx_nk, "out idx_nk", (N, k), np.int32)
-            _check_out(val_nk, "out val_nk", (N, k), dtype)
-            Zs_nh = None
-            if dense:
-                Zs_nh = out[2]
-                _check_out(Zs_nh, "out Zs_nh", (N, H), dtype)
-        result = (idx_nk, val_nk, Zs_nh) if dense else (idx_nk, val_nk)
-        if N == 0:
-            return result
-
-        block = topk_block(method, H)
-        kernel = _function(cupy, _topk_name(method, CTYPES[dtype], block))
-        smem = topk_shared_bytes(method, H, dtype)
-        static = int(getattr(kernel, "shared_size_bytes", 0) or 0)
-        limit = _shared_limit(cupy)
-        if smem + static > limit:
-            max_H = topk_max_H(method, dtype, limit, static)
-            other = " or --topk threshold" if method == "sort" else ""
-            raise KsaeError(
-                f"H={H} is too large for the {method} top-k kernel in {dtype}: a row needs {smem + static} bytes "
-                f"of shared memory and this GPU allows {limit} per block; use H <= {max_H}{other}")
-        if smem > 48 * 1024 and int(kernel.max_dynamic_shared_size_bytes) < smem:
-            kernel.max_dynamic_shared_size_bytes = smem
-        grid = _grid(cupy, N, 2048 // block)
-        if max_blocks is not None:
-            grid = max(1, min(grid, int(max_blocks)))
-        dense_arg = Zs_nh if dense else val_nk  # never written when write_dense is 0
-        args = [Z_nh, np.int32(N), np.int32(H)]
-        if method == "sort":
-            args.append(np.int32(next_pow2(H)))
-        args += [np.int32(k), idx_nk, val_nk, dense_arg, np.int32(1 if dense else 0)]
-        kernel((grid,), (block,), tuple(args), shared_mem=smem)
-    return result
+            outs = tuple(out)
+            for o, what in zip(outs, ("out idx_nk", "out val_nk", "out Zs_nh")):
+                _require_gpu_array(o, what)
+        kernel = _function(cupy, topk_kernel_name(method, dtype, H))
+        plan = plan_topk(Z_nh, k, method, outs, device_limits(cupy), static_shared=int(kernel.shared_size_bytes),
+                         max_blocks=max_blocks)
+        _launch(cupy, plan, kernel)
+    return outs
 
 
 # ------------------------------------------------------------------------------------------------
-# Gathers and scatters of the sparse backward pass.
+# Gathers and scatters of the sparse backward pass: one launcher for the three kernels.
 
-def _check_idx(idx_nk, N: int | None = None):
-    _check_array(idx_nk, "idx_nk", 2, (np.dtype(np.int32),))
-    if N is not None and int(idx_nk.shape[0]) != N:
-        raise KsaeError(f"idx_nk has {idx_nk.shape[0]} rows; expected {N}")
-
-
-def _launch_flat(cupy, kind: str, dtype, args, N: int, k: int) -> None:
-    if N * k == 0:
-        return
-    kernel = _function(cupy, _flat_name(kind, CTYPES[np.dtype(dtype)]))
-    blocks = _grid(cupy, -(-N * k // FLAT_BLOCK), 2048 // FLAT_BLOCK * 4)
-    kernel((blocks,), (FLAT_BLOCK,), tuple(args))
+def _rows_gpu(kind: str, src, idx_nk, out_shape: tuple, out):
+    cupy = _cupy()
+    _require_gpu_array(src, "val_nk" if kind == "scatter" else "src_nh")
+    _require_gpu_array(idx_nk, "idx_nk")
+    with cupy.cuda.Device(src.device.id):
+        if out is None:
+            out = cupy.empty(out_shape, dtype=src.dtype)
+        else:
+            _require_gpu_array(out, "out")
+        _launch(cupy, plan_rows(kind, src, idx_nk, out, device_limits(cupy)))
+    return out
 
 
 def gather_rows_gpu(src_nh, idx_nk, out=None):
     """``out_nk[n, j] = src_nh[n, idx_nk[n, j]]`` (e.g. dZ_nk from dZs_nh = R W)."""
-    cupy = _cupy()
-    _check_array(src_nh, "src_nh", 2, tuple(CTYPES))
-    N, H = (int(s) for s in src_nh.shape)
-    _check_idx(idx_nk, N)
-    k = int(idx_nk.shape[1])
-    _check_int32_range(N, max(H, k))
-    with cupy.cuda.Device(src_nh.device.id):
-        if out is None:
-            out = cupy.empty((N, k), dtype=src_nh.dtype)
-        else:
-            _check_out(out, "out", (N, k), src_nh.dtype)
-        _launch_flat(cupy, "gather", src_nh.dtype, (src_nh, idx_nk, np.int32(N), np.int32(H), np.int32(k), out), N, k)
-    return out
+    return _rows_gpu("gather", src_nh, idx_nk, (int(idx_nk.shape[0]), int(idx_nk.shape[-1])), out)
 
 
 def scatter_rows_gpu(idx_nk, val_nk, H: int, out=None):
     """Dense ``(N, H)`` array with ``val_nk`` at ``idx_nk`` and zeros elsewhere.
 
-    ``out``, when given, is zeroed first and then written.
+    ``out``, when given, is zeroed first and then written. For a column repeated within a row,
+    which of its values lands is unspecified (top-k indices never repeat).
     """
-    cupy = _cupy()
-    _check_array(val_nk, "val_nk", 2, tuple(CTYPES))
-    N, k = (int(s) for s in val_nk.shape)
-    _check_idx(idx_nk, N)
-    if tuple(idx_nk.shape) != (N, k):
-        raise KsaeError(f"idx_nk has shape {tuple(idx_nk.shape)}; expected {(N, k)} like val_nk")
+    k = int(val_nk.shape[-1])
     if isinstance(H, (bool, np.bool_)) or not isinstance(H, numbers.Integral) or int(H) < k:
         raise KsaeError(f"H={H!r} must be an integer >= k={k}")
-    H = int(H)
-    _check_int32_range(N, H)
-    with cupy.cuda.Device(val_nk.device.id):
-        if out is None:
-            out = cupy.zeros((N, H), dtype=val_nk.dtype)
-        else:
-            _check_out(out, "out", (N, H), val_nk.dtype)
-            out.fill(0)
-        _launch_flat(cupy, "scatter", val_nk.dtype, (val_nk, idx_nk, np.int32(N), np.int32(H), np.int32(k), out), N, k)
-    return out
+    return _rows_gpu("scatter", val_nk, idx_nk, (int(val_nk.shape[0]), int(H)), out)
 
 
 def mask_rows_gpu(src_nh, idx_nk, out=None):
     """``src_nh`` kept at ``idx_nk`` and zero elsewhere: the fused gather + scatter of dZ_nh."""
-    cupy = _cupy()
-    _check_array(src_nh, "src_nh", 2, tuple(CTYPES))
-    N, H = (int(s) for s in src_nh.shape)
-    _check_idx(idx_nk, N)
-    k = int(idx_nk.shape[1])
-    _check_int32_range(N, max(H, k))
-    with cupy.cuda.Device(src_nh.device.id):
-        if out is None:
-            out = cupy.zeros((N, H), dtype=src_nh.dtype)
-        else:
-            _check_out(out, "out", (N, H), src_nh.dtype)
-            out.fill(0)
-        _launch_flat(cupy, "mask", src_nh.dtype, (src_nh, idx_nk, np.int32(N), np.int32(H), np.int32(k), out), N, k)
-    return out
+    return _rows_gpu("mask", src_nh, idx_nk, tuple(int(s) for s in src_nh.shape), out)
 
 
 def csr_from_topk(idx_nk, val_nk, H: int):
@@ -358,8 +435,11 @@ def csr_from_topk(idx_nk, val_nk, H: int):
     cupy = _cupy()
     import cupyx.scipy.sparse as sparse
 
+    _require_gpu_array(val_nk, "val_nk")
     _check_array(val_nk, "val_nk", 2, (np.dtype(np.float32), np.dtype(np.float64)))
     N, k = (int(s) for s in val_nk.shape)
-    _check_idx(idx_nk, N)
+    _check_array(idx_nk, "idx_nk", 2, (np.dtype(np.int32),))
+    if int(idx_nk.shape[0]) != N:
+        raise KsaeError(f"idx_nk has {idx_nk.shape[0]} rows; expected {N}")
     indptr = cupy.arange(0, N * k + 1, k, dtype=np.int32)
     return sparse.csr_matrix((val_nk.ravel(), idx_nk.ravel(), indptr), shape=(N, int(H)))

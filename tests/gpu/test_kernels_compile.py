@@ -36,6 +36,20 @@ def _mangled_count(ptxas_log: str) -> int:
     return len(set(re.findall(r"Compiling entry function '([^']+)'", ptxas_log)))
 
 
+def _static_smem(ptxas_log: str) -> dict[str, int]:
+    """Static shared memory per kernel entry: the "N bytes smem" ptxas prints after compiling it (0 if none)."""
+    smem, entry = {}, None
+    for line in ptxas_log.splitlines():
+        m = re.search(r"Compiling entry function '([^']+)'", line)
+        if m:
+            entry = m.group(1)
+            smem[entry] = 0
+        m = re.search(r"(\d+) bytes smem", line)
+        if m and entry is not None:
+            smem[entry] = int(m.group(1))
+    return smem
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_all_instantiations_compile(arch, tmp_path: Path):
     source = tmp_path / "all_kernels.cu"
@@ -52,6 +66,10 @@ def test_all_instantiations_compile(arch, tmp_path: Path):
     # No kernel may spill to local memory (a sign of a wrong launch bound or runaway registers).
     spills = re.findall(r"(\d+) bytes spill stores", log)
     assert all(int(s) == 0 for s in spills), log[-4000:]
+    # The static shared memory the launch plans count (STATIC_SHARED_BYTES) is what ptxas allots.
+    for entry, smem in _static_smem(log).items():
+        method = "threshold" if "topk_threshold" in entry else "sort" if "topk_sort" in entry else None
+        assert smem == (cuda.STATIC_SHARED_BYTES[method] if method else 0), (entry, smem)
 
 
 def test_kernel_names_cover_every_template():
