@@ -17,7 +17,7 @@
 //     mask that never arrives, a barrier some live thread never reaches);
 //   * dynamic shared memory: sized per launch; writes just outside it (canary bytes on both
 //     sides, checked after every stretch a thread runs) and anywhere in the rest of the arena
-//     (checked after every block); larger than 48 KiB only with the opt-in, as on a GPU;
+//     (checked after every block); static + dynamic above 48 KiB only with the opt-in, as on a GPU;
 //   * static shared arrays: indexing out of bounds (-fsanitize=bounds);
 //   * kernel arguments in GuardedBuffers: any access outside them (guard pages), writes next to them.
 // Not modelled: timing, memory ordering between threads of different blocks (blocks never run
@@ -302,7 +302,8 @@ struct LaunchConfig {
     std::string label;
     dim3 grid, block;
     std::size_t dynamic_shared = 0;
-    std::size_t shared_optin = 0;  // the kernel's max_dynamic_shared_size_bytes; 0: not raised
+    std::size_t shared_optin = 0;   // the kernel's max_dynamic_shared_size_bytes; 0: not raised
+    std::size_t static_shared = 0;  // the kernel's static shared memory, as the launcher counted it
     Order block_order = Order::Forward;
     Order thread_order = Order::Forward;
     std::uint64_t seed = 0;
@@ -318,15 +319,19 @@ inline void launch(const LaunchConfig& cfg, std::function<void()> body) {
     if (cfg.grid.x == 0 || cfg.grid.y == 0 || cfg.grid.z == 0 || cfg.grid.x > 0x7fffffffu || cfg.grid.y > 65535 ||
         cfg.grid.z > 65535)
         fail("invalid grid (%u,%u,%u): x up to 2^31-1, y and z up to 65535", cfg.grid.x, cfg.grid.y, cfg.grid.z);
-    const std::size_t limit = std::max(kDefaultSharedLimit, cfg.shared_optin);
-    if (cfg.dynamic_shared > limit)
-        fail("launch asks for %zu bytes of dynamic shared memory; allowed %zu (above 48 KiB needs the opt-in "
-             "max_dynamic_shared_size_bytes)",
-             cfg.dynamic_shared, limit);
-    if (cfg.shared_optin > kMaxDynamicShared)
-        fail("opt-in of %zu bytes of dynamic shared memory: no GPU allows more than %zu", cfg.shared_optin,
-             kMaxDynamicShared);
-
+    // As on a GPU: static + dynamic shared memory up to 48 KiB by default; above, the dynamic part
+    // must be allowed with the opt-in attribute, which the device caps (227 KiB here, the largest).
+    const std::size_t total = cfg.dynamic_shared + cfg.static_shared;
+    if (cfg.shared_optin == 0 && total > kDefaultSharedLimit)
+        fail("launch needs %zu bytes of shared memory (%zu dynamic + %zu static) without the opt-in "
+             "max_dynamic_shared_size_bytes; the default limit is %zu",
+             total, cfg.dynamic_shared, cfg.static_shared, kDefaultSharedLimit);
+    if (cfg.shared_optin != 0 && cfg.dynamic_shared > cfg.shared_optin)
+        fail("launch asks for %zu bytes of dynamic shared memory; the kernel was allowed %zu", cfg.dynamic_shared,
+             cfg.shared_optin);
+    if (cfg.shared_optin + cfg.static_shared > kMaxDynamicShared || total > kMaxDynamicShared)
+        fail("%zu bytes of dynamic (allowed %zu) + %zu static shared memory: no GPU allows more than %zu per block",
+             cfg.dynamic_shared, cfg.shared_optin, cfg.static_shared, kMaxDynamicShared);
     g_dynamic_shared = cfg.dynamic_shared;
     std::memset(g_arena, kCanary, sizeof g_arena);
     g_garbage_seed = cfg.seed * 0x9E3779B97F4A7C15ull;

@@ -13,7 +13,7 @@
 //   label <case description, for reports>
 //   grid <x> <y> <z>
 //   block <x> <y> <z>
-//   shared <dynamic bytes> <opt-in bytes, 0 if not raised>
+//   shared <dynamic bytes> <opt-in bytes, 0 if not raised> <static bytes the launcher counted>
 //   order <forward|reverse|shuffle for blocks> <same, for threads> <seed>
 //   array <float32|float64|int32|int64|uint32> <count> <in|out> <start|end>   + count*itemsize bytes
 //   scalar <dtype> <value>
@@ -145,7 +145,7 @@ bool serve_one() {
         } else if (key == "block") {
             in >> cfg.block.x >> cfg.block.y >> cfg.block.z;
         } else if (key == "shared") {
-            in >> cfg.dynamic_shared >> cfg.shared_optin;
+            in >> cfg.dynamic_shared >> cfg.shared_optin >> cfg.static_shared;
         } else if (key == "order") {
             std::string b, t;
             in >> b >> t >> cfg.seed;

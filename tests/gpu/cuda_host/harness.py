@@ -1,40 +1,38 @@
-"""Python side of the CPU harness for the CUDA kernels: builds tests/cuda_host/driver.cpp and sends it launches.
+"""Python side of the CPU harness for the CUDA kernels: builds ``driver.cpp`` and runs launch plans on it.
 
-The driver runs ``kernels/*.cu`` compiled for the host against ``cuda_host.h`` (see that header for
-what is emulated and checked). A launch is described the way a CuPy launcher makes it: kernel
-name, grid, block, dynamic shared memory, and the argument tuple of arrays and NumPy scalars; the
-driver checks each argument against the kernel's parameter types and returns the output arrays.
+The driver runs ``kernels/*.cu`` compiled for the host against ``cuda_host.h`` (that header says
+what is emulated and what is checked). What it runs are the launchers' own plans
+(:func:`ksae_cupy.gpu.kernels.plan_topk`, :func:`~ksae_cupy.gpu.kernels.plan_rows`) made on NumPy
+arrays: the same kernel name, grid, block, shared memory and argument tuple a GPU would get. The
+driver checks every argument against the kernel's C++ parameter types and sends the output arrays
+back; :meth:`Driver.run` writes them into the plan's arrays, as the kernel would on a GPU.
 """
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
-import time
-from dataclasses import dataclass, field
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-ORDERS = ("forward", "reverse", "shuffle")
 DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64", np.dtype(np.int32): "int32",
                np.dtype(np.int64): "int64", np.dtype(np.uint32): "uint32"}
+# -O2: fast enough; -fsanitize=bounds: out-of-bounds indexing of static shared arrays is reported.
 CXXFLAGS = ["-std=c++20", "-O2", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas", "-fno-extern-tls-init",
             "-fsanitize=bounds", "-fno-sanitize-recover=bounds"]
 
 
 class HarnessError(RuntimeError):
-    """The driver reported a fault (its stderr is the message) or died."""
+    """The driver reported a fault of the kernel (the message is its report) or died."""
 
 
 def compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
-
-
-def kernel_table(names) -> str:
-    """The driver's table: one line per instantiation name, as the launchers spell it."""
-    return "".join(f'{{"{n}", bind(&{n})}},\n' for n in names)
 
 
 def build(out_dir: Path, source: Path, names, *, exe_name: str = "driver", timeout: float = 600) -> Path:
@@ -44,7 +42,7 @@ def build(out_dir: Path, source: Path, names, *, exe_name: str = "driver", timeo
         raise HarnessError("no C++ compiler (g++ or clang++) found")
     out_dir.mkdir(parents=True, exist_ok=True)
     table = out_dir / f"{exe_name}_table.inc"
-    table.write_text(kernel_table(names))
+    table.write_text("".join(f'{{"{n}", bind(&{n})}},\n' for n in names))
     exe = out_dir / exe_name
     cmd = [cxx, *CXXFLAGS, "-include", str(HERE / "cuda_host.h"), f"-I{HERE}",
            f'-DKERNEL_SOURCE="{Path(source).resolve()}"', f'-DKERNEL_TABLE="{table.resolve()}"',
@@ -55,63 +53,35 @@ def build(out_dir: Path, source: Path, names, *, exe_name: str = "driver", timeo
     return exe
 
 
-@dataclass
-class Launch:
-    """One kernel launch: what a CuPy launcher passes to ``RawKernel.__call__`` (plus the opt-in)."""
-
-    name: str
-    grid: tuple
-    block: tuple
-    args: tuple
-    outputs: tuple  # indexes into args of the arrays the kernel writes
-    shared_mem: int = 0
-    shared_optin: int = 0  # max_dynamic_shared_size_bytes the launcher sets; 0 if left alone
-    label: str = ""
-
-
-@dataclass
+@dataclass(frozen=True)
 class Schedule:
+    """How the emulation orders the work: blocks, threads within a block (reshuffled after every
+    barrier when "shuffle"), and which guard page the arrays touch."""
+
     block_order: str = "forward"
     thread_order: str = "forward"
     seed: int = 0
     data_at_end: bool = True  # arrays touch the guard page after them (else the one before)
 
 
-@dataclass
-class Stats:
-    launches: dict = field(default_factory=dict)  # kernel name -> launches
-    rows: dict = field(default_factory=dict)  # kernel name -> rows compared
-    seconds: float = 0.0
-
-    def add(self, name: str, rows: int) -> None:
-        self.launches[name] = self.launches.get(name, 0) + 1
-        self.rows[name] = self.rows.get(name, 0) + rows
-
-
-def _dims(d) -> tuple:
-    d = tuple(int(x) for x in (d if isinstance(d, tuple) else (d,)))
-    return d + (1,) * (3 - len(d))
+SCHEDULES = tuple(Schedule(b, t, seed, end) for seed, (b, t, end) in enumerate(
+    [("forward", "forward", True), ("reverse", "reverse", False), ("shuffle", "shuffle", True),
+     ("forward", "reverse", False), ("reverse", "shuffle", True), ("shuffle", "forward", False)]))
 
 
 class Driver:
-    """A running driver process; :meth:`run` sends one launch and returns the output arrays."""
+    """A running driver process; :meth:`run` sends one launch plan and fills in its outputs."""
 
     def __init__(self, exe: Path):
         self.exe = exe
         self.proc = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE)
-        self.stats = Stats()
+        self.rows: dict[str, int] = {}  # kernel name -> rows run
 
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.stdin.close()
             self.proc.wait(timeout=60)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def _fail(self, what: str):
         try:
@@ -122,27 +92,38 @@ class Driver:
         err = self.proc.stderr.read().decode(errors="replace")
         raise HarnessError(f"{what} (driver exit status {self.proc.returncode}):\n{err.strip()}")
 
-    def run(self, launch: Launch, schedule: Schedule = Schedule()) -> list:
-        t0 = time.perf_counter()
-        parts = [f"launch {launch.name}\n", f"label {launch.label or '-'}\n",
-                 "grid {} {} {}\n".format(*_dims(launch.grid)), "block {} {} {}\n".format(*_dims(launch.block)),
-                 f"shared {int(launch.shared_mem)} {int(launch.shared_optin)}\n",
+    def run(self, plan, schedule: Schedule = Schedule(), label: str = "-", rows: int | None = None) -> None:
+        """Run a :class:`~ksae_cupy.gpu.kernels.KernelLaunch` whose arrays are NumPy arrays.
+
+        As :func:`ksae_cupy.gpu.kernels._launch` does: zero the plan's ``zeroed`` outputs, skip a
+        grid of 0, launch. The outputs are written back into the plan's arrays in place.
+        """
+        for i in plan.zeroed:
+            plan.args[i].fill(0)
+        self.rows[plan.name] = self.rows.get(plan.name, 0) + (rows if rows is not None else int(plan.args[0].shape[0]))
+        if plan.grid == 0:
+            return
+        label = " ".join(label.split()) or "-"
+        parts = [f"launch {plan.name}\n", f"label {label}\n", f"grid {int(plan.grid)} 1 1\n",
+                 f"block {int(plan.block)} 1 1\n",
+                 f"shared {int(plan.shared_mem)} {int(plan.shared_optin)} {int(plan.static_shared)}\n",
                  f"order {schedule.block_order} {schedule.thread_order} {int(schedule.seed)}\n"]
         payload = [p.encode() for p in parts]
-        outs = []
         place = "end" if schedule.data_at_end else "start"
-        for i, a in enumerate(launch.args):
+        outs = []
+        for i, a in enumerate(plan.args):
             if isinstance(a, np.ndarray):
-                a = np.ascontiguousarray(a)
-                role = "out" if i in launch.outputs else "in"
+                if not a.flags.c_contiguous:
+                    raise HarnessError(f"argument {i} is not C-contiguous")
+                role = "out" if i in plan.outputs else "in"
                 payload.append(f"array {DTYPE_NAMES[a.dtype]} {a.size} {role} {place}\n".encode())
                 payload.append(a.tobytes())
                 if role == "out":
                     outs.append(a)
             elif isinstance(a, np.generic):
                 payload.append(f"scalar {DTYPE_NAMES[a.dtype]} {a.item()!r}\n".encode())
-            else:  # a Python int or float: CuPy would pass it as a 64-bit value
-                dtype = "int64" if isinstance(a, (int, np.integer)) else "float64"
+            else:  # a Python int or float: CuPy passes it as a 64-bit value
+                dtype = "float64" if isinstance(a, float) else "int64"
                 payload.append(f"scalar {dtype} {a!r}\n".encode())
         payload.append(b"go\n")
         try:
@@ -152,15 +133,53 @@ class Driver:
         except (BrokenPipeError, OSError):
             header = b""
         if not header.startswith(b"done "):
-            self._fail(f"launch {launch.name} [{launch.label}] failed")
+            self._fail(f"launch {plan.name} [{label}] failed")
         total = int(header.split()[1])
         data = self.proc.stdout.read(total)
         if len(data) != total:
-            self._fail(f"launch {launch.name} [{launch.label}]: short answer")
-        results, offset = [], 0
+            self._fail(f"launch {plan.name} [{label}]: short answer")
+        offset = 0
         for a in outs:
-            n = a.nbytes
-            results.append(np.frombuffer(data[offset:offset + n], dtype=a.dtype).reshape(a.shape).copy())
-            offset += n
-        self.stats.seconds += time.perf_counter() - t0
-        return results
+            a.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, np.uint8, a.nbytes, offset)
+            offset += a.nbytes
+
+
+class DriverPool:
+    """One driver process per worker thread; :meth:`map` runs independent cases on all of them.
+
+    Each case is a function of a :class:`Driver`. The drivers are single-threaded processes, so
+    ``jobs`` of them use ``jobs`` cores while the Python threads wait on their pipes.
+    """
+
+    def __init__(self, exe: Path, jobs: int):
+        self.exe = exe
+        self.jobs = max(1, int(jobs))
+        self._local = threading.local()
+        self._drivers: list[Driver] = []
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(self.jobs)  # kept: each of its threads keeps its driver
+
+    def _driver(self) -> Driver:
+        d = getattr(self._local, "driver", None)
+        if d is None or d.proc.poll() is not None:
+            d = Driver(self.exe)
+            self._local.driver = d
+            with self._lock:
+                self._drivers.append(d)
+        return d
+
+    def map(self, cases) -> list:
+        return list(self._executor.map(lambda case: case(self._driver()), list(cases)))
+
+    def rows(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        with self._lock:
+            for d in self._drivers:
+                for name, n in d.rows.items():
+                    total[name] = total.get(name, 0) + n
+        return total
+
+    def close(self) -> None:
+        self._executor.shutdown()
+        for d in self._drivers:
+            d.close()

@@ -1,0 +1,489 @@
+"""The CUDA kernels of kernels/topk.cu, run on the CPU and compared bit for bit with ksae_cupy.topk.
+
+No GPU needed: tests/gpu/cuda_host/ compiles the unmodified kernel source with the host C++
+compiler against a header that emulates the CUDA built-ins (threads as fibers, __syncthreads,
+warp shuffles with their masks, shared memory sized per launch and bounds-checked). What runs is
+exactly what the launchers of ksae_cupy.gpu.kernels would launch: their plans (kernel name, grid,
+block, shared memory, argument types) are made on NumPy arrays and handed to the emulation.
+
+Checked here: every instantiation in KERNEL_NAMES on the contract's hard cases (ties at the k-th
+value, +0/-0, +/-inf, NaN of any sign and payload, subnormals, random bit patterns, H from 1 to
+16,384 and not a multiple of 32, k = 1 and k = H, N a prime, several rows per block), in forward,
+reverse and shuffled block and thread orders; the fused training step built on the kernels; and,
+by planting bugs in copies of the source, that the harness fails when a kernel is wrong.
+Not checked (only a GPU can): speed, NVRTC itself, real warp scheduling and memory ordering.
+
+Run: ``pytest tests/gpu/test_kernels_host.py`` (about 2 minutes on 2 cores; ``-m slow`` adds the
+long cases; ``-rP`` prints the rows compared per instantiation).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ksae_cupy.gpu import kernels
+from ksae_cupy.gpu.fused_step import fused_step
+from ksae_cupy.topk import topk_sort, topk_threshold
+
+sys.path.insert(0, str(Path(__file__).parent / "cuda_host"))
+import harness  # noqa: E402
+
+pytestmark = pytest.mark.skipif(harness.compiler() is None, reason="no C++ compiler (g++ or clang++) to build the harness")
+
+# The device the plans are made for: an H100 (132 SMs, 227 KiB of opt-in shared memory per block),
+# the largest shared memory of any current GPU, so the largest rows any launch can have.
+LIMITS = kernels.DeviceLimits(sm_count=132, shared_optin=227 * 1024)
+JOBS = int(os.environ.get("KSAE_HARNESS_JOBS", min(2, os.cpu_count() or 1)))
+REFERENCE = {"sort": topk_sort, "threshold": topk_threshold}
+UINT = {np.dtype(np.float32): np.uint32, np.dtype(np.float64): np.uint64}
+POISON = {np.dtype(np.float32): 0x7FC0DEAD, np.dtype(np.float64): 0x7FF8DEADBEEFDEAD}  # NaN with a payload
+KINDS = ("random", "equal", "ties", "kth_ties", "zeros", "inf", "nan", "subnormal", "extremes", "bits")
+# Row lengths: 1..16,384, around every multiple of 32 and of the block sizes the kernels use,
+# and 12,000 (float32) / 6,000 (float64), where the threshold kernel needs the shared-memory opt-in
+# only because of its static part.
+H_SMALL = (1, 2, 3, 5, 17, 31, 32, 33, 100, 255, 256, 257, 511, 512, 513, 784, 1000, 1023, 1024, 1025)
+H_LARGE = (1500, 2047, 2048, 2049, 4097, 6000, 8191, 12000, 16384)
+
+
+class Mismatch(AssertionError):
+    """A kernel's answer differs from the reference."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Hard cases.
+
+def _special_bits(dtype) -> np.ndarray:
+    """Bit patterns of the values the contract singles out: zeros, infinities, NaNs of both signs
+    with quiet and signalling payloads, subnormals, the extremes of the normal range."""
+    if np.dtype(dtype) == np.float32:
+        vals = [0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001,
+                0x7FFFFFFF, 0xFFFFFFFF, 0x7FC0BEEF, 0x7FA00000, 0x00000001, 0x80000001, 0x007FFFFF, 0x807FFFFF,
+                0x00800000, 0x80800000, 0x7F7FFFFF, 0xFF7FFFFF, 0x3F800000, 0xBF800000]
+        return np.array(vals, dtype=np.uint32)
+    vals = [0x0, 0x8000000000000000, 0x7FF0000000000000, 0xFFF0000000000000, 0x7FF8000000000000,
+            0xFFF8000000000000, 0x7FF0000000000001, 0xFFF0000000000001, 0x7FFFFFFFFFFFFFFF, 0xFFFFFFFFFFFFFFFF,
+            0x7FF8DEADBEEF0000, 0x1, 0x8000000000000001, 0x000FFFFFFFFFFFFF, 0x800FFFFFFFFFFFFF,
+            0x0010000000000000, 0x8010000000000000, 0x7FEFFFFFFFFFFFFF, 0xFFEFFFFFFFFFFFFF,
+            0x3FF0000000000000, 0xBFF0000000000000]
+    return np.array(vals, dtype=np.uint64)
+
+
+def make_rows(kind: str, N: int, H: int, k: int, rng: np.random.Generator, dtype) -> np.ndarray:
+    dtype = np.dtype(dtype)
+    U = UINT[dtype]
+    bits_per = dtype.itemsize * 8
+    special = _special_bits(dtype)
+    if kind == "random":
+        Z = rng.standard_normal((N, H)).astype(dtype)
+    elif kind == "equal":  # every entry of a row equal (a special value or not): ties everywhere
+        values = np.concatenate([special, np.array([1.5, -3.25], dtype=dtype).view(U)])
+        Z = np.repeat(rng.choice(values, size=(N, 1)), H, axis=1).view(dtype)
+    elif kind == "ties":  # few distinct values: long runs of equal keys at the threshold
+        Z = rng.integers(-2, 3, size=(N, H)).astype(dtype)
+    elif kind == "kth_ties":  # the k-th value repeated far more often than the places left for it
+        Z = np.empty((N, H), dtype=dtype)
+        for n in range(N):
+            above = int(rng.integers(0, k))  # entries strictly above the k-th value
+            row = np.full(H, 0.25, dtype=dtype)
+            row[:above] = 1.0 + rng.random(above)
+            below = int(rng.integers(0, max(1, (H - above) // 2)))
+            row[above:above + below] = -rng.random(below)
+            Z[n] = rng.permutation(row)
+    elif kind == "zeros":  # +0 and -0 (distinct keys, -0 below +0), a few tiny values
+        Z = np.where(rng.random((N, H)) < 0.5, 0.0, -0.0).astype(dtype)
+        Z[rng.random((N, H)) < 0.05] = dtype.type(np.finfo(dtype).smallest_subnormal)
+    elif kind == "inf":
+        Z = rng.standard_normal((N, H)).astype(dtype)
+        Z[rng.random((N, H)) < 0.2] = np.inf
+        Z[rng.random((N, H)) < 0.2] = -np.inf
+    elif kind == "nan":  # NaNs of both signs, quiet and signalling, various payloads: all rank lowest
+        Z = rng.standard_normal((N, H)).astype(dtype).view(U)
+        nan_bits = special[np.isnan(special.view(dtype))]
+        mask = rng.random((N, H)) < 0.4
+        Z[mask] = rng.choice(nan_bits, size=int(mask.sum()))
+        Z[:, 0] = nan_bits[0]
+        Z = Z.view(dtype)
+    elif kind == "subnormal":  # exponent field 0, both signs, plus zeros and the smallest normals
+        mant = rng.integers(0, 1 << (23 if bits_per == 32 else 52), size=(N, H), dtype=np.uint64).astype(U)
+        sign = (rng.random((N, H)) < 0.5).astype(U) << U(bits_per - 1)
+        Z = (mant | sign).view(dtype)
+    elif kind == "extremes":
+        Z = rng.choice(special, size=(N, H)).view(dtype)
+    elif kind == "bits":  # uniformly random bit patterns: every class of float, NaN payloads included
+        Z = rng.integers(0, np.iinfo(U).max, size=(N, H), dtype=U, endpoint=True).view(dtype)
+    else:
+        raise ValueError(kind)
+    return np.ascontiguousarray(Z, dtype=dtype)
+
+
+def ks_for(H: int, rng: np.random.Generator) -> list[int]:
+    ks = {1, 2, H // 3 + 1, H - 1, H, int(rng.integers(1, H + 1))}
+    return sorted(k for k in ks if 1 <= k <= H)
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return a.view(UINT[a.dtype])
+
+
+def _first_bad_row(got: np.ndarray, want: np.ndarray) -> int:
+    bad = np.nonzero((got != want).reshape(got.shape[0], -1).any(axis=1))[0]
+    return int(bad[0]) if len(bad) else -1
+
+
+def _mismatch(label: str, what: str, got, want, Z) -> Mismatch:
+    n = _first_bad_row(got, want)
+    return Mismatch(f"{label}: {what} differs from the reference in row {n} of {got.shape[0]}\n"
+                    f"  got  {got[n][:12]}\n  want {want[n][:12]}\n  row bits {bits(Z[n])[:12]}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Running plans through the emulation.
+
+def block_of(name: str) -> int:
+    return int(re.search(r", (\d+)>", name).group(1))
+
+
+def run_topk(driver: harness.Driver, Z: np.ndarray, k: int, method: str, *, dense: bool, schedule: harness.Schedule,
+             max_blocks=None, label: str = "", instantiation: str | None = None) -> int:
+    """One top-k launch as topk_gpu would make it, checked against the reference; returns the rows.
+
+    ``instantiation``: run this one instead of the one the launcher picks for H (same arguments,
+    its own block size)."""
+    N, H = Z.shape
+    dtype = Z.dtype
+    idx = np.full((N, k), -1, dtype=np.int32)
+    val = np.full((N, k), POISON[dtype], dtype=UINT[dtype]).view(dtype)
+    outs = (idx, val)
+    if dense:
+        outs += (np.full((N, H), POISON[dtype], dtype=UINT[dtype]).view(dtype),)
+    plan = kernels.plan_topk(Z, k, method, outs, LIMITS, max_blocks=max_blocks)
+    if instantiation is not None and instantiation != plan.name:
+        plan = dataclasses.replace(plan, name=instantiation, block=block_of(instantiation))
+    label = f"{label} N={N} H={H} k={k} {dtype} dense={int(dense)} grid={plan.grid} {schedule}"
+    driver.run(plan, schedule, label)
+    ref_idx, ref_val = REFERENCE[method](Z, k)
+    if not np.array_equal(np.sort(idx, axis=1), np.sort(ref_idx, axis=1)):
+        raise _mismatch(label, "the kept set", np.sort(idx, axis=1), np.sort(ref_idx, axis=1), Z)
+    if not np.array_equal(idx, ref_idx):
+        raise _mismatch(label, "the order of the kept columns", idx, ref_idx, Z)
+    if not np.array_equal(bits(val), bits(ref_val)):
+        raise _mismatch(label, "the kept values (bits)", bits(val), bits(ref_val), Z)
+    if dense:
+        ref_dense = np.zeros_like(Z)
+        np.put_along_axis(ref_dense, ref_idx, ref_val, axis=1)
+        if not np.array_equal(bits(outs[2]), bits(ref_dense)):
+            raise _mismatch(label, "the dense masked rows (bits)", bits(outs[2]), bits(ref_dense), Z)
+    return N
+
+
+def topk_cases(name: str, Hs, kinds, rows_small: int, rows_large: int, seed: int):
+    """Case functions for one top-k instantiation: every H x kind x k, rotating N, grid caps,
+    dense or not, and schedules."""
+    method = "threshold" if "threshold" in name else "sort"
+    dtype = np.float32 if "<float" in name else np.float64
+    cases = []
+    rng = np.random.default_rng(seed)
+    i = 0
+    for H in Hs:
+        for kind in kinds:
+            for k in ks_for(H, rng):
+                N = rows_small if H <= 1024 else rows_large
+                N = [N, max(1, N // 2 + 1), 1][i % 3] if N > 1 else 1
+                Z = make_rows(kind, N, H, k, rng, dtype)
+                schedule = harness.SCHEDULES[i % len(harness.SCHEDULES)]
+                max_blocks = [None, 1, 3, None, 2][i % 5]  # several rows per block, and one row per block
+                dense = i % 2 == 1
+                label = f"{name} {kind}"
+                cases.append(lambda d, Z=Z, k=k, dense=dense, s=schedule, mb=max_blocks, label=label:
+                             run_topk(d, Z, k, method, dense=dense, schedule=s, max_blocks=mb, label=label,
+                                      instantiation=name))
+                i += 1
+    return cases
+
+
+def routed_Hs(name: str, Hs) -> list[int]:
+    """The H values for which topk_gpu chooses this instantiation (block size by H, dtype by fit)."""
+    method = "threshold" if "threshold" in name else "sort"
+    dtype = np.float32 if "<float" in name else np.float64
+    out = []
+    for H in Hs:
+        if kernels.topk_kernel_name(method, dtype, H) != name:
+            continue
+        if kernels.topk_shared_bytes(method, H, dtype) + kernels.STATIC_SHARED_BYTES[method] > LIMITS.shared_optin:
+            continue
+        out.append(H)
+    return out
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    exe = harness.build(tmp_path_factory.mktemp("cuda_host"), kernels.kernel_source_path(), kernels.KERNEL_NAMES)
+    p = harness.DriverPool(exe, JOBS)
+    yield p
+    p.close()
+
+
+def _report(pool, before: dict, t0: float, what: str) -> dict:
+    after = pool.rows()
+    rows = {n: after.get(n, 0) - before.get(n, 0) for n in after if after.get(n, 0) != before.get(n, 0)}
+    print(f"\n{what}: {time.perf_counter() - t0:.1f} s")
+    for n, r in sorted(rows.items()):
+        print(f"  {n}: {r} rows compared")
+    return rows
+
+
+TOPK_NAMES = [n for n in kernels.KERNEL_NAMES if "topk_" in n]
+ROW_NAMES = [n for n in kernels.KERNEL_NAMES if "_rows_kernel" in n]
+
+
+def test_every_instantiation_is_covered():
+    assert set(TOPK_NAMES) | set(ROW_NAMES) == set(kernels.KERNEL_NAMES)
+    for name in TOPK_NAMES:
+        assert routed_Hs(name, H_SMALL + H_LARGE), f"no H of the case list routes to {name}"
+
+
+# ------------------------------------------------------------------------------------------------
+# Top-k.
+
+@pytest.mark.parametrize("name", TOPK_NAMES)
+def test_topk_instantiation_matches_reference(pool, name):
+    """The H values the launcher sends to this instantiation, every kind of hard row, k from 1 to
+    H, plus a few H it is not chosen for (an instantiation must be right for any H)."""
+    t0, before = time.perf_counter(), pool.rows()
+    Hs = routed_Hs(name, H_SMALL + H_LARGE)
+    small = [H for H in Hs if H <= 1024]
+    large = [H for H in Hs if H > 1024]
+    cases = topk_cases(name, small, KINDS, rows_small=7, rows_large=5, seed=len(name))
+    cases += topk_cases(name, large, KINDS, rows_small=7, rows_large=5, seed=1)
+    other = [H for H in (31, 1000, 4097) if H not in Hs]
+    cases += topk_cases(name, other, ("random", "kth_ties"), rows_small=5, rows_large=2, seed=2)
+    pool.map(cases)
+    rows = _report(pool, before, t0, name)
+    assert rows.get(name, 0) >= 1000
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TOPK_NAMES)
+def test_topk_instantiation_every_H_every_kind(pool, name):
+    """Every instantiation on every H (routed or not, as far as shared memory allows) and every kind."""
+    t0, before = time.perf_counter(), pool.rows()
+    method = "threshold" if "threshold" in name else "sort"
+    dtype = np.float32 if "<float" in name else np.float64
+    Hs = [H for H in H_SMALL + H_LARGE
+          if kernels.topk_shared_bytes(method, H, dtype) + kernels.STATIC_SHARED_BYTES[method] <= LIMITS.shared_optin]
+    pool.map(topk_cases(name, Hs, KINDS, rows_small=16, rows_large=3, seed=7 + len(name)))
+    rows = _report(pool, before, t0, name)
+    assert rows.get(name, 0) >= 5000
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_topk_threshold_longest_rows(pool, dtype):
+    """The longest row the threshold kernel takes on a 227 KiB GPU, with k = 1, a tie run, and k = H."""
+    H = kernels.topk_max_H("threshold", dtype, LIMITS.shared_optin, kernels.STATIC_SHARED_BYTES["threshold"])
+    rng = np.random.default_rng(3)
+    name = kernels.topk_kernel_name("threshold", dtype, H)
+    cases = [lambda d, kind=kind, k=k, s=s: run_topk(d, make_rows(kind, 2, H, k, rng, dtype), k, "threshold",
+                                                      dense=s.data_at_end, schedule=s, label=f"{name} {kind}")
+             for kind, k, s in [("random", 1, harness.SCHEDULES[0]), ("kth_ties", 777, harness.SCHEDULES[1]),
+                                ("bits", H, harness.SCHEDULES[2])]]
+    pool.map(cases)
+    # One more row would not fit: the plan refuses it with the limit in the message.
+    Z = np.zeros((1, H + 1), dtype=dtype)
+    with pytest.raises(kernels.KsaeError, match=f"H <= {H}"):
+        kernels.plan_topk(Z, 1, "threshold", (np.empty((1, 1), np.int32), np.empty((1, 1), dtype)), LIMITS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["threshold", "sort"])
+def test_topk_hundred_thousand_rows(pool, method):
+    """N = 100,003 rows on the launcher's own grid (1,056 blocks): about 95 rows per block."""
+    rng = np.random.default_rng(11)
+    Z = make_rows("ties", 100_003, 48, 5, rng, np.float32)
+    pool.map([lambda d: run_topk(d, Z, 5, method, dense=True, schedule=harness.SCHEDULES[2], label="many rows")])
+
+
+# ------------------------------------------------------------------------------------------------
+# Gathers, scatters, masks.
+
+def run_rows(driver, kind: str, src, idx, H: int, schedule, label: str) -> int:
+    N, k = idx.shape
+    dtype = src.dtype
+    r, c = np.nonzero((idx >= 0) & (idx < H))  # the entries with a valid column
+    src_bits = bits(src)
+    if kind == "gather":
+        out = np.full((N, k), POISON[dtype], UINT[dtype]).view(dtype)
+        want = np.zeros((N, k), dtype=UINT[dtype])
+        want[r, c] = src_bits[r, idx[r, c]]
+    else:
+        out = np.full((N, H), POISON[dtype], UINT[dtype]).view(dtype)  # the launcher zeroes it first
+        want = np.zeros((N, H), dtype=UINT[dtype])
+        want[r, idx[r, c]] = src_bits[r, c] if kind == "scatter" else src_bits[r, idx[r, c]]
+    want = want.view(dtype)
+    plan = kernels.plan_rows(kind, src, idx, out, LIMITS)
+    label = f"{label} N={N} H={H} k={k} {dtype} grid={plan.grid} {schedule}"
+    driver.run(plan, schedule, label)
+    if not np.array_equal(bits(out), bits(want)):
+        raise _mismatch(label, "the output (bits)", bits(out), bits(want), src)
+    return N
+
+
+def row_cases(name: str, shapes, seed: int):
+    kind = re.search(r"ksae::(\w+)_rows_kernel", name).group(1)
+    dtype = np.float32 if "<float>" in name else np.float64
+    rng = np.random.default_rng(seed)
+    cases = []
+    for i, (N, H, k) in enumerate(shapes):
+        # Distinct columns per row (top-k indices never repeat), and some outside [0, H), which
+        # every kernel must skip.
+        idx = np.argsort(rng.random((N, H)), axis=1)[:, :k].astype(np.int32)
+        bad = rng.random((N, k)) < 0.1
+        idx[bad] = rng.choice(np.array([-1, H, -(2**31), 2**31 - 1], dtype=np.int64), size=int(bad.sum()))
+        src = make_rows("bits", N, k if kind == "scatter" else H, 1, rng, dtype)
+        s = harness.SCHEDULES[i % len(harness.SCHEDULES)]
+        cases.append(lambda d, src=src, idx=idx, H=H, s=s: run_rows(d, kind, src, idx, H, s, name))
+    return cases
+
+
+ROW_SHAPES = [(1, 1, 1), (7, 31, 5), (13, 1000, 25), (37, 257, 257), (1009, 100, 3), (3, 16384, 512), (4099, 17, 16)]
+
+
+@pytest.mark.parametrize("name", ROW_NAMES)
+def test_rows_instantiation_matches_reference(pool, name):
+    t0, before = time.perf_counter(), pool.rows()
+    pool.map(row_cases(name, ROW_SHAPES, seed=len(name)))
+    rows = _report(pool, before, t0, name)
+    assert rows.get(name, 0) == sum(N for N, _, _ in ROW_SHAPES)
+
+
+def test_rows_million_rows(pool):
+    """N = 10^6 rows, k = 1: the launcher's grid (4,224 blocks of 256 threads) strides over them."""
+    rng = np.random.default_rng(5)
+    N, H = 1_000_000, 3
+    idx = rng.integers(0, H, size=(N, 1), dtype=np.int32)
+    src = rng.standard_normal((N, H)).astype(np.float32)
+    pool.map([lambda d: run_rows(d, "mask", src, idx, H, harness.SCHEDULES[1], "million rows")])
+
+
+# ------------------------------------------------------------------------------------------------
+# The fused training step, with NumPy doing the matrix products and the kernels the rest.
+
+@pytest.mark.parametrize("method", ["threshold", "sort"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_step_matches_model_step(pool, method, dtype):
+    from ksae_cupy.model import init_params, loss_and_grads
+
+    rng = np.random.default_rng(4)
+    D, H, N, k = 30, 300, 37, 7
+    params = {n: v.astype(dtype) for n, v in init_params(D, H, 0.1, rng).items()}
+    params["b_h"] = rng.standard_normal(H).astype(dtype) * dtype(0.01)
+    X = rng.random((N, D)).astype(dtype)
+
+    def step(d):
+        def topk_dense(Z, k_, m):
+            outs = (np.empty((Z.shape[0], k_), np.int32), np.empty((Z.shape[0], k_), Z.dtype), np.empty_like(Z))
+            d.run(kernels.plan_topk(Z, k_, m, outs, LIMITS), harness.SCHEDULES[4], "fused step top-k")
+            return outs
+
+        def mask_rows(src, idx):
+            out = np.empty_like(src)
+            d.run(kernels.plan_rows("mask", src, idx, out, LIMITS), harness.SCHEDULES[5], "fused step mask")
+            return out
+
+        return fused_step(params, X, k, method, xp=np, topk_dense=topk_dense, mask_rows=mask_rows)
+
+    (loss_f, grads_f, cache_f), = pool.map([step])
+    loss_m, grads_m, cache_m = loss_and_grads(params, X, k, method)
+    np.testing.assert_array_equal(np.sort(cache_f.idx_nk, axis=1), np.sort(cache_m.idx_nk, axis=1))
+    np.testing.assert_array_equal(bits(cache_f.Zs_nh), bits(cache_m.Zs_nh))
+    rtol = 1e-5 if dtype == np.float32 else 1e-12
+    assert loss_f == pytest.approx(loss_m, rel=rtol)
+    for n in grads_m:
+        np.testing.assert_allclose(grads_f[n], grads_m[n], rtol=rtol, atol=rtol * float(np.abs(grads_m[n]).max()),
+                                   err_msg=n)
+
+
+# ------------------------------------------------------------------------------------------------
+# The harness fails when a kernel is wrong: bugs planted in copies of the source.
+
+# (name, text in topk.cu, replacement, instantiations to build, what to run)
+PLANTED = [
+    ("tie off-by-one", "const bool keep = is_above || (is_tie && ties_before < need);",
+     "const bool keep = is_above || (is_tie && ties_before <= need);",
+     ["ksae::topk_threshold_kernel<float, 256>"], "threshold"),
+    ("missing __syncthreads", "    if (lane == 31) warp_sums[warp] = x;\n    __syncthreads();",
+     "    if (lane == 31) warp_sums[warp] = x;", ["ksae::topk_threshold_kernel<float, 256>"], "threshold"),
+    ("partial warp mask", "const unsigned int y = __shfl_up_sync(0xffffffffu, x, offset);",
+     "const unsigned int y = __shfl_up_sync(0x7fffffffu, x, offset);",
+     ["ksae::topk_threshold_kernel<float, 256>"], "threshold"),
+    ("out-of-bounds dynamic shared write", "for (int j = threadIdx.x; j < P; j += BLOCK) {",
+     "for (int j = threadIdx.x; j <= P; j += BLOCK) {", ["ksae::topk_sort_kernel<float, 256>"], "sort"),
+    ("out-of-bounds static shared write", "for (int b = threadIdx.x; b < 256; b += BLOCK) hist[b] = 0u;",
+     "for (int b = threadIdx.x; b <= 256; b += BLOCK) hist[b] = 0u;",
+     ["ksae::topk_threshold_kernel<float, 256>"], "threshold"),
+    ("wrong key transform for negative values",
+     "const unsigned int flip = static_cast<unsigned int>(static_cast<int>(u) >> 31) | 0x80000000u;",
+     "const unsigned int flip = (u >> 31) | 0x80000000u;", ["ksae::topk_sort_kernel<float, 256>"], "sort"),
+    ("row loop skips rows", "for (long long row = blockIdx.x; row < N; row += gridDim.x) {\n"
+     "        const T* z = Z + row * static_cast<long long>(H);\n        for (int j = threadIdx.x; j < H; j += BLOCK) keys",
+     "for (long long row = blockIdx.x; row < N; row += gridDim.x + 1) {\n"
+     "        const T* z = Z + row * static_cast<long long>(H);\n        for (int j = threadIdx.x; j < H; j += BLOCK) keys",
+     ["ksae::topk_threshold_kernel<float, 256>"], "threshold"),
+    ("mask kernel writes column H", "op(t, t / k * H, c, c >= 0 && c < H);", "op(t, t / k * H, c, c >= 0 && c <= H);",
+     ["ksae::mask_rows_kernel<float>"], "mask"),
+]
+
+
+@pytest.fixture(scope="module")
+def planted_drivers(tmp_path_factory):
+    """One driver per planted bug, built two at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    source = kernels.kernel_source()
+    root = tmp_path_factory.mktemp("planted")
+
+    def build(i):
+        name, old, new, names, _ = PLANTED[i]
+        assert source.count(old) == 1, f"the anchor of planted bug {name!r} is not in topk.cu exactly once"
+        d = root / f"bug{i}"
+        d.mkdir()
+        (d / "topk.cu").write_text(source.replace(old, new))
+        return harness.build(d, d / "topk.cu", names)
+
+    with ThreadPoolExecutor(JOBS) as ex:
+        return list(ex.map(build, range(len(PLANTED))))
+
+
+def _planted_cases(what: str):
+    rng = np.random.default_rng(9)
+    if what == "mask":
+        name = "ksae::mask_rows_kernel<float>"
+        return row_cases(name, [(7, 31, 5), (13, 100, 9)], seed=3)
+    cases = []
+    for H, kind, N in [(31, "kth_ties", 7), (100, "random", 9), (257, "ties", 5), (1000, "nan", 3)]:
+        Z = make_rows(kind, N, H, 5, rng, np.float32)
+        for i, k in enumerate((1, 5, H)):
+            s = harness.SCHEDULES[i]
+            cases.append(lambda d, Z=Z, k=k, s=s: run_topk(d, Z, k, what, dense=False, schedule=s, max_blocks=2,
+                                                          label="planted"))
+    return cases
+
+
+@pytest.mark.parametrize("i", range(len(PLANTED)), ids=[p[0] for p in PLANTED])
+def test_planted_bug_is_caught(planted_drivers, i):
+    name, _, _, _, what = PLANTED[i]
+    pool = harness.DriverPool(planted_drivers[i], 1)
+    try:
+        with pytest.raises((harness.HarnessError, Mismatch)) as caught:
+            pool.map(_planted_cases(what))
+    finally:
+        pool.close()
+    report = [line for line in str(caught.value).splitlines() if line.startswith("cuda_host:")]
+    print(f"\nplanted bug {name!r} caught: {(report or str(caught.value).splitlines())[0]}")
