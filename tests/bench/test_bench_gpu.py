@@ -30,7 +30,10 @@ def test_bench_topk_small(tmp_path):
 def test_bench_train_small(tmp_path):
     from ksae_cupy.bench.gpu import bench_train_gpu
 
-    out = bench_train_gpu(n_samples=1024, epochs=1, out_dir=tmp_path)
+    # lr 0.003, not the benchmark's 0.01: on these 1,024 uniform samples lr 0.01 oscillates (NumPy:
+    # first loss 127.3, last 191.0), so no GPU could pass the check below; with 0.003 the NumPy
+    # run of the same steps ends the timed epoch at 38.2, under a third of the first loss.
+    out = bench_train_gpu(n_samples=1024, epochs=1, lr=0.003, out_dir=tmp_path)
     for name, r in out["results"].items():
         assert "error" not in r, (name, r)
         assert r["steps_per_epoch"] == 8 and r["last_loss"] < r["first_loss"]
