@@ -485,5 +485,5 @@ def test_planted_bug_is_caught(planted_drivers, i):
             pool.map(_planted_cases(what))
     finally:
         pool.close()
-    report = [line for line in str(caught.value).splitlines() if line.startswith("cuda_host:")]
+    report = [line for line in str(caught.value).splitlines() if "runtime error" in line or line.startswith("cuda_host:")]
     print(f"\nplanted bug {name!r} caught: {(report or str(caught.value).splitlines())[0]}")
