@@ -538,13 +538,16 @@ inline double __longlong_as_double(long long x) { return std::bit_cast<double>(x
 template <class T>
 T __ldg(const T* p) { return *p; }
 
+// The symbol every kernel's `extern __shared__` array is bound to: the arena, past its leading canary.
+__asm__(".globl cuda_host_dynamic_shared\n"
+        ".type cuda_host_dynamic_shared, @tls_object\n"
+        ".set cuda_host_dynamic_shared, cuda_host_shared_arena + 64\n");
+
 // Binds the kernel source's `extern __shared__ ... NAME[]` (declared inside namespace NS) to the
-// emulator's arena. Use once, before including the kernel source. -fno-extern-tls-init tells g++
-// that this thread_local needs no dynamic initialisation (it is an alias, defined in assembly).
-#define CUDA_HOST_DYNAMIC_SHARED(NS, NAME)                                                                    \
-    namespace NS {                                                                                            \
+// emulator's arena. Use before including the kernel source, once per namespace it is included in.
+// -fno-extern-tls-init tells g++ that this thread_local needs no dynamic initialisation (it is an
+// alias, defined in assembly).
+#define CUDA_HOST_DYNAMIC_SHARED(NS, NAME) \
+    namespace NS {                         \
     extern thread_local __attribute__((aligned(16))) unsigned char NAME[] __asm__("cuda_host_dynamic_shared"); \
-    }                                                                                                         \
-    __asm__(".globl cuda_host_dynamic_shared\n"                                                               \
-            ".type cuda_host_dynamic_shared, @tls_object\n"                                                   \
-            ".set cuda_host_dynamic_shared, cuda_host_shared_arena + 64\n");
+    }

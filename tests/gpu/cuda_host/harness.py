@@ -35,7 +35,8 @@ def compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
 
 
-def build(out_dir: Path, source: Path, names, *, exe_name: str = "driver", timeout: float = 600) -> Path:
+def build(out_dir: Path, source: Path, names, *, exe_name: str = "driver", optimize: str = "-O2",
+          timeout: float = 600) -> Path:
     """Compile the driver for ``source`` (a .cu file) and the instantiations ``names`` into ``out_dir``."""
     cxx = compiler()
     if cxx is None:
@@ -44,13 +45,26 @@ def build(out_dir: Path, source: Path, names, *, exe_name: str = "driver", timeo
     table = out_dir / f"{exe_name}_table.inc"
     table.write_text("".join(f'{{"{n}", bind(&{n})}},\n' for n in names))
     exe = out_dir / exe_name
-    cmd = [cxx, *CXXFLAGS, "-include", str(HERE / "cuda_host.h"), f"-I{HERE}",
+    cmd = [cxx, *[optimize if f == "-O2" else f for f in CXXFLAGS], "-include", str(HERE / "cuda_host.h"), f"-I{HERE}",
            f'-DKERNEL_SOURCE="{Path(source).resolve()}"', f'-DKERNEL_TABLE="{table.resolve()}"',
            str(HERE / "driver.cpp"), "-o", str(exe)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise HarnessError(f"building the driver failed:\n{' '.join(cmd)}\n{proc.stderr[-6000:]}")
     return exe
+
+
+def build_variants(out_dir: Path, variants, names, **kw) -> Path:
+    """One driver for several versions of a kernel source (e.g. with planted bugs): ``variants`` is
+    a list of ``(namespace, path)``; version ``ns`` is compiled inside ``namespace ns`` and its
+    instantiations are listed as ``ns::<name>`` (see :class:`Driver`'s ``prefix``). One compiler run
+    instead of one per version."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    wrapper = out_dir / "variants.cu"
+    wrapper.write_text("".join(
+        f'CUDA_HOST_DYNAMIC_SHARED({ns}::ksae, smem_raw)\nnamespace {ns} {{\n#include "{Path(path).resolve()}"\n}}\n'
+        for ns, path in variants))
+    return build(out_dir, wrapper, [f"{ns}::{n}" for ns, _ in variants for n in names], **kw)
 
 
 @dataclass(frozen=True)
@@ -72,8 +86,9 @@ SCHEDULES = tuple(Schedule(b, t, seed, end) for seed, (b, t, end) in enumerate(
 class Driver:
     """A running driver process; :meth:`run` sends one launch plan and fills in its outputs."""
 
-    def __init__(self, exe: Path):
+    def __init__(self, exe: Path, prefix: str = ""):
         self.exe = exe
+        self.prefix = prefix  # "ns::" to run the plans on the kernels of build_variants' version ns
         self.proc = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE)
         self.rows: dict[str, int] = {}  # kernel name -> rows run
@@ -104,7 +119,7 @@ class Driver:
         if plan.grid == 0:
             return
         label = " ".join(label.split()) or "-"
-        parts = [f"launch {plan.name}\n", f"label {label}\n", f"grid {int(plan.grid)} 1 1\n",
+        parts = [f"launch {self.prefix}{plan.name}\n", f"label {label}\n", f"grid {int(plan.grid)} 1 1\n",
                  f"block {int(plan.block)} 1 1\n",
                  f"shared {int(plan.shared_mem)} {int(plan.shared_optin)} {int(plan.static_shared)}\n",
                  f"order {schedule.block_order} {schedule.thread_order} {int(schedule.seed)}\n"]
@@ -151,8 +166,9 @@ class DriverPool:
     ``jobs`` of them use ``jobs`` cores while the Python threads wait on their pipes.
     """
 
-    def __init__(self, exe: Path, jobs: int):
+    def __init__(self, exe: Path, jobs: int, prefix: str = ""):
         self.exe = exe
+        self.prefix = prefix
         self.jobs = max(1, int(jobs))
         self._local = threading.local()
         self._drivers: list[Driver] = []
@@ -162,7 +178,7 @@ class DriverPool:
     def _driver(self) -> Driver:
         d = getattr(self._local, "driver", None)
         if d is None or d.proc.poll() is not None:
-            d = Driver(self.exe)
+            d = Driver(self.exe, self.prefix)
             self._local.driver = d
             with self._lock:
                 self._drivers.append(d)
