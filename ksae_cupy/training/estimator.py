@@ -39,7 +39,8 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     ``hidden``); ``k_start="auto"`` starts the schedule at 100 (section 4.3.1), or at k
     when k > 100, never above ``n_hidden``; ``None`` turns the schedule off; ``device`` is
     ``auto``, ``cpu`` or ``gpu[:N]``; ``batch_size`` larger than the data is cut to the data,
-    as scikit-learn's MLP does; ``warm_start=True`` makes ``fit`` go on from the current state.
+    as scikit-learn's MLP does; ``alpha`` is the default of :meth:`transform`'s (a parameter, so
+    a grid search can tune it); ``warm_start=True`` makes ``fit`` go on from the current state.
 
     Fitted attributes: ``components_`` (the dictionary ``W_dh`` transposed, H x D, as in
     scikit-learn's decomposition estimators), ``n_features_in_``, ``trainer_`` (the
@@ -49,11 +50,11 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
 
     def __init__(self, n_hidden=1000, k=25, k_start="auto", epochs=5000, batch_size=128, lr=0.01,
                  momentum=0.9, sigma=0.01, topk="sort", seed=0, dtype="float32", device="auto",
-                 activation="linear", warm_start=False):
+                 activation="linear", alpha=1.0, warm_start=False):
         self.n_hidden, self.k, self.k_start, self.epochs = n_hidden, k, k_start, epochs
         self.batch_size, self.lr, self.momentum, self.sigma = batch_size, lr, momentum, sigma
         self.topk, self.seed, self.dtype, self.device = topk, seed, dtype, device
-        self.activation, self.warm_start = activation, warm_start
+        self.activation, self.alpha, self.warm_start = activation, alpha, warm_start
 
     # -- configuration -------------------------------------------------------------------
     def config(self) -> TrainConfig:
@@ -96,7 +97,8 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         """Train for the configured epochs; ``y`` is ignored. Returns ``self``.
 
         Starts from fresh parameters, unless ``warm_start`` is true and the model is fitted
-        (or loaded): then it goes on where it stopped. ``X_valid`` is scored after every epoch.
+        (or loaded): then it goes on where it stopped, up to ``epochs`` in all (so a finished
+        model trains more only after ``set_params(epochs=...)`` raises it). ``X_valid`` is scored after every epoch.
         ``on_epoch(report)`` is called after every epoch, ``on_batch(done, total)`` after
         every batch; when ``checkpoint_path`` is given, a checkpoint is written there whenever
         ``should_checkpoint(epoch)`` is true and at the end.
@@ -106,6 +108,8 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         if not resume:
             self._trainer = self._new_trainer(X_nd)
         trainer = self.trainer_
+        trainer.config.epochs = self.epochs  # a warm fit may have been given more epochs
+        trainer.config.validate()
         X_valid_nd = self._check_X(X_valid, reset=False) if X_valid is not None else None
         X_dev, X_valid_dev = self._to_device(X_nd), self._to_device(X_valid_nd)
         step_before = trainer.step
@@ -179,14 +183,15 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     def _n_features_out(self) -> int:
         return self.params_["b_h"].shape[0]  # for get_feature_names_out
 
-    def transform(self, X, alpha: float = 1.0, chunk: int = 8192):
+    def transform(self, X, alpha: float | None = None, chunk: int = 8192):
         """The ``alpha*k``-sparse features ``supp_{alpha k}(W^T x + b)``, an N x H array.
 
-        Returns the array type of the input (NumPy in, NumPy out), in the input's float
+        ``alpha`` defaults to the estimator's ``alpha`` parameter. Returns the array type of the input (NumPy in, NumPy out), in the input's float
         dtype (computed in the model's ``dtype``).
         """
         check_is_fitted(self)
         X = self._check_X(X, reset=False)
+        alpha = self.alpha if alpha is None else alpha
         params, backend = self.params_, self.trainer_.backend
         is_host = array_module(X) is np
         out = []
