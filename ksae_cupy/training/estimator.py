@@ -207,6 +207,8 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     def inverse_transform(self, X):
         """Reconstructions ``W h + c`` of codes ``X`` (N x H), in the codes' float dtype."""
         check_is_fitted(self)
+        if array_module(X) is np:
+            X = np.asarray(X)
         H = self.params_["b_h"].shape[0]
         if X.ndim != 2 or X.shape[1] != H:
             raise KsaeError(f"codes of shape {tuple(X.shape)} do not fit this model; expected N x {H}")
