@@ -1,11 +1,12 @@
 """The one exception type that user-facing entry points turn into a one-line message."""
 
 
-class KsaeError(Exception):
+class KsaeError(ValueError):
     """A mistake the user can fix: bad option, missing data, corrupt file.
 
     The message is one line that names the bad value and what is allowed. The CLI prints
     it as ``error: <message>`` and exits with status 2; it never shows a traceback.
+    A ``ValueError`` (a bad value), so callers that catch ``ValueError`` catch it too.
     """
 
 

@@ -123,7 +123,7 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
     stop = install_interrupt_handler(model, say)
     started = time.perf_counter()
     try:
-        model.fit(data.X_train, data.X_valid, on_epoch=on_epoch, on_batch=progress.update,
+        model.fit(data.X_train, X_valid=data.X_valid, on_epoch=on_epoch, on_batch=progress.update,
                   checkpoint_path=folder.checkpoint, should_checkpoint=lambda epoch: epoch % checkpoint_every == 0)
     finally:
         stop()

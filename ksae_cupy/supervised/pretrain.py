@@ -27,7 +27,7 @@ def pretrain_stack(X_nd, layer_settings: list[dict], code_alpha: float = 3.0, X_
     """
     models, inputs, valid = [], X_nd, X_valid_nd
     for settings in layer_settings:
-        model = KSparseAutoencoder(**settings).fit(inputs, valid, on_epoch=on_epoch)
+        model = KSparseAutoencoder(**settings).fit(inputs, X_valid=valid, on_epoch=on_epoch)
         models.append(model)
         inputs = model.transform(inputs, alpha=code_alpha)
         valid = model.transform(valid, alpha=code_alpha) if valid is not None else None

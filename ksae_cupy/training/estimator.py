@@ -1,11 +1,15 @@
-"""``KSparseAutoencoder``: the Python API, in the style of scikit-learn's decomposition estimators.
+"""``KSparseAutoencoder``: the Python API, a scikit-learn transformer when scikit-learn is installed.
 
     ae = KSparseAutoencoder(n_hidden=1000, k=25, epochs=50, device="auto")
-    ae.fit(X_train_nd, X_valid_nd)            # NumPy or CuPy arrays, N x D
+    ae.fit(X_train_nd, X_valid=X_valid_nd)    # NumPy or CuPy arrays, N x D; y is ignored
     H_nh = ae.transform(X_test_nd, alpha=3)   # alpha*k-sparse features (section 2.2)
     Xhat_nd = ae.inverse_transform(H_nh)
     ae.save("model.h5"); ae = KSparseAutoencoder.load("model.h5")
 
+It follows scikit-learn's conventions (see :mod:`ksae_cupy.training.sklearn_compat`):
+``__init__`` only stores its arguments; ``fit`` starts from scratch unless ``warm_start``
+(a loaded checkpoint is warm, so ``fit`` resumes it); fitted attributes end in ``_``;
+input is checked with scikit-learn's ``validate_data``; pickling and ``clone`` work.
 The ``ksae-train`` command is a thin layer over :meth:`KSparseAutoencoder.fit` with a
 :class:`~ksae_cupy.training.runs.RunFolder` for checkpoints and logs.
 """
@@ -16,31 +20,41 @@ from pathlib import Path
 import numpy as np
 
 from ksae_cupy import model
-from ksae_cupy.backend import array_module, resolve_device, to_host
-from ksae_cupy.training.checkpoint import load_checkpoint, save_checkpoint
-from ksae_cupy.datasets import check_finite
+from ksae_cupy.backend import CPU, array_module, resolve_device, to_host
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.schedules import resolve_k_start
+from ksae_cupy.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from ksae_cupy.training.sklearn_compat import (BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin,
+                                               check_is_fitted, validate_data)
 from ksae_cupy.training.trainer import TrainConfig, Trainer
 
+# Input dtypes kept as they are; anything else (integers, ...) becomes the first.
+KEPT_DTYPES = (np.float64, np.float32)
 
-class KSparseAutoencoder:
+
+class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     """A k-sparse autoencoder with tied weights, trained by momentum SGD.
 
     Parameters mirror :class:`~ksae_cupy.training.trainer.TrainConfig` (``n_hidden`` is its
     ``hidden``); ``k_start="auto"`` starts the schedule at 100 (section 4.3.1), or at k
-    when k > 100, never above ``n_hidden``; ``None`` turns the schedule off; ``device`` is ``auto``, ``cpu`` or ``gpu[:N]``. After fitting,
-    ``components_`` is the dictionary ``W_dh`` transposed (H x D, like scikit-learn).
+    when k > 100, never above ``n_hidden``; ``None`` turns the schedule off; ``device`` is
+    ``auto``, ``cpu`` or ``gpu[:N]``; ``batch_size`` larger than the data is cut to the data,
+    as scikit-learn's MLP does; ``alpha`` is the default of :meth:`transform`'s (a parameter, so
+    a grid search can tune it); ``warm_start=True`` makes ``fit`` go on from the current state.
+
+    Fitted attributes: ``components_`` (the dictionary ``W_dh`` transposed, H x D, as in
+    scikit-learn's decomposition estimators), ``n_features_in_``, ``trainer_`` (the
+    :class:`Trainer` holding parameters, velocities and random state; ``None`` before fit),
+    ``preprocess_`` (the data's preprocessing statistics, saved with the checkpoint).
     """
 
     def __init__(self, n_hidden=1000, k=25, k_start="auto", epochs=5000, batch_size=128, lr=0.01,
-                 momentum=0.9, sigma=0.01, topk="sort", seed=0, dtype="float32", device="auto", activation="linear"):
+                 momentum=0.9, sigma=0.01, topk="sort", seed=0, dtype="float32", device="auto",
+                 activation="linear", alpha=1.0, warm_start=False):
         self.n_hidden, self.k, self.k_start, self.epochs = n_hidden, k, k_start, epochs
         self.batch_size, self.lr, self.momentum, self.sigma = batch_size, lr, momentum, sigma
         self.topk, self.seed, self.dtype, self.device = topk, seed, dtype, device
-        self.activation = activation
-        self.trainer_: Trainer | None = None
-        self.preprocess_: dict = {}
+        self.activation, self.alpha, self.warm_start = activation, alpha, warm_start
 
     # -- configuration -------------------------------------------------------------------
     def config(self) -> TrainConfig:
@@ -50,22 +64,53 @@ class KSparseAutoencoder:
                            topk=self.topk, seed=self.seed, dtype=self.dtype, activation=self.activation)
 
     @property
+    def trainer_(self) -> Trainer | None:
+        # A property, not an attribute set in __init__ (scikit-learn's rule), so that
+        # callers may still ask ``trainer_ is None`` before fitting.
+        return self.__dict__.get("_trainer")
+
+    @property
+    def preprocess_(self) -> dict:
+        return self.__dict__.get("_preprocess", {})
+
+    @preprocess_.setter
+    def preprocess_(self, value: dict) -> None:
+        self._preprocess = dict(value)
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return self.trainer_ is not None
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.transformer_tags.preserves_dtype = ["float64", "float32"]
+        return tags
+
+    @property
     def backend(self):
         if self.trainer_ is not None:
             return self.trainer_.backend
         return resolve_device(self.device)
 
     # -- training ------------------------------------------------------------------------
-    def fit(self, X_nd, X_valid_nd=None, on_epoch=None, should_checkpoint=None, checkpoint_path=None,
-            on_batch=None):
-        """Train for the configured epochs (continuing a resumed or partial fit).
+    def fit(self, X, y=None, *, X_valid=None, on_epoch=None, on_batch=None, checkpoint_path=None,
+            should_checkpoint=None):
+        """Train for the configured epochs; ``y`` is ignored. Returns ``self``.
 
+        Starts from fresh parameters, unless ``warm_start`` is true and the model is fitted
+        (or loaded): then it goes on where it stopped, up to ``epochs`` in all (so a finished
+        model trains more only after ``set_params(epochs=...)`` raises it). ``X_valid`` is scored after every epoch.
         ``on_epoch(report)`` is called after every epoch, ``on_batch(done, total)`` after
-        every batch; when ``checkpoint_path`` is
-        given, a checkpoint is written there whenever ``should_checkpoint(epoch)`` is true
-        and at the end. Returns ``self``.
+        every batch; when ``checkpoint_path`` is given, a checkpoint is written there whenever
+        ``should_checkpoint(epoch)`` is true and at the end.
         """
-        trainer = self._ensure_trainer(X_nd)
+        resume = self.warm_start and self.trainer_ is not None
+        X_nd = self._check_X(X, reset=not resume)
+        if not resume:
+            self._trainer = self._new_trainer(X_nd)
+        trainer = self.trainer_
+        trainer.config.epochs = self.epochs  # a warm fit may have been given more epochs
+        trainer.config.validate()
+        X_valid_nd = self._check_X(X_valid, reset=False) if X_valid is not None else None
         X_dev, X_valid_dev = self._to_device(X_nd), self._to_device(X_valid_nd)
         step_before = trainer.step
         with trainer.backend.use():
@@ -84,87 +129,152 @@ class KSparseAutoencoder:
             self.save(checkpoint_path)
         return self
 
-    def partial_fit(self, X_nd):
-        """One pass over ``X_nd`` (one epoch of the schedule); returns ``self``."""
-        trainer = self._ensure_trainer(X_nd)
+    def partial_fit(self, X, y=None):
+        """One pass over ``X`` (one epoch of the schedule), from the current state; returns ``self``."""
+        X_nd = self._check_X(X, reset=self.trainer_ is None)
+        if self.trainer_ is None:
+            self._trainer = self._new_trainer(X_nd)
+        trainer = self.trainer_
         if trainer.finished:
             trainer.config.epochs += 1  # partial_fit may go on past the configured epochs
         with trainer.backend.use():
             trainer.run_epoch(self._to_device(X_nd))
         return self
 
-    def _ensure_trainer(self, X_nd) -> Trainer:
-        if self.trainer_ is None:
-            config = self.config()
-            config.validate(n_train=X_nd.shape[0])
-            self.trainer_ = Trainer(config, resolve_device(self.device), D=X_nd.shape[1])
-        D = self.trainer_.params["W_dh"].shape[0]
-        if X_nd.ndim != 2 or X_nd.shape[1] != D:
-            raise KsaeError(f"data of shape {tuple(X_nd.shape)} does not fit this model; expected N x {D}")
-        return self.trainer_
+    def _new_trainer(self, X_nd) -> Trainer:
+        config = self.config()
+        if isinstance(config.batch_size, (int, np.integer)):
+            config.batch_size = min(config.batch_size, X_nd.shape[0])
+        config.validate(n_train=X_nd.shape[0])
+        return Trainer(config, resolve_device(self.device), D=X_nd.shape[1])
+
+    def _check_X(self, X, reset: bool):
+        """``X`` checked as scikit-learn does (2-D, non-empty, real, finite, right width).
+
+        A CuPy array is already on a device: only its shape is checked, without a copy to the host.
+        """
+        if array_module(X) is np:
+            return validate_data(self, X, reset=reset, dtype=KEPT_DTYPES)
+        if X.ndim != 2 or X.shape[0] == 0:
+            raise KsaeError(f"X of shape {tuple(X.shape)} is not allowed; use a non-empty N x D array")
+        if reset:
+            self.n_features_in_ = X.shape[1]
+        elif X.shape[1] != self.n_features_in_:
+            raise KsaeError(f"X has {X.shape[1]} features, but {type(self).__name__} "
+                            f"is expecting {self.n_features_in_} features as input")
+        return X
 
     def _to_device(self, X_nd):
         if X_nd is None:
             return None
-        if array_module(X_nd) is np:
-            check_finite(np.asarray(X_nd), "the data")
         return self.trainer_.backend.asarray(X_nd, dtype=self.trainer_.dtype)
 
     # -- using the model -----------------------------------------------------------------
     @property
     def params_(self) -> dict:
-        if self.trainer_ is None:
-            raise KsaeError("this KSparseAutoencoder is not fitted yet; call fit() or load() first")
+        check_is_fitted(self)
         return self.trainer_.params
 
     @property
     def components_(self) -> np.ndarray:
         return to_host(self.params_["W_dh"]).T
 
-    def transform(self, X_nd, alpha: float = 1.0, chunk: int = 8192):
+    @property
+    def _n_features_out(self) -> int:
+        return self.params_["b_h"].shape[0]  # for get_feature_names_out
+
+    def transform(self, X, alpha: float | None = None, chunk: int = 8192):
         """The ``alpha*k``-sparse features ``supp_{alpha k}(W^T x + b)``, an N x H array.
 
-        Returns the array type of the input (NumPy in, NumPy out).
+        ``alpha`` defaults to the estimator's ``alpha`` parameter. Returns the array type of the input (NumPy in, NumPy out), in the input's float
+        dtype (computed in the model's ``dtype``).
         """
+        check_is_fitted(self)
+        X = self._check_X(X, reset=False)
+        alpha = self.alpha if alpha is None else alpha
         params, backend = self.params_, self.trainer_.backend
-        is_host = array_module(X_nd) is np
+        is_host = array_module(X) is np
         out = []
         with backend.use():
-            for start in range(0, X_nd.shape[0], chunk):
-                X_chunk = backend.asarray(X_nd[start:start + chunk], dtype=self.trainer_.dtype)
-                H_nh = model.encode(params, X_chunk, self.k, alpha, self.trainer_.config.topk,
+            for start in range(0, X.shape[0], chunk):
+                X_chunk = backend.asarray(X[start:start + chunk], dtype=self.trainer_.dtype)
+                H_nh = model.encode(params, X_chunk, self.trainer_.config.k, alpha, self.trainer_.config.topk,
                                     self.trainer_.config.activation)
                 out.append(to_host(H_nh) if is_host else H_nh)
         xp = np if is_host else backend.xp
-        return xp.concatenate(out) if out else xp.zeros((0, self.n_hidden), dtype=self.trainer_.dtype)
+        return xp.concatenate(out).astype(X.dtype, copy=False)
 
-    def inverse_transform(self, H_nh):
-        """Reconstructions ``W h + c`` of codes ``H_nh``."""
-        backend = self.trainer_.backend if self.trainer_ else None
-        params = self.params_
+    def inverse_transform(self, X):
+        """Reconstructions ``W h + c`` of codes ``X`` (N x H), in the codes' float dtype."""
+        check_is_fitted(self)
+        if array_module(X) is np:
+            X = np.asarray(X)
+        H = self.params_["b_h"].shape[0]
+        if X.ndim != 2 or X.shape[1] != H:
+            raise KsaeError(f"codes of shape {tuple(X.shape)} do not fit this model; expected N x {H}")
+        backend = self.trainer_.backend
         with backend.use():
-            Xhat = model.decode(params, backend.asarray(H_nh, dtype=self.trainer_.dtype))
-        return to_host(Xhat) if array_module(H_nh) is np else Xhat
+            Xhat = model.decode(self.params_, backend.asarray(X, dtype=self.trainer_.dtype))
+        out_dtype = X.dtype if X.dtype.kind == "f" else self.trainer_.dtype
+        return (to_host(Xhat) if array_module(X) is np else Xhat).astype(out_dtype, copy=False)
 
-    def score(self, X_nd) -> float:
+    def score(self, X, y=None) -> float:
         """Minus the mean reconstruction loss 0.5 ||x - xhat||^2 with k units (higher is better)."""
+        check_is_fitted(self)
+        X = self._check_X(X, reset=False)
         with self.trainer_.backend.use():
-            return -self.trainer_.evaluate_loss(self._to_device(X_nd))
+            return -self.trainer_.evaluate_loss(self._to_device(X))
 
     # -- persistence ---------------------------------------------------------------------
     def save(self, path) -> None:
         """Write a checkpoint (the whole training state) to ``path`` atomically."""
+        check_is_fitted(self)
         save_checkpoint(Path(path), self.trainer_.checkpoint(self.preprocess_))
 
     @classmethod
     def load(cls, path, device: str = "auto") -> "KSparseAutoencoder":
-        """An estimator restored from a checkpoint, ready to transform or to go on training."""
+        """An estimator restored from a checkpoint, ready to transform or to go on training
+        (``warm_start=True``, so ``fit`` resumes it)."""
         ckpt = load_checkpoint(Path(path))
         config = TrainConfig.from_dict(ckpt.config)
         est = cls(n_hidden=config.hidden, k=config.k, k_start=config.k_start, epochs=config.epochs,
                   batch_size=config.batch_size, lr=config.lr, momentum=config.momentum, sigma=config.sigma,
                   topk=config.topk, seed=config.seed, dtype=config.dtype, device=device,
-                  activation=config.activation)
-        est.trainer_ = Trainer(config, resolve_device(device), D=ckpt.params["W_dh"].shape[0], checkpoint=ckpt)
+                  activation=config.activation, warm_start=True)
+        est._restore(ckpt, resolve_device(device))
         est.preprocess_ = dict(ckpt.preprocess)
         return est
+
+    def _restore(self, ckpt: Checkpoint, backend) -> None:
+        D = ckpt.params["W_dh"].shape[0]
+        self._trainer = Trainer(TrainConfig.from_dict(ckpt.config), backend, D=D, checkpoint=ckpt)
+        self.n_features_in_ = D
+
+    def to_device(self, device: str) -> "KSparseAutoencoder":
+        """Move the whole fitted state to ``device`` (``cpu``, ``gpu[:N]``, ``auto``); returns ``self``.
+
+        An unpickled estimator lives on the CPU; this puts it back on a GPU.
+        """
+        check_is_fitted(self)
+        self._restore(self.trainer_.checkpoint(), resolve_device(device))
+        self.device = device
+        return self
+
+    def __getstate__(self):
+        # The trainer holds its backend, and a CuPy backend holds a module (not picklable):
+        # pickle the host copy of the training state instead.
+        state = dict(super().__getstate__())
+        if state.get("_trainer") is not None:
+            state["_trainer"] = state["_trainer"].checkpoint()
+        return state
+
+    def __setstate__(self, state):
+        state = dict(state)
+        ckpt = state.pop("_trainer", None)
+        parent_setstate = getattr(super(), "__setstate__", None)  # scikit-learn's, or none without it
+        if parent_setstate is not None:
+            parent_setstate(state)
+        else:
+            self.__dict__.update(state)
+        if isinstance(ckpt, Checkpoint):
+            self._restore(ckpt, CPU)  # on the CPU; to_device() moves it
