@@ -7,6 +7,7 @@ Plain or gzip-compressed files are read alike.
 from __future__ import annotations
 
 import gzip
+import math
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,9 @@ def read_idx(path: Path) -> np.ndarray:
     if len(raw) < header:
         raise KsaeError(f"{path}: IDX header truncated ({len(raw)} bytes)")
     shape = tuple(int(d) for d in np.frombuffer(raw, dtype=">i4", count=ndim, offset=4))
-    expected = int(np.prod(shape))
+    if min(shape) < 0:
+        raise KsaeError(f"{path}: IDX header gives negative sizes {shape}")
+    expected = math.prod(shape)  # exact (NumPy's int64 product could wrap around to the file's length)
     if len(raw) - header != expected:
         raise KsaeError(f"{path}: IDX data holds {len(raw) - header} bytes, header {shape} needs {expected}")
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape)
