@@ -107,24 +107,36 @@ MAX_COMPRESSION = 1032
 def _read_npy(path: Path) -> np.ndarray:
     """The array of an ``.npy`` file, once its header's shape fits in the file's length
     (a damaged header must not make us allocate what the file does not hold)."""
+    shape, dtype, data_bytes = _npy_header(path)
+    if dtype.hasobject:
+        raise KsaeError(f"{path}: not a readable .npy file (it holds Python objects)")
+    needed = math.prod(shape) * dtype.itemsize
+    if needed > data_bytes:
+        raise KsaeError(f"{path}: not a readable .npy file (header says {shape} {dtype}, which needs {needed} "
+                        f"bytes; the file holds {data_bytes})")
+    try:
+        return np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise KsaeError(f"{path}: not a readable .npy file ({exc})".splitlines()[0]) from None
+
+
+def _npy_header(path: Path):
+    """``(shape, dtype, bytes after the header)`` of an ``.npy`` file, or a KsaeError."""
+    import warnings
+
     fmt = np.lib.format
     try:
-        with open(path, "rb") as f:
+        with open(path, "rb") as f, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # NumPy's note on Python 2 headers
             version = fmt.read_magic(f)
             if version not in ((1, 0), (2, 0), (3, 0)):
                 raise ValueError(f"unknown .npy version {version}")
             read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
             shape, _, dtype = read_header(f)
-            data_bytes = path.stat().st_size - f.tell()
-        if dtype.hasobject:
-            raise ValueError("it holds Python objects")
-        needed = math.prod(shape) * dtype.itemsize
-        if needed > data_bytes:
-            raise ValueError(f"header says {shape} {dtype} ({needed} bytes), the file holds {data_bytes}")
-        return np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError, SyntaxError, TypeError, OverflowError) as exc:
+            return shape, dtype, path.stat().st_size - f.tell()
+    except Exception as exc:  # noqa: BLE001 -- NumPy parses the header as Python source: any error means damage
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise KsaeError(f"{path}: not a readable .npy file ({first})") from None
+        raise KsaeError(f"{path}: not a readable .npy file ({type(exc).__name__}: {first})") from None
 
 
 def _read_h5_array(path: Path, member: str) -> np.ndarray:

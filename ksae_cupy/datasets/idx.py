@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import math
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ def read_idx(path: Path) -> np.ndarray:
     try:
         with opener(path, "rb") as f:
             raw = f.read()
-    except (OSError, EOFError) as exc:
+    except (OSError, EOFError, zlib.error) as exc:  # zlib.error: damaged gzip data
         raise KsaeError(f"{path}: cannot read IDX file ({exc})") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != _UBYTE or not 1 <= raw[3] <= 4:
         raise KsaeError(f"{path}: not an unsigned-byte IDX file (magic {raw[:4].hex() or 'empty'}; "

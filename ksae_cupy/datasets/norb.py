@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -75,7 +76,7 @@ def read_norb_matrix(path: Path, opener=None) -> np.ndarray:
     try:
         with opener(path, "rb") as f:
             raw = f.read()
-    except (OSError, EOFError) as exc:
+    except (OSError, EOFError, zlib.error) as exc:  # zlib.error: damaged gzip data
         raise KsaeError(f"{path}: cannot read NORB file ({exc})") from None
     dtype, shape, start = parse_header(raw[:_header_bytes(_MAX_NDIM)], path)
     expected = math.prod(shape) * dtype.itemsize  # exact: an int64 product could wrap around
