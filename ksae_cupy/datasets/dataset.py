@@ -57,6 +57,8 @@ def magnitude_limit(X: np.ndarray) -> float:
 def check_magnitude(X: np.ndarray, what: str) -> None:
     """Refuse values so large that float32 training arithmetic would overflow, naming the first."""
     limit = magnitude_limit(X)
+    if X.size == 0 or max(float(X.max()), -float(X.min())) <= limit:  # no copy of a large X when all is well
+        return
     too_big = np.abs(X) > limit
     if too_big.any():
         row, col = np.argwhere(too_big)[0]
