@@ -8,6 +8,7 @@ The algorithm sits at the top of the package, to be read first:
     schedules.py  the sparsity schedule (k from k_start down to k over the first half)
     backend.py    NumPy or CuPy on the chosen device
     errors.py     KsaeError, the one error a user sees
+    paths.py      checks of the paths a user gives, made before any work starts
 
 Around it, one folder per job, imports pointing down this list only:
 

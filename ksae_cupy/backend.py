@@ -116,3 +116,24 @@ def resolve_device(spec: str = "auto") -> Backend:
             return Backend(name="cpu", xp=np, description=f"device: cpu (numpy; no GPU: {description})")
         raise KsaeError(f"--device {spec}: no usable GPU ({description}); use --device cpu or auto")
     return Backend(name=f"gpu:{index}", xp=cupy, description=description, gpu_index=index)
+
+
+def free_memory_bytes(backend: Backend) -> int | None:
+    """Bytes the device can still give: the GPU's free memory, or the host's MemAvailable
+    (None where the system does not say)."""
+    if backend.is_gpu:
+        with backend.xp.cuda.Device(backend.gpu_index):
+            return int(backend.xp.cuda.runtime.memGetInfo()[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        import os
+
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None

@@ -33,9 +33,19 @@ def bench_train(device, hidden, dim, k, batch_size, topk, repeats, steps, out):
     """Training-step speed on MNIST shapes, against the step's matrix products alone."""
     from ksae_cupy.backend import resolve_device
     from ksae_cupy.bench.train_cpu import bench_train_step
-    from ksae_cupy.bench.metadata import write_results
+    from ksae_cupy.bench.metadata import RESULTS_DIR, write_results
+    from ksae_cupy.paths import check_writable_folder
+    from ksae_cupy.training.options import check_training_memory
 
+    for flag, value in (("--hidden", hidden), ("--dim", dim), ("--batch-size", batch_size), ("--repeats", repeats),
+                        ("--steps", steps)):
+        if value <= 0:
+            raise KsaeError(f"{flag} {value} is not allowed; use a positive number")
+    if not 1 <= k <= hidden:
+        raise KsaeError(f"--k {k} is not allowed; use 1 <= k <= hidden ({hidden})")
+    check_writable_folder(out or RESULTS_DIR, "--out")
     backend = resolve_device(device)
+    check_training_memory(backend, dim, hidden, batch_size, "float64")  # the validation runs in float64
     click.echo(backend.description)
     if backend.is_gpu:
         from ksae_cupy.bench.gpu import bench_train_gpu

@@ -34,6 +34,10 @@ def report_errors(func):
         except KsaeError as exc:
             click.echo(f"error: {_one_line(exc)}", err=True)
             sys.exit(EXIT_USAGE)
+        except OSError as exc:  # the paths are checked up front; this catches what changes under us
+            where = f"{exc.filename}: " if exc.filename else ""
+            click.echo(f"error: {where}{exc.strerror or _one_line(exc)}", err=True)
+            sys.exit(EXIT_USAGE)
 
     return wrapper
 

@@ -29,7 +29,7 @@ def _parse_shape(text):
 
 @plot_command.command("filters", context_settings=CONTEXT)
 @click.argument("run_dir", type=RUN_DIR)
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None, help="PNG file. [default: RUN_DIR/filters.png]")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None, help="Image file; its suffix picks the format (png, pdf, svg, jpg, ...). [default: RUN_DIR/filters.png]")
 @click.option("--n", "n_filters", type=int, default=None, help="Draw the first N filters. [default: all]")
 @click.option("--cols", type=int, default=None, help="Filters per row. [default: square grid]")
 @click.option("--shape", default=None,
@@ -42,11 +42,12 @@ def _parse_shape(text):
 def plot_filters(run_dir, output, n_filters, cols, shape, channels, layout, scale):
     """Each column of W as an image, in a grid (the paper's Figures 1-3)."""
     from ksae_cupy.evaluation.features import open_run
-    from ksae_cupy.evaluation.plots import require_matplotlib, save_filter_grid
+    from ksae_cupy.evaluation.plots import check_image_output, require_matplotlib, save_filter_grid
 
     require_matplotlib()
     run = open_run(run_dir)
     output = output or run.path / "filters.png"
+    check_image_output(output)
     image_shape, channels = _parse_shape(shape), None if channels is None else int(channels)
     if image_shape is None and channels is None:  # draw the run's dataset as it is laid out
         from ksae_cupy.datasets.catalog import IMAGE_SHAPES
@@ -77,9 +78,10 @@ def plot_hist(run_dirs, output, n_samples, split, alpha, bins, data_dir, quiet):
     """
     from ksae_cupy.evaluation.features import load_run_dataset, open_run
     from ksae_cupy.model import encode
-    from ksae_cupy.evaluation.plots import require_matplotlib, save_activity_histograms
+    from ksae_cupy.evaluation.plots import check_image_output, require_matplotlib, save_activity_histograms
 
     require_matplotlib()
+    check_image_output(output)
     if n_samples < 1 or bins < 1:
         raise KsaeError("--n-samples and --bins must be positive")
     say = progress_printer(quiet)

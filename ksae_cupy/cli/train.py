@@ -13,6 +13,7 @@ import click
 
 from ksae_cupy.cli.common import EXIT_INTERRUPTED, install_interrupt_handler, report_errors
 from ksae_cupy.errors import KsaeError
+from ksae_cupy.training.options import check_seed, check_training_memory
 
 # Options that shape the run; on --resume, each one given explicitly must match the checkpoint.
 RUN_SHAPING = ("hidden", "k", "k_start", "no_k_schedule", "epochs", "batch_size", "lr", "momentum", "sigma",
@@ -70,6 +71,7 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
                 if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
     if checkpoint_every <= 0:
         raise KsaeError(f"--checkpoint-every {checkpoint_every} is not allowed; use a positive number of epochs")
+    check_seed("--seed", seed)  # paths are checked by RunFolder, memory once the data's width is known
     if resume is not None:
         folder = RunFolder(resume)
         folder.check_resumable()
@@ -100,12 +102,13 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
                                    sigma=config.sigma, topk=config.topk, seed=config.seed, dtype=config.dtype,
                                    device=backend.name, activation=config.activation)
         model.config().validate(n_train=len(data.X_train))
+        check_training_memory(backend, data.dim, config.hidden, config.batch_size, config.dtype)
         model.preprocess_ = dict(data.preprocess)
     elif model.trainer_.params["W_dh"].shape[0] != data.dim:
         raise KsaeError(f"the checkpoint's model takes {model.trainer_.params['W_dh'].shape[0]} dimensions, "
                         f"{dataset} has {data.dim}")
 
-    folder.create()
+    folder.create(log=lambda msg: say(msg, err=True))
     resolved = {"dataset": dataset, "device": backend.name, "train": model.config().to_dict()
                 if model.trainer_ is None else model.trainer_.config.to_dict(),
                 "checkpoint_every": checkpoint_every, "run_dir": str(folder.path)}

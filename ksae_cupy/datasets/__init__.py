@@ -7,12 +7,13 @@ of its own there.
 """
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
 import numpy as np
 
-from ksae_cupy.datasets.dataset import Dataset, check_finite
+from ksae_cupy.datasets.dataset import Dataset, check_finite, check_magnitude
 from ksae_cupy.errors import KsaeError
 
 
@@ -81,10 +82,7 @@ def load_user_file(spec: str, valid_fraction: float = 0.1, seed: int = 0) -> Dat
     if not path.is_file():
         raise KsaeError(f"data file {path} does not exist")
     if path.suffix == ".npy":
-        try:
-            X = np.load(path, allow_pickle=False)
-        except (ValueError, OSError) as exc:
-            raise KsaeError(f"{path}: not a readable .npy file ({exc})") from None
+        X = _read_npy(path)
     elif path.suffix in (".h5", ".hdf5"):
         X = _read_h5_array(path, member)
     else:
@@ -95,9 +93,50 @@ def load_user_file(spec: str, valid_fraction: float = 0.1, seed: int = 0) -> Dat
         raise KsaeError(f"{spec}: array of dtype {X.dtype}; expected real numbers")
     X = X.astype(np.float32)
     check_finite(X, spec)
+    check_magnitude(X, spec)
     order = np.random.default_rng(seed).permutation(len(X))
     n_valid = max(1, int(round(valid_fraction * len(X))))
     return Dataset(name=str(spec), X_train=X[np.sort(order[n_valid:])], X_valid=X[np.sort(order[:n_valid])])
+
+
+# Deflate, the strongest compression HDF5 files commonly use, shrinks data at most ~1032:1;
+# a dataset that claims more than that per byte of file is refused before it is read.
+MAX_COMPRESSION = 1032
+
+
+def _read_npy(path: Path) -> np.ndarray:
+    """The array of an ``.npy`` file, once its header's shape fits in the file's length
+    (a damaged header must not make us allocate what the file does not hold)."""
+    shape, dtype, data_bytes = _npy_header(path)
+    if dtype.hasobject:
+        raise KsaeError(f"{path}: not a readable .npy file (it holds Python objects)")
+    needed = math.prod(shape) * dtype.itemsize
+    if needed > data_bytes:
+        raise KsaeError(f"{path}: not a readable .npy file (header says {shape} {dtype}, which needs {needed} "
+                        f"bytes; the file holds {data_bytes})")
+    try:
+        return np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise KsaeError(f"{path}: not a readable .npy file ({exc})".splitlines()[0]) from None
+
+
+def _npy_header(path: Path):
+    """``(shape, dtype, bytes after the header)`` of an ``.npy`` file, or a KsaeError."""
+    import warnings
+
+    fmt = np.lib.format
+    try:
+        with open(path, "rb") as f, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # NumPy's note on Python 2 headers
+            version = fmt.read_magic(f)
+            if version not in ((1, 0), (2, 0), (3, 0)):
+                raise ValueError(f"unknown .npy version {version}")
+            read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+            shape, _, dtype = read_header(f)
+            return shape, dtype, path.stat().st_size - f.tell()
+    except Exception as exc:  # noqa: BLE001 -- NumPy parses the header as Python source: any error means damage
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise KsaeError(f"{path}: not a readable .npy file ({type(exc).__name__}: {first})") from None
 
 
 def _read_h5_array(path: Path, member: str) -> np.ndarray:
@@ -112,9 +151,19 @@ def _read_h5_array(path: Path, member: str) -> np.ndarray:
                 member = names[0]
             if member not in f or not isinstance(f[member], h5py.Dataset):
                 raise KsaeError(f"{path} has no dataset {member!r}")
-            return f[member][()]
-    except OSError as exc:
-        raise KsaeError(f"{path}: not a readable HDF5 file ({exc})") from None
+            dset = f[member]
+            if dset.ndim != 2 or not np.issubdtype(dset.dtype, np.number) or np.issubdtype(dset.dtype, np.complexfloating):
+                raise KsaeError(f"{path}:{member}: array of shape {dset.shape} {dset.dtype}; expected N x D real numbers")
+            limit = path.stat().st_size * (MAX_COMPRESSION if dset.compression else 1)
+            if dset.size * dset.dtype.itemsize > limit:
+                raise KsaeError(f"{path}:{member}: shape {dset.shape} {dset.dtype} needs "
+                                f"{dset.size * dset.dtype.itemsize} bytes, more than the file can hold")
+            return dset[()]
+    except KsaeError:
+        raise
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError, OverflowError) as exc:  # h5py's errors on damage
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise KsaeError(f"{path}: not a readable HDF5 file ({type(exc).__name__}: {first})") from None
 
 
 def is_user_file(name: str) -> bool:
@@ -131,4 +180,5 @@ def load_dataset(name: str, root: Path | None = None, log=print) -> Dataset:
     for split in ("X_train", "X_valid", "X_test"):
         if getattr(dataset, split) is not None:
             check_finite(getattr(dataset, split), f"{name} {split}")
+            check_magnitude(getattr(dataset, split), f"{name} {split}")
     return dataset

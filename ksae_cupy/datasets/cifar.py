@@ -16,6 +16,7 @@ import io
 import os
 import pickle
 import tarfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -64,23 +65,35 @@ class _ArrayUnpickler(pickle.Unpickler):
                 ("_codecs", "encode")}  # Python 3's protocol-2 pickles spell bytes this way
 
     def find_class(self, module, name):
+        if (module, name) == ("numpy", "dtype"):
+            return _plain_dtype
         if (module, name) in self._ALLOWED:
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a CIFAR batch")
+
+
+def _plain_dtype(*args):
+    """``numpy.dtype`` for the unpickler, refusing object dtypes (their arrays hold arbitrary objects)."""
+    dtype = np.dtype(*args)
+    if dtype.hasobject:
+        raise pickle.UnpicklingError(f"refusing an array of Python objects ({dtype}) in a CIFAR batch")
+    return dtype
 
 
 def read_batch(raw: bytes, what: str) -> tuple[np.ndarray, np.ndarray]:
     """``(X_n3072 uint8, y_n int64)`` from the bytes of one pickled CIFAR-10 batch."""
     try:
         batch = _ArrayUnpickler(io.BytesIO(raw), encoding="bytes").load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError) as exc:
+    except Exception as exc:  # noqa: BLE001 -- only allowed types get built; any failure means a damaged batch
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise KsaeError(f"{what}: not a readable CIFAR-10 batch ({type(exc).__name__}: {first})") from None
     if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
-        keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
+        keys = sorted(map(repr, batch)) if isinstance(batch, dict) else type(batch).__name__
         raise KsaeError(f"{what}: CIFAR-10 batch holds {keys}; expected b'data' and b'labels'")
-    X = np.asarray(batch[b"data"])
-    y = np.asarray(batch[b"labels"])
+    try:
+        X, y = np.asarray(batch[b"data"]), np.asarray(batch[b"labels"])
+    except ValueError as exc:  # ragged lists
+        raise KsaeError(f"{what}: b'data' or b'labels' is not an array ({exc})".splitlines()[0]) from None
     if X.ndim != 2 or X.shape[1] != 3072 or X.dtype != np.uint8:
         raise KsaeError(f"{what}: b'data' has shape {X.shape} ({X.dtype}); expected N x 3072 uint8")
     if y.shape != (len(X),) or not np.issubdtype(y.dtype, np.integer):
@@ -105,7 +118,7 @@ def read_archive(path: Path, n_expected: int | None = N_IMAGES) -> tuple[np.ndar
                 X, y = read_batch(member.read(), f"{path}:{name}")
                 Xs.append(X)
                 ys.append(y)
-    except (tarfile.TarError, OSError, EOFError) as exc:
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise KsaeError(f"{path}: not a readable tar archive ({type(exc).__name__}: {first})") from None
     X_n3072, y_n = np.concatenate(Xs), np.concatenate(ys)

@@ -1,4 +1,4 @@
-"""The :class:`Dataset` every loader returns, and the finiteness check every loader applies."""
+"""The :class:`Dataset` every loader returns, and the value checks every loader applies."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -46,3 +46,23 @@ def check_finite(X: np.ndarray, what: str) -> None:
         row, col = np.argwhere(~finite)[0]
         raise KsaeError(f"{what} holds {int((~finite).sum())} non-finite values (first at row {row}, "
                         f"column {col}: {X[row, col]}); only finite values are allowed")
+
+
+def magnitude_limit(X: np.ndarray) -> float:
+    """The largest |value| for which the squared error summed over all of ``X`` (an error
+    can reach twice a value) stays finite in float32."""
+    return float(np.sqrt(np.finfo(np.float32).max / (4.0 * max(X.size, 1))))
+
+
+def check_magnitude(X: np.ndarray, what: str) -> None:
+    """Refuse values so large that float32 training arithmetic would overflow, naming the first."""
+    limit = magnitude_limit(X)
+    if X.size == 0 or max(float(X.max()), -float(X.min())) <= limit:  # no copy of a large X when all is well
+        return
+    too_big = np.abs(X) > limit
+    if too_big.any():
+        row, col = np.argwhere(too_big)[0]
+        raise KsaeError(f"{what} holds {int(too_big.sum())} values too large for float32 arithmetic (first at row "
+                        f"{row}, column {col}: {X[row, col]:.3g}; |values| up to {limit:.3g} are allowed for "
+                        f"{X.shape[0]} x {X.shape[1]} data); standardise it first (subtract each column's mean, "
+                        f"divide by its standard deviation)")

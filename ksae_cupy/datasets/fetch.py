@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 from ksae_cupy.errors import KsaeError
+from ksae_cupy.paths import check_folder, check_writable_folder
 
 HTTP_TIMEOUT_S = 10
 NPM_TIMEOUT_S = 120
@@ -222,7 +223,7 @@ def ensure_files(folder: Path, specs: list[FileSpec], sources: list, dataset: st
     its check is an error (it may be the user's: it is never overwritten or deleted).
     Missing files are fetched from ``sources`` in order.
     """
-    folder.mkdir(parents=True, exist_ok=True)
+    check_folder(folder, f"{dataset} data folder")  # a file in the way: one line, not NotADirectoryError
     paths: dict[str, Path] = {}
     missing: list[FileSpec] = []
     for spec in specs:
@@ -234,6 +235,8 @@ def ensure_files(folder: Path, specs: list[FileSpec], sources: list, dataset: st
         else:
             missing.append(spec)
     if missing:
+        check_writable_folder(folder, f"{dataset} data folder")
+        folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".fetch-", dir=folder) as scratch:
             cache = {"scratch": scratch}
             for spec in missing:

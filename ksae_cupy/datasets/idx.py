@@ -7,6 +7,8 @@ Plain or gzip-compressed files are read alike.
 from __future__ import annotations
 
 import gzip
+import math
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +24,7 @@ def read_idx(path: Path) -> np.ndarray:
     try:
         with opener(path, "rb") as f:
             raw = f.read()
-    except (OSError, EOFError) as exc:
+    except (OSError, EOFError, zlib.error) as exc:  # zlib.error: damaged gzip data
         raise KsaeError(f"{path}: cannot read IDX file ({exc})") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != _UBYTE or not 1 <= raw[3] <= 4:
         raise KsaeError(f"{path}: not an unsigned-byte IDX file (magic {raw[:4].hex() or 'empty'}; "
@@ -32,7 +34,9 @@ def read_idx(path: Path) -> np.ndarray:
     if len(raw) < header:
         raise KsaeError(f"{path}: IDX header truncated ({len(raw)} bytes)")
     shape = tuple(int(d) for d in np.frombuffer(raw, dtype=">i4", count=ndim, offset=4))
-    expected = int(np.prod(shape))
+    if min(shape) < 0:
+        raise KsaeError(f"{path}: IDX header gives negative sizes {shape}")
+    expected = math.prod(shape)  # exact (NumPy's int64 product could wrap around to the file's length)
     if len(raw) - header != expected:
         raise KsaeError(f"{path}: IDX data holds {len(raw) - header} bytes, header {shape} needs {expected}")
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape)

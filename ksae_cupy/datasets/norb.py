@@ -11,7 +11,9 @@ with widely used loaders), their exact size and their header.
 """
 from __future__ import annotations
 
+import math
 import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -74,10 +76,10 @@ def read_norb_matrix(path: Path, opener=None) -> np.ndarray:
     try:
         with opener(path, "rb") as f:
             raw = f.read()
-    except (OSError, EOFError) as exc:
+    except (OSError, EOFError, zlib.error) as exc:  # zlib.error: damaged gzip data
         raise KsaeError(f"{path}: cannot read NORB file ({exc})") from None
     dtype, shape, start = parse_header(raw[:_header_bytes(_MAX_NDIM)], path)
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    expected = math.prod(shape) * dtype.itemsize  # exact: an int64 product could wrap around
     if len(raw) - start != expected:
         raise KsaeError(f"{path}: NORB data holds {len(raw) - start} bytes, header {shape} needs {expected}")
     return np.frombuffer(raw, dtype=dtype, offset=start).reshape(shape)

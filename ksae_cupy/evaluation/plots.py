@@ -78,6 +78,25 @@ def filter_mosaic(W_dh, image_shape=None, channels: int = 1, layout: str = "hwc"
     return mosaic[:, :, 0] if channels == 1 else mosaic
 
 
+def image_formats() -> list[str]:
+    """The file suffixes matplotlib can write (png, pdf, svg, jpg, ...)."""
+    require_matplotlib()
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return sorted(FigureCanvasBase.get_supported_filetypes())
+
+
+def check_image_output(path, flag: str = "-o") -> None:
+    """Before any work: ``path`` can be written and names a format matplotlib writes."""
+    from ksae_cupy.paths import check_output_file
+
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix not in image_formats():
+        raise KsaeError(f"{flag} {path}: unknown image format {suffix or '(no suffix)'!r}; "
+                        f"use one of {', '.join(image_formats())}")
+    check_output_file(path, flag)
+
+
 def save_filter_grid(W_dh, path, image_shape=None, channels: int = 1, layout: str = "hwc",
                      n_filters: int | None = None, cols: int | None = None, scale: int = 2) -> tuple[int, int]:
     """Write the filter mosaic as a PNG, each pixel repeated ``scale`` times; returns (width, height)."""
@@ -123,7 +142,7 @@ def save_activity_histograms(activities: dict, path, bins: int = 100, size=(800,
     ax.set_title(title)
     ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(str(path), dpi=dpi, format="png")
+    fig.savefig(str(path), dpi=dpi)  # the format follows the suffix (see check_image_output)
     return size[0], size[1]
 
 

@@ -50,17 +50,25 @@ def write_hdf5_atomically(path: Path, write_fn, verify_fn) -> None:
 
     ``write_fn(f)`` fills the open ``h5py.File`` ``<name>.tmp``; ``verify_fn(tmp_path)``
     reopens and checks it (raising on damage); only then is it renamed to ``path``. A crash
-    or a failed check leaves the previous file at ``path`` untouched.
+    or a failed check leaves the previous file at ``path`` untouched; a failed write
+    (``OSError``, e.g. a full disk) removes the temporary file and is one :class:`KsaeError`.
     """
     import h5py
 
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with h5py.File(tmp, "w") as f:
-        write_fn(f)
-        f.flush()
-    verify_fn(tmp)  # verify what was written before it takes the real name
-    os.replace(tmp, path)
+    try:
+        with h5py.File(tmp, "w") as f:
+            write_fn(f)
+            f.flush()
+        verify_fn(tmp)  # verify what was written before it takes the real name
+        os.replace(tmp, path)
+    except OSError as exc:  # a full disk, a lost mount: stop with one line, keep the previous file
+        tmp.unlink(missing_ok=True)
+        kept = f"the previous {path.name} is intact" if path.exists() else f"no {path.name} was written"
+        reason = exc.strerror or (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        raise KsaeError(f"could not write {path} ({reason}); {kept}; free space or fix the folder, "
+                        f"then continue the run with --resume") from None
 
 
 def read_hdf5_checked(path: Path, what: str, fmt: str, version: int, read_fn):

@@ -37,3 +37,30 @@ def check_momentum(flag: str, value: float) -> None:
 def check_dtype(flag: str, value: str) -> None:
     if value not in DTYPES:
         raise KsaeError(f"{flag} {value!r} is not allowed; use float32 or float64")
+
+
+MAX_SEED = 2**32 - 1
+
+
+def check_seed(flag: str, value: int) -> None:
+    if not 0 <= value <= MAX_SEED:
+        raise KsaeError(f"{flag} {value} is not allowed; use an integer from 0 to {MAX_SEED}")
+
+
+def training_bytes(D: int, H: int, batch_size: int, dtype: str) -> int:
+    """Device memory one training step needs: the parameters, their gradients and momentum
+    (three copies of W_dh, b_h, c_d) and one batch's inputs, codes and reconstructions
+    (three N x D and three N x H arrays)."""
+    itemsize = 4 if dtype == "float32" else 8
+    return itemsize * (3 * (D * H + H + D) + 3 * batch_size * (D + H))
+
+
+def check_training_memory(backend, D: int, H: int, batch_size: int, dtype: str, flag: str = "--hidden") -> None:
+    """Refuse, before anything is allocated, a model the device cannot hold."""
+    from ksae_cupy.backend import free_memory_bytes
+
+    needed, free = training_bytes(D, H, batch_size, dtype), free_memory_bytes(backend)
+    if free is not None and needed > free:
+        raise KsaeError(f"{flag} {H} is not allowed here: training {D} x {H} {dtype} weights with batches of "
+                        f"{batch_size} needs {needed / 2**30:,.1f} GiB, {backend.name} has {free / 2**30:,.1f} GiB "
+                        f"free; use fewer hidden units or a smaller batch")

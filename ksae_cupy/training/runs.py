@@ -3,6 +3,9 @@
     RUN_DIR/checkpoint.h5   the latest checkpoint (see :mod:`ksae_cupy.training.checkpoint`)
     RUN_DIR/config.json     the resolved configuration, dataset and device included
     RUN_DIR/metrics.jsonl   one JSON object per finished epoch
+
+A run killed while it wrote a checkpoint leaves ``checkpoint.h5.tmp`` beside the intact
+previous checkpoint; :meth:`RunFolder.create` removes such leftovers when the run starts again.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import os
 from pathlib import Path
 
 from ksae_cupy.errors import KsaeError
+from ksae_cupy.paths import check_writable_folder
 
 CHECKPOINT = "checkpoint.h5"
 CONFIG = "config.json"
@@ -37,7 +41,8 @@ class RunFolder:
         return self.path / CHECKPOINT
 
     def check_new(self) -> None:
-        """A new run must not overwrite another run's checkpoint."""
+        """A new run must not overwrite another run's checkpoint, and must be able to write its own."""
+        check_writable_folder(self.path, "run folder")
         if self.checkpoint.exists():
             raise KsaeError(f"run folder {self.path} already holds a run; continue it with --resume {self.path} "
                             f"or choose another --run-dir")
@@ -47,9 +52,15 @@ class RunFolder:
             raise KsaeError(f"--resume {self.path}: no such run folder")
         if not self.checkpoint.is_file():
             raise KsaeError(f"--resume {self.path}: the folder holds no {CHECKPOINT}")
+        check_writable_folder(self.path, "--resume")  # its checkpoints are rewritten
 
-    def create(self) -> None:
+    def create(self, log=None) -> None:
+        """Make the folder; remove temporary files a killed run left (saying so through ``log``)."""
         self.path.mkdir(parents=True, exist_ok=True)
+        for leftover in sorted(self.path.glob("*.tmp")):
+            leftover.unlink()
+            if log is not None:
+                log(f"removed {leftover}, left by a run that was stopped while writing it")
 
     def write_config(self, config: dict) -> None:
         tmp = self.path / (CONFIG + ".tmp")

@@ -5,6 +5,7 @@ import io
 import os
 import pickle
 import tarfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -171,3 +172,28 @@ def test_junk_archive_fails_the_format_check_in_one_line(tmp_path):
     with pytest.raises(KsaeError) as info:
         cifar.load(tmp_path, log=lambda m: None, n_patches=100, files=TEST_SPEC)
     assert "fails its check: format check failed" in one_line(info)
+
+
+class _LeavesEvidence:
+    """A pickle whose loading would call a function (here: create a file)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_pickle_carrying_a_callable_is_refused_and_never_called(tmp_path):
+    marker = tmp_path / "was-called"
+    raw = pickle.dumps({b"data": np.zeros((1, 3072), np.uint8), b"labels": [_LeavesEvidence(marker)]}, protocol=2)
+    with pytest.raises(KsaeError, match="refusing to load"):
+        cifar.read_batch(raw, "data_batch_1")
+    assert not marker.exists()
+    assert pickle.loads(raw) is not None and marker.exists()  # the same bytes do call it when unpickled freely
+
+
+def test_an_array_of_python_objects_is_refused():
+    raw = pickle.dumps({b"data": np.array([[b"x"] * 3072], dtype=object), b"labels": [0]}, protocol=2)
+    with pytest.raises(KsaeError, match="refusing an array of Python objects"):
+        cifar.read_batch(raw, "data_batch_1")

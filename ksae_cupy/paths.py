@@ -1,0 +1,55 @@
+"""Checks of the paths a user gives, made before any work starts.
+
+A folder in the way of a file, a file in the way of a folder, or a place we may not write
+to is a one-line :class:`KsaeError` naming the path, instead of an ``OSError`` traceback
+halfway through a run. Nothing here creates or changes anything.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ksae_cupy.errors import KsaeError
+
+
+def writable(folder: Path) -> bool:
+    """Whether this process may create files in the existing ``folder``."""
+    return os.access(folder, os.W_OK | os.X_OK)
+
+
+def nearest_existing(path: Path) -> Path:
+    """``path`` itself or the closest ancestor that exists (``mkdir -p`` would start there)."""
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_folder(path: Path, what: str) -> None:
+    """``path`` is a folder, or could be made one: no file stands at it or above it."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise KsaeError(f"{what} {path} is a file, not a folder; give a folder")
+    start = nearest_existing(path)
+    if not start.is_dir():
+        raise KsaeError(f"{what} {path} cannot be made: {start} is a file, not a folder")
+
+
+def check_writable_folder(path: Path, what: str) -> None:
+    """``path`` is (or can be created as) a folder this process may write files into."""
+    check_folder(path, what)
+    start = nearest_existing(path)
+    if not writable(start):
+        raise KsaeError(f"{what} {path}: {start} is not writable; choose a folder you may write to")
+
+
+def check_output_file(path: Path, what: str) -> None:
+    """A file may be written at ``path``: its folder exists and is writable, no folder stands at it."""
+    path = Path(path)
+    if path.is_dir():
+        raise KsaeError(f"{what} {path} is a folder; give a file name")
+    folder = Path(os.path.abspath(path)).parent
+    if not folder.is_dir():
+        raise KsaeError(f"{what} {path}: folder {folder} does not exist; create it first")
+    if not writable(folder):
+        raise KsaeError(f"{what} {path}: folder {folder} is not writable; choose a folder you may write to")
