@@ -107,24 +107,24 @@ def test_checkpoint_policy_saves_by_epochs_and_by_time():
 def test_kill_9_loses_only_minutes_and_resume_logs_each_epoch_once(data_file, tmp_path):
     """--checkpoint-every far away, --checkpoint-minutes tiny: SIGKILL still finds a recent checkpoint;
     the resumed run ends bit-identical to an uninterrupted one and metrics.jsonl has every epoch once."""
-    common = [data_file, *SMALL, "--epochs", "12", "--checkpoint-every", "1000"]
+    common = [data_file, *SMALL, "--epochs", "30", "--checkpoint-every", "1000"]
     proc = subprocess.Popen(TRAIN + [str(a) for a in common] + ["--run-dir", str(tmp_path / "a"),
                                                                  "--checkpoint-minutes", "0.001"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV)
     for line in proc.stdout:
-        if line.startswith("epoch 6/"):
+        if line.startswith("epoch 3/"):
             proc.send_signal(signal.SIGKILL)
             break
     proc.communicate(timeout=60)
     saved = load_checkpoint(tmp_path / "a" / "checkpoint.h5")
-    assert 1 <= saved.epoch < 12 and saved.step > 0  # by time only: every-1000 epochs never came
+    assert saved.epoch < 30 and saved.step > 0  # by time only: every-1000 epochs never came
     assert len(epochs_logged(tmp_path / "a")) >= saved.epoch
 
     resumed = train("--resume", tmp_path / "a", "--device", "cpu")
     assert resumed.returncode == 0, resumed.stderr
     first = resumed.stdout.splitlines()[0]
     assert first.startswith(f"resuming {tmp_path / 'a'} after epoch {saved.epoch}") and f"(step {saved.step})" in first
-    assert epochs_logged(tmp_path / "a") == list(range(1, 13))
+    assert epochs_logged(tmp_path / "a") == list(range(1, 31))
 
     straight = train(*common, "--run-dir", tmp_path / "b")
     assert straight.returncode == 0, straight.stderr
