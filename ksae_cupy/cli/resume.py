@@ -1,7 +1,7 @@
 """``ksae-train --resume``: every option given on the command line is applied or refused by name.
 
-Applied (safe to change mid-run): ``--epochs`` (extend or shorten; the k schedule keeps the
-epochs it was planned over), ``--topk`` (both algorithms keep the same set), ``--device``,
+Applied (safe to change mid-run): ``--epochs`` (extend: the k schedule keeps the epochs it
+was planned over; shorten, to no fewer than the epochs done: the schedule shrinks with it), ``--topk`` (both algorithms keep the same set), ``--device``,
 ``--checkpoint-every``, ``--checkpoint-minutes``, ``--threads``, ``--data-dir``, ``--quiet``,
 ``--progress-seconds``. Refused when they differ from the run: the options that shape the
 model or the sequence of batches, and a ``--run-dir`` or DATASET other than the run's own.
@@ -86,9 +86,15 @@ def apply_options(ctx, typed: set, trainer) -> list[str]:
         if epochs < done:
             raise KsaeError(f"--epochs {epochs} is not allowed on resume; the run has already trained "
                             f"{done} epochs; use at least {done}")
-        if config.k_start is not None and config.k_schedule_epochs is None:
-            config.k_schedule_epochs = config.epochs  # k goes on as planned, not back up
-        changes.append(f"epochs {config.epochs} -> {epochs}")
+        change = f"epochs {config.epochs} -> {epochs}"
+        if config.k_start is not None:
+            # Extended: k goes on as planned instead of climbing back up. Shortened: the
+            # schedule shrinks with the run, so that k is still reached.
+            planned = config.k_schedule_epochs or config.epochs
+            config.k_schedule_epochs = min(planned, epochs)
+            if epochs < planned:
+                change += f" (the k schedule now spans {epochs} epochs)"
+        changes.append(change)
         config.epochs = epochs
     if "topk" in typed and ctx.params["topk"] != config.topk:
         changes.append(f"topk {config.topk} -> {ctx.params['topk']}")

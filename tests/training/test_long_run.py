@@ -176,6 +176,25 @@ def test_resume_applies_epochs_topk_and_checkpoint_options_and_keeps_the_k_sched
     assert json.loads((run / "config.json").read_text())["checkpoint_every"] == 5
 
 
+def test_shortened_epochs_shrink_the_k_schedule_so_k_is_still_reached():
+    from ksae_cupy.backend import CPU
+    from ksae_cupy.training.trainer import Trainer
+
+    trainer = Trainer(TrainConfig(hidden=24, k=3, k_start=21, epochs=100, batch_size=10), CPU, D=8)
+    trainer.epoch = 10
+
+    class Ctx:
+        params = {"epochs": 40}
+
+    assert resuming.apply_options(Ctx, {"epochs"}, trainer) == ["epochs 100 -> 40 (the k schedule now spans 40 epochs)"]
+    assert (trainer.config.epochs, trainer.config.k_schedule_epochs) == (40, 40)
+    trainer.epoch = 20
+    assert trainer.current_k() == 3  # half of the 40 epochs: k reached
+    Ctx.params = {"epochs": 90}
+    assert resuming.apply_options(Ctx, {"epochs"}, trainer) == ["epochs 40 -> 90"]
+    assert trainer.config.k_schedule_epochs == 40 and trainer.current_k() == 3
+
+
 @pytest.mark.parametrize("args,fragments", [
     (["--lr", "0.5", "--k", "2"], ["--k 2 (the run has 3)", "--lr 0.5 (the run has 0.01)"]),
     (["--batch-size", "30"], ["--batch-size 30 (the run has 20)"]),
