@@ -20,6 +20,11 @@ def sparsity_at_epoch(epoch: int, epochs: int, k: int, k_start: int | None) -> i
     return int(round(k_start + (k - k_start) * (epoch / half)))
 
 
+def schedule_reaches_k(epochs: int, k: int, k_start: int | None) -> bool:
+    """Whether some epoch of ``epochs`` trains with ``k`` (one epoch alone stays at ``k_start``)."""
+    return sparsity_at_epoch(epochs - 1, epochs, k, k_start) == k
+
+
 def linear_decay(epoch: int, epochs: int, start: float, end: float) -> float:
     """Linear interpolation from ``start`` at epoch 0 to ``end`` at epoch ``epochs - 1``."""
     if epochs <= 1:

@@ -15,11 +15,6 @@ from ksae_cupy.cli.common import EXIT_INTERRUPTED, install_interrupt_handler, re
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.training.options import check_seed, check_training_memory
 
-# Options that shape the run; on --resume, each one given explicitly must match the checkpoint.
-RUN_SHAPING = ("hidden", "k", "k_start", "no_k_schedule", "epochs", "batch_size", "lr", "momentum", "sigma",
-               "seed", "dtype", "activation")
-
-
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.argument("dataset", required=False)
 @click.option("--hidden", type=int, default=1000, help="Hidden units H (paper: 1000 on MNIST).")
@@ -42,13 +37,21 @@ RUN_SHAPING = ("hidden", "k", "k_start", "no_k_schedule", "epochs", "batch_size"
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None,
               help="Folder for checkpoint.h5, config.json, metrics.jsonl. [default: runs/<dataset>-h<H>-k<k>-<time>]")
 @click.option("--checkpoint-every", type=int, default=10, help="Write a checkpoint every N epochs (and at the end).")
-@click.option("--resume", type=click.Path(path_type=Path), default=None, help="Continue the run in this folder.")
+@click.option("--checkpoint-minutes", type=float, default=5.0,
+              help="Also write one whenever this many minutes have passed, mid-epoch if need be (0: by epochs only).")
+@click.option("--resume", type=click.Path(path_type=Path), default=None,
+              help="Continue the run in this folder; options given are applied (--epochs, --topk, --device, "
+                   "--checkpoint-*, --threads) or, if they would change the model, refused by name.")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Data root. [default: $KSAE_DATA_DIR or ./data]")
+@click.option("--threads", type=int, default=None, help="BLAS threads on the CPU. [default: one per usable core]")
+@click.option("--progress-seconds", type=float, default=30.0,
+              help="When stderr is not a terminal, a progress line this often (a terminal gets a bar).")
 @click.option("--quiet", is_flag=True, help="Only the final line.")
 @click.pass_context
 @report_errors
 def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch_size, lr, momentum, sigma, topk,
-                  seed, dtype, activation, device, run_dir, checkpoint_every, resume, data_dir, quiet):
+                  seed, dtype, activation, device, run_dir, checkpoint_every, checkpoint_minutes, resume, data_dir,
+                  threads, progress_seconds, quiet):
     """Train a k-sparse autoencoder on DATASET.
 
     DATASET is a built-in name (mnist, synthetic, and the others `ksae-data list` shows)
@@ -61,25 +64,36 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
       ksae-train --resume runs/mnist-h1000-k25-20261121-101500
     """
     from ksae_cupy.backend import resolve_device
+    from ksae_cupy.cli import resume as resuming
+    from ksae_cupy.cli.progress import RunProgress
+    from ksae_cupy.cli.threads import set_blas_threads
     from ksae_cupy.datasets import load_dataset
+    from ksae_cupy.training.checkpoint_policy import CheckpointPolicy
     from ksae_cupy.training.estimator import KSparseAutoencoder
-    from ksae_cupy.training.runs import RunFolder, default_run_dir
-    from ksae_cupy.schedules import resolve_k_start
+    from ksae_cupy.training.runs import RunFolder, dataset_record, default_run_dir
+    from ksae_cupy.schedules import resolve_k_start, schedule_reaches_k
     from ksae_cupy.training.trainer import TrainConfig
 
-    explicit = {name for name in RUN_SHAPING
-                if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
-    if checkpoint_every <= 0:
-        raise KsaeError(f"--checkpoint-every {checkpoint_every} is not allowed; use a positive number of epochs")
+    say = (lambda *a, **kw: None) if quiet else click.echo
+    typed = resuming.given(ctx)
     check_seed("--seed", seed)  # paths are checked by RunFolder, memory once the data's width is known
     if resume is not None:
         folder = RunFolder(resume)
         folder.check_resumable()
+        resuming.check_run_dir(run_dir, resume)
         previous = folder.read_config()
-        dataset = _check_resume_dataset(dataset, previous)
+        dataset = resuming.check_dataset(dataset, previous)
+        every = resuming.run_level(ctx, typed, previous)
+        policy = CheckpointPolicy(every["checkpoint_every"], every["checkpoint_minutes"])
         backend = resolve_device(device)
         model = KSparseAutoencoder.load(folder.checkpoint, device=backend.name)
-        _check_resume_options(ctx, explicit, model.trainer_.config, no_k_schedule)
+        trainer = model.trainer_
+        resuming.check_refused(ctx, typed, trainer.config)
+        changes = resuming.apply_options(ctx, typed, trainer)
+        model.epochs, model.topk = trainer.config.epochs, trainer.config.topk
+        say(resuming.where_line(folder.path, trainer.epoch, trainer.batch_in_epoch, trainer.step)
+            + (f"; applied: {', '.join(changes)}" if changes else ""))
+        record = dataset_record(dataset)
     else:
         if dataset is None:
             raise KsaeError("missing DATASET; give a dataset name or file, or --resume RUN_DIR")
@@ -87,16 +101,23 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
                              sigma=sigma, topk=topk, seed=seed, dtype=dtype, activation=activation,
                              k_start=None if no_k_schedule else resolve_k_start(k_start if k_start is not None else "auto", k, hidden))
         config.validate()
+        policy = CheckpointPolicy(checkpoint_every, checkpoint_minutes)
+        every = {"checkpoint_every": checkpoint_every, "checkpoint_minutes": checkpoint_minutes}
         folder = RunFolder(run_dir or default_run_dir(dataset, hidden, k))
         folder.check_new()
+        record = dataset_record(dataset)
         backend = resolve_device(device)
         model = None
 
-    say = (lambda *a, **kw: None) if quiet else click.echo
     say(backend.description)
+    say(set_blas_threads(threads))
     data = load_dataset(dataset, root=data_dir, log=lambda msg: say(msg, err=True))
     say(data.summary())
     if model is None:
+        if config.k_start is not None and not schedule_reaches_k(config.epochs, config.k, config.k_start):
+            say(f"note: in {config.epochs} epoch the k schedule would stay at k-start {config.k_start} and never "
+                f"reach k {config.k}; training with k {config.k} from the start (as --no-k-schedule)")
+            config.k_start = None
         model = KSparseAutoencoder(n_hidden=config.hidden, k=config.k, k_start=config.k_start, epochs=config.epochs,
                                    batch_size=config.batch_size, lr=config.lr, momentum=config.momentum,
                                    sigma=config.sigma, topk=config.topk, seed=config.seed, dtype=config.dtype,
@@ -109,28 +130,47 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
                         f"{dataset} has {data.dim}")
 
     folder.create(log=lambda msg: say(msg, err=True))
-    resolved = {"dataset": dataset, "device": backend.name, "train": model.config().to_dict()
+    if model.trainer_ is not None:
+        dropped = folder.truncate_metrics(model.trainer_.step)
+        if dropped:
+            say(f"metrics.jsonl: dropped {dropped} line(s) logged after the checkpoint (those epochs run again)")
+    resolved = {**record, "device": backend.name, "train": model.config().to_dict()
                 if model.trainer_ is None else model.trainer_.config.to_dict(),
-                "checkpoint_every": checkpoint_every, "run_dir": str(folder.path)}
+                **every, "threads": threads, "run_dir": str(folder.path)}
     folder.write_config(resolved)
     say("config: " + json.dumps(resolved["train"], sort_keys=True))
     say(f"run folder: {folder.path}")
+    minutes = f" and every {policy.seconds / 60:g} minutes" if policy.seconds else ""
+    say(f"checkpoints: {folder.checkpoint}, every {policy.every_epochs} epochs{minutes}, and at the end")
 
-    progress = _BatchProgress(enabled=not quiet and sys.stderr.isatty())
+    progress = None
+
+    def show():
+        nonlocal progress
+        if progress is None:  # the trainer exists once fit has started
+            progress = RunProgress(model.trainer_, len(data.X_train), enabled=not quiet, tty=sys.stderr.isatty(),
+                                   interval_s=progress_seconds)
+        return progress
+
+    def on_batch(done, total):
+        show().on_batch(done, total)
+        if policy.after_batch(done, total):
+            model.save(folder.checkpoint)
 
     def on_epoch(report):
-        progress.clear()
         folder.append_metrics(report)
-        say(_epoch_line(report, model.trainer_.config.epochs))
+        for line in show().after_epoch(report):
+            say(line)
 
     stop = install_interrupt_handler(model, say)
     started = time.perf_counter()
     try:
-        model.fit(data.X_train, X_valid=data.X_valid, on_epoch=on_epoch, on_batch=progress.update,
-                  checkpoint_path=folder.checkpoint, should_checkpoint=lambda epoch: epoch % checkpoint_every == 0)
+        model.fit(data.X_train, X_valid=data.X_valid, on_epoch=on_epoch, on_batch=on_batch,
+                  checkpoint_path=folder.checkpoint, should_checkpoint=policy.after_epoch)
     finally:
         stop()
-        progress.clear()
+        if progress is not None:
+            progress.clear()
     trainer = model.trainer_
     if not trainer.finished:
         click.echo(f"interrupted at epoch {trainer.epoch + 1}, batch {trainer.batch_in_epoch}; checkpoint saved to "
@@ -138,50 +178,3 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
         sys.exit(EXIT_INTERRUPTED)
     click.echo(f"done: {trainer.epoch} epochs in {time.perf_counter() - started:.1f} s; "
                f"checkpoint {folder.checkpoint}")
-
-
-def _check_resume_dataset(dataset, previous: dict) -> str:
-    if dataset is not None and dataset != previous.get("dataset"):
-        raise KsaeError(f"--resume: DATASET {dataset!r} contradicts the run's dataset {previous.get('dataset')!r}")
-    return previous["dataset"]
-
-
-def _check_resume_options(ctx, explicit: set, config, no_k_schedule: bool) -> None:
-    """Name every explicitly given option whose value differs from the checkpoint's."""
-    saved = config.to_dict()
-    differing = []
-    for name in explicit:
-        given = ctx.params[name]
-        if name == "no_k_schedule":
-            if given and saved["k_start"] is not None:
-                differing.append(f"--no-k-schedule (the run has k-start {saved['k_start']})")
-            continue
-        if given != saved[name]:
-            differing.append(f"--{name.replace('_', '-')} {given} (the run has {saved[name]})")
-    if differing:
-        raise KsaeError("--resume: options contradict the checkpoint: " + ", ".join(sorted(differing)))
-
-
-def _epoch_line(report, epochs: int) -> str:
-    valid = f"  valid {report.valid_loss:.4f}" if report.valid_loss is not None else ""
-    return (f"epoch {report.epoch}/{epochs}  k {report.k}  loss {report.train_loss:.4f}{valid}  "
-            f"dead {100 * report.dead_fraction:.1f}%  {report.samples_per_s:,.0f} samples/s  {report.seconds:.1f} s")
-
-
-class _BatchProgress:
-    """A one-line progress bar on a terminal, redrawn at most 10 times a second."""
-
-    def __init__(self, enabled: bool):
-        self.enabled, self.last = enabled, 0.0
-
-    def update(self, done: int, total: int) -> None:
-        now = time.monotonic()
-        if self.enabled and (now - self.last > 0.1 or done == total):
-            self.last = now
-            width = 30
-            filled = width * done // total
-            click.echo(f"\r  [{'#' * filled}{'.' * (width - filled)}] batch {done}/{total}", nl=False, err=True)
-
-    def clear(self) -> None:
-        if self.enabled:
-            click.echo("\r" + " " * 60 + "\r", nl=False, err=True)

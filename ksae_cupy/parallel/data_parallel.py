@@ -230,6 +230,8 @@ def run_distributed(dataset, config, *, run_dir, resume, device, comm_kind, chec
 
     if rank == 0:
         folder.create()
+        if ckpt is not None:  # epochs logged after the checkpoint run again: log each once
+            folder.truncate_metrics(ckpt.step)
         folder.write_config({"dataset": dataset, "device": backend.name, "train": config.to_dict(),
                              "checkpoint_every": checkpoint_every, "run_dir": str(folder.path),
                              "world_size": size, "shard_hidden": shard_hidden, "comm": comm_kind})

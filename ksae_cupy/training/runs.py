@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -79,8 +80,47 @@ class RunFolder:
         with open(self.path / METRICS, "a") as f:
             f.write(json.dumps(record) + "\n")
 
+    def truncate_metrics(self, step: int) -> int:
+        """Drop the lines of epochs that ended after optimiser step ``step`` (the checkpoint's),
+        so that a resumed run logs each epoch once. Returns how many lines were dropped."""
+        path = self.path / METRICS
+        if not path.exists():
+            return 0
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+        if len(kept) != len(lines):
+            tmp = self.path / (METRICS + ".tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            os.replace(tmp, path)
+        return len(lines) - len(kept)
+
     def read_metrics(self) -> list[dict]:
         path = self.path / METRICS
         if not path.exists():
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def dataset_record(dataset: str, with_sha256: bool = True) -> dict:
+    """How config.json names the data: a user file by its absolute path (a run can then be
+    resumed from any folder) and its SHA-256 (a changed file is noticed); a built-in name as is."""
+    from ksae_cupy.datasets import is_user_file
+
+    if not is_user_file(dataset):
+        return {"dataset": dataset}
+    path_text, member = dataset, ""
+    if ".h5:" in dataset or ".hdf5:" in dataset:
+        path_text, member = dataset.rsplit(":", 1)
+    path = Path(path_text).resolve()
+    record = {"dataset": str(path) + (f":{member}" if member else "")}
+    if with_sha256 and path.is_file():
+        record["dataset_sha256"] = file_sha256(path)
+    return record
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

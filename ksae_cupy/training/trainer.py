@@ -50,6 +50,9 @@ class TrainConfig:
     seed: int = 0
     dtype: str = "float32"
     activation: str = "linear"  # the paper's linear units; "relu" is an investigated variant
+    # Epochs the k schedule spans (None: all of them). Set when a resumed run changes its
+    # epochs, so that k goes on as it was scheduled instead of jumping back up.
+    k_schedule_epochs: int | None = None
 
     def validate(self, n_train: int | None = None) -> None:
         """Raise :class:`KsaeError` naming the first bad option and what is allowed."""
@@ -130,7 +133,8 @@ class Trainer:
         return self.epoch >= self.config.epochs
 
     def current_k(self) -> int:
-        return sparsity_at_epoch(self.epoch, self.config.epochs, self.config.k, self.config.k_start)
+        cfg = self.config
+        return sparsity_at_epoch(self.epoch, cfg.k_schedule_epochs or cfg.epochs, cfg.k, cfg.k_start)
 
     def run_epoch(self, X_train_nd, X_valid_nd=None, on_batch=None) -> EpochReport | None:
         """Train one epoch (or the rest of an interrupted one) on device arrays.

@@ -1,0 +1,108 @@
+"""``ksae-train --resume``: every option given on the command line is applied or refused by name.
+
+Applied (safe to change mid-run): ``--epochs`` (extend: the k schedule keeps the epochs it
+was planned over; shorten, to no fewer than the epochs done: the schedule shrinks with it), ``--topk`` (both algorithms keep the same set), ``--device``,
+``--checkpoint-every``, ``--checkpoint-minutes``, ``--threads``, ``--data-dir``, ``--quiet``,
+``--progress-seconds``. Refused when they differ from the run: the options that shape the
+model or the sequence of batches, and a ``--run-dir`` or DATASET other than the run's own.
+Options not given keep the run's values (config.json), never the defaults.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ksae_cupy.errors import KsaeError
+from ksae_cupy.training.options import check_positive_count
+from ksae_cupy.training.runs import dataset_record, file_sha256
+
+REFUSED = ("hidden", "k", "k_start", "no_k_schedule", "batch_size", "lr", "momentum", "sigma", "seed", "dtype",
+           "activation")
+APPLIED = ("epochs", "topk", "device", "checkpoint_every", "checkpoint_minutes", "threads", "data_dir", "quiet",
+           "progress_seconds")
+# Run-level options kept in config.json; on resume, one not given takes the run's value.
+RUN_LEVEL = ("checkpoint_every", "checkpoint_minutes")
+
+
+def given(ctx) -> set:
+    """The options the user typed on this command line."""
+    return {name for name in ctx.params if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
+
+
+def where_line(folder_path: Path, epoch: int, batch_in_epoch: int, step: int) -> str:
+    at = f"after epoch {epoch}, batch {batch_in_epoch}" if batch_in_epoch else f"after epoch {epoch}"
+    return f"resuming {folder_path} {at} (step {step})"
+
+
+def check_dataset(dataset: str | None, previous: dict) -> str:
+    """The run's dataset; a DATASET given again must name the same data, and a user file must
+    still hold the bytes it held when the run started."""
+    recorded = previous["dataset"]
+    if dataset is not None and dataset_record(dataset, False)["dataset"] != dataset_record(recorded, False)["dataset"]:
+        raise KsaeError(f"--resume: DATASET {dataset!r} contradicts the run's dataset {recorded!r}")
+    expected = previous.get("dataset_sha256")
+    if expected:
+        path = Path(recorded.rsplit(":", 1)[0] if ".h5:" in recorded or ".hdf5:" in recorded else recorded)
+        if not path.is_file():
+            raise KsaeError(f"--resume: the run's data file {path} does not exist any more")
+        found = file_sha256(path)
+        if found != expected:
+            raise KsaeError(f"--resume: the run's data file {path} changed since the run started "
+                            f"(SHA-256 {found[:16]}..., the run has {expected[:16]}...)")
+    return recorded
+
+
+def check_run_dir(run_dir: Path | None, resume: Path) -> None:
+    if run_dir is not None and Path(run_dir).resolve() != Path(resume).resolve():
+        raise KsaeError(f"--run-dir {run_dir} is not allowed with --resume; the run lives in {resume} "
+                        f"(move or copy that folder to continue elsewhere)")
+
+
+def check_refused(ctx, typed: set, config) -> None:
+    """Name every model- or sequence-shaping option whose value differs from the checkpoint's."""
+    saved = config.to_dict()
+    differing = []
+    for name in sorted(typed & set(REFUSED)):
+        value = ctx.params[name]
+        if name == "no_k_schedule":
+            if value and saved["k_start"] is not None:
+                differing.append(f"--no-k-schedule (the run has k-start {saved['k_start']})")
+            continue
+        if value != saved[name]:
+            differing.append(f"--{name.replace('_', '-')} {value} (the run has {saved[name]})")
+    if differing:
+        raise KsaeError("--resume: options contradict the checkpoint (they shape the model or the batches): "
+                        + ", ".join(differing))
+
+
+def apply_options(ctx, typed: set, trainer) -> list[str]:
+    """Apply --epochs and --topk to the resumed run's configuration; return what changed."""
+    config, changes = trainer.config, []
+    if "epochs" in typed and ctx.params["epochs"] != config.epochs:
+        epochs = ctx.params["epochs"]
+        check_positive_count("--epochs", epochs, "epochs")
+        done = trainer.epoch + (1 if trainer.batch_in_epoch else 0)
+        if epochs < done:
+            raise KsaeError(f"--epochs {epochs} is not allowed on resume; the run has already trained "
+                            f"{done} epochs; use at least {done}")
+        change = f"epochs {config.epochs} -> {epochs}"
+        if config.k_start is not None:
+            # Extended: k goes on as planned instead of climbing back up. Shortened: the
+            # schedule shrinks with the run, so that k is still reached.
+            planned = config.k_schedule_epochs or config.epochs
+            config.k_schedule_epochs = min(planned, epochs)
+            if epochs < planned:
+                change += f" (the k schedule now spans {epochs} epochs)"
+        changes.append(change)
+        config.epochs = epochs
+    if "topk" in typed and ctx.params["topk"] != config.topk:
+        changes.append(f"topk {config.topk} -> {ctx.params['topk']}")
+        config.topk = ctx.params["topk"]
+    return changes
+
+
+def run_level(ctx, typed: set, previous: dict) -> dict:
+    """checkpoint_every and checkpoint_minutes: as given, else as the run had them, else the default."""
+    return {name: ctx.params[name] if name in typed or name not in previous else previous[name]
+            for name in RUN_LEVEL}

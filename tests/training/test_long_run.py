@@ -1,0 +1,247 @@
+"""A long ksae-train run a user can live with: progress and ETA, checkpoints by time, a resume
+that applies or refuses every option, metrics without duplicates, BLAS threads, the k schedule.
+
+Runs go through the real command (a subprocess) on small synthetic data.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from clicheck import assert_one_line_error
+from ksae_cupy.cli import resume as resuming
+from ksae_cupy.cli.progress import RunProgress, format_duration
+from ksae_cupy.cli.train import train_command
+from ksae_cupy.datasets.synthetic import make_sparse_signals
+from ksae_cupy.training.checkpoint import load_checkpoint
+from ksae_cupy.training.checkpoint_policy import CheckpointPolicy
+from ksae_cupy.training.trainer import TrainConfig
+
+TRAIN = [sys.executable, "-c", "from ksae_cupy.cli.train import train_command; train_command()"]
+ENV = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), PYTHONUNBUFFERED="1")
+SMALL = ["--hidden", "24", "--k", "3", "--batch-size", "20", "--device", "cpu"]
+
+
+@pytest.fixture
+def data_file(tmp_path):
+    path = tmp_path / "x.npy"
+    np.save(path, make_sparse_signals(1000, D=16, H=32, k=3, seed=2)[0])
+    return path
+
+
+def train(*args, cwd=None, timeout=300):
+    return subprocess.run(TRAIN + [str(a) for a in args], capture_output=True, text=True, env=ENV, cwd=cwd,
+                          timeout=timeout)
+
+
+def epochs_logged(run_dir):
+    return [json.loads(line)["epoch"] for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+# -- progress ---------------------------------------------------------------------------------
+
+def test_output_to_a_file_gets_progress_lines_an_estimate_and_epoch_lines_with_lr(data_file, tmp_path):
+    result = train(data_file, *SMALL, "--epochs", "3", "--run-dir", tmp_path / "run", "--progress-seconds", "0")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("device: cpu") and lines[1].startswith("BLAS threads: ")
+    assert any(line == f"checkpoints: {tmp_path / 'run' / 'checkpoint.h5'}, every 10 epochs and every 5 minutes, "
+               "and at the end" for line in lines)
+    epoch_lines = [line for line in lines if line.startswith("epoch ")]
+    assert [line.split()[1] for line in epoch_lines] == ["1/3", "2/3", "3/3"]
+    assert all("  lr 0.01  " in line for line in epoch_lines)
+    assert "ETA " in epoch_lines[0] and "ETA" not in epoch_lines[-1]  # nothing left to estimate at the end
+    estimates = [line for line in lines if line.startswith("estimate: 3 epochs at ")]
+    assert len(estimates) == 1 and lines.index(estimates[0]) == lines.index(epoch_lines[0]) + 1
+    # stderr is a pipe here, so progress comes as lines (every batch with --progress-seconds 0).
+    progress = [line for line in result.stderr.splitlines() if line.startswith("  epoch ")]
+    assert progress and all(" batch " in line and "samples/s" in line and "ETA " in line for line in progress)
+    assert any(line.startswith("  epoch 2/3  batch ") for line in progress)
+
+
+def test_eta_counts_the_steps_left_in_the_whole_run():
+    class FakeTrainer:
+        config = TrainConfig(epochs=10, batch_size=100)
+        epoch, step, batch_in_epoch, finished = 0, 0, 0, False
+
+    now = [0.0]
+    trainer = FakeTrainer()
+    progress = RunProgress(trainer, n_train=1000, enabled=True, tty=False, clock=lambda: now[0], echo=None)
+    assert progress.eta() == "?"
+    trainer.epoch, trainer.step, trainer.batch_in_epoch = 2, 25, 5  # 25 steps in 50 s: 2 s a step
+    now[0] = 50.0
+    assert progress.steps_left() == 8 * 10 - 5
+    assert progress.eta() == format_duration(2.0 * 75) == "2m 30s"
+    assert "epoch 3/10  batch 5/10  50 samples/s  ETA 2m 30s" == progress.status()
+
+
+@pytest.mark.parametrize("seconds,text", [(0, "0s"), (59.4, "59s"), (185, "3m 05s"), (7 * 3600 + 12 * 60, "7h 12m"),
+                                          (2 * 86400 + 4 * 3600 + 59, "2d 04h")])
+def test_durations_read_as_a_person_would_say_them(seconds, text):
+    assert format_duration(seconds) == text
+
+
+# -- checkpoints by time ------------------------------------------------------------------------
+
+def test_checkpoint_policy_saves_by_epochs_and_by_time():
+    now = [0.0]
+    policy = CheckpointPolicy(every_epochs=3, minutes=1, clock=lambda: now[0])
+    assert [policy.after_epoch(e) for e in (1, 2, 3)] == [False, False, True]
+    now[0] = 59.0
+    assert not policy.after_batch(5, 10)
+    now[0] = 61.0
+    assert not policy.after_batch(10, 10)  # the epoch's end is after_epoch's to save
+    assert policy.after_batch(3, 10) and not policy.after_batch(4, 10)  # the clock restarts
+    now[0] = 122.0
+    assert policy.after_epoch(4)
+    assert not CheckpointPolicy(every_epochs=3, minutes=0, clock=lambda: 1e9).after_batch(1, 10)
+
+
+def test_kill_9_loses_only_minutes_and_resume_logs_each_epoch_once(data_file, tmp_path):
+    """--checkpoint-every far away, --checkpoint-minutes tiny: SIGKILL still finds a recent checkpoint;
+    the resumed run ends bit-identical to an uninterrupted one and metrics.jsonl has every epoch once."""
+    common = [data_file, *SMALL, "--epochs", "30", "--checkpoint-every", "1000"]
+    proc = subprocess.Popen(TRAIN + [str(a) for a in common] + ["--run-dir", str(tmp_path / "a"),
+                                                                 "--checkpoint-minutes", "0.001"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV)
+    for line in proc.stdout:
+        if line.startswith("epoch 3/"):
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.communicate(timeout=60)
+    saved = load_checkpoint(tmp_path / "a" / "checkpoint.h5")
+    assert saved.epoch < 30 and saved.step > 0  # by time only: every-1000 epochs never came
+    assert len(epochs_logged(tmp_path / "a")) >= saved.epoch
+
+    resumed = train("--resume", tmp_path / "a", "--device", "cpu")
+    assert resumed.returncode == 0, resumed.stderr
+    first = resumed.stdout.splitlines()[0]
+    assert first.startswith(f"resuming {tmp_path / 'a'} after epoch {saved.epoch}") and f"(step {saved.step})" in first
+    assert epochs_logged(tmp_path / "a") == list(range(1, 31))
+
+    straight = train(*common, "--run-dir", tmp_path / "b")
+    assert straight.returncode == 0, straight.stderr
+    a, b = load_checkpoint(tmp_path / "a" / "checkpoint.h5"), load_checkpoint(tmp_path / "b" / "checkpoint.h5")
+    for name in a.params:
+        np.testing.assert_array_equal(a.params[name], b.params[name])
+
+
+def test_resume_drops_metric_lines_written_after_the_checkpoint(data_file, tmp_path):
+    run = tmp_path / "run"
+    assert train(data_file, *SMALL, "--epochs", "2", "--run-dir", run).returncode == 0
+    # As after a crash: two more epochs were logged, but the checkpoint still says epoch 2.
+    with open(run / "metrics.jsonl", "a") as f:
+        for epoch, step in ((3, 150), (4, 200)):
+            f.write(json.dumps({"epoch": epoch, "step": step}) + "\n")
+    result = train("--resume", run, "--epochs", "4")
+    assert result.returncode == 0, result.stderr
+    assert "metrics.jsonl: dropped 2 line(s)" in result.stdout
+    assert epochs_logged(run) == [1, 2, 3, 4]
+
+
+# -- resume: every option applied or refused ------------------------------------------------------
+
+def test_every_option_of_ksae_train_is_applied_or_refused_on_resume():
+    names = {param.name for param in train_command.params}
+    classified = set(resuming.APPLIED) | set(resuming.REFUSED) | {"dataset", "run_dir", "resume"}
+    assert names == classified
+    assert not set(resuming.APPLIED) & set(resuming.REFUSED)
+
+
+def test_resume_applies_epochs_topk_and_checkpoint_options_and_keeps_the_k_schedule(data_file, tmp_path):
+    run = tmp_path / "run"
+    first = train(data_file, *SMALL, "--epochs", "4", "--k-start", "11", "--run-dir", run, "--checkpoint-every", "2",
+                  "--checkpoint-minutes", "7")
+    assert first.returncode == 0, first.stderr
+    result = train("--resume", run, "--epochs", "8", "--topk", "threshold")
+    assert result.returncode == 0, result.stderr
+    assert "applied: epochs 4 -> 8, topk sort -> threshold" in result.stdout.splitlines()[0]
+    config = json.loads((run / "config.json").read_text())
+    assert (config["checkpoint_every"], config["checkpoint_minutes"]) == (2, 7)  # kept, not reset
+    assert (config["train"]["epochs"], config["train"]["topk"], config["train"]["k_schedule_epochs"]) == (8, "threshold", 4)
+    ckpt = load_checkpoint(run / "checkpoint.h5")
+    assert ckpt.epoch == 8 and ckpt.config["topk"] == "threshold"
+    ks = [json.loads(line)["k"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert ks[:2] == [11, 7] and ks[2:] == [3] * 6  # k stays reached; it does not climb back up
+
+    again = train("--resume", run, "--checkpoint-every", "5")
+    assert again.returncode == 0, again.stderr
+    assert json.loads((run / "config.json").read_text())["checkpoint_every"] == 5
+
+
+def test_shortened_epochs_shrink_the_k_schedule_so_k_is_still_reached():
+    from ksae_cupy.backend import CPU
+    from ksae_cupy.training.trainer import Trainer
+
+    trainer = Trainer(TrainConfig(hidden=24, k=3, k_start=21, epochs=100, batch_size=10), CPU, D=8)
+    trainer.epoch = 10
+
+    class Ctx:
+        params = {"epochs": 40}
+
+    assert resuming.apply_options(Ctx, {"epochs"}, trainer) == ["epochs 100 -> 40 (the k schedule now spans 40 epochs)"]
+    assert (trainer.config.epochs, trainer.config.k_schedule_epochs) == (40, 40)
+    trainer.epoch = 20
+    assert trainer.current_k() == 3  # half of the 40 epochs: k reached
+    Ctx.params = {"epochs": 90}
+    assert resuming.apply_options(Ctx, {"epochs"}, trainer) == ["epochs 40 -> 90"]
+    assert trainer.config.k_schedule_epochs == 40 and trainer.current_k() == 3
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["--lr", "0.5", "--k", "2"], ["--k 2 (the run has 3)", "--lr 0.5 (the run has 0.01)"]),
+    (["--batch-size", "30"], ["--batch-size 30 (the run has 20)"]),
+    (["--run-dir", "{tmp}/elsewhere"], ["--run-dir", "not allowed with --resume"]),
+    (["--epochs", "1"], ["--epochs 1", "already trained 2 epochs"]),
+    (["--checkpoint-minutes", "-1"], ["--checkpoint-minutes -1.0"]),
+    (["{tmp}/other.npy"], ["DATASET", "contradicts"]),
+])
+def test_resume_refuses_what_it_cannot_honour_by_name(data_file, tmp_path, args, fragments):
+    run = tmp_path / "run"
+    assert train(data_file, *SMALL, "--epochs", "2", "--run-dir", run).returncode == 0
+    before = (run / "checkpoint.h5").read_bytes(), (run / "config.json").read_text()
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    result = CliRunner().invoke(train_command, ["--resume", str(run), *args], catch_exceptions=False)
+    assert_one_line_error(result, *fragments, status=2)
+    assert ((run / "checkpoint.h5").read_bytes(), (run / "config.json").read_text()) == before
+
+
+def test_user_data_is_recorded_absolute_with_its_hash_and_a_change_is_noticed(data_file, tmp_path):
+    run = tmp_path / "run"
+    assert train("x.npy", *SMALL, "--epochs", "2", "--run-dir", run, cwd=tmp_path).returncode == 0
+    config = json.loads((run / "config.json").read_text())
+    assert config["dataset"] == str(data_file.resolve()) and len(config["dataset_sha256"]) == 64
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = train("--resume", run, "--epochs", "3", cwd=elsewhere)
+    assert result.returncode == 0, result.stderr
+    np.save(data_file, make_sparse_signals(1000, D=16, H=32, k=3, seed=3)[0])
+    result = CliRunner().invoke(train_command, ["--resume", str(run), "--epochs", "4"], catch_exceptions=False)
+    assert_one_line_error(result, str(data_file.resolve()), "changed since the run started", status=2)
+
+
+# -- BLAS threads, the k schedule -----------------------------------------------------------------
+
+def test_threads_option_sets_and_reports_the_blas_threads(data_file, tmp_path):
+    pytest.importorskip("threadpoolctl", reason="--threads needs threadpoolctl")
+    result = train(data_file, *SMALL, "--epochs", "1", "--run-dir", tmp_path / "run", "--threads", "1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[1].startswith("BLAS threads: 1 (")
+    bad = train(data_file, *SMALL, "--epochs", "1", "--run-dir", tmp_path / "run2", "--threads", "0")
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("error: --threads 0 is not allowed")
+    assert not (tmp_path / "run2").exists()
+
+
+def test_one_epoch_with_a_k_schedule_says_it_trains_at_k(data_file, tmp_path):
+    result = train(data_file, *SMALL, "--epochs", "1", "--run-dir", tmp_path / "run")
+    assert result.returncode == 0, result.stderr
+    assert "never reach k 3; training with k 3 from the start" in result.stdout
+    assert epochs_logged(tmp_path / "run") == [1]
+    assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text())["k"] == 3
