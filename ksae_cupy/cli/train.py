@@ -37,6 +37,8 @@ RUN_SHAPING = ("hidden", "k", "k_start", "no_k_schedule", "epochs", "batch_size"
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32")
 @click.option("--activation", type=click.Choice(["linear", "relu"]), default="linear",
               help="Hidden units: linear (the paper) or relu (negative survivors of the top-k set to zero).")
+@click.option("--step", type=click.Choice(["dense", "sparse", "auto"]), default="auto",
+              help="Training step: dense products, or only the encoder dense (sparse); auto picks by k/H.")
 @click.option("--device", default="auto", help="auto, cpu, gpu or gpu:N.")
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None,
               help="Folder for checkpoint.h5, config.json, metrics.jsonl. [default: runs/<dataset>-h<H>-k<k>-<time>]")
@@ -47,7 +49,7 @@ RUN_SHAPING = ("hidden", "k", "k_start", "no_k_schedule", "epochs", "batch_size"
 @click.pass_context
 @report_errors
 def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch_size, lr, momentum, sigma, topk,
-                  seed, dtype, activation, device, run_dir, checkpoint_every, resume, data_dir, quiet):
+                  seed, dtype, activation, step, device, run_dir, checkpoint_every, resume, data_dir, quiet):
     """Train a k-sparse autoencoder on DATASET.
 
     DATASET is a built-in name (mnist, synthetic, and the others `ksae-data list` shows)
@@ -78,11 +80,13 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
         backend = resolve_device(device)
         model = KSparseAutoencoder.load(folder.checkpoint, device=backend.name)
         _check_resume_options(ctx, explicit, model.trainer_.config, no_k_schedule)
+        if ctx.get_parameter_source("step") == click.core.ParameterSource.COMMANDLINE:
+            model.trainer_.config.step = step  # the same math either way: may change on resume
     else:
         if dataset is None:
             raise KsaeError("missing DATASET; give a dataset name or file, or --resume RUN_DIR")
         config = TrainConfig(hidden=hidden, k=k, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum,
-                             sigma=sigma, topk=topk, seed=seed, dtype=dtype, activation=activation,
+                             sigma=sigma, topk=topk, seed=seed, dtype=dtype, activation=activation, step=step,
                              k_start=None if no_k_schedule else resolve_k_start(k_start if k_start is not None else "auto", k, hidden))
         config.validate()
         folder = RunFolder(run_dir or default_run_dir(dataset, hidden, k))
@@ -98,7 +102,7 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
         model = KSparseAutoencoder(n_hidden=config.hidden, k=config.k, k_start=config.k_start, epochs=config.epochs,
                                    batch_size=config.batch_size, lr=config.lr, momentum=config.momentum,
                                    sigma=config.sigma, topk=config.topk, seed=config.seed, dtype=config.dtype,
-                                   device=backend.name, activation=config.activation)
+                                   device=backend.name, activation=config.activation, step=config.step)
         model.config().validate(n_train=len(data.X_train))
         model.preprocess_ = dict(data.preprocess)
     elif model.trainer_.params["W_dh"].shape[0] != data.dim:

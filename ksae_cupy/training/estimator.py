@@ -34,11 +34,12 @@ class KSparseAutoencoder:
     """
 
     def __init__(self, n_hidden=1000, k=25, k_start="auto", epochs=5000, batch_size=128, lr=0.01,
-                 momentum=0.9, sigma=0.01, topk="sort", seed=0, dtype="float32", device="auto", activation="linear"):
+                 momentum=0.9, sigma=0.01, topk="sort", seed=0, dtype="float32", device="auto", activation="linear",
+                 step="auto"):
         self.n_hidden, self.k, self.k_start, self.epochs = n_hidden, k, k_start, epochs
         self.batch_size, self.lr, self.momentum, self.sigma = batch_size, lr, momentum, sigma
         self.topk, self.seed, self.dtype, self.device = topk, seed, dtype, device
-        self.activation = activation
+        self.activation, self.step = activation, step
         self.trainer_: Trainer | None = None
         self.preprocess_: dict = {}
 
@@ -47,7 +48,8 @@ class KSparseAutoencoder:
         k_start = resolve_k_start(self.k_start, self.k, self.n_hidden)
         return TrainConfig(hidden=self.n_hidden, k=self.k, k_start=k_start, epochs=self.epochs,
                            batch_size=self.batch_size, lr=self.lr, momentum=self.momentum, sigma=self.sigma,
-                           topk=self.topk, seed=self.seed, dtype=self.dtype, activation=self.activation)
+                           topk=self.topk, seed=self.seed, dtype=self.dtype, activation=self.activation,
+                           step=self.step)
 
     @property
     def backend(self):
@@ -164,7 +166,7 @@ class KSparseAutoencoder:
         est = cls(n_hidden=config.hidden, k=config.k, k_start=config.k_start, epochs=config.epochs,
                   batch_size=config.batch_size, lr=config.lr, momentum=config.momentum, sigma=config.sigma,
                   topk=config.topk, seed=config.seed, dtype=config.dtype, device=device,
-                  activation=config.activation)
+                  activation=config.activation, step=config.step)
         est.trainer_ = Trainer(config, resolve_device(device), D=ckpt.params["W_dh"].shape[0], checkpoint=ckpt)
         est.preprocess_ = dict(ckpt.preprocess)
         return est
