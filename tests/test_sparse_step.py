@@ -46,3 +46,34 @@ def test_auto_picks_sparse_for_small_k_over_h_and_dense_otherwise():
 def test_unknown_step_is_a_one_line_error():
     with pytest.raises(KsaeError, match="--step 'fast' is not allowed; use one of dense, sparse, auto"):
         choose_step("fast", 25, 1000)
+
+
+def _train(step: str):
+    from ksae_cupy.backend import resolve_device
+    from ksae_cupy.training.trainer import TrainConfig, Trainer
+
+    X_nd = np.random.default_rng(5).random((200, 30), dtype=np.float32)
+    config = TrainConfig(hidden=60, k=6, k_start=20, epochs=3, batch_size=32, lr=0.05, step=step)
+    trainer = Trainer(config, resolve_device("cpu"), D=30)
+    reports = [trainer.run_epoch(X_nd) for _ in range(config.epochs)]
+    return trainer.params, [r.train_loss for r in reports]
+
+
+def test_a_sparse_training_run_ends_within_float32_rounding_of_a_dense_run():
+    dense_params, dense_losses = _train("dense")
+    sparse_params, sparse_losses = _train("sparse")
+    assert dense_losses[-1] < dense_losses[0]  # it trained
+    np.testing.assert_allclose(sparse_losses, dense_losses, rtol=1e-4)
+    for name in model.PARAM_NAMES:
+        scale = np.max(np.abs(dense_params[name]))
+        assert np.max(np.abs(sparse_params[name] - dense_params[name])) <= 1e-4 * scale, name
+
+
+def test_config_without_step_loads_as_auto_and_rejects_unknown_step():
+    from ksae_cupy.training.trainer import TrainConfig
+
+    old = TrainConfig().to_dict()
+    del old["step"]  # a checkpoint written before the switch existed
+    assert TrainConfig.from_dict(old).step == "auto"
+    with pytest.raises(KsaeError, match="--step 'fast' is not allowed"):
+        TrainConfig(step="fast").validate()
