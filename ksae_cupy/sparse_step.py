@@ -26,9 +26,9 @@ from ksae_cupy.model import ForwardCache, hidden_preactivations, select_units
 STEPS = ("dense", "sparse", "auto")
 
 # ``auto`` takes the sparse step when k / H is at most this. Measured on the CPU with
-# `ksae-bench train --k-sweep` (README, benchmark section): at H = 1000 the sparse step
-# was faster at every k of the sweep up to 250, so the threshold is where it was measured.
-AUTO_MAX_K_OVER_H = 0.25
+# `ksae-bench train --k-sweep 10,40,70,100,250` (README, benchmark section), H = 1000:
+# sparse 1.6-2.4x faster up to k = 70, about even at k = 100, 0.57x at k = 250.
+AUTO_MAX_K_OVER_H = 0.1
 
 
 def choose_step(step: str, k: int, H: int) -> str:
