@@ -80,7 +80,8 @@ def loss_and_grads_sparse(params, X_nd, k: int, topk_method: str = "sort", activ
     # Both uses of W in one sparse product: [dZ; Zs]^T [X; R] = (X^T dZ + R^T Zs)^T.
     dZ_Zs = _csr_rows(xp, sparse, xp.concatenate([idx_nk, idx_nk]), xp.concatenate([dZ_nk, val_nk]), H)
     dW_hd = xp.asarray(dZ_Zs.T @ xp.concatenate([X_nd, R_nd]))
-    grads = {"W_dh": dW_hd.T, "b_h": db_h, "c_d": R_nd.sum(axis=0)}
+    # A contiguous copy: the optimizer's update over a transposed view costs far more (measured ~4x).
+    grads = {"W_dh": xp.ascontiguousarray(dW_hd.T), "b_h": db_h, "c_d": R_nd.sum(axis=0)}
     return loss, grads, ForwardCache(X_nd=X_nd, idx_nk=idx_nk, Zs_nh=None, activation=activation, val_nk=val_nk)
 
 
