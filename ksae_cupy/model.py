@@ -60,8 +60,9 @@ class ForwardCache:
 
     X_nd: object
     idx_nk: object  # int32 columns of the kept units
-    Zs_nh: object  # sparse code: Z on the kept units, 0 elsewhere
+    Zs_nh: object  # sparse code: Z on the kept units, 0 elsewhere (None from the sparse step)
     activation: str = "linear"
+    val_nk: object = None  # the kept values, set by the sparse step (ksae_cupy/sparse_step.py)
 
 
 def select_units(Z_nh, k: int, topk_method: str = "sort", activation: str = "linear"):

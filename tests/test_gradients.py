@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from ksae_cupy import model
+from ksae_cupy.sparse_step import loss_and_grads_sparse
 from gradcheck import KinkError, numerical_gradient, relative_error
 
 # (D, H, k): k = H is a plain linear autoencoder, k = 1 the sparsest code.
@@ -18,10 +19,15 @@ def draw_problem(D, H, seed):
     return params, X_nd
 
 
+# Both steps: the dense reference and the sparse step (ksae_cupy/sparse_step.py).
+STEPS = {"dense": model.loss_and_grads, "sparse": loss_and_grads_sparse}
+
+
+@pytest.mark.parametrize("step", STEPS)
 @pytest.mark.parametrize("activation", model.ACTIVATIONS)
 @pytest.mark.parametrize("topk_method", ["sort", "threshold"])
 @pytest.mark.parametrize("D,H,k", SHAPES)
-def test_every_parameter_matches_finite_differences(D, H, k, topk_method, activation):
+def test_every_parameter_matches_finite_differences(D, H, k, topk_method, activation, step):
     for seed in range(20):  # redraw when the support is not locally constant
         params, X_nd = draw_problem(D, H, seed)
 
@@ -35,7 +41,7 @@ def test_every_parameter_matches_finite_differences(D, H, k, topk_method, activa
             idx_nk = np.sort(np.argsort(-Z_nh, axis=1, kind="stable")[:, :k], axis=1)
             return np.concatenate([idx_nk, np.take_along_axis(Z_nh, idx_nk, axis=1) > 0], axis=1)
 
-        _, grads, _ = model.loss_and_grads(params, X_nd, k, topk_method, activation)
+        _, grads, _ = STEPS[step](params, X_nd, k, topk_method, activation)
         try:
             numeric = {name: numerical_gradient(loss, params[name], unchanged=support) for name in model.PARAM_NAMES}
         except KinkError:

@@ -1,14 +1,21 @@
-"""``ksae-bench train``: speed of a whole training step against its matrix products alone.
+"""``ksae-bench train``: the dense step, the sparse step, PyTorch, and the encoder product alone.
 
-One step on MNIST shapes (N=128, D=784, H=1000, k=25) is four dense products,
-    Z = X W,  Xhat = Zs W^T,  dZs = R W,  dW = [X; R]^T [dZ; Zs],
-plus the top-k, the gathers and scatters, and the optimiser update. The benchmark first
-validates the step (float32 gradients against float64 ones on the same batch), then
-times the whole step and the four products on the same shapes, in the same run, and
-reports both and their ratio.
+One step on MNIST shapes (N=128, D=784, H=1000, k=25). The dense step
+(:func:`ksae_cupy.model.loss_and_grads`) does five dense products' worth of work; the sparse
+step (:mod:`ksae_cupy.sparse_step`) keeps only the encoder product ``X W`` dense, so ``X W``
+alone is the floor it is compared against. When torch imports, a PyTorch eager step of the
+same math (``torch.topk``, ``scatter``, autograd, ``torch.optim.SGD`` with momentum) runs in
+the same process with the same thread count.
+
+Every step is validated first (float32 gradients against the float64 dense reference on one
+batch), then each is timed as the median of ``repeats`` repeats of ``steps`` steps.
+BLAS (and torch) threads are limited to ``threads`` for every contender when threadpoolctl
+is installed; the result says whether the limit was applied.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
 import time
 
@@ -18,8 +25,10 @@ from ksae_cupy import model
 from ksae_cupy.bench.metadata import run_metadata
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.optim import MomentumSGD
+from ksae_cupy.sparse_step import loss_and_grads_sparse
 
 VALIDATION_TOLERANCE = 1e-3  # float32 vs float64 gradients, relative to the largest entry
+STEPS = {"dense": model.loss_and_grads, "sparse": loss_and_grads_sparse}
 
 
 def _median_seconds(fn, backend, repeats: int, steps: int) -> float:
@@ -36,70 +45,147 @@ def _median_seconds(fn, backend, repeats: int, steps: int) -> float:
     return statistics.median(times)
 
 
-def validate_step(backend, D: int, H: int, k: int, batch_size: int, topk_method: str) -> float:
-    """Relative error of the float32 step's gradients against float64 on the same batch."""
+def _reference_problem(D: int, H: int, batch_size: int):
     rng = np.random.default_rng(1)
-    params64 = model.init_params(D, H, 0.05, rng, np.float64)
-    X64 = rng.random((batch_size, D))
-    _, grads64, _ = model.loss_and_grads(params64, X64, k, "sort")
-    params32 = {name: backend.asarray(v, dtype=np.float32) for name, v in params64.items()}
-    _, grads32, _ = model.loss_and_grads(params32, backend.asarray(X64, dtype=np.float32), k, topk_method)
+    return model.init_params(D, H, 0.05, rng, np.float64), rng.random((batch_size, D))
+
+
+def _worst_error(grads32: dict, grads64: dict) -> float:
     worst = 0.0
     for name in model.PARAM_NAMES:
-        g32 = np.asarray(grads32[name].get() if backend.is_gpu else grads32[name], dtype=np.float64)
+        g32 = np.asarray(grads32[name], dtype=np.float64)
         worst = max(worst, float(np.max(np.abs(g32 - grads64[name])) / np.max(np.abs(grads64[name]))))
+    return worst
+
+
+def _check(what: str, worst: float) -> float:
     if worst > VALIDATION_TOLERANCE:
-        raise KsaeError(f"benchmark validation failed: float32 step gradients differ from float64 by {worst:.2e} "
+        raise KsaeError(f"benchmark validation failed: {what} gradients differ from float64 by {worst:.2e} "
                         f"(allowed {VALIDATION_TOLERANCE})")
     return worst
 
 
-def bench_train_step(backend, D=784, H=1000, k=25, batch_size=128, topk_method="sort", repeats=7, steps=50,
-                     log=print) -> dict:
-    """Time the whole step and its four products; return a result dict (with metadata)."""
-    xp = backend.xp
-    with backend.use():
-        error = validate_step(backend, D, H, k, batch_size, topk_method)
-        log(f"validated: float32 step gradients within {error:.1e} of float64")
-        rng = np.random.default_rng(0)
-        params = {n: backend.asarray(v) for n, v in model.init_params(D, H, 0.01, rng, np.float32).items()}
-        optimizer = MomentumSGD(params, 0.9, xp)
-        # Rotate through several batches so no cache holds the one batch.
-        batches = [backend.asarray(rng.random((batch_size, D), dtype=np.float32)) for _ in range(8)]
+def validate_step(backend, D: int, H: int, k: int, batch_size: int, topk_method: str, step=model.loss_and_grads,
+                  what: str = "float32 step") -> float:
+    """Relative error of a float32 step's gradients against the float64 dense reference."""
+    params64, X64 = _reference_problem(D, H, batch_size)
+    _, grads64, _ = model.loss_and_grads(params64, X64, k, "sort")
+    params32 = {name: backend.asarray(v, dtype=np.float32) for name, v in params64.items()}
+    _, grads32, _ = step(params32, backend.asarray(X64, dtype=np.float32), k, topk_method)
+    host = {name: g.get() if backend.is_gpu else g for name, g in grads32.items()}
+    return _check(what, _worst_error(host, grads64))
 
-        def step(i):
-            _, grads, _ = model.loss_and_grads(params, batches[i % 8], k, topk_method)
+
+def _thread_limit(threads: int | None):
+    """A context limiting BLAS threads (threadpoolctl, when installed); and whether it applies."""
+    if threads is None:
+        return contextlib.nullcontext(), False
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return contextlib.nullcontext(), False
+    return threadpool_limits(limits=threads), True
+
+
+def _torch_step(D: int, H: int, k: int, batch_size: int, threads: int | None, batches_np, params_np):
+    """A PyTorch eager step of the same math, validated; None when torch does not import."""
+    try:
+        import torch
+    except ImportError:
+        return None, None
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+    def grads_of(params, X):
+        W, b, c = params
+        Z = X @ W + b
+        val, idx = torch.topk(Z, k, dim=1)
+        Zs = torch.zeros_like(Z).scatter(1, idx, val)
+        R = Zs @ W.T + c - X
+        loss = 0.5 * (R * R).sum() / X.shape[0]
+        loss.backward()
+        return loss
+
+    params64, X64 = _reference_problem(D, H, batch_size)
+    _, grads64, _ = model.loss_and_grads(params64, X64, k, "sort")
+    tp = [torch.tensor(params64[n], dtype=torch.float32, requires_grad=True) for n in model.PARAM_NAMES]
+    grads_of(tp, torch.tensor(X64, dtype=torch.float32))
+    error = _check("PyTorch step", _worst_error({n: p.grad.numpy() for n, p in zip(model.PARAM_NAMES, tp)}, grads64))
+
+    params = [torch.tensor(params_np[n], requires_grad=True) for n in model.PARAM_NAMES]
+    optimizer = torch.optim.SGD(params, lr=0.0, momentum=0.9)
+    batches = [torch.from_numpy(X) for X in batches_np]
+
+    def step(i):
+        optimizer.zero_grad(set_to_none=False)
+        grads_of(params, batches[i % len(batches)])
+        optimizer.step()
+
+    return step, {"torch": torch.__version__, "torch_threads": torch.get_num_threads(), "validation": error}
+
+
+def _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, threads, with_torch: bool, log) -> dict:
+    """Validate then time every contender at one k; milliseconds per step."""
+    xp = backend.xp
+    errors = {name: validate_step(backend, D, H, k, batch_size, topk_method, fn, f"{name} step")
+              for name, fn in STEPS.items()}
+    rng = np.random.default_rng(0)
+    host_params = model.init_params(D, H, 0.01, rng, np.float32)
+    # Rotate through several batches so no cache holds the one batch.
+    host_batches = [rng.random((batch_size, D), dtype=np.float32) for _ in range(8)]
+    batches = [backend.asarray(X) for X in host_batches]
+    ms = {}
+    for name, fn in STEPS.items():
+        params = {n: backend.asarray(v.copy()) for n, v in host_params.items()}
+        optimizer = MomentumSGD(params, 0.9, xp)
+
+        def step(i, fn=fn, params=params, optimizer=optimizer):
+            _, grads, _ = fn(params, batches[i % 8], k, topk_method)
             # lr = 0 does the update's arithmetic while keeping the weights (and the
             # timing) from drifting over thousands of steps on random data.
             optimizer.step(params, grads, 0.0)
 
-        W = params["W_dh"]
-        Zs = backend.asarray(rng.random((batch_size, H), dtype=np.float32))
-        R = backend.asarray(rng.random((batch_size, D), dtype=np.float32))
+        ms[name] = 1e3 * _median_seconds(step, backend, repeats, steps)
+    W = backend.asarray(host_params["W_dh"])
+    ms["encoder_XW"] = 1e3 * _median_seconds(lambda i: batches[i % 8] @ W, backend, repeats, steps)
+    torch_info = None
+    if with_torch:
+        torch_step, torch_info = _torch_step(D, H, k, batch_size, threads, host_batches, host_params)
+        if torch_step is not None:
+            errors["torch"] = torch_info.pop("validation")
+            ms["torch"] = 1e3 * _median_seconds(torch_step, backend, repeats, steps)
+    ratios = {"dense_over_sparse": ms["dense"] / ms["sparse"],
+              "sparse_over_encoder": ms["sparse"] / ms["encoder_XW"]}
+    if "torch" in ms:
+        ratios["torch_over_sparse"] = ms["torch"] / ms["sparse"]
+    line = "  ".join(f"{name} {value:.3f} ms" for name, value in ms.items())
+    log(f"k={k}: {line}  |  " + "  ".join(f"{name} {value:.2f}" for name, value in ratios.items()))
+    return {"k": k, "ms": ms, "ratios": ratios, "validation_max_rel_error": errors, "torch": torch_info}
 
-        def products(i):
-            X = batches[i % 8]
-            X @ W
-            Zs @ W.T
-            R @ W
-            xp.concatenate([X, R]).T @ xp.concatenate([Zs, Zs])
 
-        step_s = _median_seconds(step, backend, repeats, steps)
-        products_s = _median_seconds(products, backend, repeats, steps)
+def bench_train_step(backend, D=784, H=1000, k=25, batch_size=128, topk_method="sort", repeats=7, steps=50,
+                     threads: int | None = 1, k_sweep=(), with_torch: bool = True, log=print) -> dict:
+    """Dense step, sparse step, PyTorch and ``X W`` alone at ``k`` (and each k of ``k_sweep``)."""
+    limit, limited = _thread_limit(threads)
+    with backend.use(), limit:
+        log(f"threads: {threads if limited else 'not limited (threadpoolctl missing)'} for every contender")
+        main = _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, threads, with_torch, log)
+        sweep = [_time_at_k(backend, D, H, kk, batch_size, topk_method, repeats, steps, threads, with_torch, log)
+                 for kk in k_sweep]
+    step_s = main["ms"]["sparse"] / 1e3
     result = {
         "benchmark": "train-step",
         "shape": {"N": batch_size, "D": D, "H": H, "k": k},
         "topk": topk_method,
-        "step_ms": step_s * 1e3,
-        "matmul_ms": products_s * 1e3,
-        "step_over_matmul": step_s / products_s,
-        "samples_per_s": batch_size / step_s,
-        "epoch_s_mnist": 50_000 / batch_size * step_s,
+        "threads": threads if limited else None,
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        **main,
+        "epoch_s_mnist": {name: 50_000 / batch_size * value / 1e3 for name, value in main["ms"].items()},
+        "k_sweep": sweep,
+        "sparse_stops_winning_at_k": next((r["k"] for r in sweep if r["ratios"]["dense_over_sparse"] < 1), None),
         "repeats": repeats, "steps_per_repeat": steps,
-        "validation_max_rel_error": error,
         "meta": run_metadata(backend),
     }
-    log(f"step {result['step_ms']:.3f} ms  ({result['samples_per_s']:,.0f} samples/s; "
-        f"MNIST epoch {result['epoch_s_mnist']:.2f} s)")
-    log(f"matrix products alone {result['matmul_ms']:.3f} ms; step / products = {result['step_over_matmul']:.2f}")
+    log(f"MNIST epoch (50,000 images): dense {result['epoch_s_mnist']['dense']:.2f} s, "
+        f"sparse {result['epoch_s_mnist']['sparse']:.2f} s; load average {result['load_average']}")
     return result

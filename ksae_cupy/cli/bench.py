@@ -27,10 +27,13 @@ def bench_command():
 @click.option("--topk", type=click.Choice(["sort", "threshold"]), default="sort")
 @click.option("--repeats", type=int, default=7, help="Timed repeats; the median is reported.")
 @click.option("--steps", type=int, default=50, help="Steps per timed repeat.")
+@click.option("--threads", type=int, default=1, help="BLAS and torch threads for every contender (CPU).")
+@click.option("--k-sweep", default="", help="Comma-separated k values to time too, e.g. 10,25,40,70,100,250 (CPU).")
+@click.option("--no-torch", is_flag=True, help="Leave the PyTorch step out even when torch imports.")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Results folder. [default: benchmarks/results]")
 @report_errors
-def bench_train(device, hidden, dim, k, batch_size, topk, repeats, steps, out):
-    """Training-step speed on MNIST shapes, against the step's matrix products alone."""
+def bench_train(device, hidden, dim, k, batch_size, topk, repeats, steps, threads, k_sweep, no_torch, out):
+    """Dense step, sparse step, PyTorch and the encoder product X W alone, on MNIST shapes."""
     from ksae_cupy.backend import resolve_device
     from ksae_cupy.bench.train_cpu import bench_train_step
     from ksae_cupy.bench.metadata import RESULTS_DIR, write_results
@@ -38,11 +41,13 @@ def bench_train(device, hidden, dim, k, batch_size, topk, repeats, steps, out):
     from ksae_cupy.training.options import check_training_memory
 
     for flag, value in (("--hidden", hidden), ("--dim", dim), ("--batch-size", batch_size), ("--repeats", repeats),
-                        ("--steps", steps)):
+                        ("--steps", steps), ("--threads", threads)):
         if value <= 0:
             raise KsaeError(f"{flag} {value} is not allowed; use a positive number")
-    if not 1 <= k <= hidden:
-        raise KsaeError(f"--k {k} is not allowed; use 1 <= k <= hidden ({hidden})")
+    sweep = positive_ints(k_sweep, "--k-sweep") if k_sweep else []
+    for kk in [k, *sweep]:
+        if not 1 <= kk <= hidden:
+            raise KsaeError(f"k {kk} is not allowed; use 1 <= k <= hidden ({hidden})")
     check_writable_folder(out or RESULTS_DIR, "--out")
     backend = resolve_device(device)
     check_training_memory(backend, dim, hidden, batch_size, "float64")  # the validation runs in float64
@@ -54,7 +59,8 @@ def bench_train(device, hidden, dim, k, batch_size, topk, repeats, steps, out):
         click.echo(json.dumps({key: value for key, value in result.items() if key != "meta"}, indent=1, default=str))
         return
     result = bench_train_step(backend, D=dim, H=hidden, k=k, batch_size=batch_size, topk_method=topk,
-                              repeats=repeats, steps=steps, log=click.echo)
+                              repeats=repeats, steps=steps, threads=threads, k_sweep=sweep,
+                              with_torch=not no_torch, log=click.echo)
     path = write_results(f"train-{backend.name.replace(':', '')}", result, out)
     click.echo(f"results: {path}")
 

@@ -1,7 +1,7 @@
 """``ksae-train --resume``: every option given on the command line is applied or refused by name.
 
 Applied (safe to change mid-run): ``--epochs`` (extend: the k schedule keeps the epochs it
-was planned over; shorten, to no fewer than the epochs done: the schedule shrinks with it), ``--topk`` (both algorithms keep the same set), ``--device``,
+was planned over; shorten, to no fewer than the epochs done: the schedule shrinks with it), ``--topk`` (both algorithms keep the same set), ``--step`` (the same math), ``--device``,
 ``--checkpoint-every``, ``--checkpoint-minutes``, ``--threads``, ``--data-dir``, ``--quiet``,
 ``--progress-seconds``. Refused when they differ from the run: the options that shape the
 model or the sequence of batches, and a ``--run-dir`` or DATASET other than the run's own.
@@ -19,7 +19,7 @@ from ksae_cupy.training.runs import dataset_record, file_sha256
 
 REFUSED = ("hidden", "k", "k_start", "no_k_schedule", "batch_size", "lr", "momentum", "sigma", "seed", "dtype",
            "activation")
-APPLIED = ("epochs", "topk", "device", "checkpoint_every", "checkpoint_minutes", "threads", "data_dir", "quiet",
+APPLIED = ("epochs", "topk", "step", "device", "checkpoint_every", "checkpoint_minutes", "threads", "data_dir", "quiet",
            "progress_seconds")
 # Run-level options kept in config.json; on resume, one not given takes the run's value.
 RUN_LEVEL = ("checkpoint_every", "checkpoint_minutes")
@@ -77,7 +77,7 @@ def check_refused(ctx, typed: set, config) -> None:
 
 
 def apply_options(ctx, typed: set, trainer) -> list[str]:
-    """Apply --epochs and --topk to the resumed run's configuration; return what changed."""
+    """Apply --epochs, --topk and --step to the resumed run's configuration; return what changed."""
     config, changes = trainer.config, []
     if "epochs" in typed and ctx.params["epochs"] != config.epochs:
         epochs = ctx.params["epochs"]
@@ -99,6 +99,9 @@ def apply_options(ctx, typed: set, trainer) -> list[str]:
     if "topk" in typed and ctx.params["topk"] != config.topk:
         changes.append(f"topk {config.topk} -> {ctx.params['topk']}")
         config.topk = ctx.params["topk"]
+    if "step" in typed and ctx.params["step"] != config.step:
+        changes.append(f"step {config.step} -> {ctx.params['step']}")
+        config.step = ctx.params["step"]
     return changes
 
 

@@ -33,6 +33,8 @@ from ksae_cupy.training.options import check_seed, check_training_memory
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32")
 @click.option("--activation", type=click.Choice(["linear", "relu"]), default="linear",
               help="Hidden units: linear (the paper) or relu (negative survivors of the top-k set to zero).")
+@click.option("--step", type=click.Choice(["dense", "sparse", "auto"]), default="auto",
+              help="Training step: dense products, or only the encoder dense (sparse); auto picks by k/H.")
 @click.option("--device", default="auto", help="auto, cpu, gpu or gpu:N.")
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None,
               help="Folder for checkpoint.h5, config.json, metrics.jsonl. [default: runs/<dataset>-h<H>-k<k>-<time>]")
@@ -50,8 +52,8 @@ from ksae_cupy.training.options import check_seed, check_training_memory
 @click.pass_context
 @report_errors
 def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch_size, lr, momentum, sigma, topk,
-                  seed, dtype, activation, device, run_dir, checkpoint_every, checkpoint_minutes, resume, data_dir,
-                  threads, progress_seconds, quiet):
+                  seed, dtype, activation, step, device, run_dir, checkpoint_every, checkpoint_minutes, resume,
+                  data_dir, threads, progress_seconds, quiet):
     """Train a k-sparse autoencoder on DATASET.
 
     DATASET is a built-in name (mnist, synthetic, and the others `ksae-data list` shows)
@@ -98,7 +100,7 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
         if dataset is None:
             raise KsaeError("missing DATASET; give a dataset name or file, or --resume RUN_DIR")
         config = TrainConfig(hidden=hidden, k=k, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum,
-                             sigma=sigma, topk=topk, seed=seed, dtype=dtype, activation=activation,
+                             sigma=sigma, topk=topk, seed=seed, dtype=dtype, activation=activation, step=step,
                              k_start=None if no_k_schedule else resolve_k_start(k_start if k_start is not None else "auto", k, hidden))
         config.validate()
         policy = CheckpointPolicy(checkpoint_every, checkpoint_minutes)
@@ -121,7 +123,7 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
         model = KSparseAutoencoder(n_hidden=config.hidden, k=config.k, k_start=config.k_start, epochs=config.epochs,
                                    batch_size=config.batch_size, lr=config.lr, momentum=config.momentum,
                                    sigma=config.sigma, topk=config.topk, seed=config.seed, dtype=config.dtype,
-                                   device=backend.name, activation=config.activation)
+                                   device=backend.name, activation=config.activation, step=config.step)
         model.config().validate(n_train=len(data.X_train))
         check_training_memory(backend, data.dim, config.hidden, config.batch_size, config.dtype)
         model.preprocess_ = dict(data.preprocess)

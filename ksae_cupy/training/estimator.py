@@ -50,18 +50,20 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
 
     def __init__(self, n_hidden=1000, k=25, k_start="auto", epochs=5000, batch_size=128, lr=0.01,
                  momentum=0.9, sigma=0.01, topk="sort", seed=0, dtype="float32", device="auto",
-                 activation="linear", alpha=1.0, warm_start=False):
+                 activation="linear", step="auto", alpha=1.0,
+                 warm_start=False):
         self.n_hidden, self.k, self.k_start, self.epochs = n_hidden, k, k_start, epochs
         self.batch_size, self.lr, self.momentum, self.sigma = batch_size, lr, momentum, sigma
         self.topk, self.seed, self.dtype, self.device = topk, seed, dtype, device
-        self.activation, self.alpha, self.warm_start = activation, alpha, warm_start
+        self.activation, self.step, self.alpha, self.warm_start = activation, step, alpha, warm_start
 
     # -- configuration -------------------------------------------------------------------
     def config(self) -> TrainConfig:
         k_start = resolve_k_start(self.k_start, self.k, self.n_hidden)
         return TrainConfig(hidden=self.n_hidden, k=self.k, k_start=k_start, epochs=self.epochs,
                            batch_size=self.batch_size, lr=self.lr, momentum=self.momentum, sigma=self.sigma,
-                           topk=self.topk, seed=self.seed, dtype=self.dtype, activation=self.activation)
+                           topk=self.topk, seed=self.seed, dtype=self.dtype, activation=self.activation,
+                           step=self.step)
 
     @property
     def trainer_(self) -> Trainer | None:
@@ -240,7 +242,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         est = cls(n_hidden=config.hidden, k=config.k, k_start=config.k_start, epochs=config.epochs,
                   batch_size=config.batch_size, lr=config.lr, momentum=config.momentum, sigma=config.sigma,
                   topk=config.topk, seed=config.seed, dtype=config.dtype, device=device,
-                  activation=config.activation, warm_start=True)
+                  activation=config.activation, step=config.step, warm_start=True)
         est._restore(ckpt, resolve_device(device))
         est.preprocess_ = dict(ckpt.preprocess)
         return est

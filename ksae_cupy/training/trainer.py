@@ -26,6 +26,7 @@ from ksae_cupy.errors import KsaeError
 from ksae_cupy.training.options import check_batch_size, check_dtype, check_momentum, check_positive_count, check_positive_finite
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.schedules import sparsity_at_epoch
+from ksae_cupy.sparse_step import choose_step, loss_and_grads_for
 from ksae_cupy.topk import TOPK_METHODS
 
 
@@ -53,6 +54,8 @@ class TrainConfig:
     # Epochs the k schedule spans (None: all of them). Set when a resumed run changes its
     # epochs, so that k goes on as it was scheduled instead of jumping back up.
     k_schedule_epochs: int | None = None
+    # dense, sparse or auto (by k / H): the same math, so a checkpoint without it loads as auto.
+    step: str = "auto"
 
     def validate(self, n_train: int | None = None) -> None:
         """Raise :class:`KsaeError` naming the first bad option and what is allowed."""
@@ -73,6 +76,7 @@ class TrainConfig:
         if self.activation not in model.ACTIVATIONS:
             raise KsaeError(f"--activation {self.activation!r} is not allowed; use one of {', '.join(model.ACTIVATIONS)}")
         check_dtype("--dtype", self.dtype)
+        choose_step(self.step, self.k, self.hidden)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -192,7 +196,8 @@ class Trainer:
     def _batch_gradients(self, X_nd, k: int):
         """``(loss, grads, kept_h)`` for one minibatch: the loss, the gradients to step with,
         and how many examples kept each hidden unit. The one hook where subclasses communicate."""
-        loss, grads, cache = model.loss_and_grads(self.params, X_nd, k, self.config.topk, self.config.activation)
+        step = loss_and_grads_for(self.config.step, k, self.config.hidden)
+        loss, grads, cache = step(self.params, X_nd, k, self.config.topk, self.config.activation)
         kept_h = self.backend.xp.bincount(cache.idx_nk.ravel(), minlength=self.config.hidden)
         return loss, grads, kept_h
 

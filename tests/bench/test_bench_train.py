@@ -1,0 +1,27 @@
+"""``ksae-bench train`` on tiny shapes: it validates, times every contender, and writes JSON."""
+import json
+
+from click.testing import CliRunner
+
+from clicheck import assert_one_line_error
+from ksae_cupy.cli.bench import bench_command
+
+
+def test_bench_train_times_dense_sparse_and_encoder_and_writes_json(tmp_path):
+    result = CliRunner().invoke(bench_command, ["train", "--device", "cpu", "--hidden", "40", "--dim", "30",
+                                                "--k", "4", "--batch-size", "16", "--repeats", "2", "--steps", "2",
+                                                "--k-sweep", "2,40", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    (path,) = tmp_path.glob("train-cpu-*.json")
+    data = json.loads(path.read_text())
+    assert {"dense", "sparse", "encoder_XW"} <= set(data["ms"])
+    assert all(value > 0 for value in data["ms"].values())
+    assert [r["k"] for r in data["k_sweep"]] == [2, 40]
+    assert data["threads"] == 1
+    assert data["meta"]["commit"] and data["meta"]["date"]
+    assert max(data["validation_max_rel_error"].values()) < 1e-3
+
+
+def test_bench_train_rejects_k_above_hidden():
+    result = CliRunner().invoke(bench_command, ["train", "--device", "cpu", "--hidden", "40", "--k-sweep", "10,50"])
+    assert_one_line_error(result, "k 50 is not allowed")

@@ -1,0 +1,79 @@
+"""The sparse step against the dense reference: same loss, same gradients, same training run."""
+import numpy as np
+import pytest
+
+from ksae_cupy import model
+from ksae_cupy.errors import KsaeError
+from ksae_cupy.sparse_step import choose_step, loss_and_grads_for, loss_and_grads_sparse
+
+
+def draw(N, D, H, seed, dtype=np.float64):
+    rng = np.random.default_rng(seed)
+    params = model.init_params(D, H, sigma=0.3, rng=rng, dtype=dtype)
+    params["b_h"] = (rng.standard_normal(H) * 0.1).astype(dtype)
+    params["c_d"] = (rng.standard_normal(D) * 0.1).astype(dtype)
+    return params, rng.standard_normal((N, D)).astype(dtype)
+
+
+@pytest.mark.parametrize("activation", model.ACTIVATIONS)
+@pytest.mark.parametrize("k", [1, 4, 30])  # k = 1, a middle k, k = H
+def test_sparse_step_equals_dense_step_in_float64(k, activation):
+    params, X_nd = draw(16, 11, 30, seed=k)
+    loss_d, grads_d, cache_d = model.loss_and_grads(params, X_nd, k, activation=activation)
+    loss_s, grads_s, cache_s = loss_and_grads_sparse(params, X_nd, k, activation=activation)
+    assert loss_s == pytest.approx(loss_d, rel=1e-12)
+    np.testing.assert_array_equal(cache_s.idx_nk, cache_d.idx_nk)
+    for name in model.PARAM_NAMES:
+        assert grads_s[name].shape == params[name].shape
+        assert grads_s[name].dtype == params[name].dtype
+        np.testing.assert_allclose(grads_s[name], grads_d[name], rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+def test_sparse_step_keeps_float32():
+    params, X_nd = draw(8, 6, 12, seed=0, dtype=np.float32)
+    _, grads, _ = loss_and_grads_sparse(params, X_nd, 3)
+    assert all(grads[name].dtype == np.float32 for name in model.PARAM_NAMES)
+
+
+def test_auto_picks_sparse_for_small_k_over_h_and_dense_otherwise():
+    assert choose_step("auto", 25, 1000) == "sparse"
+    assert choose_step("auto", 1000, 1000) == "dense"
+    assert choose_step("dense", 1, 1000) == "dense"
+    assert loss_and_grads_for("sparse", 1000, 1000) is loss_and_grads_sparse
+    assert loss_and_grads_for("auto", 1000, 1000) is model.loss_and_grads
+
+
+def test_unknown_step_is_a_one_line_error():
+    with pytest.raises(KsaeError, match="--step 'fast' is not allowed; use one of dense, sparse, auto"):
+        choose_step("fast", 25, 1000)
+
+
+def _train(step: str):
+    from ksae_cupy.backend import resolve_device
+    from ksae_cupy.training.trainer import TrainConfig, Trainer
+
+    X_nd = np.random.default_rng(5).random((200, 30), dtype=np.float32)
+    config = TrainConfig(hidden=60, k=6, k_start=20, epochs=3, batch_size=32, lr=0.05, step=step)
+    trainer = Trainer(config, resolve_device("cpu"), D=30)
+    reports = [trainer.run_epoch(X_nd) for _ in range(config.epochs)]
+    return trainer.params, [r.train_loss for r in reports]
+
+
+def test_a_sparse_training_run_ends_within_float32_rounding_of_a_dense_run():
+    dense_params, dense_losses = _train("dense")
+    sparse_params, sparse_losses = _train("sparse")
+    assert dense_losses[-1] < dense_losses[0]  # it trained
+    np.testing.assert_allclose(sparse_losses, dense_losses, rtol=1e-4)
+    for name in model.PARAM_NAMES:
+        scale = np.max(np.abs(dense_params[name]))
+        assert np.max(np.abs(sparse_params[name] - dense_params[name])) <= 1e-4 * scale, name
+
+
+def test_config_without_step_loads_as_auto_and_rejects_unknown_step():
+    from ksae_cupy.training.trainer import TrainConfig
+
+    old = TrainConfig().to_dict()
+    del old["step"]  # a checkpoint written before the switch existed
+    assert TrainConfig.from_dict(old).step == "auto"
+    with pytest.raises(KsaeError, match="--step 'fast' is not allowed"):
+        TrainConfig(step="fast").validate()
