@@ -1,0 +1,92 @@
+"""bin/gpu-campaign's dry run: every stage's plumbing on the CPU, so a GPU session's first call works."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from clicheck import assert_one_line_error
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "bin" / "gpu-campaign"
+STAGES = ("env", "tests", "topk", "train", "mnist", "finetune", "collect")
+
+
+def campaign(cwd: Path, *args: str, timeout: float = 240):
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1")
+    proc = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    return SimpleNamespace(exit_code=proc.returncode, stdout=proc.stdout, stderr=proc.stderr,
+                           output=proc.stdout + proc.stderr)
+
+
+def statuses(out: Path) -> dict:
+    return {name: entry["status"] for name, entry in json.loads((out / "campaign.json").read_text())["stages"].items()}
+
+
+def epochs_logged(run_dir: Path) -> list[int]:
+    return [json.loads(line)["epoch"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_dry_run_runs_every_stage_and_records_where_it_ran(tmp_path):
+    result = campaign(tmp_path, "out", "--dry-run")
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "out"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing beside OUT_DIR
+    assert statuses(out) == {"env": "done", "tests": "done", "topk": "skipped", "train": "done", "mnist": "done",
+                             "finetune": "done", "collect": "done"}
+    for stage in STAGES:
+        payload = json.loads((out / f"{stage}.json").read_text())
+        assert payload["meta"]["device"] == "cpu"
+        assert payload["meta"]["commit"] and payload["meta"]["date"]
+        assert (out / f"{stage}.md").read_text().startswith(f"# gpu-campaign: {stage}")
+        assert f"{stage}: start" in result.stdout  # one progress line per stage
+    # Each stage really ran its command: the GPU benchmark refused the CPU, the others produced results.
+    assert "use --device gpu" in (out / "logs" / "topk.log").read_text()
+    assert json.loads((out / "train.json").read_text())["result_file"].startswith("train/")
+    rows = json.loads((out / "mnist.json").read_text())["rows"]
+    assert [r["k"] for r in rows] == [4, 2]
+    for r in rows:
+        assert r["epochs"] == r["target"] == 3
+        assert 0.0 <= r["test_error"] < 1.0
+        assert epochs_logged(out / r["run_dir"]) == [1, 2, 3]
+    assert "k-Sparse AE + F.T." in (out / "finetune.md").read_text()
+    summary = (out / "summary.md").read_text()
+    for stage in STAGES[:-1]:
+        assert f"| {stage} |" in summary
+
+
+def test_second_call_resumes_the_interrupted_training(tmp_path):
+    args = ["out", "--dry-run", "--stage", "mnist", "--ks", "3", "--epochs", "20"]
+    first = campaign(tmp_path, *args, "--budget-minutes", "0.04")
+    assert first.exit_code == 0, first.output
+    out = tmp_path / "out"
+    run_dir = out / "mnist" / "k3"
+    assert statuses(out)["mnist"] == "partial"
+    stopped_at = epochs_logged(run_dir)
+    assert len(stopped_at) < 20 and (run_dir / "checkpoint.h5").exists()
+
+    second = campaign(tmp_path, *args)
+    assert second.exit_code == 0, second.output
+    assert statuses(out)["mnist"] == "done"
+    assert f"training from epoch {len(stopped_at)} to 20" in second.stdout
+    assert epochs_logged(run_dir) == list(range(1, 21))  # continued, not restarted
+    assert json.loads((out / "mnist.json").read_text())["rows"][0]["test_error"] is not None
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--budget-minutes", "0"], ["--budget-minutes 0", "positive"]),
+    (["--stage", "bench"], ["--stage 'bench'", "env, tests, topk"]),
+    (["--device", "tpu"], ["--device 'tpu'", "gpu, gpu:N or cpu"]),
+    (["--device", "cpu"], ["--device cpu needs --tiny"]),
+    (["--ks", "25,x"], ["--ks", "positive integers"]),
+])
+def test_bad_options_are_one_line_errors_and_write_nothing(tmp_path, args, fragments):
+    result = campaign(tmp_path, "out", *args, timeout=60)
+    assert_one_line_error(result, *fragments, status=2)
+    assert not (tmp_path / "out").exists()
