@@ -172,7 +172,6 @@ def bench_train_step(backend, D=784, H=1000, k=25, batch_size=128, topk_method="
         main = _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, threads, with_torch, log)
         sweep = [_time_at_k(backend, D, H, kk, batch_size, topk_method, repeats, steps, threads, with_torch, log)
                  for kk in k_sweep]
-    step_s = main["ms"]["sparse"] / 1e3
     result = {
         "benchmark": "train-step",
         "shape": {"N": batch_size, "D": D, "H": H, "k": k},

@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import click
 import numpy as np
 import pytest
 from click.testing import CliRunner
