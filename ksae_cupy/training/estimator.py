@@ -25,7 +25,7 @@ from ksae_cupy.errors import KsaeError
 from ksae_cupy.schedules import resolve_k_start
 from ksae_cupy.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from ksae_cupy.training.sklearn_compat import (BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin,
-                                               check_is_fitted, validate_data)
+                                               check_is_fitted, check_width, validate_data)
 from ksae_cupy.training.trainer import TrainConfig, Trainer
 
 # Input dtypes kept as they are; anything else (integers, ...) becomes the first.
@@ -159,11 +159,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
             return validate_data(self, X, reset=reset, dtype=KEPT_DTYPES)
         if X.ndim != 2 or X.shape[0] == 0:
             raise KsaeError(f"X of shape {tuple(X.shape)} is not allowed; use a non-empty N x D array")
-        if reset:
-            self.n_features_in_ = X.shape[1]
-        elif X.shape[1] != self.n_features_in_:
-            raise KsaeError(f"X has {X.shape[1]} features, but {type(self).__name__} "
-                            f"is expecting {self.n_features_in_} features as input")
+        check_width(self, X.shape[1], reset)
         return X
 
     def _to_device(self, X_nd):

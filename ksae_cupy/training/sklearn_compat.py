@@ -75,9 +75,14 @@ except ImportError:
             X = X.astype(dtype[0])
         if not np.isfinite(X).all():
             raise KsaeError("X holds NaN or infinite values; use finite numbers")
-        if reset:
-            estimator.n_features_in_ = X.shape[1]
-        elif X.shape[1] != estimator.n_features_in_:
-            raise KsaeError(f"X has {X.shape[1]} features, but {type(estimator).__name__} "
-                            f"is expecting {estimator.n_features_in_} features as input")
+        check_width(estimator, X.shape[1], reset)
         return X
+
+
+def check_width(estimator, n_features: int, reset: bool) -> None:
+    """Record ``n_features_in_`` when fitting (``reset``); otherwise refuse a different width."""
+    if reset:
+        estimator.n_features_in_ = n_features
+    elif n_features != estimator.n_features_in_:
+        raise KsaeError(f"X has {n_features} features, but {type(estimator).__name__} "
+                        f"is expecting {estimator.n_features_in_} features as input")
