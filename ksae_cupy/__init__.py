@@ -3,11 +3,13 @@
 The algorithm sits at the top of the package, to be read first:
 
     model.py      forward, hand-written backward, encoding with alpha*k units (the paper's box)
+    sparse_step.py  the same step through the k kept units only (only X W dense); --step
     topk.py       the top-k contract: sort and iterative-threshold selection, gathers, scatters
     optim.py      momentum SGD as in section 4.3.2
     schedules.py  the sparsity schedule (k from k_start down to k over the first half)
     backend.py    NumPy or CuPy on the chosen device
     errors.py     KsaeError, the one error a user sees
+    paths.py      checks of the paths a user gives, made before any work
     paths.py      checks of the paths a user gives, made before any work starts
 
 Around it, one folder per job, imports pointing down this list only:
