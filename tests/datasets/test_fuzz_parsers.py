@@ -154,6 +154,14 @@ def test_cifar_archive(folder, data):
     parse_bounded(lambda: cifar.read_archive(path, n_expected=None), raw + bytes(16 * len(GOOD_BATCH)))
 
 
+def _load_user_file_bytes(path: Path, raw: bytes) -> None:
+    """Write ``raw`` as a user data file and load it: a finite float32 dataset or a KsaeError."""
+    path.write_bytes(raw)
+    dataset = parse_bounded(lambda: load_user_file(str(path)), raw)
+    if dataset is not None:
+        assert dataset.X_train.dtype == np.float32 and np.isfinite(dataset.X_train).all()
+
+
 def _npy_bytes() -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, np.random.default_rng(2).normal(size=(6, 4)).astype(np.float32))
@@ -166,12 +174,7 @@ GOOD_NPY = _npy_bytes()
 @FUZZ
 @given(data=st.data())
 def test_user_npy(folder, data):
-    raw = data.draw(damaged(GOOD_NPY, header=128))
-    path = folder / "x.npy"
-    path.write_bytes(raw)
-    dataset = parse_bounded(lambda: load_user_file(str(path)), raw)
-    if dataset is not None:
-        assert dataset.X_train.dtype == np.float32 and np.isfinite(dataset.X_train).all()
+    _load_user_file_bytes(folder / "x.npy", data.draw(damaged(GOOD_NPY, header=128)))
 
 
 def _h5_bytes() -> bytes:
@@ -187,12 +190,7 @@ GOOD_H5 = _h5_bytes()
 @FUZZ_SLOW
 @given(data=st.data())
 def test_user_h5(folder, data):
-    raw = data.draw(damaged(GOOD_H5, header=512))
-    path = folder / "x.h5"
-    path.write_bytes(raw)
-    dataset = parse_bounded(lambda: load_user_file(str(path)), raw)
-    if dataset is not None:
-        assert dataset.X_train.dtype == np.float32 and np.isfinite(dataset.X_train).all()
+    _load_user_file_bytes(folder / "x.h5", data.draw(damaged(GOOD_H5, header=512)))
 
 
 # -- size fields that lie: each parser must refuse before it allocates what the header claims -----
