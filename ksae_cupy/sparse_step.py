@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ksae_cupy.backend import array_module
+from ksae_cupy.cpu import kernels as cpu_kernels
 from ksae_cupy.model import ForwardCache, hidden_preactivations, select_units
 
 STEPS = ("dense", "sparse", "auto")
@@ -56,33 +57,90 @@ def _csr_rows(xp, sparse, idx_nk, val_nk, H: int):
     return sparse.csr_matrix((val_nk.ravel(), idx_nk.ravel().astype(np.int32), indptr), shape=(N, H))
 
 
-def loss_and_grads_sparse(params, X_nd, k: int, topk_method: str = "sort", activation: str = "linear"):
-    """One forward and backward pass through the kept units only: ``(loss, grads, cache)``."""
+def loss_and_grads_sparse(params, X_nd, k: int, topk_method: str = "sort", activation: str = "linear",
+                          defer_weight_gradient: bool = False):
+    """One forward and backward pass through the kept units only: ``(loss, grads, cache)``.
+
+    ``grads["W_dh"]`` comes back in the memory order of ``params["W_dh"]``. Store ``W_dh``
+    in Fortran order (:func:`sparse_layout`) and no step copies it: ``W_dh.T`` is then the
+    contiguous ``W_hd`` every sparse product wants, and the gradient is a view of ``dW_hd``.
+
+    ``defer_weight_gradient`` (the trainer's setting): where the CPU kernels run and ``W_dh``
+    is in Fortran order, ``grads["W_dh"]`` is a :class:`RowScatterGradient` that
+    :class:`~ksae_cupy.optim.MomentumSGD` applies without ever building the ``(D, H)`` array.
+    """
     xp = array_module(X_nd)
-    sparse = _sparse_module(xp)
     W_dh = params["W_dh"]
-    N, D = X_nd.shape
     H = W_dh.shape[1]
     Z_nh = hidden_preactivations(params, X_nd)  # the one dense product
     idx_nk, val_nk = select_units(Z_nh, k, topk_method, activation)
-    W_hd = xp.ascontiguousarray(W_dh.T)
+    W_hd = xp.ascontiguousarray(W_dh.T)  # a view when W_dh is stored in Fortran order
+    if xp is np and cpu_kernels.enabled():
+        loss, R_nd, dZ_nk = cpu_kernels.decode_and_backprop(W_hd, params["c_d"], X_nd, idx_nk, val_nk,
+                                                            activation == "relu")
+        if defer_weight_gradient and W_dh.flags.f_contiguous:
+            dW_dh = RowScatterGradient(X_nd, R_nd, idx_nk, dZ_nk, val_nk, H)
+        else:
+            dW_hd = cpu_kernels.weight_gradient(X_nd, R_nd, idx_nk, dZ_nk, val_nk, H)
+            dW_dh = dW_hd.T if W_dh.flags.f_contiguous else np.ascontiguousarray(dW_hd.T)
+    else:
+        loss, R_nd, dZ_nk, dW_hd = _backprop_sparse_products(xp, W_hd, params["c_d"], X_nd, idx_nk, val_nk,
+                                                             activation)
+        dW_dh = dW_hd.T if W_dh.flags.f_contiguous else xp.ascontiguousarray(dW_hd.T)
+    db_h = xp.bincount(idx_nk.ravel(), weights=dZ_nk.ravel(), minlength=H).astype(W_dh.dtype)
+    grads = {"W_dh": dW_dh, "b_h": db_h, "c_d": R_nd.sum(axis=0)}
+    return loss, grads, ForwardCache(X_nd=X_nd, idx_nk=idx_nk, Zs_nh=None, activation=activation, val_nk=val_nk)
+
+
+class RowScatterGradient:
+    """``dW_dh`` kept as its parts: unit ``idx_nk[n, j]`` gets ``dZ_nk[n, j] X_n + val_nk[n, j] R_n``.
+
+    The momentum update applies it row by row (:func:`ksae_cupy.cpu.kernels.momentum_update_rows`);
+    ``numpy.asarray`` builds the dense ``(D, H)`` gradient for anything else.
+    """
+
+    def __init__(self, X_nd, R_nd, idx_nk, dZ_nk, val_nk, H: int):
+        self.X_nd, self.R_nd, self.idx_nk, self.dZ_nk, self.val_nk = X_nd, R_nd, idx_nk, dZ_nk, val_nk
+        self.shape = (X_nd.shape[1], H)
+        self.dtype = X_nd.dtype
+
+    def __array__(self, dtype=None, copy=None):
+        dW_hd = cpu_kernels.weight_gradient(self.X_nd, self.R_nd, self.idx_nk, self.dZ_nk, self.val_nk, self.shape[1])
+        return dW_hd.T if dtype is None else dW_hd.T.astype(dtype)
+
+    def momentum_update(self, W_dh, V_dh, momentum: float, lr: float) -> bool:
+        """``V <- m V - lr dW; W <- W + V`` in place, or False (nothing done) unless both are Fortran-ordered."""
+        if not (W_dh.flags.f_contiguous and V_dh.flags.f_contiguous and W_dh.dtype == V_dh.dtype == self.dtype):
+            return False
+        cpu_kernels.momentum_update_rows(W_dh.T, V_dh.T, self.X_nd, self.R_nd, self.idx_nk, self.dZ_nk,
+                                         self.val_nk, momentum, lr)
+        return True
+
+
+def _backprop_sparse_products(xp, W_hd, c_d, X_nd, idx_nk, val_nk, activation: str):
+    """``(loss, R_nd, dZ_nk, dW_hd)`` with (cu)SciPy sparse products: the path without Numba, and on the GPU."""
+    sparse = _sparse_module(xp)
+    N = X_nd.shape[0]
+    H = W_hd.shape[0]
     Zs = _csr_rows(xp, sparse, idx_nk, val_nk, H)
-    R_nd = xp.asarray(Zs @ W_hd) + params["c_d"]
+    R_nd = xp.asarray(Zs @ W_hd) + c_d
     R_nd -= X_nd
     loss = 0.5 * float(xp.vdot(R_nd, R_nd)) / N
     R_nd /= N
-    # dZ at the kept units: each is R_n . (a kept column of W), a batched matrix-vector product.
-    Wkept_nkd = W_hd[idx_nk]
-    dZ_nk = xp.matmul(Wkept_nkd, R_nd[:, :, None])[:, :, 0]
+    # dZ at the kept units: each is R_n . (a kept row of W_hd), a batched matrix-vector product.
+    dZ_nk = xp.matmul(W_hd[idx_nk], R_nd[:, :, None])[:, :, 0]
     if activation == "relu":  # a kept unit clipped to zero passes no gradient
         dZ_nk *= val_nk > 0
-    db_h = xp.bincount(idx_nk.ravel(), weights=dZ_nk.ravel(), minlength=H).astype(W_dh.dtype)
     # Both uses of W in one sparse product: [dZ; Zs]^T [X; R] = (X^T dZ + R^T Zs)^T.
     dZ_Zs = _csr_rows(xp, sparse, xp.concatenate([idx_nk, idx_nk]), xp.concatenate([dZ_nk, val_nk]), H)
     dW_hd = xp.asarray(dZ_Zs.T @ xp.concatenate([X_nd, R_nd]))
-    # A contiguous copy: the optimizer's update over a transposed view costs far more (measured ~4x).
-    grads = {"W_dh": xp.ascontiguousarray(dW_hd.T), "b_h": db_h, "c_d": R_nd.sum(axis=0)}
-    return loss, grads, ForwardCache(X_nd=X_nd, idx_nk=idx_nk, Zs_nh=None, activation=activation, val_nk=val_nk)
+    return loss, R_nd, dZ_nk, dW_hd
+
+
+def sparse_layout(W_dh):
+    """``W_dh`` in the memory order the sparse step wants: Fortran order, so ``W_dh.T`` is
+    the contiguous ``(H, D)`` array of one row per hidden unit. Same values, same shape."""
+    return array_module(W_dh).asfortranarray(W_dh)
 
 
 def loss_and_grads_for(step: str, k: int, H: int):

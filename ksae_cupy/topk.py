@@ -79,7 +79,8 @@ def emit_at_threshold(keys_nh, kth_n, k: int):
         tie_nh = keys_nh == kth_n[:, None]
         ties_wanted_n = k - (keys_nh > kth_n[:, None]).sum(axis=1)
         keep_nh &= ~tie_nh | (xp.cumsum(tie_nh, axis=1) <= ties_wanted_n[:, None])
-    return xp.nonzero(keep_nh)[1].reshape(N, k).astype(np.int32)
+    # Flat positions then ``% H``: several times faster than 2-D ``nonzero`` on NumPy.
+    return (xp.flatnonzero(keep_nh) % keys_nh.shape[1]).reshape(N, k).astype(np.int32)
 
 
 def topk_sort(Z_nh, k: int):

@@ -19,7 +19,8 @@ def draw_problem(D, H, seed):
     return params, X_nd
 
 
-# Both steps: the dense reference and the sparse step (ksae_cupy/sparse_step.py).
+# Both steps: the dense reference and the sparse step (ksae_cupy/sparse_step.py), each with
+# and without the Numba CPU kernels (the ``cpu_path`` fixture).
 STEPS = {"dense": model.loss_and_grads, "sparse": loss_and_grads_sparse}
 
 
@@ -27,7 +28,7 @@ STEPS = {"dense": model.loss_and_grads, "sparse": loss_and_grads_sparse}
 @pytest.mark.parametrize("activation", model.ACTIVATIONS)
 @pytest.mark.parametrize("topk_method", ["sort", "threshold"])
 @pytest.mark.parametrize("D,H,k", SHAPES)
-def test_every_parameter_matches_finite_differences(D, H, k, topk_method, activation, step):
+def test_every_parameter_matches_finite_differences(D, H, k, topk_method, activation, step, cpu_path):
     for seed in range(20):  # redraw when the support is not locally constant
         params, X_nd = draw_problem(D, H, seed)
 

@@ -1,6 +1,7 @@
 """The package's layout rules, read from the import graph of the source (every import, lazy ones too).
 
-* Layers, lowest first: the algorithm (the top-level modules and ``gpu/``, its CUDA half),
+* Layers, lowest first: the algorithm (the top-level modules, ``cpu/`` and ``gpu/``, its
+  compiled halves),
   ``datasets``, ``training``, ``evaluation``, ``supervised``, ``parallel``, ``bench``, ``cli``.
   A module imports only from its own layer or a lower one.
 * Nothing outside ``cli/`` imports ``cli/``.
@@ -15,8 +16,8 @@ from pathlib import Path
 import ksae_cupy
 
 PACKAGE_DIR = Path(ksae_cupy.__file__).parent
-LAYERS = ["", "gpu", "datasets", "training", "evaluation", "supervised", "parallel", "bench", "cli"]
-ALGORITHM = {"", "gpu"}  # "" is the package's top level
+LAYERS = ["", "cpu", "gpu", "datasets", "training", "evaluation", "supervised", "parallel", "bench", "cli"]
+ALGORITHM = {"", "cpu", "gpu"}  # "" is the package's top level
 
 
 def _module_name(path: Path) -> str:

@@ -17,7 +17,7 @@ def draw(N, D, H, seed, dtype=np.float64):
 
 @pytest.mark.parametrize("activation", model.ACTIVATIONS)
 @pytest.mark.parametrize("k", [1, 4, 30])  # k = 1, a middle k, k = H
-def test_sparse_step_equals_dense_step_in_float64(k, activation):
+def test_sparse_step_equals_dense_step_in_float64(k, activation, cpu_path):
     params, X_nd = draw(16, 11, 30, seed=k)
     loss_d, grads_d, cache_d = model.loss_and_grads(params, X_nd, k, activation=activation)
     loss_s, grads_s, cache_s = loss_and_grads_sparse(params, X_nd, k, activation=activation)
@@ -29,7 +29,7 @@ def test_sparse_step_equals_dense_step_in_float64(k, activation):
         np.testing.assert_allclose(grads_s[name], grads_d[name], rtol=1e-10, atol=1e-12, err_msg=name)
 
 
-def test_sparse_step_keeps_float32():
+def test_sparse_step_keeps_float32(cpu_path):
     params, X_nd = draw(8, 6, 12, seed=0, dtype=np.float32)
     _, grads, _ = loss_and_grads_sparse(params, X_nd, 3)
     assert all(grads[name].dtype == np.float32 for name in model.PARAM_NAMES)
@@ -59,7 +59,7 @@ def _train(step: str):
     return trainer.params, [r.train_loss for r in reports]
 
 
-def test_a_sparse_training_run_ends_within_float32_rounding_of_a_dense_run():
+def test_a_sparse_training_run_ends_within_float32_rounding_of_a_dense_run(cpu_path):
     dense_params, dense_losses = _train("dense")
     sparse_params, sparse_losses = _train("sparse")
     assert dense_losses[-1] < dense_losses[0]  # it trained
@@ -77,3 +77,28 @@ def test_config_without_step_loads_as_auto_and_rejects_unknown_step():
     assert TrainConfig.from_dict(old).step == "auto"
     with pytest.raises(KsaeError, match="--step 'fast' is not allowed"):
         TrainConfig(step="fast").validate()
+
+
+def test_fortran_ordered_weights_give_a_fortran_ordered_gradient_and_the_same_values(cpu_path):
+    from ksae_cupy.sparse_step import sparse_layout
+
+    params, X_nd = draw(16, 11, 30, seed=2, dtype=np.float32)
+    fortran = dict(params, W_dh=sparse_layout(params["W_dh"]))
+    assert fortran["W_dh"].flags.f_contiguous and not params["W_dh"].flags.f_contiguous
+    loss_c, grads_c, _ = loss_and_grads_sparse(params, X_nd, 4)
+    loss_f, grads_f, _ = loss_and_grads_sparse(fortran, X_nd, 4)
+    assert loss_f == loss_c
+    assert grads_c["W_dh"].flags.c_contiguous  # the optimizer adds it to a C-ordered W
+    assert grads_f["W_dh"].flags.f_contiguous  # a view of dW_hd: no copy
+    for name in model.PARAM_NAMES:
+        np.testing.assert_array_equal(grads_f[name], grads_c[name], err_msg=name)
+
+
+def test_the_trainer_stores_w_in_the_layout_of_its_step():
+    from ksae_cupy.backend import resolve_device
+    from ksae_cupy.training.trainer import TrainConfig, Trainer
+
+    for step, fortran in (("sparse", True), ("dense", False)):
+        trainer = Trainer(TrainConfig(hidden=60, k=6, k_start=20, step=step), resolve_device("cpu"), D=30)
+        assert trainer.params["W_dh"].flags.f_contiguous == fortran, step
+        assert trainer.optimizer.velocities["W_dh"].flags.f_contiguous == fortran, step

@@ -25,7 +25,7 @@ from ksae_cupy import model
 from ksae_cupy.bench.metadata import run_metadata
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.optim import MomentumSGD
-from ksae_cupy.sparse_step import loss_and_grads_sparse
+from ksae_cupy.sparse_step import loss_and_grads_sparse, sparse_layout
 
 VALIDATION_TOLERANCE = 1e-3  # float32 vs float64 gradients, relative to the largest entry
 STEPS = {"dense": model.loss_and_grads, "sparse": loss_and_grads_sparse}
@@ -137,6 +137,8 @@ def _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, thread
     ms = {}
     for name, fn in STEPS.items():
         params = {n: backend.asarray(v.copy()) for n, v in host_params.items()}
+        if name == "sparse":  # stored as the trainer stores it for the sparse step
+            params["W_dh"] = sparse_layout(params["W_dh"])
         optimizer = MomentumSGD(params, 0.9, xp)
 
         def step(i, fn=fn, params=params, optimizer=optimizer):

@@ -26,7 +26,7 @@ from ksae_cupy.errors import KsaeError
 from ksae_cupy.training.options import check_batch_size, check_dtype, check_momentum, check_positive_count, check_positive_finite
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.schedules import sparsity_at_epoch
-from ksae_cupy.sparse_step import choose_step, loss_and_grads_for
+from ksae_cupy.sparse_step import choose_step, loss_and_grads_for, loss_and_grads_sparse, sparse_layout
 from ksae_cupy.topk import TOPK_METHODS
 
 
@@ -118,19 +118,27 @@ class Trainer:
         if checkpoint is None:
             self.rng = np.random.default_rng(config.seed)
             host_params = model.init_params(D, config.hidden, config.sigma, self.rng, self.dtype)
-            self.params = {name: backend.asarray(value) for name, value in host_params.items()}
+            self.params = self._resident(host_params)
             self.optimizer = MomentumSGD(self.params, config.momentum, xp)
             self.epoch, self.step, self.batch_in_epoch, self.epoch_perm = 0, 0, 0, None
         else:
             self.rng = np.random.default_rng()
             self.rng.bit_generator.state = checkpoint.rng_state
-            self.params = {name: backend.asarray(value) for name, value in checkpoint.params.items()}
+            self.params = self._resident(checkpoint.params)
             self.optimizer = MomentumSGD(self.params, config.momentum, xp)
             for name, value in checkpoint.velocities.items():
                 self.optimizer.velocities[name][...] = backend.asarray(value)
             self.epoch, self.step = checkpoint.epoch, checkpoint.step
             self.batch_in_epoch, self.epoch_perm = checkpoint.batch_in_epoch, checkpoint.epoch_perm
         self.stop_requested = False  # set (e.g. by a SIGINT handler) to stop after the current step
+
+    def _resident(self, host_params):
+        """The parameters on the backend; ``W_dh`` in the memory order of the step at the target k
+        (the sparse step wants Fortran order; see :func:`ksae_cupy.sparse_step.sparse_layout`)."""
+        params = {name: self.backend.asarray(value) for name, value in host_params.items()}
+        if choose_step(self.config.step, self.config.k, self.config.hidden) == "sparse":
+            params["W_dh"] = sparse_layout(params["W_dh"])
+        return params
 
     @property
     def finished(self) -> bool:
@@ -197,7 +205,9 @@ class Trainer:
         """``(loss, grads, kept_h)`` for one minibatch: the loss, the gradients to step with,
         and how many examples kept each hidden unit. The one hook where subclasses communicate."""
         step = loss_and_grads_for(self.config.step, k, self.config.hidden)
-        loss, grads, cache = step(self.params, X_nd, k, self.config.topk, self.config.activation)
+        # The sparse step may hand W's gradient over in parts, for the optimizer to apply row by row.
+        options = {"defer_weight_gradient": True} if step is loss_and_grads_sparse else {}
+        loss, grads, cache = step(self.params, X_nd, k, self.config.topk, self.config.activation, **options)
         kept_h = self.backend.xp.bincount(cache.idx_nk.ravel(), minlength=self.config.hidden)
         return loss, grads, kept_h
 

@@ -1,0 +1,127 @@
+"""The Numba CPU kernels (ksae_cupy/cpu/kernels.py) against the NumPy/SciPy paths they replace."""
+import numpy as np
+import pytest
+
+from ksae_cupy import model
+from ksae_cupy.cpu import kernels
+from ksae_cupy.optim import MomentumSGD
+
+pytestmark = pytest.mark.skipif(not kernels.available(),
+                                reason="Numba is not installed (pip install '.[fast]'): the CPU kernels cannot run")
+
+
+def _numpy_update(theta, velocity, grad, momentum, lr):
+    velocity *= theta.dtype.type(momentum)
+    velocity -= theta.dtype.type(lr) * grad
+    theta += velocity
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_momentum_kernel_is_bit_for_bit_the_numpy_update(dtype, order):
+    rng = np.random.default_rng(0)
+    theta, velocity, grad = (np.asarray(rng.standard_normal((37, 23)), dtype=dtype, order=order) for _ in range(3))
+    expected_theta, expected_velocity = theta.copy(order="K"), velocity.copy(order="K")
+    for _ in range(5):
+        _numpy_update(expected_theta, expected_velocity, grad, 0.9, 0.013)
+        assert kernels.momentum_update(theta, velocity, grad, 0.9, 0.013)
+    np.testing.assert_array_equal(theta, expected_theta)
+    np.testing.assert_array_equal(velocity, expected_velocity)
+
+
+def test_momentum_kernel_declines_mixed_layouts_and_the_optimizer_falls_back(monkeypatch):
+    rng = np.random.default_rng(1)
+    params = {"W": np.asfortranarray(rng.standard_normal((5, 4)).astype(np.float32))}
+    grads = {"W": np.ascontiguousarray(rng.standard_normal((5, 4)).astype(np.float32))}  # C order: mixed
+    assert not kernels.momentum_update(params["W"].copy(order="K"), np.zeros_like(params["W"]), grads["W"], 0.9, 0.1)
+    results = {}
+    for setting in ("1", "0"):
+        monkeypatch.setenv("KSAE_CPU_KERNELS", setting)
+        run = {"W": params["W"].copy(order="K")}
+        optimizer = MomentumSGD(run, 0.9, np)
+        for _ in range(3):
+            optimizer.step(run, grads, 0.1)
+        results[setting] = run["W"]
+    np.testing.assert_array_equal(results["1"], results["0"])
+
+
+def _problem(N, D, H, k, seed, dtype=np.float64):
+    rng = np.random.default_rng(seed)
+    W_hd = rng.standard_normal((H, D)).astype(dtype)
+    X_nd = rng.standard_normal((N, D)).astype(dtype)
+    c_d = rng.standard_normal(D).astype(dtype)
+    idx_nk = np.stack([rng.choice(H, k, replace=False) for _ in range(N)]).astype(np.int32)
+    val_nk = rng.standard_normal((N, k)).astype(dtype)
+    return W_hd, c_d, X_nd, idx_nk, val_nk
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_decode_and_backprop_matches_the_dense_formulas(relu):
+    W_hd, c_d, X_nd, idx_nk, val_nk = _problem(9, 13, 40, 5, seed=2)
+    if relu:
+        val_nk = np.maximum(val_nk, 0)  # what select_units hands over for ReLU: some kept units are 0
+        assert (val_nk == 0).any()
+    Zs_nh = model.scatter_rows(idx_nk, val_nk, 40)
+    R_nd = (Zs_nh @ W_hd + c_d - X_nd) / 9
+    dZ_nk = np.take_along_axis(R_nd @ W_hd.T, idx_nk, axis=1) * ((val_nk > 0) if relu else 1)
+    loss, R_got, dZ_got = kernels.decode_and_backprop(W_hd, c_d, X_nd, idx_nk, val_nk, relu)
+    assert loss == pytest.approx(0.5 * 9 * np.sum(R_nd ** 2), rel=1e-12)
+    np.testing.assert_allclose(R_got, R_nd, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(dZ_got, dZ_nk, rtol=1e-12, atol=1e-14)
+
+
+def test_weight_gradient_matches_the_dense_product_and_leaves_unkept_rows_zero():
+    W_hd, _, X_nd, idx_nk, dZ_nk = _problem(9, 13, 40, 5, seed=3)
+    val_nk = np.random.default_rng(4).standard_normal(idx_nk.shape)
+    R_nd = np.random.default_rng(5).standard_normal(X_nd.shape)
+    expected_hd = model.scatter_rows(idx_nk, dZ_nk, 40).T @ X_nd + model.scatter_rows(idx_nk, val_nk, 40).T @ R_nd
+    got_hd = kernels.weight_gradient(X_nd, R_nd, idx_nk, dZ_nk, val_nk, 40)
+    np.testing.assert_allclose(got_hd, expected_hd, rtol=1e-12, atol=1e-13)
+    unkept = np.setdiff1d(np.arange(40), idx_nk)
+    assert unkept.size and not got_hd[unkept].any()
+
+
+def test_the_environment_switch_turns_the_kernels_off(monkeypatch):
+    monkeypatch.setenv("KSAE_CPU_KERNELS", "0")
+    assert not kernels.enabled()
+    monkeypatch.setenv("KSAE_CPU_KERNELS", "1")
+    assert kernels.enabled()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_row_by_row_momentum_update_equals_building_the_gradient_then_updating(dtype):
+    W_hd, _, X_nd, idx_nk, dZ_nk = _problem(9, 13, 40, 5, seed=6, dtype=dtype)
+    val_nk = np.random.default_rng(7).standard_normal(idx_nk.shape).astype(dtype)
+    R_nd = np.random.default_rng(8).standard_normal(X_nd.shape).astype(dtype)
+    V_hd = np.random.default_rng(9).standard_normal(W_hd.shape).astype(dtype)
+    expected_W, expected_V = W_hd.copy(), V_hd.copy()
+    _numpy_update(expected_W, expected_V, kernels.weight_gradient(X_nd, R_nd, idx_nk, dZ_nk, val_nk, 40), 0.9, 0.05)
+    kernels.momentum_update_rows(W_hd, V_hd, X_nd, R_nd, idx_nk, dZ_nk, val_nk, 0.9, 0.05)
+    # Sums of the same terms, possibly contracted differently: equal to rounding of the largest entry.
+    eps = np.finfo(dtype).eps
+    np.testing.assert_allclose(V_hd, expected_V, rtol=0, atol=16 * eps * np.abs(expected_V).max())
+    np.testing.assert_allclose(W_hd, expected_W, rtol=0, atol=16 * eps * np.abs(expected_W).max())
+
+
+def test_the_trainer_path_with_the_gradient_in_parts_equals_the_array_path():
+    from ksae_cupy.sparse_step import RowScatterGradient, loss_and_grads_sparse, sparse_layout
+
+    rng = np.random.default_rng(10)
+    params = model.init_params(30, 60, 0.1, rng, np.float32)
+    params["W_dh"] = sparse_layout(params["W_dh"])
+    batches = [rng.random((16, 30), dtype=np.float32) for _ in range(4)]
+    runs = {}
+    for defer in (False, True):
+        run = {name: value.copy(order="K") for name, value in params.items()}
+        optimizer = MomentumSGD(run, 0.9, np)
+        for X_nd in batches:
+            _, grads, _ = loss_and_grads_sparse(run, X_nd, 5, defer_weight_gradient=defer)
+            assert isinstance(grads["W_dh"], RowScatterGradient) == defer
+            optimizer.step(run, grads, 0.05)
+        runs[defer] = run
+    for name in model.PARAM_NAMES:
+        np.testing.assert_allclose(runs[True][name], runs[False][name], rtol=1e-5, atol=1e-7, err_msg=name)
+    # Made an array, the gradient in parts is the gradient.
+    _, grads, _ = loss_and_grads_sparse(params, batches[0], 5, defer_weight_gradient=True)
+    _, dense, _ = loss_and_grads_sparse(params, batches[0], 5)
+    np.testing.assert_array_equal(np.asarray(grads["W_dh"]), dense["W_dh"])
