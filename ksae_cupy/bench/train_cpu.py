@@ -23,6 +23,7 @@ import numpy as np
 
 from ksae_cupy import model
 from ksae_cupy.bench.metadata import run_metadata
+from ksae_cupy.cpu import kernels as cpu_kernels
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.sparse_step import loss_and_grads_sparse, sparse_layout
@@ -74,6 +75,21 @@ def validate_step(backend, D: int, H: int, k: int, batch_size: int, topk_method:
     _, grads32, _ = step(params32, backend.asarray(X64, dtype=np.float32), k, topk_method)
     host = {name: g.get() if backend.is_gpu else g for name, g in grads32.items()}
     return _check(what, _worst_error(host, grads64))
+
+
+@contextlib.contextmanager
+def _cpu_kernels_setting(setting: str | None):
+    """``KSAE_CPU_KERNELS`` set to ``setting`` inside the block (unchanged for None)."""
+    saved = os.environ.get("KSAE_CPU_KERNELS")
+    if setting is not None:
+        os.environ["KSAE_CPU_KERNELS"] = setting
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("KSAE_CPU_KERNELS", None)
+        else:
+            os.environ["KSAE_CPU_KERNELS"] = saved
 
 
 def _thread_limit(threads: int | None):
@@ -129,25 +145,36 @@ def _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, thread
     xp = backend.xp
     errors = {name: validate_step(backend, D, H, k, batch_size, topk_method, fn, f"{name} step")
               for name, fn in STEPS.items()}
+    if not backend.is_gpu and cpu_kernels.enabled():
+        with _cpu_kernels_setting("0"):
+            errors["sparse_scipy"] = validate_step(backend, D, H, k, batch_size, topk_method, loss_and_grads_sparse,
+                                                   "sparse step without the CPU kernels")
     rng = np.random.default_rng(0)
     host_params = model.init_params(D, H, 0.01, rng, np.float32)
     # Rotate through several batches so no cache holds the one batch.
     host_batches = [rng.random((batch_size, D), dtype=np.float32) for _ in range(8)]
     batches = [backend.asarray(X) for X in host_batches]
     ms = {}
-    for name, fn in STEPS.items():
+    # The sparse step as the trainer runs it: W in Fortran order, W's gradient handed to the
+    # optimizer in parts. On the CPU with the Numba kernels, also the same step without them.
+    contenders = {"dense": (model.loss_and_grads, {}, None),
+                  "sparse": (loss_and_grads_sparse, {"defer_weight_gradient": True}, None)}
+    if not backend.is_gpu and cpu_kernels.enabled():
+        contenders["sparse_scipy"] = (loss_and_grads_sparse, {}, "0")
+    for name, (fn, options, kernels_setting) in contenders.items():
         params = {n: backend.asarray(v.copy()) for n, v in host_params.items()}
-        if name == "sparse":  # stored as the trainer stores it for the sparse step
+        if fn is loss_and_grads_sparse:  # stored as the trainer stores it for the sparse step
             params["W_dh"] = sparse_layout(params["W_dh"])
         optimizer = MomentumSGD(params, 0.9, xp)
 
-        def step(i, fn=fn, params=params, optimizer=optimizer):
-            _, grads, _ = fn(params, batches[i % 8], k, topk_method)
+        def step(i, fn=fn, params=params, optimizer=optimizer, options=options):
+            _, grads, _ = fn(params, batches[i % 8], k, topk_method, **options)
             # lr = 0 does the update's arithmetic while keeping the weights (and the
             # timing) from drifting over thousands of steps on random data.
             optimizer.step(params, grads, 0.0)
 
-        ms[name] = 1e3 * _median_seconds(step, backend, repeats, steps)
+        with _cpu_kernels_setting(kernels_setting):
+            ms[name] = 1e3 * _median_seconds(step, backend, repeats, steps)
     W = backend.asarray(host_params["W_dh"])
     ms["encoder_XW"] = 1e3 * _median_seconds(lambda i: batches[i % 8] @ W, backend, repeats, steps)
     torch_info = None
@@ -158,6 +185,8 @@ def _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, thread
             ms["torch"] = 1e3 * _median_seconds(torch_step, backend, repeats, steps)
     ratios = {"dense_over_sparse": ms["dense"] / ms["sparse"],
               "sparse_over_encoder": ms["sparse"] / ms["encoder_XW"]}
+    if "sparse_scipy" in ms:
+        ratios["sparse_scipy_over_sparse"] = ms["sparse_scipy"] / ms["sparse"]
     if "torch" in ms:
         ratios["torch_over_sparse"] = ms["torch"] / ms["sparse"]
     line = "  ".join(f"{name} {value:.3f} ms" for name, value in ms.items())

@@ -52,33 +52,35 @@ def _compiled(fn):
 # Reassociation lets the compiler vectorise the dot products (and sums) below; it changes
 # only the order of a sum, i.e. float rounding, never which terms are added.
 @_kernel(fastmath={"reassoc", "contract"})
-def _decode_and_backprop(W_hd, c_d, X_nd, idx_nk, val_nk, relu, R_nd, dZ_nk):
+def _decode_and_backprop(W_hd, c_d, X_nd, idx_nk, val_nk, relu, batch, R_nd, dZ_nk):
     N, k = idx_nk.shape
     D = X_nd.shape[1]
-    squared_error = 0.0
+    squared_error = 0.0  # float64 across rows
+    zero = batch - batch  # 0 in the arrays' float type (batch is N in it)
     for n in range(N):
         r = R_nd[n]
+        x = X_nd[n]
         for d in range(D):
-            r[d] = c_d[d] - X_nd[n, d]
+            r[d] = c_d[d] - x[d]
         # Decoder: Xhat_n - X_n = c - X_n + sum over kept units of val * (row of W).
         for j in range(k):
             w = W_hd[idx_nk[n, j]]
             v = val_nk[n, j]
             for d in range(D):
                 r[d] += v * w[d]
-        row_error = 0.0
+        row_error = zero
         for d in range(D):
             row_error += r[d] * r[d]
         squared_error += row_error
         for d in range(D):
-            r[d] /= N
+            r[d] /= batch
         # The gradient at the kept units: R_n . (row of W), while those rows are still in cache.
         for j in range(k):
             if relu and not val_nk[n, j] > 0:  # a kept unit clipped to zero passes no gradient
                 dZ_nk[n, j] = 0
                 continue
             w = W_hd[idx_nk[n, j]]
-            acc = 0.0
+            acc = zero  # accumulate in the arrays' own float type, so the loop vectorises
             for d in range(D):
                 acc += w[d] * r[d]
             dZ_nk[n, j] = acc
@@ -95,7 +97,8 @@ def decode_and_backprop(W_hd, c_d, X_nd, idx_nk, val_nk, relu: bool):
     N, D = X_nd.shape
     R_nd = np.empty((N, D), dtype=X_nd.dtype)
     dZ_nk = np.empty(idx_nk.shape, dtype=X_nd.dtype)
-    loss = _compiled(_decode_and_backprop)(W_hd, c_d, np.ascontiguousarray(X_nd), idx_nk, val_nk, bool(relu), R_nd, dZ_nk)
+    loss = _compiled(_decode_and_backprop)(W_hd, c_d, np.ascontiguousarray(X_nd), idx_nk, val_nk, bool(relu),
+                                               X_nd.dtype.type(N), R_nd, dZ_nk)
     return float(loss), R_nd, dZ_nk
 
 
@@ -111,8 +114,10 @@ def _scatter_weight_gradient(X_nd, R_nd, idx_nk, dZ_nk, val_nk, dW_hd):
             g = dW_hd[idx_nk[n, j]]
             a = dZ_nk[n, j]
             b = val_nk[n, j]
+            x = X_nd[n]
+            r = R_nd[n]
             for d in range(D):
-                g[d] += a * X_nd[n, d] + b * R_nd[n, d]
+                g[d] += a * x[d] + b * r[d]
 
 
 def weight_gradient(X_nd, R_nd, idx_nk, dZ_nk, val_nk, H: int):
@@ -188,8 +193,10 @@ def _momentum_update_rows(W_hd, V_hd, X_nd, R_nd, idx_nk, dZ_nk, val_nk, momentu
             n = pair_n[p]
             a = dZ_nk[n, pair_j[p]]
             b = val_nk[n, pair_j[p]]
+            x = X_nd[n]
+            r = R_nd[n]
             for d in range(D):
-                g[d] += a * X_nd[n, d] + b * R_nd[n, d]
+                g[d] += a * x[d] + b * r[d]
         for d in range(D):
             step = v[d] * momentum
             step = step - lr * g[d]
@@ -205,3 +212,4 @@ def momentum_update_rows(W_hd, V_hd, X_nd, R_nd, idx_nk, dZ_nk, val_nk, momentum
     scalar = W_hd.dtype.type
     _compiled(_momentum_update_rows)(W_hd, V_hd, np.ascontiguousarray(X_nd), R_nd, idx_nk, dZ_nk, val_nk,
                                      scalar(momentum), scalar(lr))
+
