@@ -2,19 +2,26 @@
 
 Same contract and same results as :func:`ksae_cupy.model.loss_and_grads` (the dense
 reference): ``(loss, grads, cache)``. Only ``Z_nh = X_nd W_dh + b_h`` needs every hidden
-unit; everything after the top-k touches the k kept columns of ``W`` per row:
+unit; everything after the top-k touches the k kept rows of ``W_hd = W_dh^T`` per example:
 
-    W_hd     = W_dh^T, contiguous, so a kept column of W is one contiguous row
-    Xhat_nd  = Zs W^T + c          a CSR (N, H) code times W_hd: N k D multiply-adds
-    dZ_nk    = R_n . W[:, idx_nk]  the gradient at the kept units only (gathered rows of W_hd)
+    Xhat_n   = c + sum_j val_nj W_hd[idx_nj]       decoder: N k D multiply-adds
+    dZ_nj    = R_n . W_hd[idx_nj]                  the gradient at the kept units only
     db_h     = scatter-add of dZ_nk into the kept units
-    dW_dh    = [X; R]^T [dZ; Zs]   one CSR product over the 2 N k kept entries
+    dW_hd[h] = sum over (n, j) with idx_nj = h of dZ_nj X_n + val_nj R_n     2 N k D
 
 That is N D H + 4 N k D multiply-adds instead of 5 N D H (section "Why" of issue 14).
 The dense (N, H) code ``Zs_nh`` is never built: the cache holds ``idx_nk`` and ``val_nk``.
 
-Works on NumPy (scipy.sparse) and on CuPy (cupyx.scipy.sparse, i.e. cuSPARSE) arrays;
-no custom kernel is needed.
+Three ways to run it, one contract:
+
+* NumPy with Numba (the ``fast`` extra): the loops of :mod:`ksae_cupy.cpu.kernels`. The
+  decoder and ``dZ`` are one pass per example; with ``defer_weight_gradient`` the trainer's
+  momentum update applies ``dW`` row by row and the ``(D, H)`` gradient is never built.
+* NumPy without Numba: SciPy CSR products (decoder, ``dW``) and a batched gather for ``dZ``.
+* CuPy: the same products through cupyx.scipy.sparse (cuSPARSE). Not yet run on a GPU.
+
+``W_dh`` stored in Fortran order (:func:`sparse_layout`, what the trainer does) makes
+``W_dh.T`` the contiguous ``W_hd`` all of these want, with no copy per step.
 """
 from __future__ import annotations
 
@@ -27,9 +34,10 @@ from ksae_cupy.model import ForwardCache, hidden_preactivations, select_units
 STEPS = ("dense", "sparse", "auto")
 
 # ``auto`` takes the sparse step when k / H is at most this. Measured on the CPU with
-# `ksae-bench train --k-sweep 10,40,70,100,250` (README, benchmark section), H = 1000:
-# sparse 1.6-2.4x faster up to k = 70, about even at k = 100, 0.57x at k = 250.
-AUTO_MAX_K_OVER_H = 0.1
+# `ksae-bench train --k-sweep 10,40,70,100,250,500` (README, benchmark section), H = 1000:
+# with the Numba kernels the sparse step is 1.35x the dense one's speed at k = 250 and 0.88x at
+# k = 500; without them about even at k = 100 and 0.57x at k = 250.
+AUTO_MAX_K_OVER_H = {"cpu kernels": 0.25, "otherwise": 0.1}
 
 
 def choose_step(step: str, k: int, H: int) -> str:
@@ -38,7 +46,8 @@ def choose_step(step: str, k: int, H: int) -> str:
         from ksae_cupy.errors import KsaeError
         raise KsaeError(f"--step {step!r} is not allowed; use one of {', '.join(STEPS)}")
     if step == "auto":
-        return "sparse" if k <= AUTO_MAX_K_OVER_H * H else "dense"
+        limit = AUTO_MAX_K_OVER_H["cpu kernels" if cpu_kernels.enabled() else "otherwise"]
+        return "sparse" if k <= limit * H else "dense"
     return step
 
 

@@ -5,6 +5,7 @@ from click.testing import CliRunner
 
 from clicheck import assert_one_line_error
 from ksae_cupy.cli.bench import bench_command
+from ksae_cupy.cpu import kernels as cpu_kernels
 
 
 def test_bench_train_times_dense_sparse_and_encoder_and_writes_json(tmp_path):
@@ -15,6 +16,9 @@ def test_bench_train_times_dense_sparse_and_encoder_and_writes_json(tmp_path):
     (path,) = tmp_path.glob("train-cpu-*.json")
     data = json.loads(path.read_text())
     assert {"dense", "sparse", "encoder_XW"} <= set(data["ms"])
+    # With the CPU kernels on, the sparse step is also timed (and validated) without them.
+    assert ("sparse_scipy" in data["ms"]) == cpu_kernels.enabled()
+    assert ("sparse_scipy" in data["validation_max_rel_error"]) == cpu_kernels.enabled()
     assert all(value > 0 for value in data["ms"].values())
     assert [r["k"] for r in data["k_sweep"]] == [2, 40]
     assert data["threads"] == 1
