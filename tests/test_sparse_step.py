@@ -105,3 +105,16 @@ def test_the_trainer_stores_w_in_the_layout_of_its_step():
         trainer = Trainer(TrainConfig(hidden=60, k=6, k_start=20, step=step), resolve_device("cpu"), D=30)
         assert trainer.params["W_dh"].flags.f_contiguous == fortran, step
         assert trainer.optimizer.velocities["W_dh"].flags.f_contiguous == fortran, step
+
+
+def test_the_data_parallel_trainer_keeps_w_c_ordered_for_its_dense_step():
+    from types import SimpleNamespace
+
+    from ksae_cupy.backend import resolve_device
+    from ksae_cupy.parallel.data_parallel import DataParallelTrainer
+    from ksae_cupy.training.trainer import TrainConfig
+
+    one_rank = SimpleNamespace(rank=0, size=1)
+    config = TrainConfig(hidden=60, k=6, k_start=20, step="auto")  # auto resolves to sparse here
+    trainer = DataParallelTrainer(config, resolve_device("cpu"), 30, one_rank, allreduce=lambda flat: flat)
+    assert trainer.params["W_dh"].flags.c_contiguous

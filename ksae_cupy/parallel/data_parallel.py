@@ -81,6 +81,8 @@ class DataParallelTrainer(Trainer):
     backend and MPI it is wrapped to go through the host.
     """
 
+    takes_sparse_step = False  # its gradients come from the dense step, summed over ranks
+
     def __init__(self, config, backend, D, comm, allreduce, checkpoint=None):
         super().__init__(config, backend, D, checkpoint)
         self.comm, self.rank, self.size = comm, comm.rank, comm.size

@@ -33,6 +33,8 @@ from ksae_cupy.training.trainer import Trainer
 class ShardedHiddenTrainer(Trainer):
     """A Trainer whose parameters are this rank's block of hidden units."""
 
+    takes_sparse_step = False  # its gradients come from the dense step, summed over ranks
+
     def __init__(self, config, backend, D, comm, allreduce, checkpoint=None, topk_dist="threshold"):
         super().__init__(config, backend, D, checkpoint)  # full arrays, then keep our block
         self.comm, self.rank, self.size = comm, comm.rank, comm.size

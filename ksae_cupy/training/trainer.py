@@ -109,6 +109,10 @@ class EpochReport:
 class Trainer:
     """Parameters, velocities and random state of one run, resident on ``backend``."""
 
+    # Whether this trainer's _batch_gradients takes the sparse step when --step resolves to it
+    # (then W is stored in Fortran order for it). The distributed trainers take the dense step.
+    takes_sparse_step = True
+
     def __init__(self, config: TrainConfig, backend: Backend, D: int, checkpoint: Checkpoint | None = None):
         config.validate()
         self.config = config
@@ -136,7 +140,7 @@ class Trainer:
         """The parameters on the backend; ``W_dh`` in the memory order of the step at the target k
         (the sparse step wants Fortran order; see :func:`ksae_cupy.sparse_step.sparse_layout`)."""
         params = {name: self.backend.asarray(value) for name, value in host_params.items()}
-        if choose_step(self.config.step, self.config.k, self.config.hidden) == "sparse":
+        if self.takes_sparse_step and choose_step(self.config.step, self.config.k, self.config.hidden) == "sparse":
             params["W_dh"] = sparse_layout(params["W_dh"])
         return params
 
