@@ -99,3 +99,17 @@ def test_every_folder_says_what_it_holds():
     for init in PACKAGE_DIR.glob("*/__init__.py"):
         docstring = ast.get_docstring(ast.parse(init.read_text()))
         assert docstring and len(docstring) > 40, f"{init.parent.name}/__init__.py needs a docstring"
+
+
+def test_every_folder_is_installed():
+    # A folder missing from setup.cfg's packages is left out of `pip install .` (CI caught one).
+    import configparser
+
+    repo = Path(__file__).resolve().parents[1]  # the checkout these tests sit in
+    parser = configparser.ConfigParser()
+    parser.read(repo / "setup.cfg")
+    listed = set(parser["options"]["packages"].split())
+    source = repo / "ksae_cupy"
+    folders = {"ksae_cupy." + p.parent.relative_to(source).as_posix().replace("/", ".")
+               for p in source.rglob("__init__.py") if p.parent != source}
+    assert "ksae_cupy.gpu" in folders and folders <= listed, f"add to setup.cfg's packages: {sorted(folders - listed)}"
