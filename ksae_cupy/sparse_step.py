@@ -90,15 +90,19 @@ def loss_and_grads_sparse(params, X_nd, k: int, topk_method: str = "sort", activ
         if defer_weight_gradient and W_dh.flags.f_contiguous:
             dW_dh = RowScatterGradient(X_nd, R_nd, idx_nk, dZ_nk, val_nk, H)
         else:
-            dW_hd = cpu_kernels.weight_gradient(X_nd, R_nd, idx_nk, dZ_nk, val_nk, H)
-            dW_dh = dW_hd.T if W_dh.flags.f_contiguous else np.ascontiguousarray(dW_hd.T)
+            dW_dh = _in_layout_of(W_dh, cpu_kernels.weight_gradient(X_nd, R_nd, idx_nk, dZ_nk, val_nk, H))
     else:
         loss, R_nd, dZ_nk, dW_hd = _backprop_sparse_products(xp, W_hd, params["c_d"], X_nd, idx_nk, val_nk,
                                                              activation)
-        dW_dh = dW_hd.T if W_dh.flags.f_contiguous else xp.ascontiguousarray(dW_hd.T)
+        dW_dh = _in_layout_of(W_dh, dW_hd)
     db_h = xp.bincount(idx_nk.ravel(), weights=dZ_nk.ravel(), minlength=H).astype(W_dh.dtype)
     grads = {"W_dh": dW_dh, "b_h": db_h, "c_d": R_nd.sum(axis=0)}
     return loss, grads, ForwardCache(X_nd=X_nd, idx_nk=idx_nk, Zs_nh=None, activation=activation, val_nk=val_nk)
+
+
+def _in_layout_of(W_dh, dW_hd):
+    """``dW_hd.T`` in the memory order of ``W_dh``: a view for Fortran order, a copy for C order."""
+    return dW_hd.T if W_dh.flags.f_contiguous else array_module(dW_hd).ascontiguousarray(dW_hd.T)
 
 
 class RowScatterGradient:

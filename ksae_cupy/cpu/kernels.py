@@ -11,6 +11,7 @@ on first use, once per dtype, and cached on disk (``cache=True``) so later runs 
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 
@@ -18,6 +19,7 @@ import numpy as np
 
 
 
+@functools.cache  # asked on every step (optimizer, sparse step); the answer cannot change in a process
 def available() -> bool:
     """Whether Numba is installed, so the kernels below can run (found without importing it)."""
     return importlib.util.find_spec("numba") is not None
