@@ -7,7 +7,10 @@
 * After every epoch, one line (to stdout) with its k, learning rate, losses and speed.
 
 The rate is measured over this session (every step since it started, validation included),
-so the ETA settles after the first epoch and is not thrown off by one slow batch.
+so the ETA settles after the first epoch and is not thrown off by one slow batch. Under the
+sparsity schedule a step's cost falls with k (100 -> 25 on MNIST); given ``step_cost`` (seconds
+of a step at a k, measured on a sample batch), the ETA counts the work left in steps of each
+epoch's k, with the cost linear in k between the first k and the last.
 """
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ import datetime as _dt
 import time
 
 import click
+
+from ksae_cupy.schedules import sparsity_at_epoch
 
 
 def format_duration(seconds: float) -> str:
@@ -43,7 +48,7 @@ class RunProgress:
     """Progress of one session of a run; reads the trainer's epoch, step and configuration."""
 
     def __init__(self, trainer, n_train: int, enabled: bool, tty: bool, interval_s: float = 30.0,
-                 clock=time.monotonic, echo=click.echo):
+                 clock=time.monotonic, echo=click.echo, step_cost=None):
         self.trainer, self.enabled, self.tty, self.interval_s = trainer, enabled, tty, interval_s
         self.n_batches = -(-n_train // trainer.config.batch_size)
         self.clock, self.echo = clock, echo
@@ -51,8 +56,46 @@ class RunProgress:
         self.last_draw = self.last_line = self.started
         self.drawn = 0  # characters of the bar now on the screen
         self.estimated = False
+        self.step_cost = step_cost  # k -> seconds of one step at k (None: every step costs the same)
+        self.cost_line = None  # (k_a, cost_a, k_b, cost_b), measured once, when first needed
+        self.work_before_epoch = None  # weighed steps before each epoch, made once
 
     # -- rates -------------------------------------------------------------------------
+    def _epoch_k(self, epoch: int) -> int:
+        cfg = self.trainer.config
+        return sparsity_at_epoch(epoch, cfg.k_schedule_epochs or cfg.epochs, cfg.k, cfg.k_start)
+
+    def _relative_cost(self, k: int) -> float:
+        """A step's cost at ``k`` relative to one at the first k of the schedule (1 without step_cost)."""
+        cfg = self.trainer.config
+        k_first, k_last = self._epoch_k(0), cfg.k
+        if self.step_cost is None or k_first == k_last:
+            return 1.0
+        if self.cost_line is None:
+            self.cost_line = (k_first, self.step_cost(k_first), k_last, self.step_cost(k_last))
+        k_a, cost_a, k_b, cost_b = self.cost_line
+        return (cost_a + (cost_b - cost_a) * (k - k_a) / (k_b - k_a)) / cost_a
+
+    def _work(self, first_step: int, last_step: int) -> float:
+        """Steps ``first_step .. last_step - 1`` (counted over the whole run), each weighed by its k's cost."""
+        return self._work_before(last_step) - self._work_before(first_step)
+
+    def _work_before(self, step: int) -> float:
+        if self.work_before_epoch is None:  # once: the weighed steps before each epoch
+            epochs = self.trainer.config.epochs
+            per_epoch = [self.n_batches * self._relative_cost(self._epoch_k(e)) for e in range(epochs)]
+            self.work_before_epoch = [0.0]
+            for work in per_epoch:
+                self.work_before_epoch.append(self.work_before_epoch[-1] + work)
+        epoch = min(step // self.n_batches, len(self.work_before_epoch) - 1)
+        in_epoch = step - epoch * self.n_batches
+        rate = self._relative_cost(self._epoch_k(epoch)) if in_epoch else 0.0
+        return self.work_before_epoch[epoch] + in_epoch * rate
+
+    def _step_number(self) -> int:
+        """Steps of the run done so far, counted as ``epoch * n_batches + batch`` (what the ETA needs)."""
+        return self.trainer.epoch * self.n_batches + self.trainer.batch_in_epoch
+
     def steps_left(self) -> int:
         t = self.trainer
         return max(0, (t.config.epochs - t.epoch) * self.n_batches - t.batch_in_epoch)
@@ -61,9 +104,19 @@ class RunProgress:
         steps = self.trainer.step - self.step_at_start
         return (self.clock() - self.started) / steps if steps > 0 else None
 
+    def seconds_left(self) -> float | None:
+        """The time the run still needs at this session's rate, each step weighed by its k's cost."""
+        steps = self.trainer.step - self.step_at_start
+        if steps <= 0:
+            return None
+        now = self._step_number()
+        done = self._work(now - steps, now)
+        left = self._work(now, self.trainer.config.epochs * self.n_batches)
+        return (self.clock() - self.started) / done * left if done > 0 else None
+
     def eta(self) -> str:
-        per_step = self.seconds_per_step()
-        return format_duration(per_step * self.steps_left()) if per_step else "?"
+        left = self.seconds_left()
+        return format_duration(left) if left is not None else "?"
 
     def status(self) -> str:
         t = self.trainer
@@ -102,9 +155,14 @@ class RunProgress:
             self.estimated = True
             per_epoch = per_step * self.n_batches
             epochs = self.trainer.config.epochs
-            left = per_step * self.steps_left()
+            left = self.seconds_left()
+            total = left * self._work(0, epochs * self.n_batches) / self._work(self._step_number(), epochs * self.n_batches)
             end = _dt.datetime.now(_dt.timezone.utc) + _dt.timedelta(seconds=left)
-            lines.append(f"estimate: {epochs} epochs at {per_epoch:.1f} s each take {format_duration(epochs * per_epoch)} "
+            at_k = ""
+            if self._relative_cost(self.trainer.config.k) != 1.0:
+                at_k = (f" (k {report.k}; at k {self.trainer.config.k} "
+                        f"{per_epoch * self._relative_cost(self.trainer.config.k) / self._relative_cost(report.k):.1f} s)")
+            lines.append(f"estimate: {epochs} epochs at {per_epoch:.1f} s each{at_k} take {format_duration(total)} "
                          f"on this device; {epochs - self.trainer.epoch} left, done around "
                          f"{end:%Y-%m-%d %H:%M} UTC")
         return lines

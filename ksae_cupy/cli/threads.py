@@ -1,10 +1,13 @@
-"""How many threads the CPU's BLAS (NumPy's matrix products) may use: ``--threads``.
+"""How many threads the CPU's BLAS (NumPy's matrix products) and the CPU kernels may use: ``--threads``.
 
 NumPy's BLAS starts one thread per core. On a machine that other jobs share, those threads
 wait for each other and a training step can be several times slower than with one thread
 (116.8 vs 18.7 ms measured on a busy 2-core machine), so the count is set and printed.
 
-The count is set at run time with ``threadpoolctl`` (the optional extra ``ksae-cupy[threads]``).
+The same count goes to the Numba kernels of :mod:`ksae_cupy.cpu.kernels` (the sparse step after
+``X W``, and the momentum update), which run between the BLAS calls, never beside them.
+
+The BLAS count is set at run time with ``threadpoolctl`` (the optional extra ``ksae-cupy[threads]``).
 Without it the BLAS keeps its own count, which only the environment can change, and only
 before Python starts: ``OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 ksae-train ...``.
 """
@@ -32,6 +35,8 @@ def set_blas_threads(threads: int | None) -> str:
     cores = usable_cores()
     if threads is not None and threads <= 0:
         raise KsaeError(f"--threads {threads} is not allowed; use a positive number of threads (this machine has {cores} cores)")
+    from ksae_cupy.cpu import kernels as cpu_kernels
+    cpu_kernels.set_threads(cores if threads is None else threads)
     try:
         from threadpoolctl import threadpool_info, threadpool_limits
     except ImportError:

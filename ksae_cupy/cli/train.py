@@ -150,8 +150,10 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
     def show():
         nonlocal progress
         if progress is None:  # the trainer exists once fit has started
-            progress = RunProgress(model.trainer_, len(data.X_train), enabled=not quiet, tty=sys.stderr.isatty(),
-                                   interval_s=progress_seconds)
+            trainer, sample_nd = model.trainer_, data.X_train[:model.trainer_.config.batch_size]
+            progress = RunProgress(trainer, len(data.X_train), enabled=not quiet, tty=sys.stderr.isatty(),
+                                   interval_s=progress_seconds,
+                                   step_cost=lambda k: trainer.step_seconds(trainer.backend.asarray(sample_nd), k))
         return progress
 
     def on_batch(done, total):

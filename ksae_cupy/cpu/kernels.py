@@ -8,6 +8,11 @@ one contiguous row per hidden unit (the ``W_dh.T`` view of a Fortran-ordered ``W
 Numba is optional (``pip install 'ksae-cupy[fast]'``). :func:`available` says whether the
 kernels run; callers keep a NumPy/SciPy path for when they do not. Kernels are compiled
 on first use, once per dtype, and cached on disk (``cache=True``) so later runs start at once.
+
+Threads: the loops run in parallel (``numba.prange``) over independent pieces (examples, or
+whole hidden units), so every output element is computed by one thread in the same order
+whatever the thread count: results are bit for bit those of one thread (tested).
+:func:`set_threads` (what ``--threads`` calls) sets the count.
 """
 from __future__ import annotations
 
@@ -31,14 +36,18 @@ def enabled() -> bool:
     return os.environ.get("KSAE_CPU_KERNELS", "1") != "0" and available()
 
 
-_FASTMATH = {}  # kernel -> the fastmath flags it is compiled with
+_OPTIONS = {}  # kernel -> the numba.njit options it is compiled with
 _COMPILED = {}  # kernel -> its Numba dispatcher, made on first use (importing Numba takes ~0.5 s)
+_threads = None  # the count set_threads asked for (None: Numba's default, one per core)
+# The kernels' parallel loops say ``prange``: plain ``range`` until Numba is imported, then
+# ``numba.prange`` (set in _compiled before the first compilation, which reads it).
+prange = range
 
 
-def _kernel(fastmath=False):
+def _kernel(fastmath=False, parallel=True):
     """Mark a loop as a kernel, compiled with ``numba.njit(cache=True)`` when first called."""
     def mark(fn):
-        _FASTMATH[fn] = fastmath
+        _OPTIONS[fn] = {"fastmath": fastmath, "parallel": parallel}
         return fn
     return mark
 
@@ -47,19 +56,55 @@ def _compiled(fn):
     if fn not in _COMPILED:
         import numba
 
-        _COMPILED[fn] = numba.njit(cache=True, fastmath=_FASTMATH[fn])(fn)
+        global prange
+        prange = numba.prange
+        if "NUMBA_THREADING_LAYER" not in os.environ:
+            # Numba's own thread pool. The OpenMP layer, between OpenBLAS calls on a 2-core machine,
+            # made a step 10-20x slower (its threads and BLAS's spin-wait for the same cores);
+            # workqueue threads sleep. It serves one calling thread at a time, as the trainer calls.
+            numba.config.THREADING_LAYER = "workqueue"
+        _apply_threads(numba)
+        _COMPILED[fn] = numba.njit(cache=True, **_OPTIONS[fn])(fn)
     return _COMPILED[fn]
 
 
+def _apply_threads(numba) -> None:
+    if _threads is not None:
+        numba.set_num_threads(min(_threads, numba.config.NUMBA_NUM_THREADS))
+
+
+def set_threads(threads: int | None) -> None:
+    """Run the kernels on ``threads`` threads (None: one per core, Numba's default).
+
+    Capped at the threads Numba started with (``NUMBA_NUM_THREADS``, one per core). Applied at
+    once if Numba is already imported, else when the first kernel is compiled.
+    """
+    global _threads
+    _threads = threads
+    import sys
+    if "numba" in sys.modules and available():
+        _apply_threads(sys.modules["numba"])
+
+
+def threads() -> int:
+    """The thread count the kernels run on now."""
+    import sys
+    if "numba" in sys.modules:
+        return sys.modules["numba"].get_num_threads()
+    return _threads if _threads is not None else (os.cpu_count() or 1)
+
+
+
+
 # Reassociation lets the compiler vectorise the dot products (and sums) below; it changes
-# only the order of a sum, i.e. float rounding, never which terms are added.
+# only the order of a sum within one row, i.e. float rounding, never which terms are added,
+# and the order is the same whatever the thread count.
 @_kernel(fastmath={"reassoc", "contract"})
-def _decode_and_backprop(W_hd, c_d, X_nd, idx_nk, val_nk, relu, batch, R_nd, dZ_nk):
+def _decode_and_backprop(W_hd, c_d, X_nd, idx_nk, val_nk, relu, batch, R_nd, dZ_nk, row_error_n):
     N, k = idx_nk.shape
     D = X_nd.shape[1]
-    squared_error = 0.0  # float64 across rows
     zero = batch - batch  # 0 in the arrays' float type (batch is N in it)
-    for n in range(N):
+    for n in prange(N):  # examples are independent: one thread owns a row of R and of dZ
         r = R_nd[n]
         x = X_nd[n]
         for d in range(D):
@@ -73,7 +118,7 @@ def _decode_and_backprop(W_hd, c_d, X_nd, idx_nk, val_nk, relu, batch, R_nd, dZ_
         row_error = zero
         for d in range(D):
             row_error += r[d] * r[d]
-        squared_error += row_error
+        row_error_n[n] = row_error
         for d in range(D):
             r[d] /= batch
         # The gradient at the kept units: R_n . (row of W), while those rows are still in cache.
@@ -86,7 +131,11 @@ def _decode_and_backprop(W_hd, c_d, X_nd, idx_nk, val_nk, relu, batch, R_nd, dZ_
             for d in range(D):
                 acc += w[d] * r[d]
             dZ_nk[n, j] = acc
-    return 0.5 * squared_error / N
+
+
+def _sum_in_order(row_error_n) -> float:
+    """Sum of the per-example errors in example order, in float64: the same whatever the threads."""
+    return float(sum(row_error_n.astype(np.float64).tolist()))
 
 
 def decode_and_backprop(W_hd, c_d, X_nd, idx_nk, val_nk, relu: bool):
@@ -94,52 +143,113 @@ def decode_and_backprop(W_hd, c_d, X_nd, idx_nk, val_nk, relu: bool):
 
     ``R_nd = (Xhat_nd - X_nd) / N`` with ``Xhat_nd = Zs W_hd + c_d``; ``loss = 0.5 / N * sum
     (Xhat - X)^2``; ``dZ_nk[n, j] = R_n . W_hd[idx_nk[n, j]]``, zero where ``relu`` clipped
-    the unit. ``N k D`` multiply-adds each for the decoder and for ``dZ``.
+    the unit. ``N k D`` multiply-adds each for the decoder and for ``dZ``; parallel over examples.
     """
     N, D = X_nd.shape
     R_nd = np.empty((N, D), dtype=X_nd.dtype)
     dZ_nk = np.empty(idx_nk.shape, dtype=X_nd.dtype)
-    loss = _compiled(_decode_and_backprop)(W_hd, c_d, np.ascontiguousarray(X_nd), idx_nk, val_nk, bool(relu),
-                                               X_nd.dtype.type(N), R_nd, dZ_nk)
-    return float(loss), R_nd, dZ_nk
+    row_error_n = np.empty(N, dtype=X_nd.dtype)
+    _compiled(_decode_and_backprop)(W_hd, c_d, np.ascontiguousarray(X_nd), idx_nk, val_nk, bool(relu),
+                                    X_nd.dtype.type(N), R_nd, dZ_nk, row_error_n)
+    return 0.5 * _sum_in_order(row_error_n) / N, R_nd, dZ_nk
+
+
+@_kernel(fastmath={"reassoc", "contract"})
+def _reconstruction_errors(W_hd, c_d, X_nd, idx_nk, val_nk, row_error_n):
+    N, k = idx_nk.shape
+    D = X_nd.shape[1]
+    for n in prange(N):
+        r = c_d - X_nd[n]  # one row's buffer per example: allocation is small beside the N k D work
+        for j in range(k):
+            w = W_hd[idx_nk[n, j]]
+            v = val_nk[n, j]
+            for d in range(D):
+                r[d] += v * w[d]
+        row_error = r[0] - r[0]
+        for d in range(D):
+            row_error += r[d] * r[d]
+        row_error_n[n] = row_error
+
+
+def reconstruction_error(W_hd, c_d, X_nd, idx_nk, val_nk) -> float:
+    """``sum_n ||Xhat_n - X_n||^2`` through the kept units only (the validation loss's sum), as a float."""
+    row_error_n = np.empty(X_nd.shape[0], dtype=X_nd.dtype)
+    _compiled(_reconstruction_errors)(W_hd, c_d, np.ascontiguousarray(X_nd), idx_nk, val_nk, row_error_n)
+    return _sum_in_order(row_error_n)
+
+
+@_kernel(parallel=False)  # N k steps: cheaper than starting threads
+def _pairs_by_unit(idx_nk, H):
+    """Counting sort of the kept (example, slot) pairs by unit: ``(start_h, pair_n, pair_j)``,
+    unit h's pairs at ``start_h[h]:start_h[h + 1]``, in increasing example order."""
+    N, k = idx_nk.shape
+    start_h = np.zeros(H + 1, dtype=np.int64)
+    for n in range(N):
+        for j in range(k):
+            start_h[idx_nk[n, j] + 1] += 1
+    for h in range(H):
+        start_h[h + 1] += start_h[h]
+    fill_h = start_h[:H].copy()
+    pair_n = np.empty(N * k, dtype=np.int64)
+    pair_j = np.empty(N * k, dtype=np.int64)
+    for n in range(N):
+        for j in range(k):
+            h = idx_nk[n, j]
+            pair_n[fill_h[h]] = n
+            pair_j[fill_h[h]] = j
+            fill_h[h] += 1
+    return start_h, pair_n, pair_j
+
+
+# Work is split over blocks of whole hidden units: one thread owns a unit's row of the
+# gradient (and of W and its velocity), so no two threads write one element and each row's
+# sum is in example order, as one thread would add it.
+_UNITS_PER_BLOCK = 8
 
 
 @_kernel(fastmath={"contract"})
-def _scatter_weight_gradient(X_nd, R_nd, idx_nk, dZ_nk, val_nk, dW_hd):
-    N, k = idx_nk.shape
-    D = X_nd.shape[1]
-    for h in range(dW_hd.shape[0]):
-        for d in range(D):
-            dW_hd[h, d] = 0
-    for n in range(N):
-        for j in range(k):
-            g = dW_hd[idx_nk[n, j]]
-            a = dZ_nk[n, j]
-            b = val_nk[n, j]
-            x = X_nd[n]
-            r = R_nd[n]
+def _scatter_weight_gradient(X_nd, R_nd, dZ_nk, val_nk, start_h, pair_n, pair_j, dW_hd):
+    H, D = dW_hd.shape
+    for block in prange((H + _UNITS_PER_BLOCK - 1) // _UNITS_PER_BLOCK):
+        for h in range(block * _UNITS_PER_BLOCK, min(H, (block + 1) * _UNITS_PER_BLOCK)):
+            g = dW_hd[h]
             for d in range(D):
-                g[d] += a * x[d] + b * r[d]
+                g[d] = 0
+            for p in range(start_h[h], start_h[h + 1]):
+                n = pair_n[p]
+                a = dZ_nk[n, pair_j[p]]
+                b = val_nk[n, pair_j[p]]
+                x = X_nd[n]
+                r = R_nd[n]
+                for d in range(D):
+                    g[d] += a * x[d] + b * r[d]
 
 
 def weight_gradient(X_nd, R_nd, idx_nk, dZ_nk, val_nk, H: int):
     """``dW_hd = dZ^T X + Zs^T R`` as a scatter of rows: unit ``idx_nk[n, j]`` gets
     ``dZ_nk[n, j] X_n + val_nk[n, j] R_n``. ``2 N k D`` multiply-adds; rows of units no row
-    kept stay zero."""
+    kept stay zero. Parallel over hidden units."""
     dW_hd = np.empty((H, X_nd.shape[1]), dtype=X_nd.dtype)
-    _compiled(_scatter_weight_gradient)(np.ascontiguousarray(X_nd), R_nd, idx_nk, dZ_nk, val_nk, dW_hd)
+    start_h, pair_n, pair_j = _compiled(_pairs_by_unit)(idx_nk, H)
+    _compiled(_scatter_weight_gradient)(np.ascontiguousarray(X_nd), R_nd, dZ_nk, val_nk, start_h, pair_n, pair_j,
+                                        dW_hd)
     return dW_hd
+
+
+_CHUNK = 16384  # elements per parallel piece of the flat momentum update
 
 
 # No fastmath here: ``m v - lr g`` then ``theta + v``, each rounded as NumPy rounds them, so
 # this update is bit for bit the NumPy one (tests/cpu/test_kernels.py checks it).
 @_kernel()
 def _momentum_update(theta, velocity, grad, momentum, lr):
-    for i in range(theta.shape[0]):
-        v = velocity[i] * momentum
-        v = v - lr * grad[i]
-        velocity[i] = v
-        theta[i] += v
+    size = theta.shape[0]
+    for chunk in prange((size + _CHUNK - 1) // _CHUNK):
+        for i in range(chunk * _CHUNK, min(size, (chunk + 1) * _CHUNK)):
+            v = velocity[i] * momentum
+            v = v - lr * grad[i]
+            velocity[i] = v
+            theta[i] += v
 
 
 def _flat_view(a):
@@ -163,55 +273,38 @@ def momentum_update(theta, velocity, grad, momentum: float, lr: float) -> bool:
     return True
 
 
-
 @_kernel(fastmath={"contract"})
-def _momentum_update_rows(W_hd, V_hd, X_nd, R_nd, idx_nk, dZ_nk, val_nk, momentum, lr):
-    N, k = idx_nk.shape
+def _momentum_update_rows(W_hd, V_hd, X_nd, R_nd, dZ_nk, val_nk, start_h, pair_n, pair_j, momentum, lr):
     H, D = W_hd.shape
-    # Counting sort of the kept (row, unit) pairs by unit: rows of one unit in increasing order,
-    # the order in which the row-by-row scatter of _scatter_weight_gradient adds them.
-    start_h = np.zeros(H + 1, dtype=np.int64)
-    for n in range(N):
-        for j in range(k):
-            start_h[idx_nk[n, j] + 1] += 1
-    for h in range(H):
-        start_h[h + 1] += start_h[h]
-    fill_h = start_h[:H].copy()
-    pair_n = np.empty(N * k, dtype=np.int64)
-    pair_j = np.empty(N * k, dtype=np.int64)
-    for n in range(N):
-        for j in range(k):
-            h = idx_nk[n, j]
-            pair_n[fill_h[h]] = n
-            pair_j[fill_h[h]] = j
-            fill_h[h] += 1
-    g = np.empty(D, dtype=W_hd.dtype)
-    for h in range(H):
-        w = W_hd[h]
-        v = V_hd[h]
-        for d in range(D):
-            g[d] = 0
-        for p in range(start_h[h], start_h[h + 1]):
-            n = pair_n[p]
-            a = dZ_nk[n, pair_j[p]]
-            b = val_nk[n, pair_j[p]]
-            x = X_nd[n]
-            r = R_nd[n]
+    for block in prange((H + _UNITS_PER_BLOCK - 1) // _UNITS_PER_BLOCK):
+        g = np.empty(D, dtype=W_hd.dtype)  # this thread's gradient row, kept in cache
+        for h in range(block * _UNITS_PER_BLOCK, min(H, (block + 1) * _UNITS_PER_BLOCK)):
+            w = W_hd[h]
+            v = V_hd[h]
             for d in range(D):
-                g[d] += a * x[d] + b * r[d]
-        for d in range(D):
-            step = v[d] * momentum
-            step = step - lr * g[d]
-            v[d] = step
-            w[d] += step
+                g[d] = 0
+            for p in range(start_h[h], start_h[h + 1]):
+                n = pair_n[p]
+                a = dZ_nk[n, pair_j[p]]
+                b = val_nk[n, pair_j[p]]
+                x = X_nd[n]
+                r = R_nd[n]
+                for d in range(D):
+                    g[d] += a * x[d] + b * r[d]
+            for d in range(D):
+                step = v[d] * momentum
+                step = step - lr * g[d]
+                v[d] = step
+                w[d] += step
 
 
 def momentum_update_rows(W_hd, V_hd, X_nd, R_nd, idx_nk, dZ_nk, val_nk, momentum: float, lr: float) -> None:
     """The momentum update of ``W_hd`` (velocity ``V_hd``) by the gradient
     :func:`weight_gradient` would build, without building it: one pass over the rows of ``W``
     and ``V``, each unit's gradient row summed in a buffer that stays in cache. In place; the
-    same arithmetic as :func:`weight_gradient` followed by :func:`momentum_update`."""
+    same arithmetic as :func:`weight_gradient` followed by :func:`momentum_update`. Parallel over
+    hidden units."""
     scalar = W_hd.dtype.type
-    _compiled(_momentum_update_rows)(W_hd, V_hd, np.ascontiguousarray(X_nd), R_nd, idx_nk, dZ_nk, val_nk,
-                                     scalar(momentum), scalar(lr))
-
+    start_h, pair_n, pair_j = _compiled(_pairs_by_unit)(idx_nk, W_hd.shape[0])
+    _compiled(_momentum_update_rows)(W_hd, V_hd, np.ascontiguousarray(X_nd), R_nd, dZ_nk, val_nk,
+                                     start_h, pair_n, pair_j, scalar(momentum), scalar(lr))

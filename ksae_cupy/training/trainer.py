@@ -21,6 +21,7 @@ import numpy as np
 
 from ksae_cupy import model
 from ksae_cupy.backend import Backend, to_host
+from ksae_cupy.cpu import kernels as cpu_kernels
 from ksae_cupy.training.checkpoint import Checkpoint
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.training.options import check_batch_size, check_dtype, check_momentum, check_positive_count, check_positive_finite
@@ -103,7 +104,10 @@ class EpochReport:
     valid_loss: float | None
     dead_fraction: float  # hidden units kept by no example during the epoch
     samples_per_s: float
-    seconds: float
+    seconds: float  # the epoch's batches (the steps and what feeds them), without the validation pass
+    # Seconds of the epoch's parts: "shuffle" (the permutation), "batches" (gathering each batch's
+    # rows), "steps" (forward and backward), "updates" (momentum SGD), "validation".
+    parts: dict = dataclasses.field(default_factory=dict)
 
 
 class Trainer:
@@ -162,6 +166,9 @@ class Trainer:
         (where they communicate) and :meth:`_dead_fraction`.
         """
         cfg, xp = self.config, self.backend.xp
+        clock = time.perf_counter
+        parts = dict.fromkeys(("shuffle", "batches", "steps", "updates", "validation"), 0.0)
+        start = clock()
         N = X_train_nd.shape[0]
         k = self.current_k()
         if self.epoch_perm is None:
@@ -172,15 +179,21 @@ class Trainer:
         # One count per hidden unit held here (all of them, or this rank's block).
         kept_count_h = xp.zeros(self.params["b_h"].shape[0], dtype=np.int64)
         loss_sum, loss_batches = 0.0, 0
-        start = time.perf_counter()
         first_batch = self.batch_in_epoch
+        parts["shuffle"] = clock() - start
         for b in range(first_batch, n_batches):
-            X_nd = X_train_nd[order[b * cfg.batch_size:(b + 1) * cfg.batch_size]]
+            t0 = clock()
+            X_nd = X_train_nd[order[b * cfg.batch_size:(b + 1) * cfg.batch_size]]  # a copy of this batch's rows only
+            t1 = clock()
             loss, grads, kept_h = self._batch_gradients(X_nd, k)
             if not math.isfinite(loss):
                 raise TrainingDiverged(f"the loss became {loss} at epoch {self.epoch + 1}, step {self.step + 1}; "
                                        f"nothing was saved after the last good checkpoint; try a smaller --lr (now {cfg.lr})")
+            t2 = clock()
             self.optimizer.step(self.params, grads, cfg.lr)
+            parts["batches"] += t1 - t0
+            parts["steps"] += t2 - t1
+            parts["updates"] += clock() - t2  # on a GPU the parts are launch times until the synchronize below
             kept_count_h += kept_h
             loss_sum += loss
             loss_batches += 1
@@ -191,18 +204,22 @@ class Trainer:
             if self.stop_requested and b + 1 < n_batches:
                 return None
         self.backend.synchronize()
-        seconds = time.perf_counter() - start
+        seconds = clock() - start
         samples = min(N, n_batches * cfg.batch_size) - first_batch * cfg.batch_size
         self.epoch += 1
         self.batch_in_epoch, self.epoch_perm = 0, None
+        t0 = clock()
+        valid_loss = self.evaluate_loss(X_valid_nd, k) if X_valid_nd is not None else None
+        parts["validation"] = clock() - t0
         return EpochReport(
             epoch=self.epoch, step=self.step, k=k, lr=cfg.lr,
             train_loss=loss_sum / max(loss_batches, 1),
-            valid_loss=self.evaluate_loss(X_valid_nd, k) if X_valid_nd is not None else None,
+            valid_loss=valid_loss,
             # Resumed mid-epoch, units kept before the interruption are not counted here.
             dead_fraction=self._dead_fraction(kept_count_h),
             samples_per_s=samples / seconds if seconds > 0 else float("inf"),
             seconds=seconds,
+            parts={name: round(value, 4) for name, value in parts.items()},
         )
 
     def _batch_gradients(self, X_nd, k: int):
@@ -215,6 +232,23 @@ class Trainer:
         kept_h = self.backend.xp.bincount(cache.idx_nk.ravel(), minlength=self.config.hidden)
         return loss, grads, kept_h
 
+    def step_seconds(self, X_nd, k: int, steps: int = 5) -> float:
+        """Median seconds of one training step (gradients and momentum update) at ``k`` on the
+        batch ``X_nd``, taken on scratch copies: the run's parameters and velocities are untouched.
+        The progress estimate calls it to learn how a step's cost changes with k."""
+        params = {name: value.copy(order="K") for name, value in self.params.items()}
+        optimizer = MomentumSGD(params, self.config.momentum, self.backend.xp)
+        step = loss_and_grads_for(self.config.step, k, self.config.hidden)
+        options = {"defer_weight_gradient": True} if step is loss_and_grads_sparse else {}
+        times = []
+        for _ in range(steps + 1):  # the first call may compile or warm caches: not counted
+            start = time.perf_counter()
+            _, grads, _ = step(params, X_nd, k, self.config.topk, self.config.activation, **options)
+            optimizer.step(params, grads, self.config.lr)
+            self.backend.synchronize()
+            times.append(time.perf_counter() - start)
+        return float(np.median(times[1:]))
+
     def _dead_fraction(self, kept_count_h) -> float:
         """The fraction of hidden units that no example kept during the epoch."""
         return float(to_host((kept_count_h == 0).mean()))
@@ -222,12 +256,22 @@ class Trainer:
     def evaluate_loss(self, X_nd, k: int | None = None, chunk: int = 4096) -> float:
         """Mean of 0.5 ||x - xhat||^2 per example over ``X_nd``, with ``k`` kept units."""
         k = self.config.k if k is None else k
+        xp = self.backend.xp
+        # On the CPU kernels, decode through the k kept rows of W only (as the sparse step does):
+        # the dense decoder would cost as much as the encoder product again.
+        sparse_decoder = xp is np and cpu_kernels.enabled()
+        W_hd = np.ascontiguousarray(self.params["W_dh"].T) if sparse_decoder else None
         total = 0.0
         for start in range(0, X_nd.shape[0], chunk):
             X_chunk = X_nd[start:start + chunk]
+            if sparse_decoder:
+                Z_nh = model.hidden_preactivations(self.params, X_chunk)
+                idx_nk, val_nk = model.select_units(Z_nh, k, self.config.topk, self.config.activation)
+                total += 0.5 * cpu_kernels.reconstruction_error(W_hd, self.params["c_d"], X_chunk, idx_nk, val_nk)
+                continue
             Xhat, _ = model.forward(self.params, X_chunk, k, self.config.topk, self.config.activation)
             R = Xhat - X_chunk
-            total += 0.5 * float(self.backend.xp.vdot(R, R))
+            total += 0.5 * float(xp.vdot(R, R))
         return total / X_nd.shape[0]
 
     def checkpoint(self, preprocess: dict | None = None) -> Checkpoint:

@@ -125,3 +125,64 @@ def test_the_trainer_path_with_the_gradient_in_parts_equals_the_array_path():
     _, grads, _ = loss_and_grads_sparse(params, batches[0], 5, defer_weight_gradient=True)
     _, dense, _ = loss_and_grads_sparse(params, batches[0], 5)
     np.testing.assert_array_equal(np.asarray(grads["W_dh"]), dense["W_dh"])
+
+
+def test_reconstruction_error_is_the_dense_squared_error():
+    W_hd, c_d, X_nd, idx_nk, val_nk = _problem(11, 13, 40, 5, seed=11)
+    R_nd = model.scatter_rows(idx_nk, val_nk, 40) @ W_hd + c_d - X_nd
+    assert kernels.reconstruction_error(W_hd, c_d, X_nd, idx_nk, val_nk) == pytest.approx(np.sum(R_nd ** 2), rel=1e-12)
+
+
+def _every_kernel(dtype):
+    """Run each parallel kernel once on fresh copies of one problem; every output, by name."""
+    W_hd, c_d, X_nd, idx_nk, val_nk = _problem(130, 57, 300, 9, seed=12, dtype=dtype)
+    loss, R_nd, dZ_nk = kernels.decode_and_backprop(W_hd, c_d, X_nd, idx_nk, val_nk, False)
+    W_rows, V_rows = W_hd.copy(), np.ones_like(W_hd)
+    kernels.momentum_update_rows(W_rows, V_rows, X_nd, R_nd, idx_nk, dZ_nk, val_nk, 0.9, 0.01)
+    theta, velocity = W_hd.copy(), np.ones_like(W_hd)
+    kernels.momentum_update(theta, velocity, W_hd[::-1].copy(), 0.9, 0.01)
+    return {"loss": np.array(loss), "R": R_nd, "dZ": dZ_nk, "dW": kernels.weight_gradient(X_nd, R_nd, idx_nk, dZ_nk, val_nk, 300),
+            "W rows": W_rows, "V rows": V_rows, "theta": theta, "velocity": velocity,
+            "error": np.array(kernels.reconstruction_error(W_hd, c_d, X_nd, idx_nk, val_nk))}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_kernels_give_the_same_bits_on_one_thread_and_on_every_core(dtype):
+    import numba
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip(f"Numba has {numba.config.NUMBA_NUM_THREADS} thread on this machine: nothing to compare")
+    try:
+        kernels.set_threads(1)
+        one = _every_kernel(dtype)
+        assert kernels.threads() == 1
+        kernels.set_threads(numba.config.NUMBA_NUM_THREADS)
+        assert kernels.threads() == numba.config.NUMBA_NUM_THREADS
+        many = _every_kernel(dtype)
+    finally:
+        kernels.set_threads(None)
+    for name in one:
+        np.testing.assert_array_equal(many[name], one[name], err_msg=name)
+
+
+def test_a_training_run_is_bit_identical_whatever_the_thread_count():
+    import numba
+    from ksae_cupy.backend import resolve_device
+    from ksae_cupy.training.trainer import TrainConfig, Trainer
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip(f"Numba has {numba.config.NUMBA_NUM_THREADS} thread on this machine: nothing to compare")
+    X_nd = np.random.default_rng(13).random((300, 40), dtype=np.float32)
+    results = []
+    try:
+        for threads in (1, numba.config.NUMBA_NUM_THREADS):
+            kernels.set_threads(threads)
+            trainer = Trainer(TrainConfig(hidden=80, k=6, k_start=12, epochs=2, batch_size=32, step="sparse"),
+                              resolve_device("cpu"), D=40)
+            reports = [trainer.run_epoch(X_nd, X_nd[:64]) for _ in range(2)]
+            results.append((trainer.params, [(r.train_loss, r.valid_loss) for r in reports]))
+    finally:
+        kernels.set_threads(None)
+    (params_one, losses_one), (params_many, losses_many) = results
+    assert losses_one == losses_many
+    for name in model.PARAM_NAMES:
+        np.testing.assert_array_equal(params_many[name], params_one[name], err_msg=name)

@@ -244,3 +244,42 @@ def test_one_epoch_with_a_k_schedule_says_it_trains_at_k(data_file, tmp_path):
     assert "never reach k 3; training with k 3 from the start" in result.stdout
     assert epochs_logged(tmp_path / "run") == [1]
     assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text())["k"] == 3
+
+
+def test_eta_weighs_each_epochs_steps_by_the_cost_of_its_k():
+    """Under the k schedule a step at k 100 costs more than one at k 25: after an epoch at k 100 the
+    estimate counts the later epochs at their own cost, measured by step_cost and linear in k."""
+    class FakeTrainer:
+        config = TrainConfig(epochs=4, batch_size=100, k=25, k_start=100)  # k: 100, 62, 25, 25
+        epoch, step, batch_in_epoch, finished = 1, 10, 0, False
+
+    measured = []
+
+    def step_cost(k):  # 1 s a step at k 100, 0.5 s at k 25
+        measured.append(k)
+        return 0.5 + 0.5 * (k - 25) / 75
+
+    now = [10.0]  # epoch 1 (k 100): 10 steps in 10 s
+    progress = RunProgress(FakeTrainer(), n_train=1000, enabled=True, tty=False, clock=lambda: now[0], echo=None,
+                           step_cost=step_cost)
+    progress.started, progress.step_at_start = 0.0, 0
+    assert progress._epoch_k(1) == 62
+    cost_62 = 0.5 + 0.5 * (62 - 25) / 75
+    assert progress.seconds_left() == pytest.approx(10 * cost_62 + 10 * 0.5 + 10 * 0.5)
+    assert sorted(measured) == [25, 100]  # two measurements, whatever the number of epochs
+
+
+def test_the_epoch_report_times_its_parts_and_validates_through_the_kept_units(monkeypatch):
+    from ksae_cupy.backend import resolve_device
+    from ksae_cupy.training.trainer import Trainer
+
+    X_nd = np.random.default_rng(3).random((200, 30), dtype=np.float32)
+    trainer = Trainer(TrainConfig(hidden=60, k=5, k_start=None, epochs=1, batch_size=50), resolve_device("cpu"), D=30)
+    report = trainer.run_epoch(X_nd, X_nd[:70])
+    assert set(report.parts) == {"shuffle", "batches", "steps", "updates", "validation"}
+    assert all(seconds >= 0 for seconds in report.parts.values())
+    assert report.parts["steps"] + report.parts["updates"] <= report.seconds
+    # The validation loss through the kept rows of W equals the dense decoder's, to float32 rounding.
+    sparse = trainer.evaluate_loss(X_nd, 5)
+    monkeypatch.setenv("KSAE_CPU_KERNELS", "0")
+    assert trainer.evaluate_loss(X_nd, 5) == pytest.approx(sparse, rel=1e-5)
