@@ -21,11 +21,14 @@ from ksae_cupy.errors import KsaeError
               help="Data the classifier is refit on once alpha and L2 are chosen on the validation set.")
 @click.option("--raw-baseline", is_flag=True, help="Also run the raw-pixel baseline through the same classifier.")
 @click.option("--max-iter", type=int, default=500, help="L-BFGS iterations per classifier fit (at most).")
+@click.option("--linear-svm", is_flag=True,
+              help="Also bracket the classifier: a linear SVM (C chosen on validation) at the chosen alpha, fit on "
+                   "the training set and refit on training + validation (needs scikit-learn).")
 @DEVICE
 @DATA_DIR
 @QUIET
 @report_errors
-def eval_command(run_dir, alphas, l2_text, refit, raw_baseline, max_iter, device, data_dir, quiet):
+def eval_command(run_dir, alphas, l2_text, refit, raw_baseline, max_iter, linear_svm, device, data_dir, quiet):
     """Classify with logistic regression on supp_{alpha k}(W^T x + b) features (paper, section 4.5).
 
     For every alpha and L2 the classifier is fit on the training set and judged on the
@@ -41,10 +44,13 @@ def eval_command(run_dir, alphas, l2_text, refit, raw_baseline, max_iter, device
     from ksae_cupy.evaluation.features import evaluate_run, markdown_report, parse_alphas, parse_l2
 
     alpha_list, l2_list = parse_alphas(alphas), parse_l2(l2_text)
+    if linear_svm:
+        from ksae_cupy.evaluation.compare import require_sklearn
+        require_sklearn()  # before any work
     if max_iter < 1:
         raise KsaeError(f"--max-iter {max_iter} is not allowed; use a positive number")
     backend = resolve_device(device)
     result = evaluate_run(run_dir, alpha_list, l2_list, refit=refit, raw_baseline=raw_baseline, backend=backend,
-                          data_root=data_dir, max_iter=max_iter, log=progress_printer(quiet))
+                          data_root=data_dir, max_iter=max_iter, linear_svm=linear_svm, log=progress_printer(quiet))
     click.echo(markdown_report(result), nl=False)
     click.echo(f"wrote {Path(run_dir) / 'eval.json'} and {Path(run_dir) / 'eval.md'}", err=True)

@@ -28,7 +28,7 @@ def require_sklearn():
     try:
         import sklearn  # noqa: F401
     except ImportError:
-        raise KsaeError("the comparison needs scikit-learn: pip install ksae-cupy[compare]") from None
+        raise KsaeError("this needs scikit-learn: pip install 'ksae-cupy[compare]'") from None
 
 
 def _csr(codes):

@@ -234,10 +234,11 @@ def load_run_dataset(run: Run, data_root=None, log=print):
 
 def evaluate_run(run_dir, alphas=DEFAULT_ALPHAS, l2_grid=DEFAULT_L2, refit: str = "train+valid",
                  raw_baseline: bool = False, backend: Backend = CPU, dataset=None, data_root=None,
-                 max_iter: int = 500, log=print) -> dict:
+                 max_iter: int = 500, linear_svm: bool = False, log=print) -> dict:
     """Evaluate the checkpoint of ``run_dir``; write ``eval.json`` and ``eval.md`` there.
 
     ``dataset`` defaults to the run's own (named in ``config.json``), loaded from ``data_root``.
+    ``linear_svm`` adds the classifier bracketing rows of :mod:`ksae_cupy.evaluation.svm`.
     """
     run = open_run(run_dir)
     run_dir, ckpt, k, H = run.path, run.ckpt, run.k, run.H
@@ -261,6 +262,10 @@ def evaluate_run(run_dir, alphas=DEFAULT_ALPHAS, l2_grid=DEFAULT_L2, refit: str 
         "device": backend.name, "alphas": list(alphas), "l2_grid": sorted(l2_grid, reverse=True),
         "features": select_and_test(encode, dataset, alphas, l2_grid, refit, max_iter, backend, log),
     }
+    if linear_svm:
+        from ksae_cupy.evaluation.svm import linear_svm_rows
+        log("classifier bracketing: a linear SVM on the chosen alpha's features")
+        result["linear_svm"] = linear_svm_rows(encode, dataset, result["features"]["selected"]["alpha"], log=log)
     if raw_baseline:
         log("raw-pixel baseline through the same classifier")
         result["raw_baseline"] = select_and_test(lambda alpha, X_nd: backend.asarray(X_nd), dataset, [None],
@@ -295,6 +300,13 @@ def markdown_report(result: dict) -> str:
         raw_paper = PAPER_MNIST_ERRORS["raw"] if result["dataset"] == "mnist" else None
         lines.append(f"| raw pixels | - | {raw['selected']['l2']:g} | {_pct(raw['selected']['valid_error'])} | "
                      f"{_pct(raw['test_error'])} | {_pct(raw_paper) if raw_paper else '-'} |")
+    svm = result.get("linear_svm")
+    if svm:
+        lines.append(f"| same features, linear SVM (C {svm['selected_C']:g}), fit on {svm['n_train']:,} | "
+                     f"{_fmt_alpha(svm['alpha'])} | - | {_pct(svm['valid_error'])} | "
+                     f"{_pct(svm['test_error_fit_on_train'])} | - |")
+        lines.append(f"| same features, linear SVM (C {svm['selected_C']:g}), refit on {svm['n_train_valid']:,} | "
+                     f"{_fmt_alpha(svm['alpha'])} | - | - | {_pct(svm['test_error_refit_on_train_valid'])} | - |")
     lines += ["", "Every setting tried (classifier fit on the training set only):", "",
               "| features | alpha | L2 | valid error | train error | L-BFGS iterations | converged |",
               "|---|---|---|---|---|---|---|"]

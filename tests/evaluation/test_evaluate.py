@@ -79,3 +79,31 @@ def test_alpha_times_k_above_hidden_is_refused_before_any_work(tmp_path):
 def test_bad_grids_are_user_errors(text, parser):
     with pytest.raises(KsaeError):
         parser(text)
+
+
+def test_linear_svm_rows_choose_C_on_validation_and_refit_on_train_and_valid(tmp_path):
+    pytest.importorskip("sklearn", reason="the linear SVM rows need scikit-learn (the compare extra)")
+    from ksae_cupy.evaluation.svm import linear_svm_rows
+
+    data, W_dh = sparse_signal_dataset(n_train=800, n_valid=200, n_test=200)
+    run = make_run(tmp_path / "run", W_dh, k=5)
+    result = evaluate.evaluate_run(run, alphas=[1, 2], l2_grid=[1e-3], linear_svm=True, dataset=data,
+                                   log=lambda *_: None)
+    svm = result["linear_svm"]
+    assert svm["alpha"] == result["features"]["selected"]["alpha"]
+    assert svm["valid_error"] == min(t["valid_error"] for t in svm["trials"])
+    assert svm["selected_C"] == next(t["C"] for t in svm["trials"] if t["valid_error"] == svm["valid_error"])
+    assert (svm["n_train"], svm["n_train_valid"]) == (800, 1000)
+    assert svm["test_error_fit_on_train"] < 0.6 and svm["test_error_refit_on_train_valid"] < 0.6  # chance: 0.75
+    report = (tmp_path / "run" / "eval.md").read_text()
+    assert "linear SVM" in report and "refit on 1,000" in report
+    # The choice of C never reads the test labels.
+    params = {"W_dh": W_dh.astype(np.float32), "b_h": np.zeros(W_dh.shape[1], np.float32),
+              "c_d": np.zeros(W_dh.shape[0], np.float32)}
+    encode = lambda alpha, X: evaluate.sparse_features(params, X, 5, alpha)  # noqa: E731
+    clean = linear_svm_rows(encode, data, 1.0, log=lambda *_: None)
+    data.y_test = (data.y_test + 1) % 4
+    poisoned = linear_svm_rows(encode, data, 1.0, log=lambda *_: None)
+    assert poisoned["selected_C"] == clean["selected_C"] and poisoned["trials"] == [
+        dict(t, seconds=p["seconds"]) for t, p in zip(clean["trials"], poisoned["trials"])]
+    assert poisoned["test_error_fit_on_train"] > clean["test_error_fit_on_train"] + 0.2
