@@ -1,4 +1,5 @@
-"""``ksae-bench train``: the dense step, the sparse step, PyTorch, and the encoder product alone.
+"""``ksae-bench train``: the dense step, the sparse step, PyTorch, and the encoder product alone;
+and, with ``--epoch-k``, whole epochs and their parts.
 
 One step on MNIST shapes (N=128, D=784, H=1000, k=25). The dense step
 (:func:`ksae_cupy.model.loss_and_grads`) does five dense products' worth of work; the sparse
@@ -93,14 +94,62 @@ def _cpu_kernels_setting(setting: str | None):
 
 
 def _thread_limit(threads: int | None):
-    """A context limiting BLAS threads (threadpoolctl, when installed); and whether it applies."""
+    """A context limiting BLAS threads (threadpoolctl, when installed); and whether it applies.
+    The CPU kernels get the same count (as ``--threads`` gives them in training)."""
     if threads is None:
         return contextlib.nullcontext(), False
+    cpu_kernels.set_threads(threads)
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:
         return contextlib.nullcontext(), False
     return threadpool_limits(limits=threads), True
+
+
+def time_epoch(backend, D: int, H: int, k: int, batch_size: int, topk_method: str, n_train: int = 50_000,
+               n_valid: int = 10_000, log=print) -> dict:
+    """One training epoch as ``ksae-train`` runs it, on MNIST-shaped uniform random data, with its parts.
+
+    The trainer's own part timings (shuffle, batch gathering, steps, updates, validation pass), then
+    what the command adds per epoch: a metrics line, and a checkpoint (every 10 epochs by default).
+    Random data costs what MNIST costs: every part's work depends on the shapes and k, not the values.
+    """
+    import tempfile
+    from pathlib import Path
+
+    from ksae_cupy.training.checkpoint import save_checkpoint
+    from ksae_cupy.training.runs import RunFolder
+    from ksae_cupy.training.trainer import TrainConfig, Trainer
+
+    rng = np.random.default_rng(0)
+
+    def mnist_like(n):  # about MNIST's 19% of non-zero pixels in [0, 1]
+        return (rng.random((n, D), dtype=np.float32) * (rng.random((n, D)) < 0.19)).astype(np.float32)
+
+    X_train, X_valid = backend.asarray(mnist_like(n_train)), backend.asarray(mnist_like(n_valid))
+    # A small rate keeps random data from diverging; the rate does not change a step's work.
+    trainer = Trainer(TrainConfig(hidden=H, k=k, k_start=None, epochs=2, batch_size=batch_size, topk=topk_method,
+                                  lr=1e-3), backend, D)
+    trainer.run_epoch(X_train[:4 * batch_size], X_valid[:batch_size])  # compiles the kernels; not timed
+    trainer.epoch = 0
+    start = time.perf_counter()
+    report = trainer.run_epoch(X_train, X_valid)
+    total = time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = RunFolder(Path(tmp) / "run")
+        folder.create(log=lambda *_: None)
+        t0 = time.perf_counter()
+        folder.append_metrics(report)
+        t1 = time.perf_counter()
+        save_checkpoint(Path(tmp) / "checkpoint.h5", trainer.checkpoint())
+        t2 = time.perf_counter()
+    parts = dict(report.parts, metrics_line=round(t1 - t0, 4), checkpoint=round(t2 - t1, 4))
+    result = {"k": k, "n_train": n_train, "n_valid": n_valid, "epoch_s": round(total, 3),
+              "epoch_with_checkpoint_every_10_s": round(total + parts["metrics_line"] + parts["checkpoint"] / 10, 3),
+              "steps_s": round(report.parts["steps"] + report.parts["updates"], 3), "parts_s": parts}
+    log(f"epoch at k={k}: {total:.2f} s (steps and updates {result['steps_s']:.2f} s); parts: "
+        + ", ".join(f"{name} {value:.3f}" for name, value in parts.items()))
+    return result
 
 
 def _torch_step(D: int, H: int, k: int, batch_size: int, threads: int | None, batches_np, params_np):
@@ -195,24 +244,28 @@ def _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, thread
 
 
 def bench_train_step(backend, D=784, H=1000, k=25, batch_size=128, topk_method="sort", repeats=7, steps=50,
-                     threads: int | None = 1, k_sweep=(), with_torch: bool = True, log=print) -> dict:
-    """Dense step, sparse step, PyTorch and ``X W`` alone at ``k`` (and each k of ``k_sweep``)."""
+                     threads: int | None = 1, k_sweep=(), with_torch: bool = True, epoch_ks=(), log=print) -> dict:
+    """Dense step, sparse step, PyTorch and ``X W`` alone at ``k`` (and each k of ``k_sweep``);
+    then, for each k of ``epoch_ks``, a whole MNIST-sized epoch and its parts (:func:`time_epoch`)."""
     limit, limited = _thread_limit(threads)
     with backend.use(), limit:
         log(f"threads: {threads if limited else 'not limited (threadpoolctl missing)'} for every contender")
         main = _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, threads, with_torch, log)
         sweep = [_time_at_k(backend, D, H, kk, batch_size, topk_method, repeats, steps, threads, with_torch, log)
                  for kk in k_sweep]
+        epochs = [time_epoch(backend, D, H, kk, batch_size, topk_method, log=log) for kk in epoch_ks]
     result = {
         "benchmark": "train-step",
         "shape": {"N": batch_size, "D": D, "H": H, "k": k},
         "topk": topk_method,
         "threads": threads if limited else None,
+        "cpu_kernel_threads": cpu_kernels.threads() if cpu_kernels.enabled() else None,
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         **main,
         "epoch_s_mnist": {name: 50_000 / batch_size * value / 1e3 for name, value in main["ms"].items()},
         "k_sweep": sweep,
         "sparse_stops_winning_at_k": next((r["k"] for r in sweep if r["ratios"]["dense_over_sparse"] < 1), None),
+        "epochs": epochs,
         "repeats": repeats, "steps_per_repeat": steps,
         "meta": run_metadata(backend),
     }

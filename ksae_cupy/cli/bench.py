@@ -30,9 +30,11 @@ def bench_command():
 @click.option("--threads", type=int, default=1, help="BLAS and torch threads for every contender (CPU).")
 @click.option("--k-sweep", default="", help="Comma-separated k values to time too, e.g. 10,25,40,70,100,250 (CPU).")
 @click.option("--no-torch", is_flag=True, help="Leave the PyTorch step out even when torch imports.")
+@click.option("--epoch-k", default="",
+              help="Comma-separated k values at which to time a whole 50,000-image epoch and its parts, e.g. 100,25 (CPU).")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Results folder. [default: benchmarks/results]")
 @report_errors
-def bench_train(device, hidden, dim, k, batch_size, topk, repeats, steps, threads, k_sweep, no_torch, out):
+def bench_train(device, hidden, dim, k, batch_size, topk, repeats, steps, threads, k_sweep, no_torch, epoch_k, out):
     """Dense step, sparse step, PyTorch and the encoder product X W alone, on MNIST shapes."""
     from ksae_cupy.backend import resolve_device
     from ksae_cupy.bench.train_cpu import bench_train_step
@@ -45,7 +47,8 @@ def bench_train(device, hidden, dim, k, batch_size, topk, repeats, steps, thread
         if value <= 0:
             raise KsaeError(f"{flag} {value} is not allowed; use a positive number")
     sweep = positive_ints(k_sweep, "--k-sweep") if k_sweep else []
-    for kk in [k, *sweep]:
+    epoch_ks = positive_ints(epoch_k, "--epoch-k") if epoch_k else []
+    for kk in [k, *sweep, *epoch_ks]:
         if not 1 <= kk <= hidden:
             raise KsaeError(f"k {kk} is not allowed; use 1 <= k <= hidden ({hidden})")
     check_writable_folder(out or RESULTS_DIR, "--out")
@@ -60,7 +63,7 @@ def bench_train(device, hidden, dim, k, batch_size, topk, repeats, steps, thread
         return
     result = bench_train_step(backend, D=dim, H=hidden, k=k, batch_size=batch_size, topk_method=topk,
                               repeats=repeats, steps=steps, threads=threads, k_sweep=sweep,
-                              with_torch=not no_torch, log=click.echo)
+                              with_torch=not no_torch, epoch_ks=epoch_ks, log=click.echo)
     path = write_results(f"train-{backend.name.replace(':', '')}", result, out)
     click.echo(f"results: {path}")
 

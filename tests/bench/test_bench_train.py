@@ -29,3 +29,24 @@ def test_bench_train_times_dense_sparse_and_encoder_and_writes_json(tmp_path):
 def test_bench_train_rejects_k_above_hidden():
     result = CliRunner().invoke(bench_command, ["train", "--device", "cpu", "--hidden", "40", "--k-sweep", "10,50"])
     assert_one_line_error(result, "k 50 is not allowed")
+
+
+def test_bench_train_times_a_whole_epoch_and_its_parts(tmp_path):
+    result = CliRunner().invoke(bench_command, ["train", "--device", "cpu", "--hidden", "40", "--dim", "30",
+                                                "--k", "4", "--batch-size", "64", "--repeats", "1", "--steps", "1",
+                                                "--no-torch", "--epoch-k", "8,4", "--threads", "2",
+                                                "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    (path,) = tmp_path.glob("train-cpu-*.json")
+    data = json.loads(path.read_text())
+    assert [e["k"] for e in data["epochs"]] == [8, 4]
+    for epoch in data["epochs"]:
+        assert epoch["n_train"] == 50_000
+        assert set(epoch["parts_s"]) == {"shuffle", "batches", "steps", "updates", "validation", "metrics_line",
+                                         "checkpoint"}
+        assert 0 < epoch["steps_s"] <= epoch["epoch_s"]
+    assert data["threads"] == 2
+    if cpu_kernels.enabled():
+        import numba
+        assert data["cpu_kernel_threads"] == min(2, numba.config.NUMBA_NUM_THREADS)
+    cpu_kernels.set_threads(None)
