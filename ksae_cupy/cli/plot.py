@@ -1,4 +1,5 @@
-"""``ksae-plot``: the paper's figures from trained runs (filters, hidden-activity histograms)."""
+"""``ksae-plot``: the paper's figures from trained runs (filters, hidden-activity histograms) and
+a run's training curves."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -97,3 +98,24 @@ def plot_hist(run_dirs, output, n_samples, split, alpha, bins, data_dir, quiet):
         say(f"encoded {len(X_nd)} {split} rows with {label}")
     save_activity_histograms(activities, output, bins=bins)
     click.echo(f"wrote {output}")
+
+
+@plot_command.command("curves", context_settings=CONTEXT)
+@click.argument("run_dir", type=RUN_DIR)
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Image file; its suffix picks the format. [default: RUN_DIR/curves.png]")
+@report_errors
+def plot_curves(run_dir, output):
+    """Training and validation loss and k over the epochs of a run (from its metrics.jsonl)."""
+    from ksae_cupy.evaluation.plots import check_image_output, require_matplotlib, save_training_curves
+    from ksae_cupy.training.runs import RunFolder
+
+    require_matplotlib()
+    output = output or Path(run_dir) / "curves.png"
+    check_image_output(output)
+    metrics = RunFolder(run_dir).read_metrics()
+    last = metrics[-1] if metrics else None
+    title = (f"{Path(run_dir).name}: {last['epoch']} epochs, k {metrics[0]['k']} -> {last['k']}, "
+             f"valid loss {last['valid_loss']:.4f}" if last and last.get("valid_loss") is not None else "")
+    width, height = save_training_curves(metrics, output, title=title)
+    click.echo(f"wrote {output} ({width}x{height} pixels, {len(metrics)} epochs)")

@@ -146,6 +146,39 @@ def save_activity_histograms(activities: dict, path, bins: int = 100, size=(800,
     return size[0], size[1]
 
 
+def save_training_curves(metrics: list[dict], path, title: str = "", size=(900, 500), dpi: int = 100) -> tuple[int, int]:
+    """Training and validation loss (log scale, left axis) and k (right axis) over epochs, from a
+    run's ``metrics.jsonl`` records. Returns (width, height)."""
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if not metrics:
+        raise KsaeError("the run has no epochs logged in metrics.jsonl yet; nothing to draw")
+    epochs = [m["epoch"] for m in metrics]
+    fig = Figure(figsize=(size[0] / dpi, size[1] / dpi), dpi=dpi)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.plot(epochs, [m["train_loss"] for m in metrics], label="training loss", linewidth=1.2)
+    valid = [(m["epoch"], m["valid_loss"]) for m in metrics if m.get("valid_loss") is not None]
+    if valid:
+        ax.plot(*zip(*valid), label="validation loss", linewidth=1.2)
+    ax.set_yscale("log")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("0.5 ||x - xhat||^2 per example")
+    k_axis = ax.twinx()
+    k_axis.plot(epochs, [m["k"] for m in metrics], color="grey", linestyle="--", linewidth=1, label="k")
+    k_axis.set_ylabel("k (units kept in training)")
+    k_axis.set_ylim(bottom=0)
+    lines, labels = ax.get_legend_handles_labels()
+    more_lines, more_labels = k_axis.get_legend_handles_labels()
+    ax.legend(lines + more_lines, labels + more_labels, fontsize="small", loc="upper right")
+    ax.set_title(title or f"{len(epochs)} epochs")
+    fig.tight_layout()
+    fig.savefig(str(path), dpi=dpi)
+    return size[0], size[1]
+
+
 def png_size(path) -> tuple[int, int]:
     """``(width, height)`` from a PNG's IHDR chunk; KsaeError if the file is no PNG."""
     head = Path(path).read_bytes()[:24]

@@ -71,3 +71,24 @@ def test_missing_matplotlib_names_the_extra(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     with pytest.raises(KsaeError, match=r"pip install ksae-cupy\[plot\]"):
         plots.require_matplotlib()
+
+
+def test_plot_curves_draws_loss_and_k_of_a_run_and_refuses_an_empty_one(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from clicheck import assert_one_line_error
+    from ksae_cupy.cli.plot import plot_command
+
+    run = tmp_path / "run"
+    run.mkdir()
+    records = [{"epoch": e, "step": 10 * e, "k": max(25, 100 - 25 * e), "lr": 0.01, "train_loss": 5.0 / e,
+                "valid_loss": 4.0 / e, "dead_fraction": 0.1, "samples_per_s": 1.0, "seconds": 1.0} for e in range(1, 6)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = CliRunner().invoke(plot_command, ["curves", str(run), "-o", str(tmp_path / "c.png")])
+    assert result.exit_code == 0, result.output
+    assert "5 epochs" in result.output
+    assert plots.png_size(tmp_path / "c.png") == (900, 500)
+    (run / "metrics.jsonl").write_text("")
+    assert_one_line_error(CliRunner().invoke(plot_command, ["curves", str(run)]), "no epochs logged")
