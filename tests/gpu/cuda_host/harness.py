@@ -70,7 +70,11 @@ def build_variants(out_dir: Path, variants, names, **kw) -> Path:
 @dataclass(frozen=True)
 class Schedule:
     """How the emulation orders the work: blocks, threads within a block (reshuffled after every
-    barrier when "shuffle"), and which guard page the arrays touch."""
+    barrier when "shuffle"), and which guard page the arrays touch.
+
+    Thread orders "forward", "reverse", "shuffle" advance every thread one stretch per sweep;
+    "warps-forward", "warps-reverse", "warps-shuffle" let each warp in turn run ahead of the
+    others to its next barrier (cuda_host.h), which shows a barrier missing between phases."""
 
     block_order: str = "forward"
     thread_order: str = "forward"
@@ -80,6 +84,7 @@ class Schedule:
 
 SCHEDULES = tuple(Schedule(b, t, seed, end) for seed, (b, t, end) in enumerate(
     [("forward", "forward", True), ("reverse", "reverse", False), ("shuffle", "shuffle", True),
+     ("forward", "warps-forward", False), ("reverse", "warps-reverse", True), ("shuffle", "warps-shuffle", False),
      ("forward", "reverse", False), ("reverse", "shuffle", True), ("shuffle", "forward", False)]))
 
 
