@@ -13,10 +13,10 @@ import os
 def _library():
     candidates = []
     try:
-        import nvidia.cuda_nvrtc as pkg  # the wheel of the cuda12/cuda13 extras' [ctk]
+        import nvidia  # the nvidia-cuda-nvrtc wheel (the cuda12/cuda13 extras' [ctk]): nvidia/<cu13|cuda_nvrtc>/lib
 
-        for root in pkg.__path__:
-            candidates += sorted(glob.glob(os.path.join(root, "lib", "libnvrtc.so*")))
+        for root in nvidia.__path__:
+            candidates += sorted(glob.glob(os.path.join(root, "*", "lib", "libnvrtc.so*")))
     except ImportError:
         pass
     found = ctypes.util.find_library("nvrtc")
@@ -46,6 +46,13 @@ def library():
 
 def available() -> bool:
     return library() is not None
+
+
+def version() -> str:
+    lib = library()
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+    return f"NVRTC {major.value}.{minor.value}"
 
 
 def check_compiles(code: str, options: tuple, names: tuple) -> None:

@@ -52,14 +52,22 @@ def cache_dir() -> Path:
     return Path(path)
 
 
-def _build(code: str, names: tuple[str, ...]) -> Path:
-    """The emulator's driver for ``code`` and ``names``, built once per content and kept on disk."""
+def _build(code: str, names: tuple[str, ...], options: tuple[str, ...]) -> Path:
+    """The emulator's driver for ``code`` and ``names``, built once per content and kept on disk;
+    before the first build, NVRTC's own compile where its library loads (once per content too)."""
     key = hashlib.sha256()
-    for part in (code, "\n".join(names), *(p.read_text() for p in sorted(HARNESS_DIR.glob("*.[ch]*")))):
+    for part in (code, "\n".join(names), "\n".join(options),
+                 *(p.read_text() for p in sorted(HARNESS_DIR.glob("*.[ch]*")))):
         key.update(part.encode())
         key.update(b"\0")
     final = cache_dir() / key.hexdigest()[:24]
     exe = final / "driver"
+    from cupy import _nvrtc
+
+    if _nvrtc.available() and not (final / "nvrtc.ok").is_file():
+        _nvrtc.check_compiles(code, options, names)
+        if exe.is_file():
+            (final / "nvrtc.ok").write_text(_nvrtc.version() + "\n")
     if exe.is_file():
         return exe
     cache_dir().mkdir(parents=True, exist_ok=True)
@@ -70,6 +78,8 @@ def _build(code: str, names: tuple[str, ...]) -> Path:
         harness.build(work, source, names)
     except harness.HarnessError as exc:
         raise CompileException(str(exc)) from None
+    if _nvrtc.available():
+        (work / "nvrtc.ok").write_text(_nvrtc.version() + "\n")
     try:
         os.replace(work, final)  # atomic: another process may have built it meanwhile
     except OSError:
@@ -130,10 +140,7 @@ class RawModule:
         self.code = code
         self.options = tuple(options)
         self.name_expressions = tuple(name_expressions or ())
-        from cupy import _nvrtc
-
-        _nvrtc.check_compiles(code, self.options, self.name_expressions)  # a no-op without libnvrtc
-        self._exe = _build(code, self.name_expressions)
+        self._exe = _build(code, self.name_expressions, self.options)
 
     def get_function(self, name: str) -> "RawKernel":
         if name not in self.name_expressions:
