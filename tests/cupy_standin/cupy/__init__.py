@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as _np
 
 from cupy._array import IMPLICIT, ndarray, unwrap as _unwrap, wrap as _wrap
-from cupy import cuda, random  # noqa: F401
+from cupy import cuda, linalg, random  # noqa: F401
 from cupy._raw import RawKernel, RawModule  # noqa: F401
 
 __version__ = "14.0.0+ksae.standin"
