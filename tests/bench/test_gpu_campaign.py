@@ -18,7 +18,9 @@ STAGES = ("env", "tests", "topk", "train", "mnist", "finetune", "collect")
 
 
 def campaign(cwd: Path, *args: str, timeout: float = 240):
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1")
+    # The repository, after what the test put first (the CuPy stand-in's folder for --device gpu).
+    pythonpath = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(REPO)) if p)
+    env = dict(os.environ, PYTHONPATH=pythonpath, PYTHONDONTWRITEBYTECODE="1")
     proc = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
     return SimpleNamespace(exit_code=proc.returncode, stdout=proc.stdout, stderr=proc.stderr,
@@ -59,6 +61,24 @@ def test_dry_run_runs_every_stage_and_records_where_it_ran(tmp_path):
     summary = (out / "summary.md").read_text()
     for stage in STAGES[:-1]:
         assert f"| {stage} |" in summary
+
+
+@pytest.mark.gpu
+def test_tiny_gpu_run_takes_the_gpu_branches(tmp_path, gpu_cupy):
+    """--tiny --device gpu: NVRTC compiles every kernel, three GPU tests run (not skip), and the
+    top-k benchmark runs on the device (on a GPU, or the CuPy stand-in without one)."""
+    result = campaign(tmp_path, "out", "--tiny", "--device", "gpu", "--stage", "env", "--stage", "tests", "--stage",
+                      "topk", timeout=420)
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "out"
+    assert statuses(out) == {"env": "done", "tests": "done", "topk": "done"}
+    env = json.loads((out / "env.json").read_text())
+    assert env["meta"]["device"] != "cpu" and env["meta"]["mode"] == "tiny (gpu)"
+    assert env["nvrtc_compiled"] == env["kernels"] and env["nvrtc_failed"] == {}
+    assert json.loads((out / "tests.json").read_text())["counts"]["passed"] == 3
+    topk = json.loads((out / json.loads((out / "topk.json").read_text())["result_file"]).read_text())
+    ours = [r for r in topk["results"] if r["candidate"].startswith("ksae")]
+    assert len(ours) == 2 and all(r["valid"] for r in ours)
 
 
 def test_second_call_resumes_the_interrupted_training(tmp_path):

@@ -1,9 +1,11 @@
-"""The CUDA kernels against the NumPy reference (GPU only; skipped with a reason elsewhere).
+"""The CUDA kernels against the NumPy reference: on a GPU with CuPy, and everywhere else against
+the strict CuPy stand-in (tests/cupy_standin), whose kernels run in the CUDA host emulator.
 
 Every top-k call writes into outputs poisoned beforehand (-1 indices, NaN values), so a slot the
 kernel leaves unwritten shows up. Comparisons are exact: the kernels follow the contract of
 ksae_cupy.topk bit for bit, so indices must match in order (sort: descending, ties by ascending
 column; threshold: ascending column) and values bit for bit (NaN payloads and -0.0 included).
+Under the stand-in the shapes are those of a GPU, with fewer rows per batch (see rows()).
 """
 from __future__ import annotations
 
@@ -11,32 +13,32 @@ import numpy as np
 import pytest
 
 from ksae_cupy.errors import KsaeError
+from ksae_cupy.gpu import fused_step
+from ksae_cupy.gpu import kernels as cuda
 from ksae_cupy.topk import topk_sort, topk_threshold
 from training_setup import (TRAJECTORY_K, TRAJECTORY_LR, TRAJECTORY_MOMENTUM, TRAJECTORY_STEPS, setup,
                             trajectory_setup)
 
-
-def _gpu_reason() -> str | None:
-    try:
-        import cupy
-    except Exception as exc:
-        return f"no CUDA GPU/cupy (cupy does not import: {type(exc).__name__})"
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "no CUDA GPU/cupy (no device)"
-    except Exception as exc:
-        return f"no CUDA GPU/cupy ({type(exc).__name__})"
-    return None
+pytestmark = pytest.mark.gpu
+cupy = None  # the module of the running test: CuPy on a GPU, else the stand-in (fixture gpu_cupy)
 
 
-REASON = _gpu_reason()
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
+@pytest.fixture(autouse=True)
+def _cupy(gpu_cupy):
+    global cupy
+    cupy = gpu_cupy
+    yield
+    cupy = None
 
-if REASON is None:
-    import cupy
 
-    from ksae_cupy.gpu import fused_step
-    from ksae_cupy.gpu import kernels as cuda
+def rows(n: int, standin: int) -> int:
+    """``n`` rows on a GPU, ``standin`` under the stand-in: its emulated kernels run a few thousand
+    rows a second, and tests/gpu/test_kernels_host.py already runs every instantiation on
+    thousands of hard rows; here the launchers and the Python around them are what is new."""
+    return standin if getattr(cupy, "STANDIN", False) else n
+
+
+GRID_WRAP_ROWS = 1100  # more than one grid pass: 132 SMs x 8 blocks of 256 threads = 1,056 blocks
 
 REFERENCE = {"sort": topk_sort, "threshold": topk_threshold}
 HS = (1, 31, 784, 1000, 4000, 16384)
@@ -101,7 +103,7 @@ def run_and_check(Z: np.ndarray, k: int, method: str, *, dense: bool = False, ma
 @pytest.mark.parametrize("H", HS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_topk_matches_reference(method, H, kind):
-    N = 48 if H <= 4000 else 12
+    N = rows(48, 12) if H <= 4000 else rows(12, 4)
     Z = make_rows(kind, N, H, seed=H * 31 + len(kind))
     for k in ks_for(H):
         # max_blocks=5: every block handles several rows (the grid-stride loop).
@@ -112,7 +114,7 @@ def test_topk_matches_reference(method, H, kind):
 @pytest.mark.parametrize("H", [31, 1000, 4000])
 def test_topk_float64_and_dense(method, H):
     for kind in ("random", "ties", "nan"):
-        Z64 = make_rows(kind, 33, H, seed=H + 7, dtype=np.float64)
+        Z64 = make_rows(kind, rows(33, 9), H, seed=H + 7, dtype=np.float64)
         for k in ks_for(H):
             run_and_check(Z64, k, method, dense=True, max_blocks=4)
             run_and_check(Z64.astype(np.float32), k, method, dense=True)
@@ -121,16 +123,16 @@ def test_topk_float64_and_dense(method, H):
 @pytest.mark.parametrize("method", ["sort", "threshold"])
 def test_topk_many_rows_beyond_one_grid_pass(method):
     # 70,001 rows: more than the default grid (a few thousand blocks), so the row loop wraps.
-    Z = make_rows("random", 70_001, 784, seed=5)
+    Z = make_rows("random", rows(70_001, GRID_WRAP_ROWS), 784, seed=5)
     Z[::3] = np.round(Z[::3])  # some tie-heavy rows too
     run_and_check(Z, 25, method)
-    run_and_check(Z[:20_000], 150, method, dense=True, max_blocks=1000)
+    run_and_check(Z[:rows(20_000, GRID_WRAP_ROWS)], 150, method, dense=True, max_blocks=1000)
 
 
 @pytest.mark.parametrize("method", ["sort", "threshold"])
 def test_topk_mixed_rows_in_one_batch(method):
-    rows = [make_rows(kind, 5, 1000, seed=i) for i, kind in enumerate(KINDS)]
-    Z = np.ascontiguousarray(np.concatenate(rows))
+    batches = [make_rows(kind, 5, 1000, seed=i) for i, kind in enumerate(KINDS)]
+    Z = np.ascontiguousarray(np.concatenate(batches))
     for k in ks_for(1000):
         run_and_check(Z, k, method, dense=True, max_blocks=3)
 
@@ -192,7 +194,7 @@ def test_h_16384_fits_both_methods_float32():
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_gather_scatter_mask(dtype):
     rng = np.random.default_rng(0)
-    N, H, k = 3001, 1000, 25
+    N, H, k = rows(3001, GRID_WRAP_ROWS), 1000, 25
     src = rng.standard_normal((N, H)).astype(dtype)
     idx, val = topk_threshold(rng.standard_normal((N, H)).astype(np.float32), k)
     src_d, idx_d = cupy.asarray(src), cupy.asarray(idx)

@@ -9,8 +9,9 @@ block, shared memory, argument types) are made on NumPy arrays and handed to the
 Checked here: every instantiation in KERNEL_NAMES on the contract's hard cases (ties at the k-th
 value, +0/-0, +/-inf, NaN of any sign and payload, subnormals, random bit patterns, H from 1 to
 16,384 and not a multiple of 32, k = 1 and k = H, N a prime, several rows per block), in forward,
-reverse and shuffled block and thread orders; the fused training step built on the kernels; and,
-by planting bugs in copies of the source, that the harness fails when a kernel is wrong.
+reverse and shuffled block and thread orders, and with warps running ahead of each other between
+barriers (harness.SCHEDULES); the fused training step built on the kernels; and, by planting bugs
+in copies of the source (races, bounds, logic), that the harness fails when a kernel is wrong.
 Not checked (only a GPU can): speed, NVRTC itself, real warp scheduling and memory ordering.
 
 Run: ``pytest tests/gpu/test_kernels_host.py`` (about 2 minutes on 2 cores; ``-m slow`` adds the
@@ -295,7 +296,7 @@ def test_topk_threshold_longest_rows(pool, dtype):
     name = kernels.topk_kernel_name("threshold", dtype, H)
     cases = [lambda d, Z=make_rows(kind, 2, H, k, rng, dtype), k=k, s=s, kind=kind:
              run_topk(d, Z, k, "threshold", dense=s.data_at_end, schedule=s, label=f"{name} {kind}")
-             for kind, k, s in [("random", 1, harness.SCHEDULES[0]), ("kth_ties", 777, harness.SCHEDULES[1]),
+             for kind, k, s in [("random", 1, harness.SCHEDULES[0]), ("kth_ties", 777, harness.SCHEDULES[4]),
                                 ("bits", H, harness.SCHEDULES[2])]]
     pool.map(cases)
     # One more row would not fit: the plan refuses it with the limit in the message.
@@ -416,27 +417,68 @@ def test_fused_step_matches_model_step(pool, method, dtype):
 # ------------------------------------------------------------------------------------------------
 # The harness fails when a kernel is wrong: bugs planted in copies of the source.
 
-# (name, text in topk.cu, replacement, what to run)
+# (name, text in topk.cu, replacement, what to run, kind). Kind "race": a barrier between two
+# phases removed, which only shows when a warp may run ahead (the warps-* schedules); "equivalent":
+# a change that cannot alter any answer, so no test can catch it (kept to show the harness does not
+# flag correct code).
 PLANTED = [
     ("tie off-by-one", "const bool keep = is_above || (is_tie && ties_before < need);",
-     "const bool keep = is_above || (is_tie && ties_before <= need);", "threshold"),
+     "const bool keep = is_above || (is_tie && ties_before <= need);", "threshold", "logic"),
     ("missing __syncthreads", "    if (lane == 31) warp_sums[warp] = x;\n    __syncthreads();",
-     "    if (lane == 31) warp_sums[warp] = x;", "threshold"),
+     "    if (lane == 31) warp_sums[warp] = x;", "threshold", "race"),
     ("partial warp mask", "const unsigned int y = __shfl_up_sync(0xffffffffu, x, offset);",
-     "const unsigned int y = __shfl_up_sync(0x7fffffffu, x, offset);", "threshold"),
+     "const unsigned int y = __shfl_up_sync(0x7fffffffu, x, offset);", "threshold", "warp"),
     ("out-of-bounds dynamic shared write", "for (int j = threadIdx.x; j < P; j += BLOCK) {",
-     "for (int j = threadIdx.x; j <= P; j += BLOCK) {", "sort"),
+     "for (int j = threadIdx.x; j <= P; j += BLOCK) {", "sort", "bounds"),
     ("out-of-bounds static shared write", "for (int b = threadIdx.x; b < 256; b += BLOCK) hist[b] = 0u;",
-     "for (int b = threadIdx.x; b <= 256; b += BLOCK) hist[b] = 0u;", "threshold"),
+     "for (int b = threadIdx.x; b <= 256; b += BLOCK) hist[b] = 0u;", "threshold", "bounds"),
     ("wrong key transform for negative values",
      "const unsigned int flip = static_cast<unsigned int>(static_cast<int>(u) >> 31) | 0x80000000u;",
-     "const unsigned int flip = (u >> 31) | 0x80000000u;", "sort"),
+     "const unsigned int flip = (u >> 31) | 0x80000000u;", "sort", "logic"),
     ("row loop skips rows", "for (long long row = blockIdx.x; row < N; row += gridDim.x) {\n"
      "        const T* z = Z + row * static_cast<long long>(H);\n        for (int j = threadIdx.x; j < H; j += BLOCK) keys",
      "for (long long row = blockIdx.x; row < N; row += gridDim.x + 1) {\n"
-     "        const T* z = Z + row * static_cast<long long>(H);\n        for (int j = threadIdx.x; j < H; j += BLOCK) keys", "threshold"),
-    ("mask kernel writes column H", "op(t, t / k * H, c, c >= 0 && c < H);", "op(t, t / k * H, c, c >= 0 && c <= H);", "mask"),
+     "        const T* z = Z + row * static_cast<long long>(H);\n        for (int j = threadIdx.x; j < H; j += BLOCK) keys",
+     "threshold", "logic"),
+    ("mask kernel writes column H", "op(t, t / k * H, c, c >= 0 && c < H);", "op(t, t / k * H, c, c >= 0 && c <= H);",
+     "mask", "bounds"),
+    ("mask kernel row offset t / H * H", "op(t, t / k * H, c, c >= 0 && c < H);",
+     "op(t, t / H * H, c, c >= 0 && c < H);", "mask", "logic"),
+    ("block scan's final __syncthreads removed (warp_sums reused by the next call)",
+     "    r.total = warp_sums[WARPS - 1];\n    __syncthreads();", "    r.total = warp_sums[WARPS - 1];", "threshold", "race"),
+    ("block scan's middle __syncthreads removed (per-warp prefixes read before written)",
+     "        if (lane < WARPS) warp_sums[lane] = s;  // inclusive per-warp prefix\n    }\n    __syncthreads();",
+     "        if (lane < WARPS) warp_sums[lane] = s;  // inclusive per-warp prefix\n    }", "threshold", "race"),
+    ("threshold: __syncthreads after the digit pick removed",
+     "                s_bin = count;\n            }\n            __syncthreads();",
+     "                s_bin = count;\n            }", "threshold", "race"),
+    ("threshold: __syncthreads after loading keys and clearing the histogram removed",
+     "            __syncthreads();  // keys loaded (first pass), histogram cleared", "", "threshold", "race"),
+    ("sort: end-of-row __syncthreads removed (the next row overwrites keys and cols)",
+     "        __syncthreads();  // the next row overwrites keys and cols", "", "sort", "race"),
+    ("sort: __syncthreads after the key load removed",
+     "                cols[j] = 0x7fffffff;\n            }\n        }\n        __syncthreads();",
+     "                cols[j] = 0x7fffffff;\n            }\n        }", "sort", "race"),
+    ("sort: __syncthreads between bitonic stages removed",
+     "                }\n                __syncthreads();\n            }", "                }\n            }", "sort", "race"),
+    ("digit pick need < above + count", "above < need && need <= above + count", "above < need && need < above + count",
+     "threshold", "logic"),
+    ("emit loop stops at kept + 1 >= k", "if (!write_dense && kept >= static_cast<unsigned int>(k)) break;",
+     "if (!write_dense && kept + 1 >= static_cast<unsigned int>(k)) break;", "threshold", "logic"),
+    ("emit loop stops early while writing the dense row",
+     "if (!write_dense && kept >= static_cast<unsigned int>(k)) break;",
+     "if (kept >= static_cast<unsigned int>(k)) break;", "threshold", "logic"),
+    ("sort: ties by descending column", "return ka > kb || (ka == kb && ia < ib);",
+     "return ka > kb || (ka == kb && ia > ib);", "sort", "logic"),
+    ("NaN key test off by one (+inf taken for NaN)", "if ((u & 0x7fffffffu) > 0x7f800000u) return 0u;",
+     "if ((u & 0x7fffffffu) >= 0x7f800000u) return 0u;", "threshold", "logic"),
+    ("threshold: key load reads column H", "for (int j = threadIdx.x; j < H; j += BLOCK) keys[j] = KeyTraits<T>::to_key(z[j]);",
+     "for (int j = threadIdx.x; j <= H; j += BLOCK) keys[j] = KeyTraits<T>::to_key(z[j]);", "threshold", "bounds"),
+    ("digit pick above <= need", "above < need && need <= above + count", "above <= need && need <= above + count",
+     "threshold", "equivalent"),
 ]
+PLANTED_NAMES = ["ksae::topk_threshold_kernel<float, 256>", "ksae::topk_sort_kernel<float, 256>",
+                 "ksae::mask_rows_kernel<float>"]
 
 
 @pytest.fixture(scope="module")
@@ -446,43 +488,63 @@ def planted_driver(tmp_path_factory):
     source = kernels.kernel_source()
     root = tmp_path_factory.mktemp("planted")
     variants = [("original", kernels.kernel_source_path())]
-    for i, (name, old, new, _) in enumerate(PLANTED):
+    for i, (name, old, new, _, _) in enumerate(PLANTED):
         assert source.count(old) == 1, f"the anchor of planted bug {name!r} is not in topk.cu exactly once"
         path = root / f"bug{i}" / "topk.cu"
         path.parent.mkdir()
         path.write_text(source.replace(old, new))
         variants.append((f"bug{i}", path))
     # The instantiations the planted cases run; -O1 builds faster and these cases are few.
-    names = ["ksae::topk_threshold_kernel<float, 256>", "ksae::topk_sort_kernel<float, 256>", "ksae::mask_rows_kernel<float>"]
-    return harness.build_variants(root, variants, names, optimize="-O1")
+    return harness.build_variants(root, variants, PLANTED_NAMES, optimize="-O1")
 
 
 def _planted_cases(what: str):
+    """Small rows of every kind that matters (ties at the k-th value, NaN, +/-inf), k = 1, 5, H,
+    two blocks for several rows each, dense and not, across every schedule."""
     rng = np.random.default_rng(9)
     if what == "mask":
         name = "ksae::mask_rows_kernel<float>"
         return row_cases(name, [(7, 31, 5), (13, 100, 9)], seed=3)
     cases = []
-    for H, kind, N in [(31, "kth_ties", 7), (100, "random", 9), (257, "ties", 5), (1000, "nan", 3)]:
+    for H, kind, N in [(31, "kth_ties", 7), (100, "random", 9), (257, "ties", 5), (1000, "nan", 3), (300, "inf", 4)]:
         Z = make_rows(kind, N, H, 5, rng, np.float32)
-        for i, k in enumerate((1, 5, H)):
-            s = harness.SCHEDULES[i]
-            cases.append(lambda d, Z=Z, k=k, s=s: run_topk(d, Z, k, what, dense=False, schedule=s, max_blocks=2,
-                                                          label="planted"))
+        for k in (1, 5, H):
+            i = len(cases)
+            s = harness.SCHEDULES[i % len(harness.SCHEDULES)]
+            cases.append(lambda d, Z=Z, k=k, s=s, dense=i % 2 == 1:
+                         run_topk(d, Z, k, what, dense=dense, schedule=s, max_blocks=2, label="planted"))
     return cases
 
 
-@pytest.mark.parametrize("i", range(len(PLANTED)), ids=[p[0] for p in PLANTED])
-def test_planted_bug_is_caught(planted_driver, i):
-    name, _, _, what = PLANTED[i]
-    pool = harness.DriverPool(planted_driver, 1, prefix=f"bug{i}::")
+def _run_planted(exe, i: int) -> str | None:
+    """Runs planted bug i's cases; the first line of the report that caught it, or None."""
+    driver = harness.Driver(exe, prefix=f"bug{i}::")
     try:
-        with pytest.raises((harness.HarnessError, Mismatch)) as caught:
-            pool.map(_planted_cases(what))
+        for case in _planted_cases(PLANTED[i][3]):
+            case(driver)
+    except (harness.HarnessError, Mismatch) as caught:
+        report = [line for line in str(caught).splitlines() if "runtime error" in line or line.startswith("cuda_host:")]
+        return (report or str(caught).splitlines())[0]
     finally:
-        pool.close()
-    report = [line for line in str(caught.value).splitlines() if "runtime error" in line or line.startswith("cuda_host:")]
-    print(f"\nplanted bug {name!r} caught: {(report or str(caught.value).splitlines())[0]}")
+        driver.close()
+    return None
+
+
+def test_planted_bugs_are_caught(planted_driver):
+    """Every planted bug that can change an answer fails the harness, races included; the
+    catch rate is printed (``-rP``) with the report that caught each."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(JOBS) as ex:
+        reports = list(ex.map(lambda i: _run_planted(planted_driver, i), range(len(PLANTED))))
+    real = [i for i, p in enumerate(PLANTED) if p[4] != "equivalent"]
+    caught = [i for i in real if reports[i] is not None]
+    print(f"\nplanted bugs caught: {len(caught)} of {len(real)} that can change an answer "
+          f"({len(PLANTED) - len(real)} equivalent, not counted)")
+    for (name, _, _, what, kind), report in zip(PLANTED, reports):
+        print(f"  [{kind}] {name} ({what}): {'CAUGHT: ' + report if report else 'not caught'}")
+    missed = [PLANTED[i][0] for i in real if reports[i] is None]
+    assert not missed, f"planted bugs not caught: {missed}"
 
 
 def test_planted_cases_pass_on_the_unmodified_source(planted_driver):

@@ -32,7 +32,9 @@ pytestmark = pytest.mark.skipif(_missing is not None, reason=str(_missing))
 
 def mpirun(n, args, timeout=60, cwd=None, check=True):
     """Run ``mpiexec -n N python ...`` with a time-out; return the CompletedProcess."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    # The repository, after what the test put first (the CuPy stand-in's folder for --device gpu).
+    pythonpath = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(REPO)) if p)
+    env = dict(os.environ, PYTHONPATH=pythonpath, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     proc = subprocess.run([str(MPIEXEC), "-n", str(n), sys.executable, *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
@@ -167,6 +169,21 @@ def test_distributed_run_converges_checkpoints_on_rank0_and_resumes(tmp_path):
     assert ckpt.epoch == 6 and ckpt.config["world_size"] == 2
     bad = dist_train(3, ["--resume", "dist", "--quiet"], tmp_path, check=False)
     assert bad.returncode != 0 and "trained on 2 ranks" in bad.stderr
+
+
+@pytest.mark.gpu
+def test_nccl_run_on_gpus_matches_the_mpi_run_on_cpus(tmp_path, gpu_cupy):
+    """--device gpu --comm nccl: the gradients summed over the ranks by NCCL (on a GPU, or the
+    stand-in's communicator over the MPI ranks) give the CPU + MPI run's curve."""
+    data = _data(tmp_path)
+    dist_train(2, [data, *COMMON, "--epochs", "3", "--run-dir", "mpi", "--device", "cpu"], tmp_path)
+    dist_train(2, [data, *COMMON, "--epochs", "3", "--run-dir", "nccl", "--device", "gpu", "--comm", "nccl"], tmp_path,
+               timeout=300)
+    config = json.loads((tmp_path / "nccl" / "config.json").read_text())
+    assert config["device"].startswith("gpu") and config["comm"] == "nccl"
+    nccl, mpi = _losses(tmp_path / "nccl"), _losses(tmp_path / "mpi")
+    assert len(nccl) == 3 and nccl[-1] < nccl[0]
+    np.testing.assert_allclose(nccl, mpi, rtol=1e-4)  # float32 sums in another order only
 
 
 def test_shard_hidden_run_matches_single_process(tmp_path):

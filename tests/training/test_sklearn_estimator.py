@@ -188,14 +188,9 @@ def test_without_scikit_learn_the_same_methods_work():
     assert "expecting 6 features" in done.stdout
 
 
-def test_gpu_fitted_estimator_pickles_as_numpy_and_comes_back_on_the_chosen_device():
-    cupy = pytest.importorskip("cupy", reason="needs cupy and a GPU")
-    from ksae_cupy.backend import resolve_device
-
-    try:
-        resolve_device("gpu")
-    except KsaeError as exc:
-        pytest.skip(f"no usable GPU: {exc}")
+@pytest.mark.gpu
+def test_gpu_fitted_estimator_pickles_as_numpy_and_comes_back_on_the_chosen_device(gpu_cupy):
+    cupy = gpu_cupy  # CuPy on a GPU, else the stand-in (tests/cupy_standin)
     X, _ = blobs()
     model = small(device="gpu").fit(X)
     state = model.__getstate__()

@@ -5,9 +5,16 @@
 // Model. Every CUDA thread is a fiber (fiber.h); a block's fibers run one at a time on one host
 // thread, each until it blocks: at __syncthreads (until every live thread of the block arrives, at
 // the same call) or at a warp intrinsic (until every lane of its mask arrives). Blocks run one
-// after another, in forward, reverse or shuffled order; within a block the fibers run in forward,
-// reverse or shuffled order (reshuffled after every barrier), so a kernel that depends on block
-// order, or races between two barriers, gives different answers under different orders.
+// after another, in forward, reverse or shuffled order. Within a block, two kinds of thread order:
+//   * thread by thread (forward, reverse, shuffled): every runnable thread runs one stretch per
+//     sweep, so all warps advance together between barriers;
+//   * warp by warp (warps-forward, warps-reverse, warps-shuffle): after every barrier the first
+//     warp of the order runs alone until each of its threads waits at the next barrier or has
+//     exited, then the next warp, and so on. A warp thus runs ahead of the others between two
+//     barriers, as it may on a GPU, so a barrier missing between one phase's reads and the next
+//     phase's writes (e.g. of shared memory a later call reuses) gives wrong answers.
+// Orders are reshuffled after every barrier, so a kernel that depends on block order, or races
+// between two barriers, gives different answers under different orders.
 //
 // Checked, with a report naming the kernel, the case, the block and the thread (guard.h):
 //   * a _sync warp intrinsic called by a lane outside its mask, a mask naming lanes that do not
@@ -61,7 +68,9 @@ struct dim3 {
 
 namespace cuda_host {
 
-enum class Order { Forward, Reverse, Shuffle };
+enum class Order { Forward, Reverse, Shuffle, WarpsForward, WarpsReverse, WarpsShuffle };
+
+inline bool by_warps(Order o) { return o == Order::WarpsForward || o == Order::WarpsReverse || o == Order::WarpsShuffle; }
 
 enum class State { Runnable, AtBarrier, AtWarpOp, Done };
 
@@ -236,11 +245,13 @@ inline void thread_entry() {
     __builtin_unreachable();
 }
 
+inline bool shuffled(Order o) { return o == Order::Shuffle || o == Order::WarpsShuffle; }
+
 inline std::vector<unsigned> make_order(unsigned n, Order order, std::mt19937_64& rng) {
     std::vector<unsigned> v(n);
     std::iota(v.begin(), v.end(), 0u);
-    if (order == Order::Reverse) std::reverse(v.begin(), v.end());
-    if (order == Order::Shuffle) std::shuffle(v.begin(), v.end(), rng);
+    if (order == Order::Reverse || order == Order::WarpsReverse) std::reverse(v.begin(), v.end());
+    if (shuffled(order)) std::shuffle(v.begin(), v.end(), rng);
     return v;
 }
 
@@ -249,6 +260,78 @@ inline void set_thread_where(const Thread& t) {
     g_where.thread[0] = t.idx.x;
     g_where.thread[1] = t.idx.y;
     g_where.thread[2] = t.idx.z;
+}
+
+// Runs thread t until it blocks or exits, then checks the canaries.
+inline void run_stretch(Thread& t) {
+    g_thread = &t;
+    set_thread_where(t);
+    fiber::switch_to(g_scheduler, t.ctx);
+    check_shared_canaries();
+    check_all_canaries(true);
+    g_where.in_thread = false;
+}
+
+// Thread by thread: every runnable thread runs one stretch per sweep.
+inline void sweep_threads(Order thread_order, std::mt19937_64& rng) {
+    Block& b = g_block;
+    const unsigned n = b.count;
+    std::vector<unsigned> order = make_order(n, thread_order, rng);
+    while (b.live > 0) {
+        bool ran = false;
+        for (std::size_t i = 0; i < n; ++i) {
+            Thread& t = b.threads[order[i]];
+            if (t.state != State::Runnable) continue;
+            run_stretch(t);
+            ran = true;
+            if (b.released) {  // a new phase: run it in the chosen order from its first thread
+                b.released = false;
+                if (shuffled(thread_order)) std::shuffle(order.begin(), order.end(), rng);
+                i = static_cast<std::size_t>(-1);
+            }
+        }
+        if (!ran && b.live > 0) report_deadlock();
+    }
+}
+
+// Warp by warp: after every barrier, each warp in turn runs until none of its threads can go on
+// (all wait at the next barrier, or have exited); its lanes take turns, so its warp intrinsics
+// complete. The warp that releases a barrier ends the phase: the next starts from the first warp.
+inline void run_warps_ahead(Order thread_order, std::mt19937_64& rng) {
+    Block& b = g_block;
+    const unsigned n = b.count;
+    const unsigned warps = static_cast<unsigned>(b.warps.size());
+    std::vector<unsigned> warp_order = make_order(warps, thread_order, rng);
+    std::vector<unsigned> lanes = make_order(32, thread_order, rng);
+    while (b.live > 0) {
+        bool ran = false, new_phase = false;
+        for (std::size_t w = 0; w < warps && !new_phase; ++w) {
+            const unsigned first = warp_order[w] * 32;
+            for (bool progress = true; progress && !new_phase;) {
+                progress = false;
+                for (unsigned lane : lanes) {
+                    if (first + lane >= n) continue;
+                    Thread& t = b.threads[first + lane];
+                    if (t.state != State::Runnable) continue;
+                    run_stretch(t);
+                    ran = progress = true;
+                    if (b.released) {
+                        b.released = false;
+                        new_phase = true;
+                        break;
+                    }
+                }
+            }
+        }
+        if (new_phase) {
+            if (shuffled(thread_order)) {
+                std::shuffle(warp_order.begin(), warp_order.end(), rng);
+                std::shuffle(lanes.begin(), lanes.end(), rng);
+            }
+            continue;
+        }
+        if (!ran && b.live > 0) report_deadlock();
+    }
 }
 
 // Runs one block to completion.
@@ -268,27 +351,10 @@ inline void run_block(Order thread_order, std::mt19937_64& rng) {
     b.at_barrier = 0;
     b.released = false;
     fill_shared_garbage();
-    std::vector<unsigned> order = make_order(n, thread_order, rng);
-    while (b.live > 0) {
-        bool ran = false;
-        for (std::size_t i = 0; i < n; ++i) {
-            Thread& t = b.threads[order[i]];
-            if (t.state != State::Runnable) continue;
-            g_thread = &t;
-            set_thread_where(t);
-            fiber::switch_to(g_scheduler, t.ctx);
-            check_shared_canaries();
-            check_all_canaries(true);
-            g_where.in_thread = false;
-            ran = true;
-            if (b.released) {  // a new phase: run it in the chosen order from its first thread
-                b.released = false;
-                if (thread_order == Order::Shuffle) std::shuffle(order.begin(), order.end(), rng);
-                i = static_cast<std::size_t>(-1);
-            }
-        }
-        if (!ran && b.live > 0) report_deadlock();
-    }
+    if (by_warps(thread_order))
+        run_warps_ahead(thread_order, rng);
+    else
+        sweep_threads(thread_order, rng);
     g_thread = nullptr;
     check_shared_tail();
     check_all_canaries(false);

@@ -14,7 +14,8 @@
 //   grid <x> <y> <z>
 //   block <x> <y> <z>
 //   shared <dynamic bytes> <opt-in bytes, 0 if not raised> <static bytes the launcher counted>
-//   order <forward|reverse|shuffle for blocks> <same, for threads> <seed>
+//   order <forward|reverse|shuffle for blocks> <same, or warps-forward|warps-reverse|warps-shuffle,
+//         for threads> <seed>
 //   array <float32|float64|int32|int64|uint32> <count> <in|out> <start|end>   + count*itemsize bytes
 //   scalar <dtype> <value>
 //   go
@@ -110,6 +111,9 @@ cuda_host::Order parse_order(const std::string& s) {
     if (s == "forward") return cuda_host::Order::Forward;
     if (s == "reverse") return cuda_host::Order::Reverse;
     if (s == "shuffle") return cuda_host::Order::Shuffle;
+    if (s == "warps-forward") return cuda_host::Order::WarpsForward;
+    if (s == "warps-reverse") return cuda_host::Order::WarpsReverse;
+    if (s == "warps-shuffle") return cuda_host::Order::WarpsShuffle;
     fail("unknown order %s", s.c_str());
 }
 

@@ -70,7 +70,11 @@ def build_variants(out_dir: Path, variants, names, **kw) -> Path:
 @dataclass(frozen=True)
 class Schedule:
     """How the emulation orders the work: blocks, threads within a block (reshuffled after every
-    barrier when "shuffle"), and which guard page the arrays touch."""
+    barrier when "shuffle"), and which guard page the arrays touch.
+
+    Thread orders "forward", "reverse", "shuffle" advance every thread one stretch per sweep;
+    "warps-forward", "warps-reverse", "warps-shuffle" let each warp in turn run ahead of the
+    others to its next barrier (cuda_host.h), which shows a barrier missing between phases."""
 
     block_order: str = "forward"
     thread_order: str = "forward"
@@ -80,6 +84,7 @@ class Schedule:
 
 SCHEDULES = tuple(Schedule(b, t, seed, end) for seed, (b, t, end) in enumerate(
     [("forward", "forward", True), ("reverse", "reverse", False), ("shuffle", "shuffle", True),
+     ("forward", "warps-forward", False), ("reverse", "warps-reverse", True), ("shuffle", "warps-shuffle", False),
      ("forward", "reverse", False), ("reverse", "shuffle", True), ("shuffle", "forward", False)]))
 
 
@@ -118,23 +123,34 @@ class Driver:
         self.rows[plan.name] = self.rows.get(plan.name, 0) + (rows if rows is not None else int(plan.args[0].shape[0]))
         if plan.grid == 0:
             return
+        self.launch(plan.name, (int(plan.grid), 1, 1), (int(plan.block), 1, 1), plan.args, plan.outputs,
+                    shared=(int(plan.shared_mem), int(plan.shared_optin), int(plan.static_shared)),
+                    schedule=schedule, label=label)
+
+    def launch(self, name: str, grid: tuple, block: tuple, args, outputs, *, shared=(0, 0, 0),
+               schedule: Schedule = Schedule(), label: str = "-", only_changed: bool = False) -> None:
+        """One launch of kernel ``name``: ``args`` are NumPy arrays (C-contiguous) and NumPy scalars
+        (a Python int or float goes as the 64-bit value CuPy would pass, which the driver refuses
+        for a 32-bit parameter); the arrays at the positions ``outputs`` come back in place.
+        ``shared`` is (dynamic bytes, opt-in bytes or 0, static bytes). ``only_changed``: write an
+        output back only if the kernel changed it (for arguments that alias the same memory)."""
         label = " ".join(label.split()) or "-"
-        parts = [f"launch {self.prefix}{plan.name}\n", f"label {label}\n", f"grid {int(plan.grid)} 1 1\n",
-                 f"block {int(plan.block)} 1 1\n",
-                 f"shared {int(plan.shared_mem)} {int(plan.shared_optin)} {int(plan.static_shared)}\n",
+        parts = [f"launch {self.prefix}{name}\n", f"label {label}\n", "grid {} {} {}\n".format(*grid),
+                 "block {} {} {}\n".format(*block), "shared {} {} {}\n".format(*shared),
                  f"order {schedule.block_order} {schedule.thread_order} {int(schedule.seed)}\n"]
         payload = [p.encode() for p in parts]
         place = "end" if schedule.data_at_end else "start"
         outs = []
-        for i, a in enumerate(plan.args):
+        for i, a in enumerate(args):
             if isinstance(a, np.ndarray):
                 if not a.flags.c_contiguous:
                     raise HarnessError(f"argument {i} is not C-contiguous")
-                role = "out" if i in plan.outputs else "in"
+                role = "out" if i in outputs else "in"
                 payload.append(f"array {DTYPE_NAMES[a.dtype]} {a.size} {role} {place}\n".encode())
-                payload.append(a.tobytes())
+                sent = a.tobytes()
+                payload.append(sent)
                 if role == "out":
-                    outs.append(a)
+                    outs.append((a, sent))
             elif isinstance(a, np.generic):
                 payload.append(f"scalar {DTYPE_NAMES[a.dtype]} {a.item()!r}\n".encode())
             else:  # a Python int or float: CuPy passes it as a 64-bit value
@@ -148,15 +164,18 @@ class Driver:
         except (BrokenPipeError, OSError):
             header = b""
         if not header.startswith(b"done "):
-            self._fail(f"launch {plan.name} [{label}] failed")
+            self._fail(f"launch {name} [{label}] failed")
         total = int(header.split()[1])
         data = self.proc.stdout.read(total)
         if len(data) != total:
-            self._fail(f"launch {plan.name} [{label}]: short answer")
+            self._fail(f"launch {name} [{label}]: short answer")
         offset = 0
-        for a in outs:
-            a.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, np.uint8, a.nbytes, offset)
+        for a, sent in outs:
+            got = data[offset:offset + a.nbytes]
             offset += a.nbytes
+            if only_changed and got == sent:
+                continue
+            a.reshape(-1).view(np.uint8)[:] = np.frombuffer(got, np.uint8)
 
 
 class DriverPool:

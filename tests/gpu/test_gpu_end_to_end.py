@@ -1,0 +1,96 @@
+"""The commands on the GPU, end to end: ksae-train, ksae-eval, ksae-finetune and the estimator with
+``--device gpu``, on a GPU with CuPy and elsewhere against the CuPy stand-in (tests/cupy_standin),
+whose kernels run in the CUDA host emulator. A GPU run must equal the CPU run of the same seed
+within float32 rounding: same data order, same initial weights, same kept units.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ksae_cupy.cli.evaluate import eval_command
+from ksae_cupy.cli.finetune import finetune_command
+from ksae_cupy.cli.train import train_command
+from ksae_cupy.training.checkpoint import load_checkpoint
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu_cupy", "small_synthetic")]
+
+
+@pytest.fixture
+def small_synthetic(monkeypatch):
+    """The built-in "synthetic" dataset cut to 1,000 / 200 / 200 signals (the same generator): the
+    stand-in's emulated kernels run a few thousand rows a second, and these runs are about the
+    device paths, not the data."""
+    from ksae_cupy import datasets
+    from ksae_cupy.datasets.synthetic import make_sparse_signals
+
+    def load_small(root, log=print):
+        X, y, _ = make_sparse_signals(1400)
+        return datasets.Dataset(name="synthetic", X_train=X[:1000], y_train=y[:1000], X_valid=X[1000:1200],
+                                y_valid=y[1000:1200], X_test=X[1200:], y_test=y[1200:], n_classes=4,
+                                image_shape=(8, 8))
+
+    monkeypatch.setitem(datasets.LOADERS, "synthetic", load_small)
+
+
+# 3 epochs of 1,000 synthetic signals (D = 64), 64 hidden units, k = 5, no k schedule.
+TRAIN = ["synthetic", "--hidden", "64", "--k", "5", "--no-k-schedule", "--epochs", "3", "--batch-size", "100",
+         "--lr", "0.01", "--seed", "3", "--quiet"]
+
+
+def invoke(command, args):
+    result = CliRunner().invoke(command, [str(a) for a in args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def train(tmp_path, device: str, step: str, topk: str = "threshold"):
+    run_dir = tmp_path / f"{device}-{step}-{topk}"
+    result = invoke(train_command, [*TRAIN, "--device", device, "--step", step, "--topk", topk, "--run-dir", run_dir])
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return run_dir, load_checkpoint(run_dir / "checkpoint.h5"), metrics, result.output
+
+
+@pytest.mark.parametrize("step, topk", [("dense", "threshold"), ("sparse", "sort")])
+def test_train_on_the_gpu_equals_the_cpu_run(tmp_path, step, topk):
+    _, cpu, cpu_metrics, _ = train(tmp_path, "cpu", step, topk)
+    _, gpu, gpu_metrics, _ = train(tmp_path, "gpu", step, topk)
+    assert gpu.epoch == cpu.epoch == 3 and gpu.step == cpu.step == 30
+    assert [m["epoch"] for m in gpu_metrics] == [1, 2, 3]
+    # float32 sums in another order (BLAS vs the stand-in's NumPy or cuBLAS) for 30 momentum steps:
+    # 1e-4 of each array's largest magnitude bounds the rounding, a wrong kept set or gradient is O(1).
+    for name, value in cpu.params.items():
+        scale = float(np.abs(value).max()) or 1.0
+        np.testing.assert_allclose(gpu.params[name], value, rtol=0, atol=1e-4 * scale, err_msg=name)
+        assert gpu.params[name].dtype == value.dtype == np.float32
+    for g, c in zip(gpu_metrics, cpu_metrics):
+        assert g["train_loss"] == pytest.approx(c["train_loss"], rel=1e-4)
+        assert g["valid_loss"] == pytest.approx(c["valid_loss"], rel=1e-4)
+        assert g["dead_fraction"] == c["dead_fraction"]
+
+
+def test_eval_and_finetune_on_the_gpu_agree_with_the_cpu(tmp_path):
+    run_dir, _, _, _ = train(tmp_path, "gpu", "dense")
+    reports = {}
+    for device in ("cpu", "gpu"):
+        invoke(eval_command, [run_dir, "--alphas", "1,2", "--l2", "1e-3", "--max-iter", "50", "--device", device,
+                              "--quiet"])
+        reports[device] = json.loads((run_dir / "eval.json").read_text())
+    assert reports["gpu"]["device"] == "gpu:0" and reports["cpu"]["device"] == "cpu"
+    cpu, gpu = reports["cpu"]["features"], reports["gpu"]["features"]
+    assert gpu["selected"] == cpu["selected"]
+    # Same features; the classifier's float32 sums differ in order: at most 2 of the 200 test signals.
+    assert abs(gpu["test_error"] - cpu["test_error"]) <= 0.01, (gpu["test_error"], cpu["test_error"])
+    assert gpu["test_error"] < 0.75  # four classes: chance is 0.75
+    finetuned = {}
+    for device in ("cpu", "gpu"):
+        out = tmp_path / f"ft-{device}"
+        invoke(finetune_command, [run_dir, "--alpha", "2", "--run-dir", out, "--epochs", "2", "--batch-size", "100",
+                                  "--lr-start", "0.1", "--lr-end", "0.01", "--device", device])
+        finetuned[device] = json.loads((out / "finetune.json").read_text())
+    assert finetuned["gpu"]["device"] == "gpu:0" and finetuned["gpu"]["kept"] == finetuned["cpu"]["kept"] == [10]
+    for split in ("valid_error", "test_error"):
+        assert abs(finetuned["gpu"][split] - finetuned["cpu"][split]) <= 0.01, (split, finetuned)
