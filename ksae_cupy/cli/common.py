@@ -10,24 +10,26 @@ import functools
 import json
 import signal
 import sys
+import warnings
 from pathlib import Path
 
 import click
 
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import KsaeError, KsaeNote, TrainingDiverged, one_line
 
 EXIT_USAGE, EXIT_DIVERGED, EXIT_INTERRUPTED = 2, 1, 130
 
 
 def report_errors(func):
-    """Turn :class:`KsaeError` into ``error: <one line>`` and the right exit status."""
+    """Turn :class:`KsaeError` into ``error: <one line>`` and the right exit status, and
+    :class:`~ksae_cupy.errors.KsaeNote` warnings into ``note: <one line>`` on stderr."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        from ksae_cupy.training.trainer import TrainingDiverged
-
         try:
-            return func(*args, **kwargs)
+            with warnings.catch_warnings():
+                warnings.showwarning = _show_note
+                return func(*args, **kwargs)
         except TrainingDiverged as exc:
             click.echo(f"error: {_one_line(exc)}", err=True)
             sys.exit(EXIT_DIVERGED)
@@ -42,9 +44,15 @@ def report_errors(func):
     return wrapper
 
 
+def _show_note(message, category, filename, lineno, file=None, line=None):
+    if issubclass(category, KsaeNote):
+        click.echo(f"note: {one_line(message)}", err=True)
+    else:  # other libraries' warnings keep Python's own format
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 def _one_line(exc: Exception) -> str:
-    text = str(exc)
-    return text.splitlines()[0] if text else type(exc).__name__
+    return one_line(exc) or type(exc).__name__
 
 
 def install_interrupt_handler(model, say):

@@ -29,6 +29,7 @@ other ranks waiting in a collective forever.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import zlib
@@ -37,7 +38,7 @@ import numpy as np
 
 from ksae_cupy import model
 from ksae_cupy.backend import to_host
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import KsaeError, one_line
 from ksae_cupy.parallel.comm import shard_bounds
 from ksae_cupy.training.trainer import Trainer, TrainingDiverged
 
@@ -314,7 +315,10 @@ def _abort(status: int, exc) -> None:
         MPI = None
     if exc is not None:
         kind = "" if isinstance(exc, KsaeError) else f"{type(exc).__name__}: "
-        print(f"error: [rank {rank}] {kind}{exc}", file=sys.stderr, flush=True)
+        # One write of the whole line: ranks that fail together must not run into one line.
+        line = f"error: [rank {rank}] {kind}{one_line(exc)}\n"
+        sys.stderr.flush()
+        os.write(sys.stderr.fileno(), line.encode("utf-8", "replace"))
     if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.size > 1:
         MPI.COMM_WORLD.Abort(status)
     sys.exit(status)
