@@ -1,8 +1,9 @@
-"""What every command shares: the one-line error wrapper, exit statuses, the Ctrl-C handler,
+"""What every command shares: the one-line error wrapper, exit statuses, the stop-signal handler,
 and the parsing of comma-separated option values.
 
 A user mistake is one line ``error: ...`` on stderr and exit status 2; a run whose loss
-diverges exits with status 1; Ctrl-C saves a checkpoint and exits with 130.
+diverges exits with status 1; Ctrl-C, SIGTERM and SIGHUP save a checkpoint and exit with
+128 + the signal's number (130, 143, 129).
 """
 from __future__ import annotations
 
@@ -55,24 +56,54 @@ def _one_line(exc: Exception) -> str:
     return one_line(exc) or type(exc).__name__
 
 
-def install_interrupt_handler(model, say):
-    """First Ctrl-C: finish the current step, save, exit. Second: stop at once. Returns an undo."""
-    previous = signal.getsignal(signal.SIGINT)
+# What stops a long command cleanly: Ctrl-C, and what docker, SLURM, systemd and `timeout`
+# send (SIGTERM) or a closed terminal sends (SIGHUP).
+STOP_SIGNALS = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM", "SIGHUP": "SIGHUP"}
 
-    def handler(signum, frame):
-        if model.trainer_ is not None and not model.trainer_.stop_requested:
-            model.trainer_.stop_requested = True
-            say("\nCtrl-C: stopping after this step and saving a checkpoint (Ctrl-C again to abort without saving)",
-                err=True)
-        else:
+
+class StopOnSignals:
+    """First Ctrl-C, SIGTERM or SIGHUP: finish the current step, save, exit ``128 + signal``
+    (130, 143, 129). The same signal again: stop at once, without saving.
+
+    ``model.trainer_`` is what gets ``stop_requested``; :meth:`restore` puts the previous
+    handlers back; :attr:`exit_status` is the status to exit with once the run has stopped.
+    """
+
+    def __init__(self, model, say):
+        self.model, self.say = model, say
+        self.received: int | None = None
+        self.previous = {}
+        for name in STOP_SIGNALS:
+            number = getattr(signal, name, None)
+            if number is None:
+                continue  # SIGHUP does not exist on Windows
+            try:
+                self.previous[number] = signal.signal(number, self._handler)
+            except ValueError:  # not the main thread (e.g. inside a test runner's worker)
+                break
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.received if self.received is not None else EXIT_INTERRUPTED
+
+    def _handler(self, signum, frame):
+        name = STOP_SIGNALS[signal.Signals(signum).name]
+        trainer = self.model.trainer_
+        if trainer is not None and not trainer.stop_requested:
+            self.received = signum
+            trainer.stop_requested = True
+            self.say(f"\n{name}: stopping after this step and saving a checkpoint ({name} again to stop at once "
+                     f"without saving)", err=True)
+            return
+        if signum == signal.SIGINT:
             raise KeyboardInterrupt
+        click.echo(f"\n{name}: stopped at once, nothing saved", err=True)
+        sys.exit(128 + signum)
 
-    try:
-        signal.signal(signal.SIGINT, handler)
-    except ValueError:  # not the main thread (e.g. inside a test runner's worker)
-        return lambda: None
-    return lambda: signal.signal(signal.SIGINT, previous)
-
+    def restore(self) -> None:
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
+        self.previous = {}
 
 
 def positive_ints(text: str, flag: str):

@@ -232,7 +232,7 @@ def run_distributed(dataset, config, *, run_dir, resume, device, comm_kind, chec
     preprocess = dict(ckpt.preprocess) if ckpt is not None else dict(data.preprocess)
 
     if rank == 0:
-        folder.create()
+        folder.create(log=lambda msg: say(msg, err=True), new=ckpt is None)  # locked for the job's life
         if ckpt is not None:  # epochs logged after the checkpoint run again: log each once
             folder.truncate_metrics(ckpt.step)
         folder.write_config({"dataset": dataset, "device": backend.name, "train": config.to_dict(),
