@@ -39,7 +39,7 @@ def report_errors(func):
             sys.exit(EXIT_USAGE)
         except OSError as exc:  # the paths are checked up front; this catches what changes under us
             where = f"{exc.filename}: " if exc.filename else ""
-            click.echo(f"error: {where}{exc.strerror or _one_line(exc)}", err=True)
+            click.echo(f"error: {where}{one_line(exc.strerror or exc) or type(exc).__name__}", err=True)
             sys.exit(EXIT_USAGE)
 
     return wrapper
@@ -131,6 +131,16 @@ DEVICE = click.option("--device", default="auto", help="auto (a GPU when one ans
 DATA_DIR = click.option("--data-dir", type=click.Path(path_type=Path), default=None,
                         help="Data root. [default: $KSAE_DATA_DIR or ./data]")
 QUIET = click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
+
+
+def check_run_outputs(run_dir: Path, *names: str) -> None:
+    """Before minutes of work: the files a command will write into ``run_dir`` can be written
+    (a missing folder is left to the command's own one-line error)."""
+    from ksae_cupy.paths import check_output_file
+
+    if Path(run_dir).is_dir():
+        for name in names:
+            check_output_file(Path(run_dir) / name, "RUN_DIR output")
 
 
 def write_json(path: Path, payload: dict) -> None:

@@ -72,7 +72,7 @@ def write_hdf5_atomically(path: Path, write_fn, verify_fn) -> None:
         tmp.unlink(missing_ok=True)
         kept = f"the previous {path.name} is intact" if path.exists() else f"no {path.name} was written"
         # HDF5's messages run over several lines, the reason ("No space left on device") in the middle.
-        reason = exc.strerror or one_line(exc) or type(exc).__name__
+        reason = one_line(exc.strerror or exc) or type(exc).__name__
         raise KsaeError(f"could not write {path} ({reason}); {kept}; free space or fix the folder, "
                         f"then continue the run with --resume") from None
 
