@@ -84,12 +84,13 @@ def test_kill_9_after_a_logged_epoch_then_resume_is_bit_identical(tmp_path):
     often while it writes that epoch's checkpoint; then ``--resume`` ends with the parameters of a
     run that was never interrupted.
 
-    The kill waits for an event, not a clock: the run's own epoch line. N is at most a third of the
-    epochs, so the run is far from its end when the line arrives, however slow the machine.
+    The kill waits for an event, not a clock: the run's own epoch line. N is at least 2 (a checkpoint
+    exists) and at most a third of the epochs, so the run is far from its end when the line arrives.
     """
     seed = kill_seed()
     print(f"kill seed {seed} (replay: KSAE_KILL_SEED={seed})")
-    kill_after = random.Random(seed).randint(1, KILL_EPOCHS // 3)
+    # From epoch 2 on: epoch N's line comes after epoch N-1's checkpoint was written, so there is one.
+    kill_after = random.Random(seed).randint(2, KILL_EPOCHS // 3)
     np.save(tmp_path / "x.npy", make_sparse_signals(1000, D=32, H=64, k=4, seed=3)[0])
     common = [str(tmp_path / "x.npy"), "--hidden", "48", "--k", "4", "--epochs", str(KILL_EPOCHS), "--batch-size",
               "20", "--device", "cpu", "--checkpoint-every", "1", "--progress-seconds", "1000"]
@@ -108,8 +109,8 @@ def test_kill_9_after_a_logged_epoch_then_resume_is_bit_identical(tmp_path):
     killed_at = load_checkpoint(run_dir / "checkpoint.h5").epoch
     assert kill_after - 1 <= killed_at < KILL_EPOCHS, replay
 
-    resumed = subprocess.run(TRAIN + ["--resume", str(run_dir), "--device", "cpu", "--quiet"], capture_output=True, text=True, env=env,
-                             timeout=300)
+    resumed = subprocess.run(TRAIN + ["--resume", str(run_dir), "--device", "cpu", "--quiet"], capture_output=True,
+                             text=True, env=env, timeout=300)
     assert resumed.returncode == 0, f"{replay}: {resumed.stderr}"
     straight = subprocess.run(TRAIN + common + ["--run-dir", str(tmp_path / "straight"), "--quiet"],
                               capture_output=True, text=True, env=env, timeout=300)
