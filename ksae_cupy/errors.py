@@ -1,4 +1,5 @@
-"""The one exception type that user-facing entry points turn into a one-line message."""
+"""The exceptions that user-facing entry points turn into a one-line message, and one-line notes."""
+import warnings
 
 
 class KsaeError(ValueError):
@@ -10,7 +11,28 @@ class KsaeError(ValueError):
     """
 
 
+class TrainingDiverged(KsaeError):
+    """The loss became NaN or infinite; the last good checkpoint is left untouched (exit status 1)."""
+
+
+class KsaeNote(UserWarning):
+    """Something the user should know that is not an error (e.g. a checkpoint written before
+    checksums existed). The CLI prints it as one ``note: <message>`` line on stderr; the
+    Python API sees an ordinary warning."""
+
+
 def check(condition: bool, message: str) -> None:
     """Raise :class:`KsaeError` with ``message`` unless ``condition`` holds."""
     if not condition:
         raise KsaeError(message)
+
+
+def note(message: str) -> None:
+    """Tell the user ``message`` (one line) without stopping: a :class:`KsaeNote` warning."""
+    warnings.warn(one_line(message), KsaeNote, stacklevel=2)
+
+
+def one_line(text: str) -> str:
+    """``text`` folded onto one line: libraries (HDF5, Dask, MPI) put line breaks inside their
+    messages, and cutting at the first one loses the reason ("No space left on device")."""
+    return " ".join(str(text).split())

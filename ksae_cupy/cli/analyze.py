@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from ksae_cupy.cli.common import (CONTEXT, DATA_DIR, DEVICE, QUIET,
-                                   RUN_DIR, dataset_split, progress_printer, report_errors, write_json)
+from ksae_cupy.cli.common import (CONTEXT, DATA_DIR, DEVICE, QUIET, RUN_DIR, check_run_outputs, dataset_split,
+                                   progress_printer, report_errors, write_json)
 from ksae_cupy.errors import KsaeError
 
 
@@ -55,6 +55,7 @@ def analyze_iti(run_dir, n_samples, split, k, max_iter, device, data_dir, quiet)
     from ksae_cupy.evaluation.features import load_run_dataset, open_run
 
     run = open_run(run_dir)
+    check_run_outputs(run_dir, "iti.json")
     k = run.k if k is None else k
     if not 1 <= k <= min(run.params["W_dh"].shape):
         raise KsaeError(f"--k {k} is not allowed; use 1 <= k <= min(D, H) = {min(run.params['W_dh'].shape)}")
@@ -94,7 +95,10 @@ def analyze_theorem(dictionary, D, H, k, n, seed, output):
     import numpy as np
 
     from ksae_cupy.evaluation.analysis import gaussian_dictionary, incoherent_dictionary, theorem_experiment
+    from ksae_cupy.paths import check_output_file
 
+    if output:
+        check_output_file(output, "-o")  # before the experiment, not after it
     if n < 1 or D < 1 or H < 1:
         raise KsaeError("--n, --dim and --atoms must be positive")
     if dictionary == "incoherent":
@@ -138,6 +142,7 @@ def analyze_variants(run_dir, variants_text, alphas, l2_text, max_iter, device, 
     from ksae_cupy.evaluation.variants import markdown, parse_variants, run_variants
 
     variants, alpha_list, l2_list = parse_variants(variants_text), parse_alphas(alphas), parse_l2(l2_text)
+    check_run_outputs(run_dir, "variants.json", "variants.md")
     if max_iter < 1:
         raise KsaeError(f"--max-iter {max_iter} is not allowed; use a positive number of iterations")
     result = run_variants(run_dir, variants, alpha_list, l2_list, max_iter, resolve_device(device), data_dir,
@@ -164,6 +169,7 @@ def analyze_compare(run_dir, alpha, l2_text, n_train, dict_seconds, data_dir, qu
 
     require_sklearn()
     run = open_run(run_dir)
+    check_run_outputs(run_dir, "compare.json")
     l2_list = parse_l2(l2_text)
     if n_train < 1:
         raise KsaeError(f"--n-train {n_train} is not allowed; use a positive number")

@@ -1,8 +1,9 @@
-"""What every command shares: the one-line error wrapper, exit statuses, the Ctrl-C handler,
+"""What every command shares: the one-line error wrapper, exit statuses, the stop-signal handler,
 and the parsing of comma-separated option values.
 
 A user mistake is one line ``error: ...`` on stderr and exit status 2; a run whose loss
-diverges exits with status 1; Ctrl-C saves a checkpoint and exits with 130.
+diverges exits with status 1; Ctrl-C, SIGTERM and SIGHUP save a checkpoint and exit with
+128 + the signal's number (130, 143, 129).
 """
 from __future__ import annotations
 
@@ -10,24 +11,26 @@ import functools
 import json
 import signal
 import sys
+import warnings
 from pathlib import Path
 
 import click
 
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import KsaeError, KsaeNote, TrainingDiverged, one_line
 
 EXIT_USAGE, EXIT_DIVERGED, EXIT_INTERRUPTED = 2, 1, 130
 
 
 def report_errors(func):
-    """Turn :class:`KsaeError` into ``error: <one line>`` and the right exit status."""
+    """Turn :class:`KsaeError` into ``error: <one line>`` and the right exit status, and
+    :class:`~ksae_cupy.errors.KsaeNote` warnings into ``note: <one line>`` on stderr."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        from ksae_cupy.training.trainer import TrainingDiverged
-
         try:
-            return func(*args, **kwargs)
+            with warnings.catch_warnings():
+                warnings.showwarning = _show_note
+                return func(*args, **kwargs)
         except TrainingDiverged as exc:
             click.echo(f"error: {_one_line(exc)}", err=True)
             sys.exit(EXIT_DIVERGED)
@@ -36,35 +39,71 @@ def report_errors(func):
             sys.exit(EXIT_USAGE)
         except OSError as exc:  # the paths are checked up front; this catches what changes under us
             where = f"{exc.filename}: " if exc.filename else ""
-            click.echo(f"error: {where}{exc.strerror or _one_line(exc)}", err=True)
+            click.echo(f"error: {where}{one_line(exc.strerror or exc) or type(exc).__name__}", err=True)
             sys.exit(EXIT_USAGE)
 
     return wrapper
 
 
+def _show_note(message, category, filename, lineno, file=None, line=None):
+    if issubclass(category, KsaeNote):
+        click.echo(f"note: {one_line(message)}", err=True)
+    else:  # other libraries' warnings keep Python's own format
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 def _one_line(exc: Exception) -> str:
-    text = str(exc)
-    return text.splitlines()[0] if text else type(exc).__name__
+    return one_line(exc) or type(exc).__name__
 
 
-def install_interrupt_handler(model, say):
-    """First Ctrl-C: finish the current step, save, exit. Second: stop at once. Returns an undo."""
-    previous = signal.getsignal(signal.SIGINT)
+# What stops a long command cleanly: Ctrl-C, and what docker, SLURM, systemd and `timeout`
+# send (SIGTERM) or a closed terminal sends (SIGHUP).
+STOP_SIGNALS = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM", "SIGHUP": "SIGHUP"}
 
-    def handler(signum, frame):
-        if model.trainer_ is not None and not model.trainer_.stop_requested:
-            model.trainer_.stop_requested = True
-            say("\nCtrl-C: stopping after this step and saving a checkpoint (Ctrl-C again to abort without saving)",
-                err=True)
-        else:
+
+class StopOnSignals:
+    """First Ctrl-C, SIGTERM or SIGHUP: finish the current step, save, exit ``128 + signal``
+    (130, 143, 129). The same signal again: stop at once, without saving.
+
+    ``model.trainer_`` is what gets ``stop_requested``; :meth:`restore` puts the previous
+    handlers back; :attr:`exit_status` is the status to exit with once the run has stopped.
+    """
+
+    def __init__(self, model, say):
+        self.model, self.say = model, say
+        self.received: int | None = None
+        self.previous = {}
+        for name in STOP_SIGNALS:
+            number = getattr(signal, name, None)
+            if number is None:
+                continue  # SIGHUP does not exist on Windows
+            try:
+                self.previous[number] = signal.signal(number, self._handler)
+            except ValueError:  # not the main thread (e.g. inside a test runner's worker)
+                break
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.received if self.received is not None else EXIT_INTERRUPTED
+
+    def _handler(self, signum, frame):
+        name = STOP_SIGNALS[signal.Signals(signum).name]
+        trainer = self.model.trainer_
+        if trainer is not None and not trainer.stop_requested:
+            self.received = signum
+            trainer.stop_requested = True
+            self.say(f"\n{name}: stopping after this step and saving a checkpoint ({name} again to stop at once "
+                     f"without saving)", err=True)
+            return
+        if signum == signal.SIGINT:
             raise KeyboardInterrupt
+        click.echo(f"\n{name}: stopped at once, nothing saved", err=True)
+        sys.exit(128 + signum)
 
-    try:
-        signal.signal(signal.SIGINT, handler)
-    except ValueError:  # not the main thread (e.g. inside a test runner's worker)
-        return lambda: None
-    return lambda: signal.signal(signal.SIGINT, previous)
-
+    def restore(self) -> None:
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
+        self.previous = {}
 
 
 def positive_ints(text: str, flag: str):
@@ -92,6 +131,16 @@ DEVICE = click.option("--device", default="auto", help="auto (a GPU when one ans
 DATA_DIR = click.option("--data-dir", type=click.Path(path_type=Path), default=None,
                         help="Data root. [default: $KSAE_DATA_DIR or ./data]")
 QUIET = click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
+
+
+def check_run_outputs(run_dir: Path, *names: str) -> None:
+    """Before minutes of work: the files a command will write into ``run_dir`` can be written
+    (a missing folder is left to the command's own one-line error)."""
+    from ksae_cupy.paths import check_output_file
+
+    if Path(run_dir).is_dir():
+        for name in names:
+            check_output_file(Path(run_dir) / name, "RUN_DIR output")
 
 
 def write_json(path: Path, payload: dict) -> None:

@@ -37,7 +37,9 @@ def data_verify(data_dir):
     from ksae_cupy.datasets import data_root
     from ksae_cupy.datasets.catalog import verify_all
 
-    rows = verify_all(data_dir or data_root())
+    root = data_dir or data_root()
+    check_data_root(root)
+    rows = verify_all(root)
     bad = [row for row in rows if row[2] == "bad"]
     for dataset, filename, status, detail in rows:
         click.echo(f"{status:8s} {dataset:14s} {filename}{'  ' + detail if detail else ''}")
@@ -53,5 +55,13 @@ def data_list(data_dir):
     from ksae_cupy.datasets import data_root
     from ksae_cupy.datasets.catalog import list_datasets
 
-    for name, description, state in list_datasets(data_dir or data_root()):
+    root = data_dir or data_root()
+    check_data_root(root)
+    for name, description, state in list_datasets(root):
         click.echo(f"{name:14s} {state:44s} {description}")
+
+
+def check_data_root(root: Path) -> None:
+    """A data root that is a file would read as "no files present": say what it is instead."""
+    if Path(root).exists() and not Path(root).is_dir():
+        raise KsaeError(f"--data-dir {root} is a file, not a folder; give the folder that holds the datasets")

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import click
 
-from ksae_cupy.cli.common import CONTEXT, DATA_DIR, DEVICE, QUIET, RUN_DIR, progress_printer, report_errors
+from ksae_cupy.cli.common import (CONTEXT, DATA_DIR, DEVICE, QUIET, RUN_DIR, check_run_outputs, progress_printer,
+                                   report_errors)
 from ksae_cupy.errors import KsaeError
 
 
@@ -49,6 +50,7 @@ def eval_command(run_dir, alphas, l2_text, refit, raw_baseline, max_iter, linear
         require_sklearn()  # before any work
     if max_iter < 1:
         raise KsaeError(f"--max-iter {max_iter} is not allowed; use a positive number")
+    check_run_outputs(run_dir, "eval.json", "eval.md")
     backend = resolve_device(device)
     result = evaluate_run(run_dir, alpha_list, l2_list, refit=refit, raw_baseline=raw_baseline, backend=backend,
                           data_root=data_dir, max_iter=max_iter, linear_svm=linear_svm, log=progress_printer(quiet))

@@ -29,7 +29,7 @@ from types import SimpleNamespace
 import click
 import numpy as np
 
-from ksae_cupy.cli.common import EXIT_INTERRUPTED, install_interrupt_handler, report_errors
+from ksae_cupy.cli.common import StopOnSignals, report_errors
 from ksae_cupy.errors import KsaeError
 
 RESULTS = "finetune.json"
@@ -92,6 +92,8 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
             raise KsaeError(f"--resume: {', '.join(given)} cannot change a run in progress; leave them out")
         folder = RunFolder(resume)
         folder.check_resumable()
+        folder.lock(log=lambda msg: say(msg, err=True))  # one writer: held until the command ends
+        ctx.call_on_close(folder.release)
         resolved = folder.read_config()
         trainer = finetune.FinetuneTrainer.from_state(load_finetune_checkpoint(folder.checkpoint), backend)
         dataset = resolved["dataset"]
@@ -122,7 +124,7 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
             if dataset is None:
                 raise KsaeError("missing --dataset; name a labelled dataset such as mnist")
         folder = RunFolder(run_dir or _default_run_dir(dataset))
-        folder.check_new()
+        folder.check_new(command="ksae-finetune")
         data = load_dataset(dataset, root=data_dir, log=lambda msg: say(msg, err=True))
         if data.y_train is None:
             raise KsaeError(f"dataset {dataset!r} has no labels; fine-tuning needs a labelled dataset such as mnist")
@@ -169,7 +171,8 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
                     "no_pretraining": bool(no_pretraining), "baseline": baseline,
                     "pretrain_epochs": pretrain_epochs if baseline else None, "finetune": config.to_dict(),
                     "checkpoint_every": checkpoint_every, "run_dir": str(folder.path)}
-        folder.create()
+        ctx.call_on_close(folder.release)
+        folder.create(log=lambda msg: say(msg, err=True), new=True)
         folder.write_config(resolved)
 
     say(backend.description)
@@ -189,17 +192,17 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
         if report.epoch % checkpoint_every == 0:
             save()
 
-    stop = install_interrupt_handler(SimpleNamespace(trainer_=trainer), say)
+    stop = StopOnSignals(SimpleNamespace(trainer_=trainer), say)
     started = time.perf_counter()
     try:
         trainer.fit(X_train, y_train, X_valid, y_valid, on_epoch=on_epoch)
     finally:
-        stop()
+        stop.restore()
     save()
     if not trainer.finished:
         click.echo(f"interrupted in phase {trainer.phase}, epoch {trainer.epoch + 1}; checkpoint saved to "
                    f"{folder.checkpoint}; continue with: ksae-finetune --resume {folder.path}", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(stop.exit_status)
     with backend.use():
         results = {"dataset": dataset, "device": backend.name, "phases": trainer.config.phases,
                    "epochs_per_phase": trainer.config.epochs, "kept": trainer.config.kept,

@@ -5,7 +5,9 @@ was planned over; shorten, to no fewer than the epochs done: the schedule shrink
 ``--checkpoint-every``, ``--checkpoint-minutes``, ``--threads``, ``--data-dir``, ``--quiet``,
 ``--progress-seconds``. Refused when they differ from the run: the options that shape the
 model or the sequence of batches, and a ``--run-dir`` or DATASET other than the run's own.
-Options not given keep the run's values (config.json), never the defaults.
+Options not given keep the run's values (the checkpoint's configuration, config.json), never
+the defaults: ``--threads`` included, since a resume is bit-identical only on the same BLAS
+thread count. ``--quiet`` is the one option of a session only.
 """
 from __future__ import annotations
 
@@ -22,7 +24,11 @@ REFUSED = ("hidden", "k", "k_start", "no_k_schedule", "batch_size", "lr", "momen
 APPLIED = ("epochs", "topk", "step", "device", "checkpoint_every", "checkpoint_minutes", "threads", "data_dir", "quiet",
            "progress_seconds")
 # Run-level options kept in config.json; on resume, one not given takes the run's value.
-RUN_LEVEL = ("checkpoint_every", "checkpoint_minutes")
+RUN_LEVEL = ("checkpoint_every", "checkpoint_minutes", "threads", "device", "data_dir", "progress_seconds")
+# Applied options kept in the checkpoint's training configuration (see apply_options).
+IN_CHECKPOINT = ("epochs", "topk", "step")
+# Options of one session only: --quiet is how this invocation talks, not part of the run.
+SESSION = ("quiet",)
 
 
 def given(ctx) -> set:
@@ -106,6 +112,10 @@ def apply_options(ctx, typed: set, trainer) -> list[str]:
 
 
 def run_level(ctx, typed: set, previous: dict) -> dict:
-    """checkpoint_every and checkpoint_minutes: as given, else as the run had them, else the default."""
-    return {name: ctx.params[name] if name in typed or name not in previous else previous[name]
-            for name in RUN_LEVEL}
+    """Every :data:`RUN_LEVEL` option: as given, else as the run had it (``previous``, its
+    config.json), else the default. Paths come back as text, as config.json holds them."""
+    values = {name: ctx.params[name] if name in typed or name not in previous else previous[name]
+              for name in RUN_LEVEL}
+    if isinstance(values["data_dir"], Path):
+        values["data_dir"] = str(values["data_dir"])
+    return values

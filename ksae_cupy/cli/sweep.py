@@ -13,21 +13,28 @@ import click
 
 from ksae_cupy.cli.common import report_errors
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.parallel.sweep import grid, run_sweep, write_results
+from ksae_cupy.parallel.sweep import check_specs, grid, run_sweep, write_results
+from ksae_cupy.paths import check_writable_folder
 
 
 def _ints(text: str, what: str) -> list[int]:
     try:
-        return [int(v) for v in text.split(",") if v.strip()]
+        values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise KsaeError(f"--{what} {text!r} is not allowed; use comma-separated integers such as 5,10") from None
+        values = []
+    if not values:
+        raise KsaeError(f"--{what} {text!r} is not allowed; use comma-separated integers such as 5,10")
+    return values
 
 
 def _floats(text: str, what: str) -> list[float]:
     try:
-        return [float(v) for v in text.split(",") if v.strip()]
+        values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise KsaeError(f"--{what} {text!r} is not allowed; use comma-separated numbers such as 1,2,3") from None
+        values = []
+    if not values:
+        raise KsaeError(f"--{what} {text!r} is not allowed; use comma-separated numbers such as 1,2,3")
+    return values
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -53,6 +60,8 @@ def sweep_command(dataset, ks, alphas, hiddens, seeds, epochs, batch_size, lr, n
     base = {"batch_size": batch_size, "lr": lr, "k_start": None if no_k_schedule else "auto"}
     specs = grid(_ints(ks, "k"), _floats(alphas, "alpha"), _ints(hiddens, "hidden"), _ints(seeds, "seeds"),
                  _ints(epochs, "epochs"), base)
+    check_specs(specs)  # here, in one line, not on a worker after a remote traceback
+    check_writable_folder(out, "--out")  # before the trainings, not after them
     rows = run_sweep(specs, dataset, scheduler=scheduler, workers=workers, data_dir=data_dir, log=click.echo)
     json_path, md_path = write_results(rows, out)
     click.echo(md_path.read_text())

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from ksae_cupy.cli.common import EXIT_INTERRUPTED, install_interrupt_handler, report_errors
+from ksae_cupy.cli.common import StopOnSignals, report_errors
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.training.options import check_seed, check_training_memory
 
@@ -41,6 +41,8 @@ from ksae_cupy.training.options import check_seed, check_training_memory
 @click.option("--checkpoint-every", type=int, default=10, help="Write a checkpoint every N epochs (and at the end).")
 @click.option("--checkpoint-minutes", type=float, default=5.0,
               help="Also write one whenever this many minutes have passed, mid-epoch if need be (0: by epochs only).")
+@click.option("--overwrite", is_flag=True,
+              help="Start afresh in a --run-dir that holds another run: its checkpoint, config, metrics and results are removed.")
 @click.option("--resume", type=click.Path(path_type=Path), default=None,
               help="Continue the run in this folder; options given are applied (--epochs, --topk, --device, "
                    "--checkpoint-*, --threads) or, if they would change the model, refused by name.")
@@ -52,8 +54,8 @@ from ksae_cupy.training.options import check_seed, check_training_memory
 @click.pass_context
 @report_errors
 def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch_size, lr, momentum, sigma, topk,
-                  seed, dtype, activation, step, device, run_dir, checkpoint_every, checkpoint_minutes, resume,
-                  data_dir, threads, progress_seconds, quiet):
+                  seed, dtype, activation, step, device, run_dir, checkpoint_every, checkpoint_minutes, overwrite,
+                  resume, data_dir, threads, progress_seconds, quiet):
     """Train a k-sparse autoencoder on DATASET.
 
     DATASET is a built-in name (mnist, synthetic, and the others `ksae-data list` shows)
@@ -80,12 +82,20 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
     typed = resuming.given(ctx)
     check_seed("--seed", seed)  # paths are checked by RunFolder, memory once the data's width is known
     if resume is not None:
+        if overwrite:
+            raise KsaeError(f"--overwrite contradicts --resume: --resume continues the run in {resume}, --overwrite "
+                            f"would discard it; give one")
         folder = RunFolder(resume)
         folder.check_resumable()
         resuming.check_run_dir(run_dir, resume)
+        folder.lock(log=lambda msg: say(msg, err=True))  # one writer: held until the command ends
+        ctx.call_on_close(folder.release)
         previous = folder.read_config()
         dataset = resuming.check_dataset(dataset, previous)
-        every = resuming.run_level(ctx, typed, previous)
+        every = resuming.run_level(ctx, typed, previous)  # options not given keep the run's values
+        device, threads, progress_seconds = every["device"], every["threads"], every["progress_seconds"]
+        data_dir = Path(every["data_dir"]) if every["data_dir"] else None
+        check_progress_seconds(progress_seconds)
         policy = CheckpointPolicy(every["checkpoint_every"], every["checkpoint_minutes"])
         backend = resolve_device(device)
         model = KSparseAutoencoder.load(folder.checkpoint, device=backend.name)
@@ -103,10 +113,11 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
                              sigma=sigma, topk=topk, seed=seed, dtype=dtype, activation=activation, step=step,
                              k_start=None if no_k_schedule else resolve_k_start(k_start if k_start is not None else "auto", k, hidden))
         config.validate()
+        check_progress_seconds(progress_seconds)
         policy = CheckpointPolicy(checkpoint_every, checkpoint_minutes)
-        every = {"checkpoint_every": checkpoint_every, "checkpoint_minutes": checkpoint_minutes}
+        every = resuming.run_level(ctx, typed, {})
         folder = RunFolder(run_dir or default_run_dir(dataset, hidden, k))
-        folder.check_new()
+        folder.check_new(overwrite)
         record = dataset_record(dataset)
         backend = resolve_device(device)
         model = None
@@ -131,14 +142,16 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
         raise KsaeError(f"the checkpoint's model takes {model.trainer_.params['W_dh'].shape[0]} dimensions, "
                         f"{dataset} has {data.dim}")
 
-    folder.create(log=lambda msg: say(msg, err=True))
+    ctx.call_on_close(folder.release)
+    folder.create(log=lambda msg: say(msg, err=True), new=resume is None, overwrite=overwrite)
     if model.trainer_ is not None:
         dropped = folder.truncate_metrics(model.trainer_.step)
         if dropped:
             say(f"metrics.jsonl: dropped {dropped} line(s) logged after the checkpoint (those epochs run again)")
-    resolved = {**record, "device": backend.name, "train": model.config().to_dict()
+    resolved = {**record, "train": model.config().to_dict()
                 if model.trainer_ is None else model.trainer_.config.to_dict(),
-                **every, "threads": threads, "run_dir": str(folder.path)}
+                **every, "device": backend.name, "data_dir": str(data_dir) if data_dir else None,
+                "run_dir": str(folder.path)}
     folder.write_config(resolved)
     say("config: " + json.dumps(resolved["train"], sort_keys=True))
     say(f"run folder: {folder.path}")
@@ -166,19 +179,24 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
         for line in show().after_epoch(report):
             say(line)
 
-    stop = install_interrupt_handler(model, say)
+    stop = StopOnSignals(model, say)
     started = time.perf_counter()
     try:
         model.fit(data.X_train, X_valid=data.X_valid, on_epoch=on_epoch, on_batch=on_batch,
                   checkpoint_path=folder.checkpoint, should_checkpoint=policy.after_epoch)
     finally:
-        stop()
+        stop.restore()
         if progress is not None:
             progress.clear()
     trainer = model.trainer_
     if not trainer.finished:
         click.echo(f"interrupted at epoch {trainer.epoch + 1}, batch {trainer.batch_in_epoch}; checkpoint saved to "
                    f"{folder.checkpoint}; continue with: ksae-train --resume {folder.path}", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(stop.exit_status)
     click.echo(f"done: {trainer.epoch} epochs in {time.perf_counter() - started:.1f} s; "
                f"checkpoint {folder.checkpoint}")
+
+
+def check_progress_seconds(seconds: float) -> None:
+    if not seconds >= 0:  # NaN too
+        raise KsaeError(f"--progress-seconds {seconds} is not allowed; use seconds >= 0 (0: a line every batch)")

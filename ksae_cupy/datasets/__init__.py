@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ksae_cupy.datasets.dataset import Dataset, check_finite, check_magnitude
+from ksae_cupy.datasets.dataset import Dataset, check_finite, check_float_input, check_magnitude
 from ksae_cupy.errors import KsaeError
 
 
@@ -91,6 +91,7 @@ def load_user_file(spec: str, valid_fraction: float = 0.1, seed: int = 0) -> Dat
         raise KsaeError(f"{spec}: array of shape {X.shape}; expected N x D with N >= 2")
     if not np.issubdtype(X.dtype, np.number) or np.iscomplexobj(X):
         raise KsaeError(f"{spec}: array of dtype {X.dtype}; expected real numbers")
+    check_float_input(X, spec)
     X = X.astype(np.float32)
     check_finite(X, spec)
     check_magnitude(X, spec)

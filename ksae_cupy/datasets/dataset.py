@@ -39,6 +39,18 @@ class Dataset:
         return f"{self.name}: {sizes}, {self.dim} dimensions"
 
 
+def check_float_input(X: np.ndarray, what: str) -> None:
+    """Refuse integer (and boolean) data with a hint to scale it: raw counts or pixel values
+    of 0..255 make the squared error overflow and training diverge, and only the user knows
+    the scale (the estimator and ``ksae-train`` both call this)."""
+    if not (np.issubdtype(X.dtype, np.integer) or np.issubdtype(X.dtype, np.bool_)):
+        return
+    low, high = (X.min(), X.max()) if X.size else (0, 0)
+    raise KsaeError(f"{what} holds {X.dtype} values (from {low} to {high}); only floating-point data is trained "
+                    f"on: scale it first, e.g. save X.astype('float32') / {max(int(high), 1)}, or standardise "
+                    f"each column")
+
+
 def check_finite(X: np.ndarray, what: str) -> None:
     """Reject NaN and infinities with the position of the first one."""
     finite = np.isfinite(X)

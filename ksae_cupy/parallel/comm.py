@@ -25,6 +25,24 @@ def world():
     return MPI.COMM_WORLD
 
 
+class StopAgreedOverRanks:
+    """Mixin of the distributed trainers: ``stop_requested`` is true on every rank once it was
+    set on any (SIGTERM may reach only some ranks). The trainer's loop reads it at the same
+    point of every step on every rank, so all stop after the same step and save together."""
+
+    _stop_here = False
+
+    @property
+    def stop_requested(self) -> bool:
+        from mpi4py import MPI
+
+        return bool(self.comm.allreduce(int(self._stop_here), op=MPI.MAX))
+
+    @stop_requested.setter
+    def stop_requested(self, value: bool) -> None:
+        self._stop_here = bool(value)
+
+
 def mpi_sum_inplace(comm, buf: np.ndarray) -> np.ndarray:
     """Sum ``buf`` over all ranks, in place, and return it (host arrays only)."""
     from mpi4py import MPI

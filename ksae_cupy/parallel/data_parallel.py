@@ -29,6 +29,8 @@ other ranks waiting in a collective forever.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 import zlib
@@ -37,8 +39,8 @@ import numpy as np
 
 from ksae_cupy import model
 from ksae_cupy.backend import to_host
-from ksae_cupy.errors import KsaeError
-from ksae_cupy.parallel.comm import shard_bounds
+from ksae_cupy.errors import KsaeError, one_line
+from ksae_cupy.parallel.comm import StopAgreedOverRanks, shard_bounds
 from ksae_cupy.training.trainer import Trainer, TrainingDiverged
 
 
@@ -74,7 +76,7 @@ class FlatGrads:
         return float(self.flat[self.loss_slot])
 
 
-class DataParallelTrainer(Trainer):
+class DataParallelTrainer(StopAgreedOverRanks, Trainer):
     """A :class:`~ksae_cupy.training.trainer.Trainer` whose steps all-reduce gradients over ``comm``.
 
     ``allreduce(flat)`` sums a buffer of the backend's array type in place; with a GPU
@@ -169,6 +171,7 @@ def run_distributed(dataset, config, *, run_dir, resume, device, comm_kind, chec
     from ksae_cupy.training.checkpoint import load_checkpoint
     from ksae_cupy.parallel.comm import make_allreducer, world
     from ksae_cupy.datasets import load_dataset
+    from ksae_cupy.schedules import schedule_reaches_k
     from ksae_cupy.training.runs import RunFolder, default_run_dir
     from ksae_cupy.training.trainer import TrainConfig
 
@@ -215,6 +218,10 @@ def run_distributed(dataset, config, *, run_dir, resume, device, comm_kind, chec
     say(f"{backend.description}; {size} ranks, {'hidden units' if shard_hidden else 'data'} sharded, comm {comm_kind}")
     data = load_dataset(dataset, root=data_dir, log=lambda msg: say(msg, err=True) if rank == 0 else None)
     config.validate(n_train=len(data.X_train))
+    if ckpt is None and config.k_start is not None and not schedule_reaches_k(config.epochs, config.k, config.k_start):
+        say(f"note: in {config.epochs} epoch the k schedule would stay at k-start {config.k_start} and never reach "
+            f"k {config.k}; training with k {config.k} from the start (as --no-k-schedule)")
+        config.k_start = None  # as ksae-train does; every rank decides alike
     D = data.dim
     if ckpt is not None and ckpt.params["W_dh"].shape[0] != D:
         raise KsaeError(f"the checkpoint's model takes {ckpt.params['W_dh'].shape[0]} dimensions, {dataset} has {D}")
@@ -231,7 +238,7 @@ def run_distributed(dataset, config, *, run_dir, resume, device, comm_kind, chec
     preprocess = dict(ckpt.preprocess) if ckpt is not None else dict(data.preprocess)
 
     if rank == 0:
-        folder.create()
+        folder.create(log=lambda msg: say(msg, err=True), new=ckpt is None)  # locked for the job's life
         if ckpt is not None:  # epochs logged after the checkpoint run again: log each once
             folder.truncate_metrics(ckpt.step)
         folder.write_config({"dataset": dataset, "device": backend.name, "train": config.to_dict(),
@@ -252,9 +259,12 @@ def run_distributed(dataset, config, *, run_dir, resume, device, comm_kind, chec
     X_train = backend.asarray(data.X_train, dtype=trainer.dtype)
     X_valid = backend.asarray(data.X_valid, dtype=trainer.dtype)
     started = time.perf_counter()
+    received = _stop_on_signals(trainer, say)
     with backend.use():
         while not trainer.finished:
             report = trainer.run_epoch(X_train, X_valid)
+            if report is None:  # every rank agreed to stop mid-epoch
+                break
             if rank == 0:
                 folder.append_metrics(report)
                 valid = f"  valid {report.valid_loss:.4f}" if report.valid_loss is not None else ""
@@ -262,11 +272,36 @@ def run_distributed(dataset, config, *, run_dir, resume, device, comm_kind, chec
                     f"dead {100 * report.dead_fraction:.1f}%  {report.samples_per_s:,.0f} samples/s")
             if report.epoch % checkpoint_every == 0:
                 save()
+            if trainer.stop_requested:
+                break
     save()
+    if not trainer.finished:
+        if rank == 0:
+            log(f"interrupted at epoch {trainer.epoch + 1}, batch {trainer.batch_in_epoch}; checkpoint saved to "
+                f"{folder.checkpoint}; continue with: mpiexec -n {size} python -m mpi4py -m ksae_cupy.cli.mpi_train "
+                f"train --resume {folder.path}", err=True)
+        sys.exit(128 + (received[0] or signal.SIGTERM))  # every rank, together: see abort_on_error
     if rank == 0:
         log(f"done: {trainer.epoch} epochs on {size} ranks in {time.perf_counter() - started:.1f} s; "
             f"checkpoint {folder.checkpoint}")
     return trainer
+
+
+def _stop_on_signals(trainer, say) -> list:
+    """SIGINT, SIGTERM, SIGHUP (mpiexec and SLURM pass them to the ranks): stop after the step
+    on every rank, save, exit 128 + the signal. Returns a one-item list: the signal received here."""
+    received = [None]
+
+    def handler(signum, frame):
+        received[0] = signum
+        trainer.stop_requested = True
+        say(f"\n{signal.Signals(signum).name}: stopping every rank after this step and saving a checkpoint",
+            err=True)
+
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), handler)
+    return received
 
 
 def _gpus_per_node() -> int:
@@ -293,6 +328,8 @@ def abort_on_error(func):
         except SystemExit as exc:
             if exc.code in (0, None):
                 raise
+            if isinstance(exc.code, int) and exc.code > 128:  # every rank stopped by a signal, saved, together
+                _exit_together(exc.code)
             _abort(int(exc.code) if isinstance(exc.code, int) else 1, None)
         except TrainingDiverged as exc:
             _abort(1, exc)
@@ -302,6 +339,21 @@ def abort_on_error(func):
             _abort(1, exc)
 
     return wrapper
+
+
+def _exit_together(status: int) -> None:
+    """Leave with ``status`` on every rank without MPI_Abort (which mpi4py's runner would call
+    for a non-zero exit, adding a line per rank to a clean stop)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        from mpi4py import MPI
+
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            MPI.Finalize()
+    except ImportError:
+        pass
+    os._exit(status)
 
 
 def _abort(status: int, exc) -> None:
@@ -314,7 +366,10 @@ def _abort(status: int, exc) -> None:
         MPI = None
     if exc is not None:
         kind = "" if isinstance(exc, KsaeError) else f"{type(exc).__name__}: "
-        print(f"error: [rank {rank}] {kind}{exc}", file=sys.stderr, flush=True)
+        # One write of the whole line: ranks that fail together must not run into one line.
+        line = f"error: [rank {rank}] {kind}{one_line(exc)}\n"
+        sys.stderr.flush()
+        os.write(sys.stderr.fileno(), line.encode("utf-8", "replace"))
     if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.size > 1:
         MPI.COMM_WORLD.Abort(status)
     sys.exit(status)

@@ -25,12 +25,12 @@ from ksae_cupy import model
 from ksae_cupy.backend import to_host
 from ksae_cupy.training.checkpoint import Checkpoint
 from ksae_cupy.parallel.sharded_topk import sharded_topk
-from ksae_cupy.parallel.comm import shard_bounds
+from ksae_cupy.parallel.comm import StopAgreedOverRanks, shard_bounds
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.training.trainer import Trainer
 
 
-class ShardedHiddenTrainer(Trainer):
+class ShardedHiddenTrainer(StopAgreedOverRanks, Trainer):
     """A Trainer whose parameters are this rank's block of hidden units."""
 
     takes_sparse_step = False  # its gradients come from the dense step, summed over ranks

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import KsaeError, one_line
 
 SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
@@ -38,6 +38,28 @@ def grid(ks, alphas, hiddens, seeds, epochs, base: dict | None = None) -> list[d
     return rows
 
 
+def _config_of(spec: dict):
+    """The :class:`TrainConfig` one grid point trains with (``k_start`` resolved)."""
+    from ksae_cupy.schedules import resolve_k_start
+    from ksae_cupy.training.trainer import TrainConfig
+
+    options = {key: value for key, value in spec.items() if key != "alphas"}
+    options["k_start"] = resolve_k_start(options.get("k_start", "auto"), options["k"], options["hidden"])
+    return TrainConfig.from_dict(options)
+
+
+def check_specs(specs: list[dict]) -> None:
+    """Every grid point's options and alphas, checked before anything is submitted: one line
+    naming the first bad one (the data's size is checked on the worker that loads it)."""
+    from ksae_cupy import model
+
+    for spec in specs:
+        config = _config_of(spec)
+        config.validate()
+        for alpha in spec["alphas"]:
+            model.alpha_k(config.k, alpha, config.hidden)
+
+
 def run_one(spec: dict, dataset: str, data_dir: str | None = None) -> list[dict]:
     """Train one configuration on the CPU and score it for each alpha: one result row per alpha.
 
@@ -47,15 +69,13 @@ def run_one(spec: dict, dataset: str, data_dir: str | None = None) -> list[dict]
     from ksae_cupy import model
     from ksae_cupy.backend import CPU
     from ksae_cupy.datasets import load_dataset
-    from ksae_cupy.schedules import resolve_k_start
-    from ksae_cupy.training.trainer import TrainConfig, Trainer
+    from ksae_cupy.training.trainer import Trainer
 
     for name, value in SINGLE_THREAD_ENV.items():  # for anything that starts threads later
         os.environ.setdefault(name, value)
     data = load_dataset(dataset, root=data_dir, log=lambda msg: None)
-    options = {key: value for key, value in spec.items() if key != "alphas"}
-    options["k_start"] = resolve_k_start(options.get("k_start", "auto"), options["k"], options["hidden"])
-    config = TrainConfig.from_dict(options)
+    config = _config_of(spec)
+    options = {**{key: value for key, value in spec.items() if key != "alphas"}, "k_start": config.k_start}
     config.validate(n_train=len(data.X_train))
     trainer = Trainer(config, CPU, D=data.dim)
     X_train = data.X_train.astype(config.dtype)
@@ -90,7 +110,7 @@ def run_sweep(specs: list[dict], dataset: str, *, scheduler: str | None = None, 
                                env=dict(SINGLE_THREAD_ENV))
         client = Client(cluster)
     else:
-        client = Client(scheduler)
+        client = _connect(Client, scheduler)
     try:
         log(f"sweep: {len(specs)} trainings on {client.scheduler_info().get('address', scheduler)}")
         futures = [client.submit(run_one, spec, dataset, data_dir, pure=False) for spec in specs]
@@ -100,6 +120,20 @@ def run_sweep(specs: list[dict], dataset: str, *, scheduler: str | None = None, 
         if cluster is not None:
             cluster.close()
     return [row for rows in results for row in rows]
+
+
+def _connect(Client, scheduler: str, timeout_s: float = 10.0):
+    """A client of the scheduler at ``scheduler``, or one line saying why there is none (a
+    malformed address, nobody listening, or something else answering there)."""
+    if "://" not in scheduler and ":" not in scheduler:
+        raise KsaeError(f"--scheduler {scheduler!r} is not allowed; use a Dask scheduler address such as "
+                        f"tcp://host:8786")
+    try:
+        return Client(scheduler, timeout=timeout_s)
+    except Exception as exc:  # noqa: BLE001 - Dask raises OSError, TimeoutError, ValueError, CommClosedError...
+        raise KsaeError(f"--scheduler {scheduler}: no Dask scheduler answers there (waited up to {timeout_s:g} s; "
+                        f"{type(exc).__name__}: {one_line(exc)[:200]}); check the address and that "
+                        f"dask-scheduler runs") from None
 
 
 COLUMNS = ("k", "hidden", "seed", "epochs", "alpha", "kept", "final_train_loss", "final_valid_loss",

@@ -1,12 +1,14 @@
 """Fine-tuning checkpoints: one HDF5 file, written to a temporary name and renamed.
 
-Layout (``format = "ksae-cupy finetune checkpoint"``, ``format_version = 1``):
+Layout (``format = "ksae-cupy finetune checkpoint"``, ``format_version = 2``):
 
 * root attributes: ``format``, ``format_version``, ``phase_index`` (phases finished),
   ``epoch`` (epochs finished in the current phase), ``step``, ``batch_in_epoch``,
   ``config`` (JSON of :class:`~ksae_cupy.supervised.finetune.FinetuneConfig`);
 * ``params/`` and ``optim/`` (velocities): ``W1_dh, b1_h, [W2_hh, b2_h,] W_hc, b_c``;
-* ``rng/``: attribute ``state`` and, mid-epoch, dataset ``epoch_perm``.
+* ``rng/``: attribute ``state`` and, mid-epoch, dataset ``epoch_perm``;
+* on every group and array, attribute ``sha256`` (:mod:`ksae_cupy.training.checksums`),
+  verified on load (version 1 files, written before checksums, load with a one-line note).
 
 Written with :func:`ksae_cupy.training.checkpoint.write_hdf5_atomically` (``<name>.tmp``, reopened
 to verify, renamed); a missing, foreign or damaged file is a one-line :class:`KsaeError`.
@@ -22,7 +24,8 @@ from ksae_cupy.training.checkpoint import read_hdf5_checked, write_hdf5_atomical
 from ksae_cupy.errors import KsaeError
 
 FORMAT = "ksae-cupy finetune checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: checksums; 1 is still read, without them
+UNSEALED_VERSIONS = (1,)
 _COUNTERS = ("phase_index", "epoch", "step", "batch_in_epoch")
 
 
@@ -60,7 +63,7 @@ def load_finetune_checkpoint(path: Path) -> dict:
         state["epoch_perm"] = f["rng"]["epoch_perm"][()] if "epoch_perm" in f["rng"] else None
         return state
 
-    state = read_hdf5_checked(path, "fine-tuning checkpoint", FORMAT, FORMAT_VERSION, read)
+    state = read_hdf5_checked(path, "fine-tuning checkpoint", FORMAT, FORMAT_VERSION, read, UNSEALED_VERSIONS)
     for name, value in state["params"].items():
         v = state["velocities"].get(name)
         if v is None or v.shape != value.shape or v.dtype != value.dtype:

@@ -1,6 +1,6 @@
-"""Checkpoints: one HDF5 file of host arrays, written to a temporary name and renamed.
+"""Checkpoints: one HDF5 file of host arrays, checksummed, written to a temporary name and renamed.
 
-Layout (``format = "ksae-cupy checkpoint"``, ``format_version = 1``):
+Layout (``format = "ksae-cupy checkpoint"``, ``format_version = 2``):
 
 * root attributes: ``format``, ``format_version``, ``epoch`` (completed epochs), ``step``
   (optimiser steps taken), ``batch_in_epoch`` (batches done in the unfinished epoch, 0 at
@@ -8,11 +8,13 @@ Layout (``format = "ksae-cupy checkpoint"``, ``format_version = 1``):
 * ``params/``: ``W_dh``, ``b_h``, ``c_d``;  ``optim/``: their velocities (same names);
 * ``rng/``: attribute ``state`` (JSON of NumPy's bit-generator state) and, mid-epoch,
   dataset ``epoch_perm`` (the order of the unfinished epoch);
-* ``preprocess/``: statistics of the data preprocessing (means, stds, ZCA matrix).
+* ``preprocess/``: statistics of the data preprocessing (means, stds, ZCA matrix);
+* on every group and array, attribute ``sha256`` (see :mod:`ksae_cupy.training.checksums`).
 
-Loading checks the format version, the presence, shapes and dtypes of the arrays, and
-fails with one line naming what differs. A crash never leaves half a checkpoint under the
-real name: the file is written as ``<name>.tmp``, flushed, reopened to verify, renamed.
+Loading checks the format version, every checksum, the presence, shapes and dtypes of the
+arrays, and fails with one line naming what differs. Version 1 files (before checksums)
+load with a one-line note. A crash never leaves half a checkpoint under the real name: the
+file is written as ``<name>.tmp``, flushed, reopened to verify, renamed.
 """
 from __future__ import annotations
 
@@ -23,10 +25,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import KsaeError, note, one_line
+from ksae_cupy.training import checksums
 
 FORMAT = "ksae-cupy checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: checksums; 1 is still read, without them
+UNSEALED_VERSIONS = (1,)
 PARAM_NAMES = ("W_dh", "b_h", "c_d")
 
 
@@ -60,22 +64,26 @@ def write_hdf5_atomically(path: Path, write_fn, verify_fn) -> None:
     try:
         with h5py.File(tmp, "w") as f:
             write_fn(f)
+            checksums.seal(f)
             f.flush()
         verify_fn(tmp)  # verify what was written before it takes the real name
         os.replace(tmp, path)
     except OSError as exc:  # a full disk, a lost mount: stop with one line, keep the previous file
         tmp.unlink(missing_ok=True)
         kept = f"the previous {path.name} is intact" if path.exists() else f"no {path.name} was written"
-        reason = exc.strerror or (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        # HDF5's messages run over several lines, the reason ("No space left on device") in the middle.
+        reason = one_line(exc.strerror or exc) or type(exc).__name__
         raise KsaeError(f"could not write {path} ({reason}); {kept}; free space or fix the folder, "
                         f"then continue the run with --resume") from None
 
 
-def read_hdf5_checked(path: Path, what: str, fmt: str, version: int, read_fn):
+def read_hdf5_checked(path: Path, what: str, fmt: str, version: int, read_fn, unsealed_versions=()):
     """``read_fn(f)`` on the open HDF5 file at ``path`` once its ``format`` and
-    ``format_version`` attributes say it is a ``what`` this code reads.
+    ``format_version`` attributes say it is a ``what`` this code reads and every checksum
+    matches (:func:`ksae_cupy.training.checksums.verify`).
 
-    A missing, foreign, newer or damaged file is a one-line :class:`KsaeError`.
+    A missing, foreign, newer, damaged or altered file is a one-line :class:`KsaeError`.
+    Files of ``unsealed_versions`` (written before checksums) are read with a one-line note.
     """
     import h5py
 
@@ -87,13 +95,19 @@ def read_hdf5_checked(path: Path, what: str, fmt: str, version: int, read_fn):
             if f.attrs.get("format") != fmt:
                 raise KsaeError(f"{path} is not a ksae-cupy {what} (format attribute {f.attrs.get('format')!r})")
             found = int(f.attrs.get("format_version", -1))
-            if found != version:
-                raise KsaeError(f"{path} has {what} format_version {found}; this version reads {version}")
+            if found in unsealed_versions:
+                note(f"{path} is a {what} of format_version {found}, written before checksums existed: it is read "
+                     f"without an integrity check (the next one written will carry them)")
+            elif found != version:
+                readable = ", ".join(str(v) for v in (*unsealed_versions, version))
+                raise KsaeError(f"{path} has {what} format_version {found}; this version reads {readable}")
+            else:
+                checksums.verify(f, path)
             return read_fn(f)
     except KsaeError:
         raise
     except (OSError, KeyError, ValueError, TypeError) as exc:
-        raise KsaeError(f"{path} is corrupt or truncated ({type(exc).__name__}: {exc})".splitlines()[0]) from None
+        raise KsaeError(one_line(f"{path} is corrupt or truncated ({type(exc).__name__}: {exc})")) from None
 
 
 def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:
@@ -132,7 +146,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
                           epoch_perm=f["rng"]["epoch_perm"][()] if "epoch_perm" in f["rng"] else None,
                           preprocess=_read_group(f, "preprocess", path) if "preprocess" in f else {})
 
-    ckpt = read_hdf5_checked(path, "checkpoint", FORMAT, FORMAT_VERSION, read)
+    ckpt = read_hdf5_checked(path, "checkpoint", FORMAT, FORMAT_VERSION, read, UNSEALED_VERSIONS)
     _check_shapes(ckpt, path)
     return ckpt
 

@@ -227,6 +227,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     def save(self, path) -> None:
         """Write a checkpoint (the whole training state) to ``path`` atomically."""
         check_is_fitted(self)
+        self.trainer_.check_params_finite()
         save_checkpoint(Path(path), self.trainer_.checkpoint(self.preprocess_))
 
     @classmethod

@@ -3,9 +3,12 @@
     RUN_DIR/checkpoint.h5   the latest checkpoint (see :mod:`ksae_cupy.training.checkpoint`)
     RUN_DIR/config.json     the resolved configuration, dataset and device included
     RUN_DIR/metrics.jsonl   one JSON object per finished epoch
+    RUN_DIR/.lock           held by the one process writing the run (:mod:`ksae_cupy.training.runlock`)
 
 A run killed while it wrote a checkpoint leaves ``checkpoint.h5.tmp`` beside the intact
 previous checkpoint; :meth:`RunFolder.create` removes such leftovers when the run starts again.
+A new run never writes into a folder holding another run's files (a dead run's metrics
+included) unless told to ``overwrite`` them.
 """
 from __future__ import annotations
 
@@ -18,10 +21,16 @@ from pathlib import Path
 
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.paths import check_writable_folder
+from ksae_cupy.training.runlock import RunLock, check_unlocked
 
 CHECKPOINT = "checkpoint.h5"
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
+# What makes a folder a run's, and what the commands compute from a run into its folder:
+# a new run with overwrite removes both (results of the old run beside the new one would mislead).
+RUN_FILES = (CHECKPOINT, CONFIG, METRICS)
+RESULT_FILES = ("eval.json", "eval.md", "variants.json", "variants.md", "coherence.json", "iti.json",
+                "compare.json", "filters.png", "finetune.json")
 
 
 def default_run_dir(dataset: str, hidden: int, k: int, root: Path = Path("runs")) -> Path:
@@ -36,17 +45,28 @@ class RunFolder:
 
     def __init__(self, path: Path):
         self.path = Path(path)
+        self._lock = RunLock(self.path)
 
     @property
     def checkpoint(self) -> Path:
         return self.path / CHECKPOINT
 
-    def check_new(self) -> None:
-        """A new run must not overwrite another run's checkpoint, and must be able to write its own."""
+    def run_files(self) -> list[str]:
+        """The names of the run files (and their leftover temporaries) the folder holds."""
+        if not self.path.is_dir():
+            return []
+        return sorted(name for name in RUN_FILES + tuple(n + ".tmp" for n in RUN_FILES) if (self.path / name).exists())
+
+    def check_new(self, overwrite: bool = False, command: str = "ksae-train") -> None:
+        """A new run must be able to write its folder and must not mix with another run's files
+        (a finished, a running or a dead one): those need --resume or, to discard them, --overwrite."""
         check_writable_folder(self.path, "run folder")
-        if self.checkpoint.exists():
-            raise KsaeError(f"run folder {self.path} already holds a run; continue it with --resume {self.path} "
-                            f"or choose another --run-dir")
+        if not self._lock.held:
+            check_unlocked(self.path)
+        found = self.run_files()
+        if found and not overwrite:
+            raise KsaeError(f"run folder {self.path} already holds a run ({', '.join(found)}); continue it with "
+                            f"{command} --resume {self.path}, discard it with --overwrite, or choose another --run-dir")
 
     def check_resumable(self) -> None:
         if not self.path.is_dir():
@@ -54,10 +74,31 @@ class RunFolder:
         if not self.checkpoint.is_file():
             raise KsaeError(f"--resume {self.path}: the folder holds no {CHECKPOINT}")
         check_writable_folder(self.path, "--resume")  # its checkpoints are rewritten
+        check_unlocked(self.path)
 
-    def create(self, log=None) -> None:
-        """Make the folder; remove temporary files a killed run left (saying so through ``log``)."""
+    def lock(self, log=None) -> None:
+        """Make the folder and hold its lock until :meth:`release` (or the process's end);
+        a lock a dead run left is taken over (saying so through ``log``)."""
         self.path.mkdir(parents=True, exist_ok=True)
+        stale = self._lock.acquire()
+        if stale is not None and log is not None:
+            log(f"took over {self._lock.path} from PID {stale}, a run that ended without releasing it")
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def create(self, log=None, new: bool = False, overwrite: bool = False) -> None:
+        """Make and lock the folder; for a ``new`` run, check again (now that no other writer can
+        come in between) that it holds no other run, or remove that run's files with ``overwrite``;
+        remove temporary files a killed run left. Messages go through ``log``."""
+        self.lock(log)
+        if new:
+            self.check_new(overwrite)
+            if overwrite:
+                for name in self.run_files() + [n for n in RESULT_FILES if (self.path / n).exists()]:
+                    (self.path / name).unlink()
+                    if log is not None:
+                        log(f"--overwrite: removed {self.path / name}")
         for leftover in sorted(self.path.glob("*.tmp")):
             leftover.unlink()
             if log is not None:

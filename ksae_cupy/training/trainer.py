@@ -23,7 +23,7 @@ from ksae_cupy import model
 from ksae_cupy.backend import Backend, to_host
 from ksae_cupy.cpu import kernels as cpu_kernels
 from ksae_cupy.training.checkpoint import Checkpoint
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import KsaeError, TrainingDiverged  # TrainingDiverged is re-exported here
 from ksae_cupy.training.options import check_batch_size, check_dtype, check_momentum, check_positive_count, check_positive_finite
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.schedules import sparsity_at_epoch
@@ -86,10 +86,6 @@ class TrainConfig:
     def from_dict(cls, values: dict) -> "TrainConfig":
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{key: value for key, value in values.items() if key in names})
-
-
-class TrainingDiverged(KsaeError):
-    """The loss became NaN or infinite; the last good checkpoint is left untouched."""
 
 
 @dataclass
@@ -206,6 +202,8 @@ class Trainer:
         self.backend.synchronize()
         seconds = clock() - start
         samples = min(N, n_batches * cfg.batch_size) - first_batch * cfg.batch_size
+        valid_loss = self.evaluate_loss(X_valid_nd, k) if X_valid_nd is not None else None
+        self._check_health(loss_sum, valid_loss)
         self.epoch += 1
         self.batch_in_epoch, self.epoch_perm = 0, None
         t0 = clock()
@@ -221,6 +219,28 @@ class Trainer:
             seconds=seconds,
             parts={name: round(value, 4) for name, value in parts.items()},
         )
+
+    def _check_health(self, loss_sum: float, valid_loss: float | None) -> None:
+        """Stop as diverged when the epoch's summed loss or the validation loss is not finite
+        (each batch's loss was finite, but their sum or a whole split's error can overflow:
+        e.g. unscaled integer data) or when the parameters hold NaN or infinities; raised
+        before the epoch is counted, so nothing of it is logged or checkpointed."""
+        where = f"at epoch {self.epoch + 1} (step {self.step})"
+        hint = f"nothing was saved after the last good checkpoint; try a smaller --lr (now {self.config.lr}) or scaled data"
+        if not math.isfinite(loss_sum):
+            raise TrainingDiverged(f"the training loss summed over the epoch became {loss_sum} {where}; {hint}")
+        if valid_loss is not None and not math.isfinite(valid_loss):
+            raise TrainingDiverged(f"the validation loss became {valid_loss} {where}; {hint}")
+        self.check_params_finite()
+
+    def check_params_finite(self) -> None:
+        """Raise :class:`TrainingDiverged` if a parameter holds NaN or infinities (a checkpoint
+        of such a model must never replace a good one)."""
+        for name, value in self.params.items():
+            if not bool(self.backend.xp.isfinite(value).all()):
+                raise TrainingDiverged(f"{name} holds NaN or infinite values after step {self.step}; the run "
+                                       f"diverged and nothing was saved after the last good checkpoint; try a "
+                                       f"smaller --lr (now {self.config.lr}) or scaled data")
 
     def _batch_gradients(self, X_nd, k: int):
         """``(loss, grads, kept_h)`` for one minibatch: the loss, the gradients to step with,

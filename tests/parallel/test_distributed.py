@@ -158,7 +158,8 @@ def test_distributed_run_converges_checkpoints_on_rank0_and_resumes(tmp_path):
     first = _losses(tmp_path / "dist")
     assert len(first) == 2  # the injected failure at step 18 stopped it after epoch 2 (9 steps each)
     assert load_checkpoint(tmp_path / "dist" / "checkpoint.h5").epoch == 2
-    assert sorted(p.name for p in (tmp_path / "dist").iterdir()) == ["checkpoint.h5", "config.json", "metrics.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "dist").iterdir()) == [".lock", "checkpoint.h5", "config.json",
+                                                                   "metrics.jsonl"]
     dist_train(2, ["--resume", "dist", "--quiet"], tmp_path)
     dist = _losses(tmp_path / "dist")
     ref = _losses(tmp_path / "single")

@@ -1,13 +1,12 @@
 """Faults that must lose nothing: a checkpoint write that fails midway (full disk), a
-``kill -9`` at a random moment followed by ``--resume``, and the temporary file such a
-kill can leave behind."""
+``kill -9`` after a logged epoch (often mid-write) followed by ``--resume``, and the
+temporary file such a kill can leave behind."""
 import errno
 import os
 import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -72,44 +71,54 @@ def test_a_leftover_temporary_checkpoint_is_removed_at_the_next_start(tmp_path):
 TRAIN = [sys.executable, "-c", "from ksae_cupy.cli.train import train_command; train_command()"]
 # Bit-identity on the CPU needs the same BLAS thread count in every run (sums are ordered by it).
 ONE_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+KILL_EPOCHS = 60
 
 
-def test_kill_9_at_a_random_moment_then_resume_is_bit_identical(tmp_path):
-    """SIGKILL (no handler runs) somewhere after the first checkpoint, even mid-write; then
-    ``--resume`` ends with the parameters of a run that was never interrupted."""
-    seed = random.randrange(2**32)
-    rng = random.Random(seed)
-    np.save(tmp_path / "x.npy", make_sparse_signals(3000, D=32, H=64, k=4, seed=3)[0])
-    common = [str(tmp_path / "x.npy"), "--hidden", "48", "--k", "4", "--epochs", "30", "--batch-size", "20",
-              "--device", "cpu", "--checkpoint-every", "1", "--quiet"]
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), **ONE_THREAD)
+def kill_seed() -> int:
+    """The seed of the kill's moment: ``KSAE_KILL_SEED`` replays a failure, else a fresh one."""
+    return int(os.environ.get("KSAE_KILL_SEED") or random.randrange(2**32))
 
-    started = time.monotonic()
-    straight = subprocess.run(TRAIN + common + ["--run-dir", str(tmp_path / "straight")], capture_output=True,
-                              text=True, env=env, timeout=300)
-    assert straight.returncode == 0, straight.stderr
-    duration = time.monotonic() - started
+
+def test_kill_9_after_a_logged_epoch_then_resume_is_bit_identical(tmp_path):
+    """SIGKILL (no handler runs) as soon as the run logs epoch N (N drawn from the seed), which is
+    often while it writes that epoch's checkpoint; then ``--resume`` ends with the parameters of a
+    run that was never interrupted.
+
+    The kill waits for an event, not a clock: the run's own epoch line. N is at least 2 (a checkpoint
+    exists) and at most a third of the epochs, so the run is far from its end when the line arrives.
+    """
+    seed = kill_seed()
+    print(f"kill seed {seed} (replay: KSAE_KILL_SEED={seed})")
+    # From epoch 2 on: epoch N's line comes after epoch N-1's checkpoint was written, so there is one.
+    kill_after = random.Random(seed).randint(2, KILL_EPOCHS // 3)
+    np.save(tmp_path / "x.npy", make_sparse_signals(1000, D=32, H=64, k=4, seed=3)[0])
+    common = [str(tmp_path / "x.npy"), "--hidden", "48", "--k", "4", "--epochs", str(KILL_EPOCHS), "--batch-size",
+              "20", "--device", "cpu", "--checkpoint-every", "1", "--progress-seconds", "1000"]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), PYTHONUNBUFFERED="1", **ONE_THREAD)
+    replay = f"seed {seed} (kill after epoch {kill_after}; replay with KSAE_KILL_SEED={seed})"
 
     run_dir = tmp_path / "killed"
-    proc = subprocess.Popen(TRAIN + common + ["--run-dir", str(run_dir)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, env=env)
-    while not (run_dir / "checkpoint.h5").exists() and proc.poll() is None:
-        time.sleep(0.005)
-    delay = rng.uniform(0.0, 0.5 * duration)  # well before the end: the kill must interrupt training
-    time.sleep(delay)
-    proc.send_signal(signal.SIGKILL)
+    proc = subprocess.Popen(TRAIN + common + ["--run-dir", str(run_dir)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env=env)
+    for line in proc.stdout:
+        if line.startswith(f"epoch {kill_after}/"):
+            proc.send_signal(signal.SIGKILL)
+            break
     proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, f"seed {seed}: the run ended before the kill ({delay:.2f} s)"
+    assert proc.returncode == -signal.SIGKILL, f"{replay}: the run ended with status {proc.returncode} before the kill"
     killed_at = load_checkpoint(run_dir / "checkpoint.h5").epoch
-    assert killed_at < 30, f"seed {seed}"
+    assert kill_after - 1 <= killed_at < KILL_EPOCHS, replay
 
     resumed = subprocess.run(TRAIN + ["--resume", str(run_dir), "--device", "cpu", "--quiet"], capture_output=True,
                              text=True, env=env, timeout=300)
-    assert resumed.returncode == 0, f"seed {seed}: {resumed.stderr}"
+    assert resumed.returncode == 0, f"{replay}: {resumed.stderr}"
+    straight = subprocess.run(TRAIN + common + ["--run-dir", str(tmp_path / "straight"), "--quiet"],
+                              capture_output=True, text=True, env=env, timeout=300)
+    assert straight.returncode == 0, straight.stderr
     a, b = load_checkpoint(run_dir / "checkpoint.h5"), load_checkpoint(tmp_path / "straight" / "checkpoint.h5")
-    assert (a.epoch, a.step) == (b.epoch, b.step) == (30, b.step), f"seed {seed}"
+    assert (a.epoch, a.step) == (b.epoch, b.step) == (KILL_EPOCHS, b.step), replay
     for group in ("params", "velocities"):
         for name, value in getattr(b, group).items():
-            assert getattr(a, group)[name].tobytes() == value.tobytes(), f"seed {seed}: {group}/{name} differs " \
+            assert getattr(a, group)[name].tobytes() == value.tobytes(), f"{replay}: {group}/{name} differs " \
                                                                         f"after a kill at epoch {killed_at}"
     assert not list(run_dir.glob("*.tmp"))

@@ -149,9 +149,34 @@ def test_resume_drops_metric_lines_written_after_the_checkpoint(data_file, tmp_p
 
 def test_every_option_of_ksae_train_is_applied_or_refused_on_resume():
     names = {param.name for param in train_command.params}
-    classified = set(resuming.APPLIED) | set(resuming.REFUSED) | {"dataset", "run_dir", "resume"}
+    classified = set(resuming.APPLIED) | set(resuming.REFUSED) | {"dataset", "run_dir", "resume", "overwrite"}
     assert names == classified
     assert not set(resuming.APPLIED) & set(resuming.REFUSED)
+    # ... and every applied option not given keeps the run's value: from config.json, from the
+    # checkpoint's training configuration, or (only --quiet) it belongs to one session.
+    kept = set(resuming.RUN_LEVEL) | set(resuming.IN_CHECKPOINT) | set(resuming.SESSION)
+    assert set(resuming.APPLIED) == kept and set(resuming.IN_CHECKPOINT) <= set(TrainConfig().to_dict())
+
+
+def test_resume_keeps_the_value_of_every_option_not_given(data_file, tmp_path):
+    """Non-default values of every applied option, then a bare --resume: config.json and the
+    checkpoint still hold them (before, --threads fell back to the default)."""
+    pytest.importorskip("threadpoolctl", reason="--threads needs threadpoolctl")
+    run, data_dir = tmp_path / "run", tmp_path / "data"
+    data_dir.mkdir()
+    values = {"epochs": 2, "topk": "threshold", "step": "sparse", "device": "cpu", "checkpoint_every": 3,
+              "checkpoint_minutes": 2.5, "threads": 1, "data_dir": str(data_dir), "progress_seconds": 7.0}
+    assert set(values) == set(resuming.APPLIED) - set(resuming.SESSION)
+    args = [f"--{name.replace('_', '-')}={value}" for name, value in values.items()]
+    first = train(data_file, *SMALL[:-2], *args, "--run-dir", run)
+    assert first.returncode == 0, first.stderr
+    resumed = train("--resume", run, "--epochs", "3")  # only --epochs given: the rest must stay
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.splitlines()[2].startswith("BLAS threads: 1 (")
+    config, ckpt = json.loads((run / "config.json").read_text()), load_checkpoint(run / "checkpoint.h5")
+    for name, value in values.items():
+        found = ckpt.config[name] if name in resuming.IN_CHECKPOINT else config[name]
+        assert found == (3 if name == "epochs" else value), name
 
 
 def test_resume_applies_epochs_topk_and_checkpoint_options_and_keeps_the_k_schedule(data_file, tmp_path):

@@ -1,0 +1,107 @@
+"""Issue 24's silently-wrong and noisy cases outside ksae-train's run folder, through the real
+commands: each is one ``error:`` line, checked before any work, exit status 2."""
+import socket
+import threading
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from clicheck import assert_one_line_error
+from ksae_cupy.cli.analyze import analyze_command
+from ksae_cupy.cli.data import data_command
+from ksae_cupy.cli.evaluate import eval_command
+from ksae_cupy.cli.sweep import sweep_command
+from ksae_cupy.cli.train import train_command
+from ksae_cupy.datasets.synthetic import make_sparse_signals
+from ksae_cupy.training.checkpoint import write_hdf5_atomically
+from ksae_cupy.errors import KsaeError
+from runfolder import make_run
+
+SWEEP = ["synthetic", "--hidden", "16", "--k", "2", "--epochs", "1"]
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["--k", ""], ["--k ''", "comma-separated integers"]),
+    (["--k", "50"], ["--k 50", "1 <= k <= hidden (16)"]),
+    (["--alpha", "0"], ["alpha=0.0", "alpha >= 1"]),
+    (["--alpha", "20"], ["alpha*k", "exceeds the 16 hidden units"]),
+    (["--scheduler", "not a url"], ["--scheduler 'not a url'", "tcp://host:8786"]),
+    (["--out", "{file}"], ["--out", "is a file, not a folder"]),
+])
+def test_sweep_options_are_checked_here_before_any_training(tmp_path, args, fragments):
+    (tmp_path / "f").write_text("a file")
+    args = [a.replace("{file}", str(tmp_path / "f")) for a in args]
+    out = [] if "--out" in args else ["--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(sweep_command, [*SWEEP, *args, *out])
+    assert_one_line_error(result, *fragments, status=2)
+    assert "sweep:" not in result.output  # refused before a cluster was started
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_scheduler_address_where_something_else_answers_is_one_line(tmp_path):
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def answer_like_a_web_server():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:  # closed at the test's end
+                return
+            conn.sendall(b"HTTP/1.0 200 OK\r\n\r\nnot a Dask scheduler\n")
+            conn.close()
+
+    threading.Thread(target=answer_like_a_web_server, daemon=True).start()
+    try:
+        result = CliRunner().invoke(sweep_command, [*SWEEP, "--scheduler", f"tcp://127.0.0.1:{port}", "--out",
+                                                    str(tmp_path / "out")])
+    finally:
+        server.close()
+    assert_one_line_error(result, f"--scheduler tcp://127.0.0.1:{port}: no Dask scheduler answers there", status=2)
+
+
+def test_data_list_and_verify_refuse_a_file_as_data_root(tmp_path):
+    (tmp_path / "f").write_text("a file")
+    for sub in ("list", "verify"):
+        result = CliRunner().invoke(data_command, [sub, "--data-dir", str(tmp_path / "f")])
+        assert_one_line_error(result, f"--data-dir {tmp_path / 'f'} is a file, not a folder", status=2)
+
+
+def test_progress_seconds_must_not_be_negative(tmp_path):
+    np.save(tmp_path / "x.npy", make_sparse_signals(60, D=8, H=16, k=2, seed=0)[0])
+    result = CliRunner().invoke(train_command, [str(tmp_path / "x.npy"), "--hidden", "16", "--k", "2", "--device",
+                                                "cpu", "--progress-seconds", "-5", "--run-dir", str(tmp_path / "r")])
+    assert_one_line_error(result, "--progress-seconds -5.0 is not allowed", "seconds >= 0", status=2)
+    assert not (tmp_path / "r").exists()
+
+
+def test_eval_and_analyze_check_where_they_write_before_the_work(tmp_path, monkeypatch):
+    import ksae_cupy.paths as paths
+
+    run = make_run(tmp_path / "run", np.random.default_rng(0).normal(size=(64, 32)), k=3)
+    monkeypatch.setattr(paths, "writable", lambda folder: False)  # as a read-only folder is (root ignores bits)
+    work = []
+    import ksae_cupy.evaluation.features as features
+
+    monkeypatch.setattr(features, "evaluate_run", lambda *a, **k: work.append("eval"))
+    result = CliRunner().invoke(eval_command, [str(run), "--device", "cpu"])
+    assert_one_line_error(result, "eval.json", "not writable", status=2)
+    result = CliRunner().invoke(analyze_command, ["theorem", "--dim", "8", "--k", "2", "-o",
+                                                  str(tmp_path / "r.json")])
+    assert_one_line_error(result, "-o", "not writable", status=2)
+    assert work == []
+
+
+def test_an_hdf5_error_running_over_lines_keeps_its_reason_on_one_line(tmp_path):
+    message = ("Unable to synchronously write to dataset (file write failed: time = Mon,\n"
+               " errno = 28, error message = 'No space left on device', buf = 0x1)")
+
+    def fails_like_hdf5(f):
+        raise OSError(message)  # h5py's OSError: no errno attribute, the reason inside the text
+
+    with pytest.raises(KsaeError) as info:
+        write_hdf5_atomically(tmp_path / "c.h5", fails_like_hdf5, lambda p: None)
+    text = str(info.value)
+    assert "\n" not in text and "No space left on device" in text and "--resume" in text
+    assert not (tmp_path / "c.h5.tmp").exists()
