@@ -202,13 +202,12 @@ class Trainer:
         self.backend.synchronize()
         seconds = clock() - start
         samples = min(N, n_batches * cfg.batch_size) - first_batch * cfg.batch_size
-        valid_loss = self.evaluate_loss(X_valid_nd, k) if X_valid_nd is not None else None
-        self._check_health(loss_sum, valid_loss)
-        self.epoch += 1
-        self.batch_in_epoch, self.epoch_perm = 0, None
         t0 = clock()
         valid_loss = self.evaluate_loss(X_valid_nd, k) if X_valid_nd is not None else None
         parts["validation"] = clock() - t0
+        self._check_health(loss_sum, valid_loss)
+        self.epoch += 1
+        self.batch_in_epoch, self.epoch_perm = 0, None
         return EpochReport(
             epoch=self.epoch, step=self.step, k=k, lr=cfg.lr,
             train_loss=loss_sum / max(loss_batches, 1),
