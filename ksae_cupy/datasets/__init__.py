@@ -26,11 +26,25 @@ def data_root() -> Path:
 def load_mnist(root: Path, log=print) -> Dataset:
     from ksae_cupy.datasets import mnist
 
-    X_all, y_all, X_test, y_test = mnist.load_arrays(root / "mnist", log=log)
+    return _mnist_shaped("mnist", mnist.load_arrays(root / "mnist", log=log))
+
+
+def load_fashion_mnist(root: Path, log=print) -> Dataset:
+    from ksae_cupy.datasets import fashion_mnist
+
+    return _mnist_shaped("fashion-mnist", fashion_mnist.load_arrays(root / "fashion-mnist", log=log))
+
+
+def _mnist_shaped(name: str, arrays) -> Dataset:
+    """MNIST's splits (50,000 / 10,000 by a seeded permutation, then the 10,000 test images)
+    and scaling (pixels / 255) of ``(X_train_nd, y_train_n, X_test_nd, y_test_n)``."""
+    from ksae_cupy.datasets import mnist
+
+    X_all, y_all, X_test, y_test = arrays
     train, valid = mnist.train_valid_split(len(X_all), mnist.N_VALID)
     scale = np.float32(1.0 / 255.0)
     return Dataset(
-        name="mnist",
+        name=name,
         X_train=X_all[train].astype(np.float32) * scale, y_train=y_all[train],
         X_valid=X_all[valid].astype(np.float32) * scale, y_valid=y_all[valid],
         X_test=X_test.astype(np.float32) * scale, y_test=y_test,
@@ -65,7 +79,7 @@ def load_patches(root: Path, log=print) -> Dataset:
 
 
 # Built-in datasets by name. Each loader takes the data root and a log function.
-LOADERS = {"mnist": load_mnist, "synthetic": load_synthetic, "norb": load_norb,
+LOADERS = {"mnist": load_mnist, "fashion-mnist": load_fashion_mnist, "synthetic": load_synthetic, "norb": load_norb,
            "cifar-patches": load_cifar_patches, "patches": load_patches}
 
 
