@@ -14,3 +14,13 @@ def check(condition: bool, message: str) -> None:
     """Raise :class:`KsaeError` with ``message`` unless ``condition`` holds."""
     if not condition:
         raise KsaeError(message)
+
+
+def cli_name(parameter: str) -> str:
+    """How a command line names a parameter in messages: ``valid_fraction`` -> ``--valid-fraction``."""
+    return "--" + parameter.replace("_", "-")
+
+
+def python_name(parameter: str) -> str:
+    """How the Python API names a parameter in messages: as it is spelled."""
+    return parameter

@@ -53,6 +53,21 @@ def check_dataset(dataset: str | None, previous: dict) -> str:
     return recorded
 
 
+def check_data_options(typed: set, given: dict, dataset: str, previous: dict):
+    """The run's DataSpec; data options given again must equal the run's (they choose its rows)."""
+    from ksae_cupy.datasets.user_files import DataSpec
+
+    spec = DataSpec.from_record(dataset, previous.get("data"))
+    typed_spec = DataSpec(dataset, **{key: value for key, value in given.items() if key in typed})
+    differing = [f"--{key.replace('_', '-')} {given[key]} (the run has {getattr(spec, key)})"
+                 for key in sorted(typed & set(given))
+                 if getattr(typed_spec.resolved(), key) != getattr(spec, key)]
+    if differing:
+        raise KsaeError("--resume: options contradict the run's data (they choose the rows it trains on): "
+                        + ", ".join(differing))
+    return spec
+
+
 def check_run_dir(run_dir: Path | None, resume: Path) -> None:
     if run_dir is not None and Path(run_dir).resolve() != Path(resume).resolve():
         raise KsaeError(f"--run-dir {run_dir} is not allowed with --resume; the run lives in {resume} "
@@ -69,6 +84,12 @@ def check_refused(ctx, typed: set, config) -> None:
             if value and saved["k_start"] is not None:
                 differing.append(f"--no-k-schedule (the run has k-start {saved['k_start']})")
             continue
+        if name == "lr":
+            from ksae_cupy.cli.common import parse_lr
+
+            value = parse_lr(value, None)
+            if value == "auto" and saved.get("lr_auto"):
+                continue  # the run's rate was derived from its data: the same rate
         if value != saved[name]:
             differing.append(f"--{name.replace('_', '-')} {value} (the run has {saved[name]})")
     if differing:

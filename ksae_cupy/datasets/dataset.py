@@ -66,3 +66,17 @@ def check_magnitude(X: np.ndarray, what: str) -> None:
                         f"{row}, column {col}: {X[row, col]:.3g}; |values| up to {limit:.3g} are allowed for "
                         f"{X.shape[0]} x {X.shape[1]} data); standardise it first (subtract each column's mean, "
                         f"divide by its standard deviation)")
+
+
+def check_float_input(X, *, name: str) -> None:
+    """Refuse integer (and boolean) arrays with a hint to scale them.
+
+    Integer data is almost always unscaled (8-bit pixels 0..255, counts); trained as it is,
+    the loss, which sums squared errors over dimensions, is thousands of times the scale the
+    learning rates are set for, and training diverges.
+    """
+    kind = X.dtype.kind
+    if kind in "biu":
+        low, high = (int(X.min()), int(X.max())) if X.size else (0, 0)
+        raise KsaeError(f"{name} holds integers (dtype {X.dtype}, values {low} to {high}); use floats on a scale "
+                        f"near [0, 1], e.g. X / {max(high, 1)} (X / 255 for 8-bit pixels)")

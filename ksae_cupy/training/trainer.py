@@ -22,7 +22,7 @@ import numpy as np
 from ksae_cupy import model
 from ksae_cupy.backend import Backend, to_host
 from ksae_cupy.training.checkpoint import Checkpoint
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import KsaeError, cli_name
 from ksae_cupy.training.options import check_batch_size, check_dtype, check_momentum, check_positive_count, check_positive_finite
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.schedules import sparsity_at_epoch
@@ -56,27 +56,40 @@ class TrainConfig:
     k_schedule_epochs: int | None = None
     # dense, sparse or auto (by k / H): the same math, so a checkpoint without it loads as auto.
     step: str = "auto"
+    # Whether lr was derived from the data (lr "auto", see learning_rate.py); lr holds the rate.
+    lr_auto: bool = False
 
-    def validate(self, n_train: int | None = None) -> None:
-        """Raise :class:`KsaeError` naming the first bad option and what is allowed."""
-        check_positive_count("--hidden", self.hidden, "hidden units")
+    def validate(self, n_train: int | None = None, name=cli_name) -> None:
+        """Raise :class:`KsaeError` naming the first bad option and what is allowed.
+
+        ``name(field)`` spells an option in messages: ``--k-start`` (the default, for the
+        command line) or, from the Python API, the estimator's parameter names.
+        ``lr`` may still be ``"auto"`` here; a :class:`Trainer` needs the rate itself.
+        """
+        check_positive_count(name("hidden"), self.hidden, "hidden units")
         if not 1 <= self.k <= self.hidden:
-            raise KsaeError(f"--k {self.k} is not allowed; use 1 <= k <= hidden ({self.hidden})")
+            raise KsaeError(f"{name('k')} {self.k} is not allowed; use 1 <= k <= {name('hidden').lstrip('-')} "
+                            f"({self.hidden})")
         if self.k_start is not None and self.k_start < self.k:
-            raise KsaeError(f"--k-start {self.k_start} is not allowed; use k-start >= k ({self.k})")
+            raise KsaeError(f"{name('k_start')} {self.k_start} is not allowed; use a value >= k ({self.k})")
         if self.k_start is not None and self.k_start > self.hidden:
-            raise KsaeError(f"--k-start {self.k_start} is not allowed; use k-start <= hidden ({self.hidden})")
-        check_positive_count("--epochs", self.epochs, "epochs")
-        check_batch_size("--batch-size", self.batch_size, n_train)
-        check_positive_finite("--lr", self.lr, "learning rate")
-        check_momentum("--momentum", self.momentum)
-        check_positive_finite("--sigma", self.sigma, "standard deviation")
+            raise KsaeError(f"{name('k_start')} {self.k_start} is not allowed; use a value <= "
+                            f"{name('hidden').lstrip('-')} ({self.hidden})")
+        check_positive_count(name("epochs"), self.epochs, "epochs")
+        check_batch_size(name("batch_size"), self.batch_size, n_train)
+        if self.lr != "auto":
+            if isinstance(self.lr, str):
+                raise KsaeError(f"{name('lr')} {self.lr!r} is not allowed; use a positive learning rate or 'auto'")
+            check_positive_finite(name("lr"), self.lr, "learning rate (or 'auto')")
+        check_momentum(name("momentum"), self.momentum)
+        check_positive_finite(name("sigma"), self.sigma, "standard deviation")
         if self.topk not in TOPK_METHODS:
-            raise KsaeError(f"--topk {self.topk!r} is not allowed; use one of {', '.join(TOPK_METHODS)}")
+            raise KsaeError(f"{name('topk')} {self.topk!r} is not allowed; use one of {', '.join(TOPK_METHODS)}")
         if self.activation not in model.ACTIVATIONS:
-            raise KsaeError(f"--activation {self.activation!r} is not allowed; use one of {', '.join(model.ACTIVATIONS)}")
-        check_dtype("--dtype", self.dtype)
-        choose_step(self.step, self.k, self.hidden)
+            raise KsaeError(f"{name('activation')} {self.activation!r} is not allowed; use one of "
+                            f"{', '.join(model.ACTIVATIONS)}")
+        check_dtype(name("dtype"), self.dtype)
+        choose_step(self.step, self.k, self.hidden, flag=name("step"))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -88,7 +101,16 @@ class TrainConfig:
 
 
 class TrainingDiverged(KsaeError):
-    """The loss became NaN or infinite; the last good checkpoint is left untouched."""
+    """The loss became NaN or infinite; the last good checkpoint is left untouched.
+
+    Carries where it happened (``loss``, ``epoch``, ``step``, ``lr``) so that callers can say
+    more: the estimator adds what was saved and the rate ``lr="auto"`` gives for the data.
+    """
+
+    def __init__(self, message: str, loss: float | None = None, epoch: int | None = None, step: int | None = None,
+                 lr: float | None = None):
+        super().__init__(message)
+        self.loss, self.epoch, self.step, self.lr = loss, epoch, step, lr
 
 
 @dataclass
@@ -115,6 +137,8 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, backend: Backend, D: int, checkpoint: Checkpoint | None = None):
         config.validate()
+        if config.lr == "auto":  # a programming error, not the user's: the callers resolve it
+            raise ValueError("TrainConfig.lr 'auto' must be resolved from the data before training")
         self.config = config
         self.backend = backend
         self.dtype = np.dtype(config.dtype)
@@ -178,8 +202,8 @@ class Trainer:
             X_nd = X_train_nd[order[b * cfg.batch_size:(b + 1) * cfg.batch_size]]
             loss, grads, kept_h = self._batch_gradients(X_nd, k)
             if not math.isfinite(loss):
-                raise TrainingDiverged(f"the loss became {loss} at epoch {self.epoch + 1}, step {self.step + 1}; "
-                                       f"nothing was saved after the last good checkpoint; try a smaller --lr (now {cfg.lr})")
+                raise TrainingDiverged(f"the loss became {loss} at epoch {self.epoch + 1}, step {self.step + 1} with "
+                                       f"learning rate {cfg.lr}", loss, self.epoch + 1, self.step + 1, cfg.lr)
             self.optimizer.step(self.params, grads, cfg.lr)
             kept_count_h += kept_h
             loss_sum += loss
