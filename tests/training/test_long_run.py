@@ -47,7 +47,8 @@ def epochs_logged(run_dir):
 # -- progress ---------------------------------------------------------------------------------
 
 def test_output_to_a_file_gets_progress_lines_an_estimate_and_epoch_lines_with_lr(data_file, tmp_path):
-    result = train(data_file, *SMALL, "--epochs", "3", "--run-dir", tmp_path / "run", "--progress-seconds", "0")
+    result = train(data_file, *SMALL, "--epochs", "3", "--run-dir", tmp_path / "run", "--progress-seconds", "0",
+                   "--lr", "0.01")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("device: cpu") and lines[1].startswith("BLAS threads: ")
