@@ -145,11 +145,11 @@ class DataSpec:
 
 def load_user_data(spec: DataSpec) -> Dataset:
     """The :class:`Dataset` a user-file spec describes: float32 splits, int64 labels, checked."""
-    X_nd, arrays = read_matrix(spec.data, default_member="X")
+    X_nd, arrays = read_matrix(spec.data, defaults=("X",))
     y_n = _labels_for(spec.data, spec.labels, arrays.get("y"), len(X_nd))
     X_test, y_test = None, None
     if spec.test is not None:
-        X_test, test_arrays = read_matrix(spec.test, default_member="X_test")
+        X_test, test_arrays = read_matrix(spec.test, defaults=("X_test", "X"))
         fallback = test_arrays.get("y_test", test_arrays.get("y"))
         y_test = _labels_for(spec.test, spec.test_labels, fallback, len(X_test))
     elif "X_test" in arrays and not spec.test_fraction:
@@ -189,7 +189,7 @@ def load_user_data(spec: DataSpec) -> Dataset:
 def _labels_for(data_spec: str, labels_spec: str | None, in_file, n_rows: int, member: str = "y"):
     """Labels from ``labels_spec`` when given, else the data file's own (``in_file``: a reader or None)."""
     if labels_spec is not None:
-        raw, _ = read_array(labels_spec, default_member="y")
+        raw, _ = read_array(labels_spec, defaults=("y",))
         return check_labels(raw, n_rows, labels_spec)
     if in_file is not None:
         return check_labels(in_file(), n_rows, f"{split_member(data_spec)[0]}:{member}")
@@ -223,7 +223,8 @@ def check_labels(y, n_rows: int, what: str) -> np.ndarray:
 def _check_classes(spec: DataSpec, dataset: Dataset) -> int:
     classes = np.unique(dataset.y_train)
     if len(classes) < 2:
-        raise KsaeError(f"the labels of {spec.data}'s training rows hold one class ({classes[0]}); a classifier "
+        source = spec.labels or f"{split_member(spec.data)[0]}:y"
+        raise KsaeError(f"labels {source} hold one class ({classes[0]}) in the training rows; a classifier "
                         f"needs at least two")
     return int(max(int(y.max()) for y in (dataset.y_train, dataset.y_valid, dataset.y_test) if y is not None and
                    len(y))) + 1
@@ -231,9 +232,9 @@ def _check_classes(spec: DataSpec, dataset: Dataset) -> int:
 
 # -- readers -------------------------------------------------------------------------------
 
-def read_matrix(spec: str, default_member: str) -> tuple[np.ndarray, dict]:
+def read_matrix(spec: str, defaults: tuple) -> tuple[np.ndarray, dict]:
     """An N x D float32 array from ``spec``, and the other arrays of its ``.npz`` (name -> reader)."""
-    raw, arrays = read_array(spec, default_member)
+    raw, arrays = read_array(spec, defaults)
     return _as_matrix(raw, spec), arrays
 
 
@@ -245,8 +246,9 @@ def _as_matrix(X, spec: str) -> np.ndarray:
     return X.astype(np.float32)
 
 
-def read_array(spec: str, default_member: str) -> tuple[np.ndarray, dict]:
-    """The array ``spec`` names, and (for an ``.npz`` read through ``default_member``) readers of
+def read_array(spec: str, defaults: tuple) -> tuple[np.ndarray, dict]:
+    """The array ``spec`` names (in an ``.npz`` named by no member: the first of ``defaults`` it
+    holds, or its only array), and, for an ``.npz`` read through one of ``defaults``, readers of
     the file's other arrays by name, so that ``y`` and ``X_test`` come along with ``X``."""
     path, member = split_member(spec)
     if not path.is_file():
@@ -256,30 +258,29 @@ def read_array(spec: str, default_member: str) -> tuple[np.ndarray, dict]:
             raise KsaeError(f"{spec}: an .npy file holds one array; drop ':{member}'")
         return read_npy(path), {}
     if path.suffix == ".npz":
-        return _read_npz(path, member, default_member)
+        return _read_npz(path, member, defaults)
     if path.suffix in (".h5", ".hdf5"):
         return read_h5_array(path, member), {}
     raise KsaeError(f"data file {path} has suffix {path.suffix!r}; use .npy, .npz, .h5 or .hdf5")
 
 
-def _read_npz(path: Path, member: str, default_member: str) -> tuple[np.ndarray, dict]:
+def _read_npz(path: Path, member: str, defaults: tuple) -> tuple[np.ndarray, dict]:
     try:
         with zipfile.ZipFile(path) as archive:
             names = [n[:-4] for n in archive.namelist() if n.endswith(".npy")]
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
         raise KsaeError(f"{path}: not a readable .npz file ({type(exc).__name__}: {_first_line(exc)})") from None
     if not member:
-        if default_member in names:
-            member = default_member
-        elif len(names) == 1:
-            member = names[0]
-        else:
-            raise KsaeError(f"{path} holds arrays {names} and no {default_member!r}; name one as {path}:NAME")
+        found = [name for name in defaults if name in names] or (names if len(names) == 1 else [])
+        if not found:
+            raise KsaeError(f"{path} holds arrays {names} and no {' or '.join(map(repr, defaults))}; name one as "
+                            f"{path}:NAME")
+        member = found[0]
     if member not in names:
         raise KsaeError(f"{path} has no array {member!r}; it holds {names}")
     others = {name: (lambda name=name: _read_npz_member(path, name)) for name in names if name != member}
     # The companions (y, X_test, y_test) belong to the file's X, not to an array picked by name.
-    return _read_npz_member(path, member), others if member == default_member else {}
+    return _read_npz_member(path, member), others if member in defaults else {}
 
 
 def _read_npz_member(path: Path, name: str) -> np.ndarray:
