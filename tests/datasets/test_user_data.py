@@ -167,3 +167,23 @@ def test_train_refuses_mismatched_labels_before_creating_the_run(tmp_path):
     assert not (tmp_path / "run").exists()
     bad = CliRunner().invoke(train_command, ["mnist", "--labels", "y.npy", *SMALL])
     assert_one_line_error(bad, "--labels is not allowed with the built-in dataset 'mnist'", status=2)
+
+
+def test_finetune_and_analyze_take_the_runs_labelled_npz(tmp_path, npz):
+    from ksae_cupy.cli.analyze import analyze_command
+    from ksae_cupy.cli.finetune import finetune_command
+    from ksae_cupy.cli.train import train_command
+
+    run = tmp_path / "run"
+    assert CliRunner().invoke(train_command, [str(npz[0]), *SMALL, "--run-dir", str(run)],
+                              catch_exceptions=False).exit_code == 0
+    tuned = CliRunner().invoke(finetune_command, [str(run), "--epochs", "2", "--batch-size", "32", "--device", "cpu",
+                                                  "--run-dir", str(tmp_path / "tuned"), "--quiet"],
+                               catch_exceptions=False)
+    assert tuned.exit_code == 0, tuned.output
+    results = json.loads((tmp_path / "tuned" / "finetune.json").read_text())
+    assert results["dataset"] == str(npz[0].resolve()) and results["test_error"] is not None
+    iti = CliRunner().invoke(analyze_command, ["iti", str(run), "--n-samples", "20", "--split", "test", "--quiet"],
+                             catch_exceptions=False)
+    assert iti.exit_code == 0, iti.output
+    assert json.loads((run / "iti.json").read_text())["n"] == 20
