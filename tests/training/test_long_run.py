@@ -239,6 +239,18 @@ def test_threads_option_sets_and_reports_the_blas_threads(data_file, tmp_path):
     assert not (tmp_path / "run2").exists()
 
 
+@pytest.mark.parametrize("variable", ["OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"])
+def test_a_thread_count_from_the_environment_is_kept_and_named(data_file, tmp_path, variable):
+    from ksae_cupy.cli.threads import THREAD_VARIABLES
+
+    env = {key: value for key, value in ENV.items() if key not in THREAD_VARIABLES}
+    result = subprocess.run(TRAIN + [str(data_file), *SMALL, "--epochs", "1", "--run-dir", str(tmp_path / "run")],
+                            capture_output=True, text=True, env={**env, variable: "1"}, timeout=300)
+    assert result.returncode == 0, result.stderr
+    blas = result.stdout.splitlines()[1]
+    assert blas.startswith("BLAS threads: 1 (") and f"set by {variable}=1" in blas, blas
+
+
 def test_one_epoch_with_a_k_schedule_says_it_trains_at_k(data_file, tmp_path):
     result = train(data_file, *SMALL, "--epochs", "1", "--run-dir", tmp_path / "run")
     assert result.returncode == 0, result.stderr
