@@ -187,3 +187,19 @@ def test_finetune_and_analyze_take_the_runs_labelled_npz(tmp_path, npz):
                              catch_exceptions=False)
     assert iti.exit_code == 0, iti.output
     assert json.loads((run / "iti.json").read_text())["n"] == 20
+
+
+def test_resume_keeps_the_runs_splits_and_its_auto_rate(tmp_path, npz):
+    from ksae_cupy.cli.train import train_command
+
+    run = tmp_path / "run"
+    first = [str(npz[0]), *SMALL, "--epochs", "2", "--valid-fraction", "0.2", "--run-dir", str(run)]
+    assert CliRunner().invoke(train_command, first, catch_exceptions=False).exit_code == 0
+    other = CliRunner().invoke(train_command, ["--resume", str(run), "--epochs", "3", "--valid-fraction", "0.3"])
+    assert_one_line_error(other, "--valid-fraction 0.3 (the run has 0.2)", status=2)
+    same = CliRunner().invoke(train_command, ["--resume", str(run), "--epochs", "3", "--valid-fraction", "0.2",
+                                              "--lr", "auto", "--quiet"], catch_exceptions=False)
+    assert same.exit_code == 0, same.output
+    assert [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    fixed = CliRunner().invoke(train_command, ["--resume", str(run), "--epochs", "4", "--lr", "0.5"])
+    assert_one_line_error(fixed, "--lr 0.5 (the run has", status=2)
