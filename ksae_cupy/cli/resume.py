@@ -4,7 +4,8 @@ Applied (safe to change mid-run): ``--epochs`` (extend: the k schedule keeps the
 was planned over; shorten, to no fewer than the epochs done: the schedule shrinks with it), ``--topk`` (both algorithms keep the same set), ``--step`` (the same math), ``--device``,
 ``--checkpoint-every``, ``--checkpoint-minutes``, ``--threads``, ``--data-dir``, ``--quiet``,
 ``--progress-seconds``. Refused when they differ from the run: the options that shape the
-model or the sequence of batches, and a ``--run-dir`` or DATASET other than the run's own.
+model or the sequence of batches, and a ``--run-dir``, DATASET or data option (``--labels``,
+``--valid-fraction``, ...) other than the run's own.
 Options not given keep the run's values (config.json), never the defaults.
 """
 from __future__ import annotations
@@ -17,6 +18,8 @@ from ksae_cupy.errors import KsaeError
 from ksae_cupy.training.options import check_positive_count
 from ksae_cupy.training.runs import dataset_record, file_sha256
 
+# The data options choose the rows a run trains on: refused when they differ from the run's.
+DATA = ("labels", "test", "test_labels", "valid_fraction", "test_fraction", "split_seed")
 REFUSED = ("hidden", "k", "k_start", "no_k_schedule", "batch_size", "lr", "momentum", "sigma", "seed", "dtype",
            "activation")
 APPLIED = ("epochs", "topk", "step", "device", "checkpoint_every", "checkpoint_minutes", "threads", "data_dir", "quiet",

@@ -146,6 +146,8 @@ class DataSpec:
 def load_user_data(spec: DataSpec) -> Dataset:
     """The :class:`Dataset` a user-file spec describes: float32 splits, int64 labels, checked."""
     X_nd, arrays = read_matrix(spec.data, defaults=("X",))
+    check_finite(X_nd, spec.data)  # positions in the file as the user sees it, before any split
+    check_magnitude(X_nd, spec.data)
     y_n = _labels_for(spec.data, spec.labels, arrays.get("y"), len(X_nd))
     X_test, y_test = None, None
     if spec.test is not None:
@@ -155,6 +157,9 @@ def load_user_data(spec: DataSpec) -> Dataset:
     elif "X_test" in arrays and not spec.test_fraction:
         X_test = _as_matrix(arrays["X_test"](), f"{spec.data}:X_test")
         y_test = _labels_for(spec.data, None, arrays.get("y_test"), len(X_test), member="y_test")
+    if X_test is not None:
+        check_finite(X_test, spec.test or f"{spec.data}:X_test")
+        check_magnitude(X_test, spec.test or f"{spec.data}:X_test")
     if X_test is not None and X_test.shape[1] != X_nd.shape[1]:
         raise KsaeError(f"the test set {spec.test or spec.data + ':X_test'} has {X_test.shape[1]} columns, the data "
                         f"{X_nd.shape[1]}; both need the same features")
@@ -176,11 +181,6 @@ def load_user_data(spec: DataSpec) -> Dataset:
     dataset = Dataset(name=spec.data, X_train=X_nd[train], X_valid=X_nd[valid], X_test=X_test,
                       y_train=y_n[train] if y_n is not None else None,
                       y_valid=y_n[valid] if y_n is not None else None, y_test=y_test)
-    for split in ("X_train", "X_valid", "X_test"):
-        X = getattr(dataset, split)
-        if X is not None:
-            check_finite(X, f"{spec.data} {split}")
-            check_magnitude(X, f"{spec.data} {split}")
     if y_n is not None:
         dataset.n_classes = _check_classes(spec, dataset)
     return dataset

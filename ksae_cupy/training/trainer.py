@@ -71,9 +71,10 @@ class TrainConfig:
             raise KsaeError(f"{name('k')} {self.k} is not allowed; use 1 <= k <= {name('hidden').lstrip('-')} "
                             f"({self.hidden})")
         if self.k_start is not None and self.k_start < self.k:
-            raise KsaeError(f"{name('k_start')} {self.k_start} is not allowed; use a value >= k ({self.k})")
+            raise KsaeError(f"{name('k_start')} {self.k_start} is not allowed; use {name('k_start').lstrip('-')} >= k "
+                            f"({self.k})")
         if self.k_start is not None and self.k_start > self.hidden:
-            raise KsaeError(f"{name('k_start')} {self.k_start} is not allowed; use a value <= "
+            raise KsaeError(f"{name('k_start')} {self.k_start} is not allowed; use {name('k_start').lstrip('-')} <= "
                             f"{name('hidden').lstrip('-')} ({self.hidden})")
         check_positive_count(name("epochs"), self.epochs, "epochs")
         check_batch_size(name("batch_size"), self.batch_size, n_train)

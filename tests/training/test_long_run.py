@@ -150,9 +150,9 @@ def test_resume_drops_metric_lines_written_after_the_checkpoint(data_file, tmp_p
 
 def test_every_option_of_ksae_train_is_applied_or_refused_on_resume():
     names = {param.name for param in train_command.params}
-    classified = set(resuming.APPLIED) | set(resuming.REFUSED) | {"dataset", "run_dir", "resume"}
+    classified = set(resuming.APPLIED) | set(resuming.REFUSED) | set(resuming.DATA) | {"dataset", "run_dir", "resume"}
     assert names == classified
-    assert not set(resuming.APPLIED) & set(resuming.REFUSED)
+    assert not set(resuming.APPLIED) & (set(resuming.REFUSED) | set(resuming.DATA))
 
 
 def test_resume_applies_epochs_topk_and_checkpoint_options_and_keeps_the_k_schedule(data_file, tmp_path):
@@ -205,7 +205,7 @@ def test_shortened_epochs_shrink_the_k_schedule_so_k_is_still_reached():
 ])
 def test_resume_refuses_what_it_cannot_honour_by_name(data_file, tmp_path, args, fragments):
     run = tmp_path / "run"
-    assert train(data_file, *SMALL, "--epochs", "2", "--run-dir", run).returncode == 0
+    assert train(data_file, *SMALL, "--epochs", "2", "--run-dir", run, "--lr", "0.01").returncode == 0
     before = (run / "checkpoint.h5").read_bytes(), (run / "config.json").read_text()
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     result = CliRunner().invoke(train_command, ["--resume", str(run), *args], catch_exceptions=False)

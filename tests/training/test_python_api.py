@@ -40,7 +40,7 @@ def test_the_api_is_importable_from_the_package():
 
 @pytest.mark.parametrize("params, message", [
     (dict(n_hidden=10, k=25), r"^k 25 is not allowed; use 1 <= k <= n_hidden \(10\)$"),
-    (dict(k_start=2), r"^k_start 2 is not allowed; use a value >= k \(4\)$"),
+    (dict(k_start=2), r"^k_start 2 is not allowed; use k_start >= k \(4\)$"),
     (dict(lr=-1.0), r"^lr -1.0 is not allowed; use a positive learning rate"),
     (dict(lr="fast"), r"^lr 'fast' is not allowed; use a positive learning rate or 'auto'$"),
     (dict(momentum=1.5), r"^momentum 1.5 is not allowed"),
