@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ksae_cupy.datasets.dataset import Dataset, check_finite, check_magnitude
-from ksae_cupy.datasets.user_files import DataSpec, is_user_file, load_user_data
+from ksae_cupy.datasets.user_files import DataSpec, is_user_file, load_user_data  # noqa: F401 (is_user_file: re-exported)
 from ksae_cupy.errors import KsaeError, python_name
 
 

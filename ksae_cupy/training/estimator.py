@@ -22,7 +22,7 @@ import numpy as np
 from ksae_cupy import model
 from ksae_cupy.backend import CPU, array_module, resolve_device, to_host
 from ksae_cupy.datasets.dataset import check_float_input
-from ksae_cupy.errors import KsaeError, cli_name
+from ksae_cupy.errors import KsaeError
 from ksae_cupy.schedules import resolve_k_start
 from ksae_cupy.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from ksae_cupy.training.learning_rate import auto_learning_rate, round_significant
@@ -36,7 +36,7 @@ def parameter_name(field: str) -> str:
     """How the estimator's messages name a :class:`TrainConfig` field: by its parameter."""
     return {"hidden": "n_hidden"}.get(field, field)
 
-# Input dtypes kept as they are; anything else (integers, ...) becomes the first.
+# Input dtypes kept as they are; anything else (integers, with input_scale) becomes the first.
 KEPT_DTYPES = (np.float64, np.float32)
 
 
