@@ -9,7 +9,6 @@ The algorithm sits at the top of the package, to be read first:
     schedules.py  the sparsity schedule (k from k_start down to k over the first half)
     backend.py    NumPy or CuPy on the chosen device
     errors.py     KsaeError, the one error a user sees
-    paths.py      checks of the paths a user gives, made before any work
     paths.py      checks of the paths a user gives, made before any work starts
 
 Around it, one folder per job, imports pointing down this list only:
@@ -22,4 +21,42 @@ Around it, one folder per job, imports pointing down this list only:
     parallel/     MPI data parallelism, sharded hidden units, Dask sweeps
     bench/        benchmarks that validate before they time
     cli/          one module per command; nothing imports it
+
+The Python API, importable from here (each loaded on first use, so ``import ksae_cupy``
+stays light):
+
+    KSparseAutoencoder   the estimator (training/estimator.py): fit, transform, save, load
+    load(path)           a saved model or a ksae-train run's checkpoint.h5, as an estimator
+    load_dataset(spec)   a built-in dataset or your own file, with labels and splits
+    Dataset, KsaeError   what load_dataset returns; the one error a user sees
 """
+
+# name -> (module, attribute); read by __getattr__ on first use (PEP 562)
+_API = {
+    "KSparseAutoencoder": ("ksae_cupy.training.estimator", "KSparseAutoencoder"),
+    "load_dataset": ("ksae_cupy.datasets", "load_dataset"),
+    "Dataset": ("ksae_cupy.datasets.dataset", "Dataset"),
+    "KsaeError": ("ksae_cupy.errors", "KsaeError"),
+}
+__all__ = [*_API, "load"]
+
+
+def load(path, device: str = "auto"):
+    """A :class:`KSparseAutoencoder` from a checkpoint: one ``save`` wrote, or the
+    ``checkpoint.h5`` of a ``ksae-train`` run folder (see ``KSparseAutoencoder.load``)."""
+    from ksae_cupy.training.estimator import KSparseAutoencoder
+
+    return KSparseAutoencoder.load(path, device=device)
+
+
+def __getattr__(name: str):
+    if name not in _API:
+        raise AttributeError(f"module 'ksae_cupy' has no attribute {name!r}")
+    import importlib
+
+    module, attribute = _API[name]
+    return getattr(importlib.import_module(module), attribute)
+
+
+def __dir__():
+    return sorted([*globals(), *_API])

@@ -12,7 +12,17 @@ class KsaeError(ValueError):
 
 
 class TrainingDiverged(KsaeError):
-    """The loss became NaN or infinite; the last good checkpoint is left untouched (exit status 1)."""
+    """The loss became NaN or infinite; the last good checkpoint is left untouched (exit status 1).
+
+    Carries where it happened (``loss``, ``epoch``, ``step``, ``lr``) when a batch's loss was the
+    first sign, so that callers can say more: the estimator adds what was saved and the rate
+    ``lr="auto"`` gives for the data.
+    """
+
+    def __init__(self, message: str, loss: float | None = None, epoch: int | None = None, step: int | None = None,
+                 lr: float | None = None):
+        super().__init__(message)
+        self.loss, self.epoch, self.step, self.lr = loss, epoch, step, lr
 
 
 class KsaeNote(UserWarning):
@@ -36,3 +46,11 @@ def one_line(text: str) -> str:
     """``text`` folded onto one line: libraries (HDF5, Dask, MPI) put line breaks inside their
     messages, and cutting at the first one loses the reason ("No space left on device")."""
     return " ".join(str(text).split())
+def cli_name(parameter: str) -> str:
+    """How a command line names a parameter in messages: ``valid_fraction`` -> ``--valid-fraction``."""
+    return "--" + parameter.replace("_", "-")
+
+
+def python_name(parameter: str) -> str:
+    """How the Python API names a parameter in messages: as it is spelled."""
+    return parameter

@@ -40,11 +40,11 @@ STEPS = ("dense", "sparse", "auto")
 AUTO_MAX_K_OVER_H = {"cpu kernels": 0.25, "otherwise": 0.1}
 
 
-def choose_step(step: str, k: int, H: int) -> str:
+def choose_step(step: str, k: int, H: int, flag: str = "--step") -> str:
     """``dense`` or ``sparse``: ``auto`` resolved by the fraction of units kept."""
     if step not in STEPS:
         from ksae_cupy.errors import KsaeError
-        raise KsaeError(f"--step {step!r} is not allowed; use one of {', '.join(STEPS)}")
+        raise KsaeError(f"{flag} {step!r} is not allowed; use one of {', '.join(STEPS)}")
     if step == "auto":
         limit = AUTO_MAX_K_OVER_H["cpu kernels" if cpu_kernels.enabled() else "otherwise"]
         return "sparse" if k <= limit * H else "dense"

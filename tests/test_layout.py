@@ -4,6 +4,9 @@
   compiled halves),
   ``datasets``, ``training``, ``evaluation``, ``supervised``, ``parallel``, ``bench``, ``cli``.
   A module imports only from its own layer or a lower one.
+* The package's ``__init__`` is the Python API's front door: it may name any layer below
+  ``cli/`` (``from ksae_cupy import KSparseAutoencoder``), but only lazily, inside functions,
+  so that importing the package loads none of them.
 * Nothing outside ``cli/`` imports ``cli/``.
 * No import cycle between modules.
 * Every folder says in its ``__init__`` docstring what it holds.
@@ -63,12 +66,24 @@ def test_the_graph_is_read():
     assert set(LAYERS) >= {_folder(m) for m in MODULES}, "a folder that has no layer: add it to LAYERS"
 
 
+FRONT_DOOR = "ksae_cupy"  # the package's __init__: the Python API, re-exported lazily
+
+
 def test_imports_point_down():
     upward = [f"{m} ({_folder(m) or 'top'}) imports {d} ({_folder(d) or 'top'})"
               for m, deps in GRAPH.items() for d in deps
-              if LAYERS.index(_folder(d)) > LAYERS.index(_folder(m))
+              if m != FRONT_DOOR and LAYERS.index(_folder(d)) > LAYERS.index(_folder(m))
               and not (_folder(m) in ALGORITHM and _folder(d) in ALGORITHM)]
     assert upward == []
+
+
+def test_the_front_door_imports_only_lazily():
+    tree = ast.parse(MODULES[FRONT_DOOR].read_text())
+    top_level = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert [ast.unparse(node) for node in top_level] == []  # every import sits inside a function
+    assert not any(_folder(d) == "cli" for d in GRAPH[FRONT_DOOR])
+    mentioned = {module for module, _ in __import__(FRONT_DOOR)._API.values()}
+    assert mentioned <= set(MODULES), mentioned - set(MODULES)
 
 
 def test_nothing_imports_the_command_line():

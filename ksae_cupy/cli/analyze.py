@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from ksae_cupy.cli.common import (CONTEXT, DATA_DIR, DEVICE, QUIET, RUN_DIR, check_run_outputs, dataset_split,
-                                   progress_printer, report_errors, write_json)
+from ksae_cupy.cli.common import (CONTEXT, DATA_DIR, DEVICE, QUIET, RUN_DIR, check_run_outputs, data_options,
+                                   data_overrides, dataset_split, progress_printer, report_errors, write_json)
 from ksae_cupy.errors import KsaeError
 
 
@@ -43,11 +43,12 @@ def analyze_coherence(run_dir):
 @click.option("--split", type=click.Choice(["test", "valid", "train"]), default="test")
 @click.option("--k", "k", type=int, default=None, help="Sparsity of ITI and of the encoder. [default: the run's k]")
 @click.option("--max-iter", type=int, default=100, help="ITI iterations at most.")
+@data_options
 @DEVICE
 @DATA_DIR
 @QUIET
 @report_errors
-def analyze_iti(run_dir, n_samples, split, k, max_iter, device, data_dir, quiet):
+def analyze_iti(run_dir, n_samples, split, k, max_iter, device, data_dir, quiet, **data):
     """How often the encoder's one-step support supp_k(W^T x + b) equals the support ITI
     converges to (section 3.1-3.2). Writes RUN_DIR/iti.json."""
     from ksae_cupy.evaluation.analysis import encoder_vs_iti
@@ -63,7 +64,7 @@ def analyze_iti(run_dir, n_samples, split, k, max_iter, device, data_dir, quiet)
         raise KsaeError("--n-samples and --max-iter must be positive")
     backend = resolve_device(device)
     say = progress_printer(quiet)
-    X_nd = dataset_split(load_run_dataset(run, data_dir, say), split)[0][:n_samples]
+    X_nd = dataset_split(load_run_dataset(run, data_dir, say, data_overrides(data)), split)[0][:n_samples]
     say(f"ITI on {len(X_nd)} {split} rows, k={k}, at most {max_iter} iterations; {backend.description}")
     params = {name: backend.asarray(value) for name, value in run.params.items()}
     report = encoder_vs_iti(params, backend.asarray(X_nd), k, max_iter)
@@ -129,24 +130,28 @@ def analyze_theorem(dictionary, D, H, k, n, seed, output):
 @click.option("--alphas", default="1,2,3,4", help="Comma-separated alpha grid of every variant.")
 @click.option("--l2", "l2_text", default="1e-3,1e-4,1e-5", help="Comma-separated L2 grid (not for early-stop-N).")
 @click.option("--max-iter", type=int, default=500, help="L-BFGS iterations at most (variants without early stopping).")
+@data_options
 @DEVICE
 @DATA_DIR
 @QUIET
 @report_errors
-def analyze_variants(run_dir, variants_text, alphas, l2_text, max_iter, device, data_dir, quiet):
+def analyze_variants(run_dir, variants_text, alphas, l2_text, max_iter, device, data_dir, quiet, **data):
     """The feature evaluation under each choice the paper leaves open (ReLU at encoding,
     standardised features, early stopping instead of L2), every one chosen on validation and
     tested once. Writes RUN_DIR/variants.json and variants.md."""
     from ksae_cupy.backend import resolve_device
-    from ksae_cupy.evaluation.features import parse_alphas, parse_l2
+    from ksae_cupy.evaluation.features import load_run_dataset, open_run, parse_alphas, parse_l2
     from ksae_cupy.evaluation.variants import markdown, parse_variants, run_variants
 
     variants, alpha_list, l2_list = parse_variants(variants_text), parse_alphas(alphas), parse_l2(l2_text)
     check_run_outputs(run_dir, "variants.json", "variants.md")
     if max_iter < 1:
         raise KsaeError(f"--max-iter {max_iter} is not allowed; use a positive number of iterations")
+    say = progress_printer(quiet)
+    overrides = data_overrides(data)  # without any, run_variants loads the run's own data after its checks
+    dataset = load_run_dataset(open_run(run_dir), data_dir, say, overrides) if overrides else None
     result = run_variants(run_dir, variants, alpha_list, l2_list, max_iter, resolve_device(device), data_dir,
-                          log=progress_printer(quiet))
+                          log=say, dataset=dataset)
     click.echo(markdown(result))
 
 @analyze_command.command("compare", context_settings=CONTEXT)
@@ -157,10 +162,11 @@ def analyze_variants(run_dir, variants_text, alphas, l2_text, max_iter, device, 
 @click.option("--dict-seconds", default="none",
               help="Also learn a dictionary by sparse coding (scikit-learn) for this many seconds; "
                    "'auto' = the run's own training time; 'none' = skip.")
+@data_options
 @DATA_DIR
 @QUIET
 @report_errors
-def analyze_compare(run_dir, alpha, l2_text, n_train, dict_seconds, data_dir, quiet):
+def analyze_compare(run_dir, alpha, l2_text, n_train, dict_seconds, data_dir, quiet, **data):
     """k-sparse encoder vs OMP on the same dictionary (same number of non-zeros), and vs a
     dictionary learnt by MiniBatchDictionaryLearning in the same wall time: test error and
     encoding speed (needs: pip install ksae-cupy[compare]). Writes RUN_DIR/compare.json."""
@@ -189,9 +195,9 @@ def analyze_compare(run_dir, alpha, l2_text, n_train, dict_seconds, data_dir, qu
         if seconds <= 0:
             raise KsaeError(f"--dict-seconds {dict_seconds}: use a positive number of seconds")
     say = progress_printer(quiet)
-    dataset = load_run_dataset(run, data_dir, say)
+    dataset = load_run_dataset(run, data_dir, say, data_overrides(data))
     report = compare_encoders(run.params, run.k, dataset, alpha, l2_list, n_train, seconds, log=say)
     write_json(run.path / "compare.json", report)
-    click.echo(f"| method | test error | test encoding rows/s |\n|---|---|---|")
+    click.echo("| method | test error | test encoding rows/s |\n|---|---|---|")
     for name, m in report["methods"].items():
         click.echo(f"| {name} | {100 * m['test_error']:.2f}% | {m['rows_per_second']:.0f} |")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from ksae_cupy.cli.common import (CONTEXT, DATA_DIR, DEVICE, QUIET, RUN_DIR, check_run_outputs, progress_printer,
-                                   report_errors)
+from ksae_cupy.cli.common import (CONTEXT, DATA_DIR, DEVICE, QUIET, RUN_DIR, check_run_outputs, data_options,
+                                   data_overrides, progress_printer, report_errors)
 from ksae_cupy.errors import KsaeError
 
 
@@ -25,21 +25,27 @@ from ksae_cupy.errors import KsaeError
 @click.option("--linear-svm", is_flag=True,
               help="Also bracket the classifier: a linear SVM (C chosen on validation) at the chosen alpha, fit on "
                    "the training set and refit on training + validation (needs scikit-learn).")
+@data_options
 @DEVICE
 @DATA_DIR
 @QUIET
 @report_errors
-def eval_command(run_dir, alphas, l2_text, refit, raw_baseline, max_iter, linear_svm, device, data_dir, quiet):
+def eval_command(run_dir, alphas, l2_text, refit, raw_baseline, max_iter, linear_svm, device, data_dir, quiet,
+                 **data):
     """Classify with logistic regression on supp_{alpha k}(W^T x + b) features (paper, section 4.5).
 
     For every alpha and L2 the classifier is fit on the training set and judged on the
     validation set; the best pair is refit and the test error is measured once. Writes
     RUN_DIR/eval.json and RUN_DIR/eval.md and prints the Markdown summary.
 
+    The data is the run's own, with the labels and splits it was trained with; --labels,
+    --test and --test-labels add what a run on your own file lacks (the splits cannot change).
+
     \b
     Examples:
       ksae-eval runs/mnist-h1000-k25-20261121-101500
       ksae-eval RUN_DIR --alphas 1,3 --l2 1e-4 --raw-baseline --device gpu
+      ksae-eval runs/mydata-h1000-k25-... --labels labels.npy --test test.npz
     """
     from ksae_cupy.backend import resolve_device
     from ksae_cupy.evaluation.features import evaluate_run, markdown_report, parse_alphas, parse_l2
@@ -53,6 +59,7 @@ def eval_command(run_dir, alphas, l2_text, refit, raw_baseline, max_iter, linear
     check_run_outputs(run_dir, "eval.json", "eval.md")
     backend = resolve_device(device)
     result = evaluate_run(run_dir, alpha_list, l2_list, refit=refit, raw_baseline=raw_baseline, backend=backend,
-                          data_root=data_dir, max_iter=max_iter, linear_svm=linear_svm, log=progress_printer(quiet))
+                          data_root=data_dir, max_iter=max_iter, linear_svm=linear_svm, log=progress_printer(quiet),
+                          data_overrides=data_overrides(data))
     click.echo(markdown_report(result), nl=False)
     click.echo(f"wrote {Path(run_dir) / 'eval.json'} and {Path(run_dir) / 'eval.md'}", err=True)

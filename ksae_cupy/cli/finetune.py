@@ -29,7 +29,8 @@ from types import SimpleNamespace
 import click
 import numpy as np
 
-from ksae_cupy.cli.common import StopOnSignals, report_errors
+from ksae_cupy.cli.common import (DATA_OPTION_NAMES, StopOnSignals, data_options, data_overrides, data_spec,
+                                   report_errors)
 from ksae_cupy.errors import KsaeError
 
 RESULTS = "finetune.json"
@@ -41,7 +42,9 @@ BASELINES = ("rbm", "dropout-ae", "denoising-ae")
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.argument("pretrained", nargs=-1, type=click.Path(path_type=Path))
-@click.option("--dataset", default=None, help="Labelled dataset (mnist, synthetic). [default: the pretrained run's]")
+@click.option("--dataset", default=None,
+              help="Labelled dataset: mnist, fashion-mnist, synthetic, or your file (see ksae-train). "
+                   "[default: the pretrained run's, with its labels and splits]")
 @click.option("--alpha", type=float, default=3.0, help="Keep alpha*k units per hidden layer (paper, MNIST: 3).")
 @click.option("--epochs", type=int, default=200, help="Epochs per fine-tuning phase (paper: 200).")
 @click.option("--phases", default=None,
@@ -67,15 +70,17 @@ BASELINES = ("rbm", "dropout-ae", "denoising-ae")
 @click.option("--resume", type=click.Path(path_type=Path), default=None, help="Continue the fine-tuning run in this folder.")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Data root.")
 @click.option("--quiet", is_flag=True)
+@data_options
 @click.pass_context
 @report_errors
 def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, lr_end, momentum, batch_size, sigma,
                      no_pretraining, baseline, pretrain_epochs, hidden, k, seed, dtype, device, run_dir,
-                     checkpoint_every, resume, data_dir, quiet):
+                     checkpoint_every, resume, data_dir, quiet, **data_given):
     """Fine-tune a softmax network initialised from PRETRAINED_RUN_DIR [PRETRAINED_RUN_DIR_2] (ksae-train runs)."""
     from ksae_cupy.supervised import finetune
     from ksae_cupy.backend import resolve_device
     from ksae_cupy.datasets import load_dataset
+    from ksae_cupy.datasets.user_files import DataSpec
     from ksae_cupy.supervised.checkpoint import load_finetune_checkpoint
     from ksae_cupy.training.runs import RunFolder
 
@@ -86,7 +91,7 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
     if resume is not None:
         if pretrained:
             raise KsaeError("--resume takes no PRETRAINED_RUN_DIR; the run folder remembers its own")
-        given = sorted(f"--{name.replace('_', '-')}" for name in RUN_SHAPING
+        given = sorted(f"--{name.replace('_', '-')}" for name in (*RUN_SHAPING, *DATA_OPTION_NAMES)
                        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE)
         if given:
             raise KsaeError(f"--resume: {', '.join(given)} cannot change a run in progress; leave them out")
@@ -97,6 +102,7 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
         resolved = folder.read_config()
         trainer = finetune.FinetuneTrainer.from_state(load_finetune_checkpoint(folder.checkpoint), backend)
         dataset = resolved["dataset"]
+        spec = DataSpec.from_record(dataset, resolved.get("data"))
     else:
         if len(pretrained) > 2:
             raise KsaeError(f"{len(pretrained)} pretrained runs given; fine-tuning takes one (shallow) or two (deep)")
@@ -118,16 +124,21 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
             encoders.append(encoder_of(model))
             ks.append(model.k)
             sources.append({"run_dir": str(path), "dataset": run_config.get("dataset"), "k": model.k,
-                            "hidden": model.n_hidden})
+                            "hidden": model.n_hidden, "data": run_config.get("data")})
         if dataset is None:
             dataset = sources[0]["dataset"] if sources else None
             if dataset is None:
                 raise KsaeError("missing --dataset; name a labelled dataset such as mnist")
+            # the pretrained run's data, with its splits (labels or a test set may be added)
+            spec = DataSpec.from_record(dataset, sources[0]["data"]).for_run(**data_overrides(data_given))
+        else:
+            spec = data_spec(dataset, **data_given)
         folder = RunFolder(run_dir or _default_run_dir(dataset))
         folder.check_new(command="ksae-finetune")
-        data = load_dataset(dataset, root=data_dir, log=lambda msg: say(msg, err=True))
+        data = load_dataset(spec, root=data_dir, log=lambda msg: say(msg, err=True))
         if data.y_train is None:
-            raise KsaeError(f"dataset {dataset!r} has no labels; fine-tuning needs a labelled dataset such as mnist")
+            raise KsaeError(f"dataset {dataset!r} has no labels; fine-tuning needs labels: --labels, or an .npz "
+                            f"holding y, or a labelled dataset such as mnist")
         rng = np.random.default_rng(seed)
         if no_pretraining:
             sizes = _parse_hidden(hidden)
@@ -167,7 +178,8 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
                                          seed=seed, dtype=dtype, **network)
         config.validate(n_train=len(data.X_train), hidden=sizes)
         trainer = finetune.FinetuneTrainer(config, backend, host_params, rng)
-        resolved = {"dataset": dataset, "device": backend.name, "alpha": alpha, "pretrained": sources,
+        resolved = {"dataset": spec.data, "data": spec.record(), "device": backend.name, "alpha": alpha,
+                    "pretrained": sources,
                     "no_pretraining": bool(no_pretraining), "baseline": baseline,
                     "pretrain_epochs": pretrain_epochs if baseline else None, "finetune": config.to_dict(),
                     "checkpoint_every": checkpoint_every, "run_dir": str(folder.path)}
@@ -177,7 +189,7 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
 
     say(backend.description)
     if resume is not None:
-        data = load_dataset(dataset, root=data_dir, log=lambda msg: say(msg, err=True))
+        data = load_dataset(spec, root=data_dir, log=lambda msg: say(msg, err=True))
     say(data.summary())
     say("config: " + json.dumps(trainer.config.to_dict(), sort_keys=True))
     say(f"run folder: {folder.path}")

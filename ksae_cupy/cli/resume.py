@@ -4,10 +4,10 @@ Applied (safe to change mid-run): ``--epochs`` (extend: the k schedule keeps the
 was planned over; shorten, to no fewer than the epochs done: the schedule shrinks with it), ``--topk`` (both algorithms keep the same set), ``--step`` (the same math), ``--device``,
 ``--checkpoint-every``, ``--checkpoint-minutes``, ``--threads``, ``--data-dir``, ``--quiet``,
 ``--progress-seconds``. Refused when they differ from the run: the options that shape the
-model or the sequence of batches, and a ``--run-dir`` or DATASET other than the run's own.
+model or the sequence of batches, and a ``--run-dir``, DATASET or data option (``--labels``,
+``--valid-fraction``, ...) other than the run's own.
 Options not given keep the run's values (the checkpoint's configuration, config.json), never
-the defaults: ``--threads`` included, since a resume is bit-identical only on the same BLAS
-thread count. ``--quiet`` is the one option of a session only.
+the defaults: ``--threads`` included. ``--quiet`` is the one option of a session only.
 """
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from ksae_cupy.errors import KsaeError
 from ksae_cupy.training.options import check_positive_count
 from ksae_cupy.training.runs import dataset_record, file_sha256
 
+# The data options choose the rows a run trains on: refused when they differ from the run's.
+DATA = ("labels", "test", "test_labels", "valid_fraction", "test_fraction", "split_seed")
 REFUSED = ("hidden", "k", "k_start", "no_k_schedule", "batch_size", "lr", "momentum", "sigma", "seed", "dtype",
            "activation")
 APPLIED = ("epochs", "topk", "step", "device", "checkpoint_every", "checkpoint_minutes", "threads", "data_dir", "quiet",
@@ -59,6 +61,21 @@ def check_dataset(dataset: str | None, previous: dict) -> str:
     return recorded
 
 
+def check_data_options(typed: set, given: dict, dataset: str, previous: dict):
+    """The run's DataSpec; data options given again must equal the run's (they choose its rows)."""
+    from ksae_cupy.datasets.user_files import DataSpec
+
+    spec = DataSpec.from_record(dataset, previous.get("data"))
+    typed_spec = DataSpec(dataset, **{key: value for key, value in given.items() if key in typed})
+    differing = [f"--{key.replace('_', '-')} {given[key]} (the run has {getattr(spec, key)})"
+                 for key in sorted(typed & set(given))
+                 if getattr(typed_spec.resolved(), key) != getattr(spec, key)]
+    if differing:
+        raise KsaeError("--resume: options contradict the run's data (they choose the rows it trains on): "
+                        + ", ".join(differing))
+    return spec
+
+
 def check_run_dir(run_dir: Path | None, resume: Path) -> None:
     if run_dir is not None and Path(run_dir).resolve() != Path(resume).resolve():
         raise KsaeError(f"--run-dir {run_dir} is not allowed with --resume; the run lives in {resume} "
@@ -75,6 +92,12 @@ def check_refused(ctx, typed: set, config) -> None:
             if value and saved["k_start"] is not None:
                 differing.append(f"--no-k-schedule (the run has k-start {saved['k_start']})")
             continue
+        if name == "lr":
+            from ksae_cupy.cli.common import parse_lr
+
+            value = parse_lr(value, None)
+            if value == "auto" and saved.get("lr_auto"):
+                continue  # the run's rate was derived from its data: the same rate
         if value != saved[name]:
             differing.append(f"--{name.replace('_', '-')} {value} (the run has {saved[name]})")
     if differing:

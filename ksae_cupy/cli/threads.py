@@ -7,9 +7,10 @@ wait for each other and a training step can be several times slower than with on
 The same count goes to the Numba kernels of :mod:`ksae_cupy.cpu.kernels` (the sparse step after
 ``X W``, and the momentum update), which run between the BLAS calls, never beside them.
 
-The BLAS count is set at run time with ``threadpoolctl`` (the optional extra ``ksae-cupy[threads]``).
-Without it the BLAS keeps its own count, which only the environment can change, and only
-before Python starts: ``OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 ksae-train ...``.
+The BLAS count is set at run time with ``threadpoolctl`` (installed with the package). A count
+the environment set before Python started (``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS``,
+``BLIS_NUM_THREADS``, ``OMP_NUM_THREADS``) is left as it is unless ``--threads`` is given, and
+the printed line names the variable.
 """
 from __future__ import annotations
 
@@ -35,27 +36,56 @@ def set_blas_threads(threads: int | None) -> str:
     cores = usable_cores()
     if threads is not None and threads <= 0:
         raise KsaeError(f"--threads {threads} is not allowed; use a positive number of threads (this machine has {cores} cores)")
-    from ksae_cupy.cpu import kernels as cpu_kernels
-    cpu_kernels.set_threads(cores if threads is None else threads)
+    _set_kernel_threads(threads, cores)
     try:
         from threadpoolctl import threadpool_info, threadpool_limits
     except ImportError:
         if threads is not None:
-            raise KsaeError(f"--threads {threads} needs threadpoolctl (pip install 'ksae-cupy[threads]'); without it, "
+            raise KsaeError(f"--threads {threads} needs threadpoolctl (pip install threadpoolctl); without it, "
                             f"start the run with OMP_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} "
                             f"MKL_NUM_THREADS={threads}") from None
         return (f"BLAS threads: the library's default (threadpoolctl not installed; set OMP_NUM_THREADS before "
                 f"starting to change it); {cores} usable cores")
-    wanted = cores if threads is None else threads
-    threadpool_limits(limits=wanted, user_api="blas")  # stays in force for the rest of the process
+    from_environment = environment_threads()
+    if threads is not None:
+        how = "--threads"
+        threadpool_limits(limits=threads, user_api="blas")  # stays in force for the rest of the process
+    elif from_environment is not None:
+        how = f"set by {from_environment}; --threads N to change"  # the user's choice: left as it is
+    else:
+        how = "default: one per core; --threads N to change"
+        threadpool_limits(limits=cores, user_api="blas")
     blas = [info for info in threadpool_info() if info.get("user_api") == "blas"]
     if not blas:
         return f"BLAS threads: no BLAS library found; {cores} usable cores"
     counts = sorted({info["num_threads"] for info in blas})
     names = ", ".join(sorted({info.get("internal_api", "blas") for info in blas}))
-    line = (f"BLAS threads: {', '.join(map(str, counts))} ({names}; {cores} usable cores; "
-            f"{'--threads' if threads is not None else 'default: one per core; --threads N to change'})")
-    return line + _busy_hint(cores, threads)
+    line = f"BLAS threads: {', '.join(map(str, counts))} ({names}; {cores} usable cores; {how})"
+    return line + _busy_hint(cores, threads if from_environment is None else 0)
+
+
+def _set_kernel_threads(threads: int | None, cores: int) -> None:
+    """The CPU kernels run on ``--threads``, else on a count the environment set, else one per core."""
+    from ksae_cupy.cpu import kernels as cpu_kernels
+
+    if threads is None:
+        variable = environment_threads()
+        value = variable.split("=", 1)[1] if variable else ""
+        threads = int(value) if value.isdigit() and int(value) > 0 else cores
+    cpu_kernels.set_threads(threads)
+
+
+# The variables BLAS libraries read at start-up for their thread count, most specific first.
+THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS", "OMP_NUM_THREADS")
+
+
+def environment_threads() -> str | None:
+    """``NAME=value`` of the first thread-count variable set in the environment, else None."""
+    for name in THREAD_VARIABLES:
+        value = os.environ.get(name, "").strip()
+        if value:
+            return f"{name}={value}"
+    return None
 
 
 def _busy_hint(cores: int, threads: int | None) -> str:

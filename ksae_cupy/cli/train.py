@@ -11,9 +11,20 @@ from pathlib import Path
 
 import click
 
-from ksae_cupy.cli.common import StopOnSignals, report_errors
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.cli.common import StopOnSignals, data_options, data_spec, parse_lr, report_errors
+from ksae_cupy.errors import KsaeError, cli_name
 from ksae_cupy.training.options import check_seed, check_training_memory
+
+# Built-in datasets whose default rate is --lr auto: the paper's 0.01 diverges on them.
+AUTO_LR_DATASETS = ("fashion-mnist",)
+
+
+def describe_auto_lr(X_nd) -> str:
+    from ksae_cupy.training.learning_rate import (MNIST_MEAN_SQUARED_NORM, MNIST_TOP_EIGENVALUE, mean_squared_norm,
+                                                  top_eigenvalue)
+
+    return (f"E||x||^2 {mean_squared_norm(X_nd):.4g} and top eigenvalue of E[xx^T] {top_eigenvalue(X_nd):.4g}; "
+            f"MNIST's {MNIST_MEAN_SQUARED_NORM:g} and {MNIST_TOP_EIGENVALUE:g} give 0.01")
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.argument("dataset", required=False)
@@ -24,7 +35,9 @@ from ksae_cupy.training.options import check_seed, check_training_memory
 @click.option("--no-k-schedule", is_flag=True, help="Train with k from the first epoch.")
 @click.option("--epochs", type=int, default=5000, help="Epochs (paper: 5000).")
 @click.option("--batch-size", type=int, default=128, help="Minibatch size (authors' code: 128).")
-@click.option("--lr", type=float, default=0.01, help="Learning rate eta (paper, MNIST: 0.01).")
+@click.option("--lr", default=None,
+              help="Learning rate eta, or auto: derived from the data's scale (0.01 on MNIST). "
+                   "[default: 0.01 (the paper's) for the built-in datasets but fashion-mnist; auto for it and your files]")
 @click.option("--momentum", type=float, default=0.9, help="Momentum m (paper: 0.9).")
 @click.option("--sigma", type=float, default=0.01, help="Std of the Gaussian initial weights (paper: 0.01).")
 @click.option("--topk", type=click.Choice(["sort", "threshold"]), default="sort",
@@ -47,23 +60,30 @@ from ksae_cupy.training.options import check_seed, check_training_memory
               help="Continue the run in this folder; options given are applied (--epochs, --topk, --device, "
                    "--checkpoint-*, --threads) or, if they would change the model, refused by name.")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Data root. [default: $KSAE_DATA_DIR or ./data]")
-@click.option("--threads", type=int, default=None, help="BLAS threads on the CPU. [default: one per usable core]")
+@click.option("--threads", type=int, default=None,
+              help="Threads on the CPU, for BLAS and the CPU kernels. [default: one per usable core]")
 @click.option("--progress-seconds", type=float, default=30.0,
               help="When stderr is not a terminal, a progress line this often (a terminal gets a bar).")
 @click.option("--quiet", is_flag=True, help="Only the final line.")
+@data_options
 @click.pass_context
 @report_errors
 def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch_size, lr, momentum, sigma, topk,
                   seed, dtype, activation, step, device, run_dir, checkpoint_every, checkpoint_minutes, overwrite,
-                  resume, data_dir, threads, progress_seconds, quiet):
+                  resume, data_dir, threads, progress_seconds, quiet, **data_given):
     """Train a k-sparse autoencoder on DATASET.
 
-    DATASET is a built-in name (mnist, synthetic, and the others `ksae-data list` shows)
-    or your own N x D array: a .npy file, or file.h5[:dataset].
+    DATASET is a built-in name (mnist, fashion-mnist, synthetic, and the others `ksae-data
+    list` shows) or your own data: an .npz holding X (N x D) and, optionally, y, X_test and
+    y_test; an .npy file; or file.h5[:dataset]. Labels and splits of your own data are set
+    with --labels, --test, --valid-fraction and the options below; ksae-eval then reads them
+    from the run folder.
 
     \b
     Examples:
       ksae-train mnist --k 25 --epochs 5000
+      ksae-train mydata.npz --k 25 --epochs 20          (then: ksae-eval runs/mydata-h1000-k25-...)
+      ksae-train features.h5:X --labels features.h5:y --test-fraction 0.1
       ksae-train synthetic --hidden 256 --k 5 --epochs 20 --device cpu
       ksae-train --resume runs/mnist-h1000-k25-20261121-101500
     """
@@ -92,6 +112,7 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
         ctx.call_on_close(folder.release)
         previous = folder.read_config()
         dataset = resuming.check_dataset(dataset, previous)
+        spec = resuming.check_data_options(typed, data_given, dataset, previous)
         every = resuming.run_level(ctx, typed, previous)  # options not given keep the run's values
         device, threads, progress_seconds = every["device"], every["threads"], every["progress_seconds"]
         data_dir = Path(every["data_dir"]) if every["data_dir"] else None
@@ -109,6 +130,8 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
     else:
         if dataset is None:
             raise KsaeError("missing DATASET; give a dataset name or file, or --resume RUN_DIR")
+        spec = data_spec(dataset, **data_given)
+        lr = parse_lr(lr, default="auto" if spec.is_user_file or dataset in AUTO_LR_DATASETS else 0.01)
         config = TrainConfig(hidden=hidden, k=k, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum,
                              sigma=sigma, topk=topk, seed=seed, dtype=dtype, activation=activation, step=step,
                              k_start=None if no_k_schedule else resolve_k_start(k_start if k_start is not None else "auto", k, hidden))
@@ -118,14 +141,16 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
         every = resuming.run_level(ctx, typed, {})
         folder = RunFolder(run_dir or default_run_dir(dataset, hidden, k))
         folder.check_new(overwrite)
-        record = dataset_record(dataset)
+        record = dataset_record(spec.data)
         backend = resolve_device(device)
         model = None
+    if spec.is_user_file:
+        record["data"] = spec.record()  # labels and splits, for ksae-eval and --resume
 
     say(backend.description)
     say(set_blas_threads(threads))
-    data = load_dataset(dataset, root=data_dir, log=lambda msg: say(msg, err=True))
-    say(data.summary())
+    data = load_dataset(spec, root=data_dir, log=lambda msg: say(msg, err=True))
+    say(data.summary() + (f"; labels: {data.n_classes} classes" if data.y_train is not None else ""))
     if model is None:
         if config.k_start is not None and not schedule_reaches_k(config.epochs, config.k, config.k_start):
             say(f"note: in {config.epochs} epoch the k schedule would stay at k-start {config.k_start} and never "
@@ -135,7 +160,10 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
                                    batch_size=config.batch_size, lr=config.lr, momentum=config.momentum,
                                    sigma=config.sigma, topk=config.topk, seed=config.seed, dtype=config.dtype,
                                    device=backend.name, activation=config.activation, step=config.step)
-        model.config().validate(n_train=len(data.X_train))
+        resolved_config = model.config(data.X_train)  # --lr auto: the rate derived from the training rows
+        resolved_config.validate(n_train=len(data.X_train))
+        if resolved_config.lr_auto:
+            say(f"--lr auto: {resolved_config.lr} for this data ({describe_auto_lr(data.X_train)})")
         check_training_memory(backend, data.dim, config.hidden, config.batch_size, config.dtype)
         model.preprocess_ = dict(data.preprocess)
     elif model.trainer_.params["W_dh"].shape[0] != data.dim:
@@ -148,7 +176,7 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
         dropped = folder.truncate_metrics(model.trainer_.step)
         if dropped:
             say(f"metrics.jsonl: dropped {dropped} line(s) logged after the checkpoint (those epochs run again)")
-    resolved = {**record, "train": model.config().to_dict()
+    resolved = {**record, "train": resolved_config.to_dict()
                 if model.trainer_ is None else model.trainer_.config.to_dict(),
                 **every, "device": backend.name, "data_dir": str(data_dir) if data_dir else None,
                 "run_dir": str(folder.path)}
@@ -183,7 +211,7 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
     started = time.perf_counter()
     try:
         model.fit(data.X_train, X_valid=data.X_valid, on_epoch=on_epoch, on_batch=on_batch,
-                  checkpoint_path=folder.checkpoint, should_checkpoint=policy.after_epoch)
+                  checkpoint_path=folder.checkpoint, should_checkpoint=policy.after_epoch, option_names=cli_name)
     finally:
         stop.restore()
         if progress is not None:

@@ -7,21 +7,32 @@ from __future__ import annotations
 from pathlib import Path
 
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.datasets.fetch import ensure_files, verify_file
+from ksae_cupy.datasets.fetch import ensure_files, present_copy, verify_file
 
 
 def _dataset_files() -> dict:
-    from ksae_cupy.datasets import cifar, mnist, norb
+    from ksae_cupy.datasets import cifar, fashion_mnist, mnist, norb
 
     # name -> (folder under the data root, file specs, sources)
     return {
         "mnist": ("mnist", mnist.FILES, mnist.SOURCES),
+        "fashion-mnist": ("fashion-mnist", fashion_mnist.FILES, fashion_mnist.SOURCES),
         "norb": ("norb", norb.FILES, norb.SOURCES),
         "cifar-patches": ("cifar", cifar.FILES, cifar.SOURCES),
     }
 
 
 DATASET_FILES = _dataset_files()
+
+
+def _search_folders() -> dict:
+    from ksae_cupy.datasets import fashion_mnist
+
+    # name -> folders outside the data root where a system package may have put the files
+    return {"fashion-mnist": fashion_mnist.SEARCH}
+
+
+SEARCH_FOLDERS = _search_folders()
 
 # Built-in datasets without files to fetch, and why.
 NO_FILES = {
@@ -33,6 +44,7 @@ NO_FILES = {
 # values flattened row, column, channel. Lets `ksae-plot filters` draw a run without options.
 IMAGE_SHAPES = {
     "mnist": (28, 28),
+    "fashion-mnist": (28, 28),
     "norb": (32, 64),  # the two 32x32 channels side by side
     "cifar-patches": (8, 8, 3),
     "patches": (8, 8, 3),
@@ -41,6 +53,7 @@ IMAGE_SHAPES = {
 
 DESCRIPTIONS = {
     "mnist": "MNIST digits, 28x28, 50k/10k/10k, 10 classes",
+    "fashion-mnist": "Fashion-MNIST clothing, 28x28, 50k/10k/10k, 10 classes",
     "norb": "small NORB normalized-uniform, 2x32x32 = 2048 dims standardised, 20k/4.3k/24.3k, 5 classes",
     "cifar-patches": "1M random 8x8x3 CIFAR-10 patches, LCN + ZCA, 95%/5% train/valid",
     "patches": "random 8x8x3 patches of scikit-image photographs, LCN + ZCA, 95%/5% train/valid",
@@ -58,6 +71,10 @@ def list_datasets(root: Path) -> list[tuple[str, str, str]]:
             present = sum((Path(root) / folder / s.name).is_file() or (Path(root) / folder / (s.name + ".gz")).is_file()
                           for s in specs)
             files = f"{present}/{len(specs)} files present in {Path(root) / folder}"
+            elsewhere = [str(other) for other in SEARCH_FOLDERS.get(name, ())
+                         if all(present_copy(Path(other), s) for s in specs)]
+            if present < len(specs) and elsewhere:
+                files += f" (all in {elsewhere[0]})"
         else:
             files = NO_FILES[name]
         rows.append((name, DESCRIPTIONS.get(name, ""), files))
@@ -75,6 +92,10 @@ def verify_all(root: Path, names=None) -> list[tuple[str, str, str, str]]:
         folder, specs, _ = _lookup(name)
         for spec in specs:
             status, path, problem = verify_file(Path(root) / folder, spec)
+            for other in SEARCH_FOLDERS.get(name, ()) if status == "missing" else ():
+                status, path, problem = verify_file(Path(other), spec)
+                if status != "missing":
+                    break
             if status == "missing":
                 detail = f"not in {Path(root) / folder}"
             else:
@@ -89,7 +110,7 @@ def fetch_dataset(name: str, root: Path, log=print) -> dict[str, Path]:
         log(f"{name}: nothing to fetch ({NO_FILES[name]})")
         return {}
     folder, specs, sources = _lookup(name)
-    return ensure_files(Path(root) / folder, specs, sources, name, log=log)
+    return ensure_files(Path(root) / folder, specs, sources, name, log=log, search=SEARCH_FOLDERS.get(name, ()))
 
 
 def _lookup(name: str):

@@ -39,18 +39,6 @@ class Dataset:
         return f"{self.name}: {sizes}, {self.dim} dimensions"
 
 
-def check_float_input(X: np.ndarray, what: str) -> None:
-    """Refuse integer (and boolean) data with a hint to scale it: raw counts or pixel values
-    of 0..255 make the squared error overflow and training diverge, and only the user knows
-    the scale (the estimator and ``ksae-train`` both call this)."""
-    if not (np.issubdtype(X.dtype, np.integer) or np.issubdtype(X.dtype, np.bool_)):
-        return
-    low, high = (X.min(), X.max()) if X.size else (0, 0)
-    raise KsaeError(f"{what} holds {X.dtype} values (from {low} to {high}); only floating-point data is trained "
-                    f"on: scale it first, e.g. save X.astype('float32') / {max(int(high), 1)}, or standardise "
-                    f"each column")
-
-
 def check_finite(X: np.ndarray, what: str) -> None:
     """Reject NaN and infinities with the position of the first one."""
     finite = np.isfinite(X)
@@ -78,3 +66,17 @@ def check_magnitude(X: np.ndarray, what: str) -> None:
                         f"{row}, column {col}: {X[row, col]:.3g}; |values| up to {limit:.3g} are allowed for "
                         f"{X.shape[0]} x {X.shape[1]} data); standardise it first (subtract each column's mean, "
                         f"divide by its standard deviation)")
+
+
+def check_float_input(X, *, name: str) -> None:
+    """Refuse integer (and boolean) arrays with a hint to scale them.
+
+    Integer data is almost always unscaled (8-bit pixels 0..255, counts); trained as it is,
+    the loss, which sums squared errors over dimensions, is thousands of times the scale the
+    learning rates are set for, and training diverges.
+    """
+    kind = X.dtype.kind
+    if kind in "biu":
+        low, high = (int(X.min()), int(X.max())) if X.size else (0, 0)
+        raise KsaeError(f"{name} holds integers (dtype {X.dtype}, values {low} to {high}); use floats on a scale "
+                        f"near [0, 1], e.g. X / {max(high, 1)} (X / 255 for 8-bit pixels)")

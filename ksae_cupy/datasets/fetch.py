@@ -216,12 +216,16 @@ def verify_file(folder: Path, spec: FileSpec) -> tuple[str, Path | None, str | N
     return ("ok" if problem is None else "bad"), path, problem
 
 
-def ensure_files(folder: Path, specs: list[FileSpec], sources: list, dataset: str, log=print) -> dict[str, Path]:
+def ensure_files(folder: Path, specs: list[FileSpec], sources: list, dataset: str, log=print,
+                 search: tuple = ()) -> dict[str, Path]:
     """Make every file of ``specs`` present and verified in ``folder``; return name -> path.
 
     Files already present and verified are used as they are. A present file that fails
     its check is an error (it may be the user's: it is never overwritten or deleted).
-    Missing files are fetched from ``sources`` in order.
+    A file missing from ``folder`` is then looked for in the ``search`` folders (e.g. where
+    a system package installs the dataset): a verified copy there is used in place, and
+    one that fails its check is passed over. Files found nowhere are fetched from
+    ``sources`` in order.
     """
     check_folder(folder, f"{dataset} data folder")  # a file in the way: one line, not NotADirectoryError
     paths: dict[str, Path] = {}
@@ -232,6 +236,8 @@ def ensure_files(folder: Path, specs: list[FileSpec], sources: list, dataset: st
             paths[spec.name] = path
         elif status == "bad":
             raise KsaeError(f"{path} fails its check: {problem}; delete it and run `ksae-data fetch {dataset}` again")
+        elif (found := _verified_elsewhere(spec, search, log)) is not None:
+            paths[spec.name] = found
         else:
             missing.append(spec)
     if missing:
@@ -242,6 +248,17 @@ def ensure_files(folder: Path, specs: list[FileSpec], sources: list, dataset: st
             for spec in missing:
                 paths[spec.name] = _fetch_one(folder, spec, sources, dataset, cache, log)
     return paths
+
+
+def _verified_elsewhere(spec: FileSpec, search: tuple, log) -> Path | None:
+    """The first copy of ``spec``'s file in the ``search`` folders that passes its check."""
+    for other in search:
+        status, path, problem = verify_file(Path(other), spec)
+        if status == "ok":
+            return path
+        if status == "bad":
+            log(f"passing over {path}: {problem}")
+    return None
 
 
 def _fetch_one(folder: Path, spec: FileSpec, sources: list, dataset: str, cache: dict, log) -> Path:

@@ -39,14 +39,20 @@ def fetch(folder: Path, log=print) -> dict[str, Path]:
 
 def load_arrays(folder: Path, log=print):
     """``(X_train_nd, y_train_n, X_test_nd, y_test_n)`` as uint8 images and int64 labels."""
-    paths = fetch(folder, log=log)
+    return read_idx_quartet(fetch(folder, log=log), "MNIST")
+
+
+def read_idx_quartet(paths: dict[str, Path], what: str):
+    """The four IDX files of an MNIST-shaped dataset (60,000 + 10,000 28x28 images and their
+    labels; Fashion-MNIST shares the format), read and checked: ``(X_train_nd, y_train_n,
+    X_test_nd, y_test_n)`` as uint8 images and int64 labels."""
     X_train = read_idx(paths["train-images-idx3-ubyte"])
     y_train = read_idx(paths["train-labels-idx1-ubyte"])
     X_test = read_idx(paths["t10k-images-idx3-ubyte"])
     y_test = read_idx(paths["t10k-labels-idx1-ubyte"])
     for name, X, y, n in (("training", X_train, y_train, 60_000), ("test", X_test, y_test, 10_000)):
         if X.shape != (n, 28, 28) or y.shape != (n,):
-            raise KsaeError(f"MNIST {name} files have shapes {X.shape} and {y.shape}; expected ({n}, 28, 28) and ({n},)")
+            raise KsaeError(f"{what} {name} files have shapes {X.shape} and {y.shape}; expected ({n}, 28, 28) and ({n},)")
     return X_train.reshape(60_000, 784), y_train.astype(np.int64), X_test.reshape(10_000, 784), y_test.astype(np.int64)
 
 

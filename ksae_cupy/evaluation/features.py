@@ -92,9 +92,11 @@ def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid"
     if refit not in REFIT_CHOICES:
         raise KsaeError(f"refit={refit!r} is not allowed; use one of {', '.join(REFIT_CHOICES)}")
     if dataset.y_train is None or dataset.y_valid is None:
-        raise KsaeError(f"dataset {dataset.name} has no labels; the classifier needs labelled data")
+        raise KsaeError(f"dataset {dataset.name} has no labels; the classifier needs labelled data: give "
+                        f"--labels (an .npy, file.h5:y or file.npz:y), or an .npz holding y")
     if dataset.X_test is None or dataset.y_test is None:
-        raise KsaeError(f"dataset {dataset.name} has no labelled test set")
+        raise KsaeError(f"dataset {dataset.name} has no labelled test set; give --test (with --test-labels unless "
+                        f"it is an .npz holding y), or train with --test-fraction")
     n_classes = dataset.n_classes or int(max(dataset.y_train.max(), dataset.y_valid.max())) + 1
     l2_grid = sorted(l2_grid, reverse=True)  # strongest first: each fit warm-starts the next
     y_train, y_valid = backend.asarray(dataset.y_train), backend.asarray(dataset.y_valid)
@@ -188,6 +190,7 @@ class Run:
     k: int
     H: int
     dataset: str
+    data_record: dict | None = None  # labels and splits of a user's file (config.json's "data")
 
     @property
     def params(self) -> dict:
@@ -206,26 +209,31 @@ def open_run(run_dir) -> Run:
     if not path.is_dir():
         raise KsaeError(f"run folder {path} does not exist")
     ckpt = load_checkpoint(path / "checkpoint.h5")
-    dataset = ckpt.config.get("dataset")
+    dataset, data_record = ckpt.config.get("dataset"), None
     config_path = path / "config.json"
     if config_path.is_file():
         try:
-            dataset = json.loads(config_path.read_text()).get("dataset", dataset)
+            config = json.loads(config_path.read_text())
         except ValueError:
             raise KsaeError(f"{config_path} is not valid JSON") from None
+        dataset, data_record = config.get("dataset", dataset), config.get("data")
     k, H = ckpt.config.get("k"), ckpt.params["W_dh"].shape[1]
     if not isinstance(k, int) or not 1 <= k <= H:
         raise KsaeError(f"{path / 'checkpoint.h5'}: config has no valid k for {H} hidden units ({k!r})")
-    return Run(path=path, ckpt=ckpt, k=k, H=H, dataset=dataset)
+    return Run(path=path, ckpt=ckpt, k=k, H=H, dataset=dataset, data_record=data_record)
 
 
-def load_run_dataset(run: Run, data_root=None, log=print):
-    """The run's dataset, checked against the checkpoint's input dimension."""
+def load_run_dataset(run: Run, data_root=None, log=print, overrides: dict | None = None):
+    """The run's dataset with the labels and splits it was trained with, checked against the
+    checkpoint's input dimension. ``overrides`` (``labels``, ``test``, ``test_labels``: a
+    command's data options) add or replace labels and the test set; the splits stay the run's."""
     from ksae_cupy.datasets import load_dataset
+    from ksae_cupy.datasets.user_files import DataSpec
 
     if not run.dataset:
         raise KsaeError(f"{run.path}: neither config.json nor the checkpoint names the dataset")
-    dataset = load_dataset(run.dataset, data_root, log=log)
+    spec = DataSpec.from_record(run.dataset, run.data_record).for_run(**(overrides or {}))
+    dataset = load_dataset(spec, data_root, log=log)
     D = run.params["W_dh"].shape[0]
     if dataset.dim != D:
         raise KsaeError(f"dataset {dataset.name} has {dataset.dim} dimensions but the checkpoint's W_dh has {D} rows")
@@ -234,10 +242,11 @@ def load_run_dataset(run: Run, data_root=None, log=print):
 
 def evaluate_run(run_dir, alphas=DEFAULT_ALPHAS, l2_grid=DEFAULT_L2, refit: str = "train+valid",
                  raw_baseline: bool = False, backend: Backend = CPU, dataset=None, data_root=None,
-                 max_iter: int = 500, linear_svm: bool = False, log=print) -> dict:
+                 max_iter: int = 500, linear_svm: bool = False, log=print, data_overrides: dict | None = None) -> dict:
     """Evaluate the checkpoint of ``run_dir``; write ``eval.json`` and ``eval.md`` there.
 
-    ``dataset`` defaults to the run's own (named in ``config.json``), loaded from ``data_root``.
+    ``dataset`` defaults to the run's own (named in ``config.json``, with the labels and
+    splits recorded there and ``data_overrides``' labels or test set), loaded from ``data_root``.
     ``linear_svm`` adds the classifier bracketing rows of :mod:`ksae_cupy.evaluation.svm`.
     """
     run = open_run(run_dir)
@@ -245,7 +254,7 @@ def evaluate_run(run_dir, alphas=DEFAULT_ALPHAS, l2_grid=DEFAULT_L2, refit: str 
     for alpha in alphas:
         alpha_k(k, alpha, H)  # fail before any work on an alpha that cannot be used
     if dataset is None:
-        dataset = load_run_dataset(run, data_root, log)
+        dataset = load_run_dataset(run, data_root, log, data_overrides)
     elif dataset.dim != ckpt.params["W_dh"].shape[0]:
         raise KsaeError(f"dataset {dataset.name} has {dataset.dim} dimensions but the checkpoint's W_dh has "
                         f"{ckpt.params['W_dh'].shape[0]} rows")

@@ -1,7 +1,7 @@
 """``KSparseAutoencoder``: the Python API, a scikit-learn transformer when scikit-learn is installed.
 
-    ae = KSparseAutoencoder(n_hidden=1000, k=25, epochs=50, device="auto")
-    ae.fit(X_train_nd, X_valid=X_valid_nd)    # NumPy or CuPy arrays, N x D; y is ignored
+    ae = KSparseAutoencoder(n_hidden=1000, k=25, epochs=50, lr="auto", device="auto")
+    ae.fit(X_train_nd, X_valid=X_valid_nd)    # NumPy or CuPy float arrays, N x D; y is ignored
     H_nh = ae.transform(X_test_nd, alpha=3)   # alpha*k-sparse features (section 2.2)
     Xhat_nd = ae.inverse_transform(H_nh)
     ae.save("model.h5"); ae = KSparseAutoencoder.load("model.h5")
@@ -21,14 +21,22 @@ import numpy as np
 
 from ksae_cupy import model
 from ksae_cupy.backend import CPU, array_module, resolve_device, to_host
+from ksae_cupy.datasets.dataset import check_float_input
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.schedules import resolve_k_start
 from ksae_cupy.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from ksae_cupy.training.learning_rate import auto_learning_rate, round_significant
+from ksae_cupy.training.options import check_positive_finite
 from ksae_cupy.training.sklearn_compat import (BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin,
                                                check_is_fitted, check_width, validate_data)
-from ksae_cupy.training.trainer import TrainConfig, Trainer
+from ksae_cupy.training.trainer import TrainConfig, Trainer, TrainingDiverged
 
-# Input dtypes kept as they are; anything else (integers, ...) becomes the first.
+
+def parameter_name(field: str) -> str:
+    """How the estimator's messages name a :class:`TrainConfig` field: by its parameter."""
+    return {"hidden": "n_hidden"}.get(field, field)
+
+# Input dtypes kept as they are; anything else (integers, with input_scale) becomes the first.
 KEPT_DTYPES = (np.float64, np.float32)
 
 
@@ -36,11 +44,15 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     """A k-sparse autoencoder with tied weights, trained by momentum SGD.
 
     Parameters mirror :class:`~ksae_cupy.training.trainer.TrainConfig` (``n_hidden`` is its
-    ``hidden``); ``k_start="auto"`` starts the schedule at 100 (section 4.3.1), or at k
+    ``hidden``); ``lr="auto"`` derives the learning rate from the training data (0.01 on
+    MNIST, smaller on data of a larger scale; see :mod:`ksae_cupy.training.learning_rate`),
+    the default 0.01 is the paper's rate for MNIST-scaled data; ``k_start="auto"`` starts the schedule at 100 (section 4.3.1), or at k
     when k > 100, never above ``n_hidden``; ``None`` turns the schedule off; ``device`` is
     ``auto``, ``cpu`` or ``gpu[:N]``; ``batch_size`` larger than the data is cut to the data,
     as scikit-learn's MLP does; ``alpha`` is the default of :meth:`transform`'s (a parameter, so
-    a grid search can tune it); ``warm_start=True`` makes ``fit`` go on from the current state.
+    a grid search can tune it); ``warm_start=True`` makes ``fit`` go on from the current state;
+    ``input_scale``, when given, multiplies every input (integer input is refused without
+    it: ``input_scale=1/255`` takes 8-bit pixels as they are).
 
     Fitted attributes: ``components_`` (the dictionary ``W_dh`` transposed, H x D, as in
     scikit-learn's decomposition estimators), ``n_features_in_``, ``trainer_`` (the
@@ -51,19 +63,25 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     def __init__(self, n_hidden=1000, k=25, k_start="auto", epochs=5000, batch_size=128, lr=0.01,
                  momentum=0.9, sigma=0.01, topk="sort", seed=0, dtype="float32", device="auto",
                  activation="linear", step="auto", alpha=1.0,
-                 warm_start=False):
+                 warm_start=False, input_scale=None):
         self.n_hidden, self.k, self.k_start, self.epochs = n_hidden, k, k_start, epochs
         self.batch_size, self.lr, self.momentum, self.sigma = batch_size, lr, momentum, sigma
         self.topk, self.seed, self.dtype, self.device = topk, seed, dtype, device
         self.activation, self.step, self.alpha, self.warm_start = activation, step, alpha, warm_start
+        self.input_scale = input_scale
 
     # -- configuration -------------------------------------------------------------------
-    def config(self) -> TrainConfig:
+    def config(self, X_nd=None) -> TrainConfig:
+        """The :class:`TrainConfig` these parameters make; with training data ``X_nd``,
+        ``lr="auto"`` is resolved to the rate derived from it (``lr_auto`` records that)."""
         k_start = resolve_k_start(self.k_start, self.k, self.n_hidden)
+        lr, lr_auto = self.lr, False
+        if isinstance(lr, str) and lr == "auto" and X_nd is not None:
+            lr, lr_auto = auto_learning_rate(X_nd), True
         return TrainConfig(hidden=self.n_hidden, k=self.k, k_start=k_start, epochs=self.epochs,
-                           batch_size=self.batch_size, lr=self.lr, momentum=self.momentum, sigma=self.sigma,
+                           batch_size=self.batch_size, lr=lr, momentum=self.momentum, sigma=self.sigma,
                            topk=self.topk, seed=self.seed, dtype=self.dtype, activation=self.activation,
-                           step=self.step)
+                           step=self.step, lr_auto=lr_auto)
 
     @property
     def trainer_(self) -> Trainer | None:
@@ -95,7 +113,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
 
     # -- training ------------------------------------------------------------------------
     def fit(self, X, y=None, *, X_valid=None, on_epoch=None, on_batch=None, checkpoint_path=None,
-            should_checkpoint=None):
+            should_checkpoint=None, option_names=parameter_name):
         """Train for the configured epochs; ``y`` is ignored. Returns ``self``.
 
         Starts from fresh parameters, unless ``warm_start`` is true and the model is fitted
@@ -104,62 +122,115 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         ``on_epoch(report)`` is called after every epoch, ``on_batch(done, total)`` after
         every batch; when ``checkpoint_path`` is given, a checkpoint is written there whenever
         ``should_checkpoint(epoch)`` is true and at the end.
+
+        A loss that becomes NaN or infinite raises :class:`TrainingDiverged`, a one-line
+        ``ValueError`` that says what was saved and the rate ``lr="auto"`` gives for ``X``.
+        ``option_names(field)`` spells parameters in messages (``ksae-train`` passes flags).
         """
         resume = self.warm_start and self.trainer_ is not None
         X_nd = self._check_X(X, reset=not resume)
         if not resume:
-            self._trainer = self._new_trainer(X_nd)
+            self._trainer = self._new_trainer(X_nd, option_names)
         trainer = self.trainer_
         trainer.config.epochs = self.epochs  # a warm fit may have been given more epochs
-        trainer.config.validate()
+        trainer.config.validate(name=option_names)
         X_valid_nd = self._check_X(X_valid, reset=False) if X_valid is not None else None
         X_dev, X_valid_dev = self._to_device(X_nd), self._to_device(X_valid_nd)
         step_before = trainer.step
-        with trainer.backend.use():
-            while not trainer.finished:
-                report = trainer.run_epoch(X_dev, X_valid_dev, on_batch)
-                if report is None:  # stop requested mid-epoch
-                    break
-                if on_epoch is not None:
-                    on_epoch(report)
-                if checkpoint_path is not None and should_checkpoint is not None and should_checkpoint(report.epoch):
-                    self.save(checkpoint_path)
-                if trainer.stop_requested:
-                    break
+        self._saved_at = None
+        try:
+            with trainer.backend.use():
+                while not trainer.finished:
+                    report = trainer.run_epoch(X_dev, X_valid_dev, on_batch)
+                    if report is None:  # stop requested mid-epoch
+                        break
+                    if on_epoch is not None:
+                        on_epoch(report)
+                    if checkpoint_path is not None and should_checkpoint is not None and should_checkpoint(report.epoch):
+                        self.save(checkpoint_path)
+                    if trainer.stop_requested:
+                        break
+        except TrainingDiverged as exc:
+            raise self._diverged(exc, X_nd, checkpoint_path, option_names) from None
         # A finished run resumed again trains nothing: leave its checkpoint file untouched.
         if checkpoint_path is not None and (trainer.step != step_before or not Path(checkpoint_path).exists()):
             self.save(checkpoint_path)
         return self
 
     def partial_fit(self, X, y=None):
-        """One pass over ``X`` (one epoch of the schedule), from the current state; returns ``self``."""
+        """One pass over ``X`` (one epoch of the schedule), from the current state; returns ``self``.
+
+        With ``lr="auto"`` the rate is derived from the first ``X`` and kept after it."""
         X_nd = self._check_X(X, reset=self.trainer_ is None)
         if self.trainer_ is None:
             self._trainer = self._new_trainer(X_nd)
         trainer = self.trainer_
         if trainer.finished:
             trainer.config.epochs += 1  # partial_fit may go on past the configured epochs
-        with trainer.backend.use():
-            trainer.run_epoch(self._to_device(X_nd))
+        try:
+            with trainer.backend.use():
+                trainer.run_epoch(self._to_device(X_nd))
+        except TrainingDiverged as exc:
+            raise self._diverged(exc, X_nd, None, parameter_name) from None
         return self
 
-    def _new_trainer(self, X_nd) -> Trainer:
-        config = self.config()
+    def _new_trainer(self, X_nd, option_names=parameter_name) -> Trainer:
+        config = self.config(X_nd)
         if isinstance(config.batch_size, (int, np.integer)):
             config.batch_size = min(config.batch_size, X_nd.shape[0])
-        config.validate(n_train=X_nd.shape[0])
+        config.validate(n_train=X_nd.shape[0], name=option_names)
         return Trainer(config, resolve_device(self.device), D=X_nd.shape[1])
 
+    def _diverged(self, exc: TrainingDiverged, X_nd, checkpoint_path, option_names) -> TrainingDiverged:
+        """``exc`` retold for the caller: what was saved, and a rate that trains this data."""
+        lr = option_names("lr")
+        saved = self.__dict__.get("_saved_at")
+        if checkpoint_path is None:
+            kept = "no checkpoint was asked for; fit again from the start"
+        elif saved is not None and Path(saved[0]) == Path(checkpoint_path):
+            kept = f"the checkpoint {checkpoint_path} holds epoch {saved[1]}, step {saved[2]}, written before it"
+        elif Path(checkpoint_path).exists():
+            kept = f"the checkpoint {checkpoint_path} is as it was before this run started"
+        else:
+            kept = "nothing was saved (no checkpoint had been written yet)"
+        auto = auto_learning_rate(X_nd)
+        if exc.lr is not None and exc.lr > auto:
+            advice = (f"{lr} auto gives {auto} for this data (derived from its scale: 0.01 on MNIST; see the "
+                      f"README's learning-rate section); use it, or a smaller rate")
+        else:
+            smaller = round_significant((exc.lr or auto) / 4, 2)
+            advice = (f"that is at or below the {auto} that {lr} auto gives for this data; use a smaller rate, "
+                      f"e.g. {smaller}, or scale the data down")
+        # A batch's loss names where; the epoch's health check (summed or validation loss, parameters) says it itself.
+        what = (f"the loss became {exc.loss} at epoch {exc.epoch}, step {exc.step} with {lr} {exc.lr}"
+                if exc.loss is not None else str(exc).split(";")[0])
+        message = f"{what}; {kept}; {advice}"
+        return TrainingDiverged(message, exc.loss, exc.epoch, exc.step, exc.lr)
+
     def _check_X(self, X, reset: bool):
-        """``X`` checked as scikit-learn does (2-D, non-empty, real, finite, right width).
+        """``X`` checked as scikit-learn does (2-D, non-empty, real, finite, right width), integers
+        refused unless ``input_scale`` is set, then multiplied by ``input_scale``.
 
         A CuPy array is already on a device: only its shape is checked, without a copy to the host.
         """
+        if self.input_scale is not None:
+            check_positive_finite("input_scale", self.input_scale, "factor (e.g. 1/255 for 8-bit pixels)")
+        elif not hasattr(X, "tocsr"):  # sparse input is refused by validate_data, with its own message
+            try:
+                check_float_input(X if hasattr(X, "dtype") else np.asarray(X), name="X")
+            except KsaeError as exc:
+                raise KsaeError(f"{exc}; or set input_scale (e.g. input_scale=1/255) to have the estimator "
+                                f"scale it") from None
         if array_module(X) is np:
-            return validate_data(self, X, reset=reset, dtype=KEPT_DTYPES)
-        if X.ndim != 2 or X.shape[0] == 0:
-            raise KsaeError(f"X of shape {tuple(X.shape)} is not allowed; use a non-empty N x D array")
-        check_width(self, X.shape[1], reset)
+            X = validate_data(self, X, reset=reset, dtype=KEPT_DTYPES)
+        else:
+            if X.ndim != 2 or X.shape[0] == 0:
+                raise KsaeError(f"X of shape {tuple(X.shape)} is not allowed; use a non-empty N x D array")
+            check_width(self, X.shape[1], reset)
+            if X.dtype.kind != "f":
+                X = X.astype(np.float32)
+        if self.input_scale is not None:
+            X = X * X.dtype.type(self.input_scale)
         return X
 
     def _to_device(self, X_nd):
@@ -217,7 +288,14 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         return (to_host(Xhat) if array_module(X) is np else Xhat).astype(out_dtype, copy=False)
 
     def score(self, X, y=None) -> float:
-        """Minus the mean reconstruction loss 0.5 ||x - xhat||^2 with k units (higher is better)."""
+        """Minus the mean reconstruction loss: ``-mean_n 0.5 ||x_n - xhat_n||^2``, xhat from the
+        k largest units; ``y`` is ignored.
+
+        Negative by design: scikit-learn's model selection (``GridSearchCV``, ``cross_val_score``)
+        maximises ``score``, so a loss enters as its negative, as ``neg_mean_squared_error``
+        does. Closer to 0 is better; the loss itself is ``-score`` (the training log's
+        ``valid`` column for the validation set).
+        """
         check_is_fitted(self)
         X = self._check_X(X, reset=False)
         with self.trainer_.backend.use():
@@ -229,11 +307,17 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         check_is_fitted(self)
         self.trainer_.check_params_finite()
         save_checkpoint(Path(path), self.trainer_.checkpoint(self.preprocess_))
+        self._saved_at = (Path(path), self.trainer_.epoch, self.trainer_.step)
 
     @classmethod
     def load(cls, path, device: str = "auto") -> "KSparseAutoencoder":
         """An estimator restored from a checkpoint, ready to transform or to go on training
-        (``warm_start=True``, so ``fit`` resumes it)."""
+        (``warm_start=True``, so ``fit`` resumes it).
+
+        ``path`` is a file :meth:`save` wrote or the ``checkpoint.h5`` of a ``ksae-train``
+        run folder (the same format): ``load("runs/RUN/checkpoint.h5").transform(X)`` gives
+        that run's features. The parameters come back as the checkpoint has them
+        (``lr`` is the rate the run trained with, resolved if it was ``auto``)."""
         ckpt = load_checkpoint(Path(path))
         config = TrainConfig.from_dict(ckpt.config)
         est = cls(n_hidden=config.hidden, k=config.k, k_start=config.k_start, epochs=config.epochs,

@@ -23,7 +23,7 @@ from ksae_cupy import model
 from ksae_cupy.backend import Backend, to_host
 from ksae_cupy.cpu import kernels as cpu_kernels
 from ksae_cupy.training.checkpoint import Checkpoint
-from ksae_cupy.errors import KsaeError, TrainingDiverged  # TrainingDiverged is re-exported here
+from ksae_cupy.errors import KsaeError, TrainingDiverged, cli_name  # TrainingDiverged is re-exported here
 from ksae_cupy.training.options import check_batch_size, check_dtype, check_momentum, check_positive_count, check_positive_finite
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.schedules import sparsity_at_epoch
@@ -57,27 +57,41 @@ class TrainConfig:
     k_schedule_epochs: int | None = None
     # dense, sparse or auto (by k / H): the same math, so a checkpoint without it loads as auto.
     step: str = "auto"
+    # Whether lr was derived from the data (lr "auto", see learning_rate.py); lr holds the rate.
+    lr_auto: bool = False
 
-    def validate(self, n_train: int | None = None) -> None:
-        """Raise :class:`KsaeError` naming the first bad option and what is allowed."""
-        check_positive_count("--hidden", self.hidden, "hidden units")
+    def validate(self, n_train: int | None = None, name=cli_name) -> None:
+        """Raise :class:`KsaeError` naming the first bad option and what is allowed.
+
+        ``name(field)`` spells an option in messages: ``--k-start`` (the default, for the
+        command line) or, from the Python API, the estimator's parameter names.
+        ``lr`` may still be ``"auto"`` here; a :class:`Trainer` needs the rate itself.
+        """
+        check_positive_count(name("hidden"), self.hidden, "hidden units")
         if not 1 <= self.k <= self.hidden:
-            raise KsaeError(f"--k {self.k} is not allowed; use 1 <= k <= hidden ({self.hidden})")
+            raise KsaeError(f"{name('k')} {self.k} is not allowed; use 1 <= k <= {name('hidden').lstrip('-')} "
+                            f"({self.hidden})")
         if self.k_start is not None and self.k_start < self.k:
-            raise KsaeError(f"--k-start {self.k_start} is not allowed; use k-start >= k ({self.k})")
+            raise KsaeError(f"{name('k_start')} {self.k_start} is not allowed; use {name('k_start').lstrip('-')} >= k "
+                            f"({self.k})")
         if self.k_start is not None and self.k_start > self.hidden:
-            raise KsaeError(f"--k-start {self.k_start} is not allowed; use k-start <= hidden ({self.hidden})")
-        check_positive_count("--epochs", self.epochs, "epochs")
-        check_batch_size("--batch-size", self.batch_size, n_train)
-        check_positive_finite("--lr", self.lr, "learning rate")
-        check_momentum("--momentum", self.momentum)
-        check_positive_finite("--sigma", self.sigma, "standard deviation")
+            raise KsaeError(f"{name('k_start')} {self.k_start} is not allowed; use {name('k_start').lstrip('-')} <= "
+                            f"{name('hidden').lstrip('-')} ({self.hidden})")
+        check_positive_count(name("epochs"), self.epochs, "epochs")
+        check_batch_size(name("batch_size"), self.batch_size, n_train)
+        if self.lr != "auto":
+            if isinstance(self.lr, str):
+                raise KsaeError(f"{name('lr')} {self.lr!r} is not allowed; use a positive learning rate or 'auto'")
+            check_positive_finite(name("lr"), self.lr, "learning rate (or 'auto')")
+        check_momentum(name("momentum"), self.momentum)
+        check_positive_finite(name("sigma"), self.sigma, "standard deviation")
         if self.topk not in TOPK_METHODS:
-            raise KsaeError(f"--topk {self.topk!r} is not allowed; use one of {', '.join(TOPK_METHODS)}")
+            raise KsaeError(f"{name('topk')} {self.topk!r} is not allowed; use one of {', '.join(TOPK_METHODS)}")
         if self.activation not in model.ACTIVATIONS:
-            raise KsaeError(f"--activation {self.activation!r} is not allowed; use one of {', '.join(model.ACTIVATIONS)}")
-        check_dtype("--dtype", self.dtype)
-        choose_step(self.step, self.k, self.hidden)
+            raise KsaeError(f"{name('activation')} {self.activation!r} is not allowed; use one of "
+                            f"{', '.join(model.ACTIVATIONS)}")
+        check_dtype(name("dtype"), self.dtype)
+        choose_step(self.step, self.k, self.hidden, flag=name("step"))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -115,6 +129,8 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, backend: Backend, D: int, checkpoint: Checkpoint | None = None):
         config.validate()
+        if config.lr == "auto":  # a programming error, not the user's: the callers resolve it
+            raise ValueError("TrainConfig.lr 'auto' must be resolved from the data before training")
         self.config = config
         self.backend = backend
         self.dtype = np.dtype(config.dtype)
@@ -183,8 +199,8 @@ class Trainer:
             t1 = clock()
             loss, grads, kept_h = self._batch_gradients(X_nd, k)
             if not math.isfinite(loss):
-                raise TrainingDiverged(f"the loss became {loss} at epoch {self.epoch + 1}, step {self.step + 1}; "
-                                       f"nothing was saved after the last good checkpoint; try a smaller --lr (now {cfg.lr})")
+                raise TrainingDiverged(f"the loss became {loss} at epoch {self.epoch + 1}, step {self.step + 1} with "
+                                       f"learning rate {cfg.lr}", loss, self.epoch + 1, self.step + 1, cfg.lr)
             t2 = clock()
             self.optimizer.step(self.params, grads, cfg.lr)
             parts["batches"] += t1 - t0

@@ -94,7 +94,7 @@ def test_file_failing_its_checksum(tmp_path):
 
 
 def test_resume_with_contradicting_options(data_file, tmp_path):
-    run([data_file, *QUICK, "--run-dir", tmp_path / "run"], tmp_path, expect=0)
+    run([data_file, *QUICK, "--run-dir", tmp_path / "run", "--lr", "0.01"], tmp_path, expect=0)
     before = (tmp_path / "run" / "checkpoint.h5").read_bytes()
     result = run(["--resume", tmp_path / "run", "--k", "3", "--lr", "0.5", "--device", "cpu"], tmp_path, expect=2)
     assert_one_line_error(result, "contradict", "--k 3 (the run has 2)", "--lr 0.5 (the run has 0.01)")

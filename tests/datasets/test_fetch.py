@@ -176,13 +176,15 @@ def test_catalog_lists_every_builtin_dataset(tmp_path):
     assert dict((r[0], r[2]) for r in rows)["norb"] == f"0/4 files present in {tmp_path / 'norb'}"
 
 
-def test_verify_all_names_bad_and_missing_files(tmp_path):
+def test_verify_all_names_bad_and_missing_files(tmp_path, monkeypatch):
     from ksae_cupy.datasets import norb
+
+    monkeypatch.setattr(catalog, "SEARCH_FOLDERS", {})  # this machine's system packages stay out of it
 
     (tmp_path / "norb").mkdir()
     (tmp_path / "norb" / norb.TRAIN_CAT).write_bytes(b"\x54\x4c\x3d\x1e" + b"\x00" * 100)  # wrong size
     rows = catalog.verify_all(tmp_path)
-    assert {r[0] for r in rows} == {"mnist", "norb", "cifar-patches"}
+    assert {r[0] for r in rows} == {"mnist", "fashion-mnist", "norb", "cifar-patches"}
     bad = [r for r in rows if r[2] == "bad"]
     assert [(r[0], r[1]) for r in bad] == [("norb", norb.TRAIN_CAT)]
     assert "104 bytes, expected 97220" in bad[0][3]
@@ -198,3 +200,70 @@ def test_fetch_dataset_through_the_catalog(server, tmp_path, monkeypatch):
     with pytest.raises(KsaeError) as info:
         catalog.fetch_dataset("imagenet", tmp_path)
     assert "unknown dataset 'imagenet'" in one_line(info)
+
+
+# --- fashion-mnist: the fetch chain, Debian's package folder, the catalog --------------------------
+
+def _fashion_files(server, monkeypatch, tmp_path):
+    """Two small stand-in files for fashion-mnist's specs, served gzipped as its mirrors serve them."""
+    from ksae_cupy.datasets import fashion_mnist
+
+    bodies = {"train-labels-idx1-ubyte": PAYLOAD, "t10k-labels-idx1-ubyte": PAYLOAD[::-1]}
+    specs = [FileSpec(name, hashlib.sha256(body).hexdigest()) for name, body in bodies.items()]
+    for name, body in bodies.items():
+        monkeypatch.setitem(_Handler.routes, f"/fashion/{name}.gz", (gzip.compress(body), None))
+    monkeypatch.setattr(fashion_mnist, "FILES", specs)
+    monkeypatch.setattr(fashion_mnist, "SOURCES", [src(server, "missing", gzipped=True), src(server, "fashion", True)])
+    package = tmp_path / "usr-share-datasets-fashion-mnist"
+    monkeypatch.setattr(fashion_mnist, "SEARCH", (package,))
+    return fashion_mnist, bodies, package
+
+
+def test_fashion_mnist_is_fetched_through_its_chain(server, tmp_path, monkeypatch):
+    fashion_mnist, bodies, _ = _fashion_files(server, monkeypatch, tmp_path)
+    messages = []
+    paths = fashion_mnist.fetch(tmp_path / "fashion-mnist", log=messages.append)
+    assert {name: path.read_bytes() for name, path in paths.items()} == bodies
+    assert any("missing" in m and "404" in m for m in messages)  # the first mirror failed, the second served
+
+
+def test_fashion_mnist_files_of_the_debian_package_are_used_in_place(server, tmp_path, monkeypatch):
+    fashion_mnist, bodies, package = _fashion_files(server, monkeypatch, tmp_path)
+    package.mkdir()
+    for name, body in bodies.items():
+        (package / (name + ".gz")).write_bytes(gzip.compress(body))
+    monkeypatch.setattr(fashion_mnist, "SOURCES", [])  # no network needed
+    paths = fashion_mnist.fetch(tmp_path / "data" / "fashion-mnist", log=lambda m: None)
+    assert paths == {name: package / (name + ".gz") for name in bodies}
+    assert not (tmp_path / "data" / "fashion-mnist").exists()  # nothing copied into the data root
+
+
+def test_a_damaged_copy_in_the_package_folder_is_passed_over(server, tmp_path, monkeypatch):
+    fashion_mnist, bodies, package = _fashion_files(server, monkeypatch, tmp_path)
+    package.mkdir()
+    (package / "train-labels-idx1-ubyte.gz").write_bytes(gzip.compress(PAYLOAD[:-1]))
+    messages = []
+    paths = fashion_mnist.fetch(tmp_path / "fashion-mnist", log=messages.append)
+    assert paths["train-labels-idx1-ubyte"] == tmp_path / "fashion-mnist" / "train-labels-idx1-ubyte"
+    assert any(m.startswith(f"passing over {package}") and "sha256" in m for m in messages)
+
+
+def test_catalog_knows_fashion_mnist_and_its_package_folder(server, tmp_path, monkeypatch):
+    fashion_mnist, bodies, package = _fashion_files(server, monkeypatch, tmp_path)
+    monkeypatch.setitem(catalog.DATASET_FILES, "fashion-mnist", ("fashion-mnist", fashion_mnist.FILES, []))
+    monkeypatch.setitem(catalog.SEARCH_FOLDERS, "fashion-mnist", (package,))
+    package.mkdir()
+    for name, body in bodies.items():
+        (package / (name + ".gz")).write_bytes(gzip.compress(body))
+    listed = {row[0]: row[2] for row in catalog.list_datasets(tmp_path)}
+    assert listed["fashion-mnist"] == f"0/2 files present in {tmp_path / 'fashion-mnist'} (all in {package})"
+    assert [row[2] for row in catalog.verify_all(tmp_path, ["fashion-mnist"])] == ["ok", "ok"]
+
+
+def test_the_official_fashion_mnist_files_match_their_digests():
+    from ksae_cupy.datasets import fashion_mnist
+
+    folder = fashion_mnist.SEARCH[0]
+    if not folder.is_dir():
+        pytest.skip(f"Debian's dataset-fashion-mnist is not installed ({folder} is absent)")
+    assert [verify_file(folder, spec)[0] for spec in fashion_mnist.FILES] == ["ok"] * 4

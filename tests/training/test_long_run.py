@@ -47,7 +47,8 @@ def epochs_logged(run_dir):
 # -- progress ---------------------------------------------------------------------------------
 
 def test_output_to_a_file_gets_progress_lines_an_estimate_and_epoch_lines_with_lr(data_file, tmp_path):
-    result = train(data_file, *SMALL, "--epochs", "3", "--run-dir", tmp_path / "run", "--progress-seconds", "0")
+    result = train(data_file, *SMALL, "--epochs", "3", "--run-dir", tmp_path / "run", "--progress-seconds", "0",
+                   "--lr", "0.01")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("device: cpu") and lines[1].startswith("BLAS threads: ")
@@ -149,9 +150,10 @@ def test_resume_drops_metric_lines_written_after_the_checkpoint(data_file, tmp_p
 
 def test_every_option_of_ksae_train_is_applied_or_refused_on_resume():
     names = {param.name for param in train_command.params}
-    classified = set(resuming.APPLIED) | set(resuming.REFUSED) | {"dataset", "run_dir", "resume", "overwrite"}
+    classified = (set(resuming.APPLIED) | set(resuming.REFUSED) | set(resuming.DATA)
+                  | {"dataset", "run_dir", "resume", "overwrite"})
     assert names == classified
-    assert not set(resuming.APPLIED) & set(resuming.REFUSED)
+    assert not set(resuming.APPLIED) & (set(resuming.REFUSED) | set(resuming.DATA))
     # ... and every applied option not given keeps the run's value: from config.json, from the
     # checkpoint's training configuration, or (only --quiet) it belongs to one session.
     kept = set(resuming.RUN_LEVEL) | set(resuming.IN_CHECKPOINT) | set(resuming.SESSION)
@@ -229,7 +231,7 @@ def test_shortened_epochs_shrink_the_k_schedule_so_k_is_still_reached():
 ])
 def test_resume_refuses_what_it_cannot_honour_by_name(data_file, tmp_path, args, fragments):
     run = tmp_path / "run"
-    assert train(data_file, *SMALL, "--epochs", "2", "--run-dir", run).returncode == 0
+    assert train(data_file, *SMALL, "--epochs", "2", "--run-dir", run, "--lr", "0.01").returncode == 0
     before = (run / "checkpoint.h5").read_bytes(), (run / "config.json").read_text()
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     result = CliRunner().invoke(train_command, ["--resume", str(run), *args], catch_exceptions=False)
@@ -261,6 +263,18 @@ def test_threads_option_sets_and_reports_the_blas_threads(data_file, tmp_path):
     bad = train(data_file, *SMALL, "--epochs", "1", "--run-dir", tmp_path / "run2", "--threads", "0")
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error: --threads 0 is not allowed")
     assert not (tmp_path / "run2").exists()
+
+
+@pytest.mark.parametrize("variable", ["OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"])
+def test_a_thread_count_from_the_environment_is_kept_and_named(data_file, tmp_path, variable):
+    from ksae_cupy.cli.threads import THREAD_VARIABLES
+
+    env = {key: value for key, value in ENV.items() if key not in THREAD_VARIABLES}
+    result = subprocess.run(TRAIN + [str(data_file), *SMALL, "--epochs", "1", "--run-dir", str(tmp_path / "run")],
+                            capture_output=True, text=True, env={**env, variable: "1"}, timeout=300)
+    assert result.returncode == 0, result.stderr
+    blas = result.stdout.splitlines()[1]
+    assert blas.startswith("BLAS threads: 1 (") and f"set by {variable}=1" in blas, blas
 
 
 def test_one_epoch_with_a_k_schedule_says_it_trains_at_k(data_file, tmp_path):

@@ -141,7 +141,7 @@ def test_integer_data_is_refused_with_a_hint_to_scale_it(tmp_path):
     path = tmp_path / "pixels.npy"
     np.save(path, np.random.default_rng(0).integers(0, 256, (200, 8), dtype=np.uint8))
     result = invoke(path, *QUICK, "--epochs", "1", "--run-dir", tmp_path / "run")
-    assert_one_line_error(result, str(path), "uint8 values (from 0 to 255)", "astype('float32') / 255", status=2)
+    assert_one_line_error(result, str(path), "holds integers (dtype uint8, values 0 to 255)", "X / 255", status=2)
     assert not (tmp_path / "run").exists()
 
 

@@ -19,10 +19,14 @@ from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
 # Tiny settings keep the ~47 checks to seconds. lr is small because several checks fit on
 # data of scale ~100 (e.g. N(100, 1)), where momentum SGD at lr=0.01 diverges (the model
 # then raises TrainingDiverged, a ValueError): the checks are about the API, not learning.
-TINY = dict(n_hidden=8, k=3, k_start=None, epochs=2, batch_size=16, lr=1e-5, device="cpu")
+# input_scale=1.0 accepts integer input (check_estimators_dtypes fits on int32 and int64
+# arrays), which the estimator otherwise refuses with a hint to scale it.
+TINY = dict(n_hidden=8, k=3, k_start=None, epochs=2, batch_size=16, lr=1e-5, device="cpu", input_scale=1.0)
+# lr="auto" derives the rate from each X, so it passes the same checks at the default scale.
+AUTO = {**TINY, "lr": "auto"}
 
 
-@parametrize_with_checks([KSparseAutoencoder(**TINY)])
+@parametrize_with_checks([KSparseAutoencoder(**TINY), KSparseAutoencoder(**AUTO)])
 def test_sklearn_estimator_checks(estimator, check):
     check(estimator)
 
@@ -143,7 +147,7 @@ def test_transform_keeps_the_float_dtype_and_names_its_features():
 def test_ksae_error_is_a_value_error():
     with pytest.raises(ValueError):
         raise KsaeError("bad")
-    with pytest.raises(ValueError, match="--k 9 is not allowed"):
+    with pytest.raises(ValueError, match=r"^k 9 is not allowed; use 1 <= k <= n_hidden \(8\)$"):
         small(n_hidden=8, k=9).fit(blobs()[0])
 
 
