@@ -137,7 +137,7 @@ def _data(tmp_path):
     return "x.npy"
 
 
-COMMON = ["--hidden", "32", "--k", "4", "--batch-size", "32", "--quiet"]
+COMMON = ["--hidden", "32", "--k", "4", "--batch-size", "32", "--lr", "0.01", "--quiet"]  # ksae-train on a file defaults to --lr auto
 
 
 def _losses(run):
