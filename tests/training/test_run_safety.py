@@ -163,5 +163,5 @@ def test_a_validation_loss_that_overflows_stops_the_epoch_before_it_counts():
 def test_a_diverging_run_exits_1_in_one_line_and_saves_nothing_of_it(data_file, tmp_path):
     run = tmp_path / "run"
     result = invoke(data_file, *QUICK, "--epochs", "3", "--lr", "1e6", "--checkpoint-every", "1", "--run-dir", run)
-    assert_one_line_error(result, "became", "try a smaller --lr (now 1000000.0)", status=1)
+    assert_one_line_error(result, "became", "with --lr 1000000.0", "nothing was saved", "or a smaller rate", status=1)
     assert not (run / "checkpoint.h5").exists() and not (run / "metrics.jsonl").exists()
