@@ -52,12 +52,24 @@ def _kernel(fastmath=False, parallel=True):
     return mark
 
 
+_HELPERS = []  # names of functions the kernels call: compiled, and rebound here, before any kernel
+
+
+def _helper(fn):
+    """Mark a function that kernels call; compiled inline into them (``numba.njit(inline="always")``)."""
+    _HELPERS.append(fn.__name__)
+    return fn
+
+
 def _compiled(fn):
     if fn not in _COMPILED:
         import numba
 
         global prange
         prange = numba.prange
+        for name in _HELPERS:  # a kernel reads its helpers' compiled versions when it is compiled
+            if not hasattr(globals()[name], "py_func"):
+                globals()[name] = numba.njit(inline="always", fastmath={"contract"})(globals()[name])
         if "NUMBA_THREADING_LAYER" not in os.environ:
             # Numba's own thread pool. The OpenMP layer, between OpenBLAS calls on a 2-core machine,
             # made a step 10-20x slower (its threads and BLAS's spin-wait for the same cores);
@@ -207,22 +219,28 @@ def _pairs_by_unit(idx_nk, H):
 _UNITS_PER_BLOCK = 8
 
 
+@_helper
+def _gradient_row(g, h, X_nd, R_nd, dZ_nk, val_nk, start_h, pair_n, pair_j):
+    """Unit ``h``'s row of ``dW_hd`` into ``g``: the sum, in example order, of ``dZ_nj X_n + val_nj R_n``."""
+    D = g.shape[0]
+    for d in range(D):
+        g[d] = 0
+    for p in range(start_h[h], start_h[h + 1]):
+        n = pair_n[p]
+        a = dZ_nk[n, pair_j[p]]
+        b = val_nk[n, pair_j[p]]
+        x = X_nd[n]
+        r = R_nd[n]
+        for d in range(D):
+            g[d] += a * x[d] + b * r[d]
+
+
 @_kernel(fastmath={"contract"})
 def _scatter_weight_gradient(X_nd, R_nd, dZ_nk, val_nk, start_h, pair_n, pair_j, dW_hd):
-    H, D = dW_hd.shape
+    H = dW_hd.shape[0]
     for block in prange((H + _UNITS_PER_BLOCK - 1) // _UNITS_PER_BLOCK):
         for h in range(block * _UNITS_PER_BLOCK, min(H, (block + 1) * _UNITS_PER_BLOCK)):
-            g = dW_hd[h]
-            for d in range(D):
-                g[d] = 0
-            for p in range(start_h[h], start_h[h + 1]):
-                n = pair_n[p]
-                a = dZ_nk[n, pair_j[p]]
-                b = val_nk[n, pair_j[p]]
-                x = X_nd[n]
-                r = R_nd[n]
-                for d in range(D):
-                    g[d] += a * x[d] + b * r[d]
+            _gradient_row(dW_hd[h], h, X_nd, R_nd, dZ_nk, val_nk, start_h, pair_n, pair_j)
 
 
 def weight_gradient(X_nd, R_nd, idx_nk, dZ_nk, val_nk, H: int):
@@ -281,16 +299,7 @@ def _momentum_update_rows(W_hd, V_hd, X_nd, R_nd, dZ_nk, val_nk, start_h, pair_n
         for h in range(block * _UNITS_PER_BLOCK, min(H, (block + 1) * _UNITS_PER_BLOCK)):
             w = W_hd[h]
             v = V_hd[h]
-            for d in range(D):
-                g[d] = 0
-            for p in range(start_h[h], start_h[h + 1]):
-                n = pair_n[p]
-                a = dZ_nk[n, pair_j[p]]
-                b = val_nk[n, pair_j[p]]
-                x = X_nd[n]
-                r = R_nd[n]
-                for d in range(D):
-                    g[d] += a * x[d] + b * r[d]
+            _gradient_row(g, h, X_nd, R_nd, dZ_nk, val_nk, start_h, pair_n, pair_j)
             for d in range(D):
                 step = v[d] * momentum
                 step = step - lr * g[d]
