@@ -27,16 +27,31 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def set_blas_threads(threads: int | None) -> str:
-    """Limit the BLAS to ``threads`` (None: one per usable core); return the line that says so.
+def set_blas_threads(threads: int | None) -> tuple[str, int | None]:
+    """Limit the BLAS and the CPU kernels to ``threads``; return the line that says so and the count used.
 
-    A count given explicitly without threadpoolctl is a one-line error, since it could not
-    be honoured.
+    ``threads`` None: a count the environment set, else one thread per core that other jobs
+    leave free (the 1-minute load average, rounded, counts the busy ones; at least one). A
+    parallel loop waits for its slowest thread, and a thread parked behind another job holds
+    all of them up: on this project's 2-core machine, with one other job running, two threads made
+    an MNIST epoch about 3-5x slower than one. A count given explicitly without threadpoolctl is
+    a one-line error, since it could not be honoured. The count used is None only when nothing
+    could set it (no threadpoolctl, nothing given).
     """
     cores = usable_cores()
     if threads is not None and threads <= 0:
         raise KsaeError(f"--threads {threads} is not allowed; use a positive number of threads (this machine has {cores} cores)")
-    _set_kernel_threads(threads, cores)
+    from_environment = environment_threads()
+    if threads is not None:
+        wanted, how = threads, "--threads"
+    elif from_environment is not None:
+        value = from_environment.split("=", 1)[1]
+        wanted = int(value) if value.isdigit() and int(value) > 0 else None
+        how = f"set by {from_environment}; --threads N to change"  # the user's choice: left as it is
+    else:
+        wanted, how = free_cores(cores)
+    from ksae_cupy.cpu import kernels as cpu_kernels
+    cpu_kernels.set_threads(wanted or cores)
     try:
         from threadpoolctl import threadpool_info, threadpool_limits
     except ImportError:
@@ -45,34 +60,28 @@ def set_blas_threads(threads: int | None) -> str:
                             f"start the run with OMP_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} "
                             f"MKL_NUM_THREADS={threads}") from None
         return (f"BLAS threads: the library's default (threadpoolctl not installed; set OMP_NUM_THREADS before "
-                f"starting to change it); {cores} usable cores")
-    from_environment = environment_threads()
-    if threads is not None:
-        how = "--threads"
-        threadpool_limits(limits=threads, user_api="blas")  # stays in force for the rest of the process
-    elif from_environment is not None:
-        how = f"set by {from_environment}; --threads N to change"  # the user's choice: left as it is
-    else:
-        how = "default: one per core; --threads N to change"
-        threadpool_limits(limits=cores, user_api="blas")
+                f"starting to change it); {cores} usable cores"), None
+    if from_environment is None:
+        threadpool_limits(limits=wanted, user_api="blas")  # stays in force for the rest of the process
     blas = [info for info in threadpool_info() if info.get("user_api") == "blas"]
     if not blas:
-        return f"BLAS threads: no BLAS library found; {cores} usable cores"
+        return f"BLAS threads: no BLAS library found; {cores} usable cores", wanted
     counts = sorted({info["num_threads"] for info in blas})
     names = ", ".join(sorted({info.get("internal_api", "blas") for info in blas}))
-    line = f"BLAS threads: {', '.join(map(str, counts))} ({names}; {cores} usable cores; {how})"
-    return line + _busy_hint(cores, threads if from_environment is None else 0)
+    return f"BLAS threads: {', '.join(map(str, counts))} ({names}; {cores} usable cores; {how})", wanted
 
 
-def _set_kernel_threads(threads: int | None, cores: int) -> None:
-    """The CPU kernels run on ``--threads``, else on a count the environment set, else one per core."""
-    from ksae_cupy.cpu import kernels as cpu_kernels
-
-    if threads is None:
-        variable = environment_threads()
-        value = variable.split("=", 1)[1] if variable else ""
-        threads = int(value) if value.isdigit() and int(value) > 0 else cores
-    cpu_kernels.set_threads(threads)
+def free_cores(cores: int) -> tuple[int, str]:
+    """``(threads, how)``: one thread per core other jobs leave free, by the 1-minute load average."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # not Unix: no load average to read
+        return cores, "default: one per core; --threads N to change"
+    busy = min(cores - 1, int(load + 0.5))
+    if busy <= 0:
+        return cores, "default: one per core; --threads N to change"
+    return cores - busy, (f"default: one per free core, load average {load:.1f} from other jobs; "
+                          f"--threads N to change")
 
 
 # The variables BLAS libraries read at start-up for their thread count, most specific first.
@@ -86,16 +95,3 @@ def environment_threads() -> str | None:
         if value:
             return f"{name}={value}"
     return None
-
-
-def _busy_hint(cores: int, threads: int | None) -> str:
-    """A hint when other jobs already keep the cores busy and the count was not chosen."""
-    if threads is not None or cores < 2:
-        return ""
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return ""
-    if load < cores - 0.5:
-        return ""
-    return f"; load average {load:.1f}: other jobs share these cores, --threads 1 may be faster"

@@ -148,7 +148,11 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
         record["data"] = spec.record()  # labels and splits, for ksae-eval and --resume
 
     say(backend.description)
-    say(set_blas_threads(threads))
+    threads_line, threads_used = set_blas_threads(threads)
+    say(threads_line)
+    # The count used is the run's from now on: a resume keeps it, since BLAS products differ in
+    # their last bits on another thread count (the CPU kernels do not).
+    every["threads"] = threads_used
     data = load_dataset(spec, root=data_dir, log=lambda msg: say(msg, err=True))
     say(data.summary() + (f"; labels: {data.n_classes} classes" if data.y_train is not None else ""))
     if model is None:

@@ -164,7 +164,7 @@ def test_kernels_give_the_same_bits_on_one_thread_and_on_every_core(dtype):
         np.testing.assert_array_equal(many[name], one[name], err_msg=name)
 
 
-def test_a_training_run_is_bit_identical_whatever_the_thread_count():
+def test_a_training_run_is_bit_identical_whatever_the_kernels_thread_count():
     import numba
     from ksae_cupy.backend import resolve_device
     from ksae_cupy.training.trainer import TrainConfig, Trainer

@@ -277,6 +277,45 @@ def test_a_thread_count_from_the_environment_is_kept_and_named(data_file, tmp_pa
     assert blas.startswith("BLAS threads: 1 (") and f"set by {variable}=1" in blas, blas
 
 
+@pytest.mark.parametrize("load, expected", [(0.2, 4), (1.2, 3), (2.6, 1), (9.0, 1)])
+def test_the_default_thread_count_leaves_the_cores_other_jobs_use(monkeypatch, load, expected):
+    pytest.importorskip("threadpoolctl", reason="the count is set through threadpoolctl")
+    from ksae_cupy.cli import threads as threads_module
+    from ksae_cupy.cpu import kernels as cpu_kernels
+    from ksae_cupy.cli.threads import THREAD_VARIABLES
+
+    for name in THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(threads_module, "usable_cores", lambda: 4)
+    monkeypatch.setattr(threads_module.os, "getloadavg", lambda: (load, load, load))
+    try:
+        line, used = threads_module.set_blas_threads(None)
+        assert used == expected
+        assert ("one per free core" in line) == (expected < 4), line
+        if cpu_kernels.available():
+            assert cpu_kernels._threads == expected
+    finally:
+        cpu_kernels.set_threads(None)
+
+
+def test_the_thread_count_a_run_used_is_kept_on_resume(data_file, tmp_path):
+    """Without --threads the count chosen (from the environment here) is recorded, so a resume in
+    another environment uses it: BLAS products differ in their last bits on another count."""
+    pytest.importorskip("threadpoolctl", reason="the count is set through threadpoolctl")
+    from ksae_cupy.cli.threads import THREAD_VARIABLES
+
+    env = {key: value for key, value in ENV.items() if key not in THREAD_VARIABLES}
+    run = tmp_path / "run"
+    first = subprocess.run(TRAIN + [str(data_file), *SMALL, "--epochs", "1", "--run-dir", str(run)],
+                           capture_output=True, text=True, env={**env, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert json.loads((run / "config.json").read_text())["threads"] == 1
+    resumed = subprocess.run(TRAIN + ["--resume", str(run), "--epochs", "2"], capture_output=True, text=True,
+                             env=env, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.splitlines()[2].startswith("BLAS threads: 1 ("), resumed.stdout
+
+
 def test_one_epoch_with_a_k_schedule_says_it_trains_at_k(data_file, tmp_path):
     result = train(data_file, *SMALL, "--epochs", "1", "--run-dir", tmp_path / "run")
     assert result.returncode == 0, result.stderr
