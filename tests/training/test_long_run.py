@@ -361,3 +361,17 @@ def test_the_epoch_report_times_its_parts_and_validates_through_the_kept_units(m
     sparse = trainer.evaluate_loss(X_nd, 5)
     monkeypatch.setenv("KSAE_CPU_KERNELS", "0")
     assert trainer.evaluate_loss(X_nd, 5) == pytest.approx(sparse, rel=1e-5)
+
+
+@pytest.mark.parametrize("given, expected", [(None, "4"), ("20", "20")])
+def test_commands_cut_openblas_spin_before_numpy_loads_and_keep_a_users_value(given, expected):
+    # OpenBLAS reads OPENBLAS_THREAD_TIMEOUT once, when NumPy loads it: the command package must set
+    # it before anything imports NumPy, or the setting does nothing.
+    env = {key: value for key, value in os.environ.items() if key != "OPENBLAS_THREAD_TIMEOUT"}
+    if given is not None:
+        env["OPENBLAS_THREAD_TIMEOUT"] = given
+    probe = ("import os, sys, ksae_cupy.cli; "
+             "print('numpy' in sys.modules, os.environ['OPENBLAS_THREAD_TIMEOUT'])")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", expected]
