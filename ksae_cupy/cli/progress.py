@@ -72,9 +72,25 @@ class RunProgress:
         if self.step_cost is None or k_first == k_last:
             return 1.0
         if self.cost_line is None:
-            self.cost_line = (k_first, self.step_cost(k_first), k_last, self.step_cost(k_last))
+            self.cost_line = self._measure_cost_line(k_first, k_last)
         k_a, cost_a, k_b, cost_b = self.cost_line
         return (cost_a + (cost_b - cost_a) * (k - k_a) / (k_b - k_a)) / cost_a
+
+    def _measure_cost_line(self, k_first: int, k_last: int, rounds: int = 3):
+        """``(k_first, cost, k_last, cost)``: each k timed ``rounds`` times, the two in turn so that both
+        see the same load, and the least time of each kept (other jobs only ever add time). A step
+        keeping fewer units never costs more, so a measurement that says otherwise (load that came
+        and went) is capped at the other's cost."""
+        costs = {k_first: [], k_last: []}
+        for _ in range(rounds):
+            for k in (k_first, k_last):
+                costs[k].append(self.step_cost(k))
+        cost_first, cost_last = min(costs[k_first]), min(costs[k_last])
+        if k_last < k_first:
+            cost_last = min(cost_last, cost_first)
+        elif k_last > k_first:
+            cost_first = min(cost_first, cost_last)
+        return k_first, cost_first, k_last, cost_last
 
     def _work(self, first_step: int, last_step: int) -> float:
         """Steps ``first_step .. last_step - 1`` (counted over the whole run), each weighed by its k's cost."""

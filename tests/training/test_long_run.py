@@ -344,7 +344,23 @@ def test_eta_weighs_each_epochs_steps_by_the_cost_of_its_k():
     assert progress._epoch_k(1) == 62
     cost_62 = 0.5 + 0.5 * (62 - 25) / 75
     assert progress.seconds_left() == pytest.approx(10 * cost_62 + 10 * 0.5 + 10 * 0.5)
-    assert sorted(measured) == [25, 100]  # two measurements, whatever the number of epochs
+    assert measured == [100, 25] * 3  # the two k in turn, whatever the number of epochs
+
+
+def test_eta_cost_line_keeps_the_least_time_and_never_makes_fewer_units_dearer():
+    """Under load a measurement only ever gains time: the least of three taken in turn is kept, and a
+    step at k 25 measured dearer than one at k 100 (load that came and went) is capped at k 100's."""
+    class FakeTrainer:
+        config = TrainConfig(epochs=4, batch_size=100, k=25, k_start=100)
+        epoch, step, batch_in_epoch, finished = 1, 10, 0, False
+
+    times = iter([3.0, 9.0, 1.0, 7.0, 2.0, 5.0])  # k 100, k 25, k 100, ...: another job during the k 25 ones
+    progress = RunProgress(FakeTrainer(), n_train=1000, enabled=True, tty=False, echo=None,
+                           step_cost=lambda k: next(times))
+    assert progress._measure_cost_line(100, 25) == (100, 1.0, 25, 1.0)
+    quiet = iter([2.0, 1.0, 2.5, 1.2, 3.0, 0.9])
+    progress.step_cost = lambda k: next(quiet)
+    assert progress._measure_cost_line(100, 25) == (100, 2.0, 25, 0.9)
 
 
 def test_the_epoch_report_times_its_parts_and_validates_through_the_kept_units(monkeypatch):
