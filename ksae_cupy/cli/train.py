@@ -196,6 +196,9 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
         nonlocal progress
         if progress is None:  # the trainer exists once fit has started
             trainer, sample_nd = model.trainer_, data.X_train[:model.trainer_.config.batch_size]
+            # Compile the validation pass's kernels now, before the progress clock starts: the
+            # estimate printed after epoch 1 is then the run's pace, not the compiler's.
+            trainer.evaluate_loss(trainer.backend.asarray(sample_nd))
             progress = RunProgress(trainer, len(data.X_train), enabled=not quiet, tty=sys.stderr.isatty(),
                                    interval_s=progress_seconds,
                                    step_cost=lambda k: trainer.step_seconds(trainer.backend.asarray(sample_nd), k))

@@ -347,6 +347,29 @@ def test_eta_weighs_each_epochs_steps_by_the_cost_of_its_k():
     assert measured == [100, 25] * 3  # the two k in turn, whatever the number of epochs
 
 
+def test_eta_does_not_count_the_time_spent_measuring_step_costs():
+    """Measuring the cost line takes seconds of its own (six timed steps, a compile the first
+    time); they are not the run's pace, so the estimate is the same as if they took none."""
+    class FakeTrainer:
+        config = TrainConfig(epochs=4, batch_size=100, k=25, k_start=100)
+        epoch, step, batch_in_epoch, finished = 1, 10, 0, False
+
+    estimates = []
+    for seconds_per_measurement in (0.0, 7.0):
+        now = [10.0]  # epoch 1 (k 100): 10 steps in 10 s
+
+        def step_cost(k):
+            now[0] += seconds_per_measurement
+            return 0.5 + 0.5 * (k - 25) / 75
+
+        progress = RunProgress(FakeTrainer(), n_train=1000, enabled=True, tty=False, clock=lambda: now[0],
+                               echo=None, step_cost=step_cost)
+        progress.started, progress.step_at_start = 0.0, 0
+        estimates.append(progress.seconds_left())
+    assert estimates[1] == pytest.approx(estimates[0])
+    assert estimates[0] == pytest.approx(10 * (0.5 + 0.5 * 37 / 75) + 10 * 0.5 + 10 * 0.5)
+
+
 def test_eta_cost_line_keeps_the_least_time_and_never_makes_fewer_units_dearer():
     """Under load a measurement only ever gains time: the least of three taken in turn is kept, and a
     step at k 25 measured dearer than one at k 100 (load that came and went) is capped at k 100's."""
