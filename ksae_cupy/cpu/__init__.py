@@ -4,8 +4,10 @@ NumPy cannot fuse a gather, a dot product and a scatter; after the encoder produ
 are all the sparse step does, so on the CPU its time goes to temporaries and passes over
 memory. ``kernels.py`` holds the few loops, written once in plain Python and compiled with
 ``numba.njit``: the decoder and the gradient at the kept units in one pass per row, the
-weight gradient as a scatter of rows, and the momentum update in one pass. Without Numba
-every caller keeps its NumPy/SciPy path (:func:`kernels.available` says which runs).
+weight gradient as a scatter of rows, and the momentum update in one pass. ``finetune_kernels.py``
+holds the same kind of loops for the sparse fine-tuning step
+(:mod:`ksae_cupy.supervised.sparse_finetune`), compiled the same way. Without Numba every caller
+keeps its NumPy/SciPy path (:func:`kernels.available` says which runs).
 
 May import: the top-level algorithm modules. Imported by :mod:`ksae_cupy.sparse_step` and
 :mod:`ksae_cupy.optim` (lazily), and by everything above.

@@ -40,7 +40,7 @@ _OPTIONS = {}  # kernel -> the numba.njit options it is compiled with
 _COMPILED = {}  # kernel -> its Numba dispatcher, made on first use (importing Numba takes ~0.5 s)
 _threads = None  # the count set_threads asked for (None: Numba's default, one per core)
 # The kernels' parallel loops say ``prange``: plain ``range`` until Numba is imported, then
-# ``numba.prange`` (set in _compiled before the first compilation, which reads it).
+# ``numba.prange`` (set in _compiled, in the kernel's module, before a compilation reads it).
 prange = range
 
 
@@ -52,12 +52,15 @@ def _kernel(fastmath=False, parallel=True):
     return mark
 
 
-_HELPERS = []  # names of functions the kernels call: compiled, and rebound here, before any kernel
+_HELPERS = []  # (module globals, name) of functions the kernels call: compiled, and rebound there, before any kernel
 
 
 def _helper(fn):
-    """Mark a function that kernels call; compiled inline into them (``numba.njit(inline="always")``)."""
-    _HELPERS.append(fn.__name__)
+    """Mark a function that kernels call; compiled inline into them (``numba.njit(inline="always")``).
+
+    Kernels of other modules (:mod:`ksae_cupy.cpu.finetune_kernels`) mark theirs here too: the
+    compiled helper is rebound in the module that defines it, where its kernels look it up."""
+    _HELPERS.append((fn.__globals__, fn.__name__))
     return fn
 
 
@@ -65,11 +68,10 @@ def _compiled(fn):
     if fn not in _COMPILED:
         import numba
 
-        global prange
-        prange = numba.prange
-        for name in _HELPERS:  # a kernel reads its helpers' compiled versions when it is compiled
-            if not hasattr(globals()[name], "py_func"):
-                globals()[name] = numba.njit(inline="always", fastmath={"contract"})(globals()[name])
+        fn.__globals__["prange"] = numba.prange  # read from the kernel's own module (here, or finetune_kernels)
+        for module_globals, name in _HELPERS:  # a kernel reads its helpers' compiled versions when it is compiled
+            if not hasattr(module_globals[name], "py_func"):
+                module_globals[name] = numba.njit(inline="always", fastmath={"contract"})(module_globals[name])
         if "NUMBA_THREADING_LAYER" not in os.environ:
             # Numba's own thread pool. The OpenMP layer, between OpenBLAS calls on a 2-core machine,
             # made a step 10-20x slower (its threads and BLAS's spin-wait for the same cores);

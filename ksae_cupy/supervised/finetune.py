@@ -40,6 +40,11 @@ momentum SGD with the learning rate decaying linearly from ``lr_start`` to ``lr_
 
 Parameter names: ``W1_dh, b1_h`` (layer 1), ``W2_hh, b2_h`` (layer 2, and so on),
 ``W_hc, b_c`` (softmax). Everything is written against the array module of its inputs.
+
+The functions here are the dense reference. When every hidden layer is ksparse and no dropout
+is used, the trainer takes by default (``FinetuneConfig.step``) the sparse step of
+:mod:`ksae_cupy.supervised.sparse_finetune` on the CPU: the same gradients, through the kept
+units only.
 """
 from __future__ import annotations
 
@@ -57,25 +62,20 @@ from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.schedules import linear_decay
 from ksae_cupy.topk import TOPK_METHODS, scatter_rows, topk
 from ksae_cupy.supervised.units import check_dropout_rate, dropout_mask, sigmoid
+# The network's names and loss, shared with the sparse step (and still reached as finetune.layer_names, ...).
+from ksae_cupy.supervised.network import layer_names, logits_gradient, param_names, softmax_cross_entropy
+from ksae_cupy.supervised.sparse_finetune import loss_and_grads_sparse
+from ksae_cupy.sparse_step import sparse_layout
 
 PHASES = ("softmax", "top", "all")
 ACTIVATIONS = ("ksparse", "sigmoid")
+STEPS = ("dense", "sparse", "auto")  # the training step: FinetuneConfig.step, ksae-finetune --step
 
 
 # -- the network ---------------------------------------------------------------------------
 
-def layer_names(l: int) -> tuple[str, str]:
-    """Names of the weight and bias of hidden layer ``l`` (1-based)."""
-    return ("W1_dh", "b1_h") if l == 1 else (f"W{l}_hh", f"b{l}_h")
-
-
 def n_layers(params) -> int:
     return sum(1 for name in params if name.startswith("W") and name != "W_hc")
-
-
-def param_names(L: int) -> list[str]:
-    names = [n for l in range(1, L + 1) for n in layer_names(l)]
-    return names + ["W_hc", "b_c"]
 
 
 def trainable_names(phase: str, L: int) -> list[str]:
@@ -162,27 +162,13 @@ def forward(params, X_nd, kept: list, topk_method: str = "sort", activations=Non
     return A @ params["W_hc"] + params["b_c"], cache
 
 
-def softmax_cross_entropy(S_nc, y_n):
-    """``(E, P_nc)``: mean cross-entropy (a host float) and the softmax probabilities."""
-    xp = array_module(S_nc)
-    shifted = S_nc - S_nc.max(axis=1, keepdims=True)  # stable log-sum-exp
-    log_norm_n = xp.log(xp.exp(shifted).sum(axis=1))
-    N = S_nc.shape[0]
-    log_p_true = shifted[xp.arange(N), y_n] - log_norm_n
-    P_nc = xp.exp(shifted - log_norm_n[:, None])
-    return -float(log_p_true.sum()) / N, P_nc
-
-
 def backward(params, P_nc, y_n, cache: NetCache, trainable) -> dict:
     """Gradients of the mean cross-entropy for the ``trainable`` names only.
 
     Products that only feed frozen parameters are skipped.
     """
     xp = array_module(P_nc)
-    N = P_nc.shape[0]
-    G_nc = P_nc.copy()
-    G_nc[xp.arange(N), y_n] -= 1
-    G_nc /= N
+    G_nc = logits_gradient(P_nc, y_n)
     grads = {}
     if "W_hc" in trainable:
         grads["W_hc"] = cache.A_top.T @ G_nc
@@ -262,6 +248,12 @@ class FinetuneConfig:
     ``activations`` names each hidden layer's units, "ksparse" or "sigmoid"; None (and
     every config written before sigmoid layers existed) means all "ksparse". A sigmoid
     layer's ``kept`` entry is None. Dropout rates are 0 (off) by default.
+
+    ``step``: "dense" (:func:`loss_and_grads`), "sparse" (:mod:`ksae_cupy.supervised.sparse_finetune`:
+    only layer 1's ``X W1`` dense, the same math to float rounding), or "auto": sparse when every
+    hidden layer is ksparse, no dropout is used and the arrays are NumPy's, else dense. Configs
+    written before the field existed load as "auto", so a run resumed from one takes the sparse step
+    from then on (``--step dense`` keeps the dense one and its bits).
     """
 
     kept: list = field(default_factory=lambda: [75])  # alpha*k per ksparse layer, None per sigmoid layer
@@ -278,6 +270,7 @@ class FinetuneConfig:
     topk: str = "sort"
     seed: int = 0
     dtype: str = "float32"
+    step: str = "auto"
 
     def __post_init__(self):
         self.kept = list(self.kept)
@@ -297,6 +290,12 @@ class FinetuneConfig:
         if self.topk not in TOPK_METHODS:
             raise KsaeError(f"--topk {self.topk!r} is not allowed; use one of {', '.join(TOPK_METHODS)}")
         check_dtype("--dtype", self.dtype)
+        if self.step not in STEPS:
+            raise KsaeError(f"--step {self.step!r} is not allowed; use one of {', '.join(STEPS)}")
+        if self.step == "sparse" and not self.sparse_step_applies():
+            raise KsaeError(f"--step sparse needs every hidden layer ksparse and no dropout (here: activations "
+                            f"{self.activations}, input dropout {self.input_dropout}, hidden dropout "
+                            f"{self.hidden_dropout}); use --step dense or auto")
         if len(self.activations) != len(self.kept):
             raise KsaeError(f"activations {self.activations} name {len(self.activations)} layers but kept "
                             f"{self.kept} has {len(self.kept)}; give one activation per hidden layer")
@@ -312,6 +311,19 @@ class FinetuneConfig:
                                             or (H is not None and k > H)):
                 raise KsaeError(f"alpha*k = {k} units kept in layer {l} is not allowed; use an integer "
                                 f"1 <= alpha*k <= {H}")
+
+    def sparse_step_applies(self) -> bool:
+        """Whether the net is one the sparse step computes: every hidden layer ksparse, no dropout."""
+        return (all(a == "ksparse" for a in self.activations) and self.input_dropout == 0
+                and self.hidden_dropout == 0)
+
+    def resolved_step(self, backend: Backend) -> str:
+        """``dense`` or ``sparse``: ``auto`` resolved for this net on ``backend``."""
+        if self.step == "sparse" and backend.is_gpu:
+            raise KsaeError("--step sparse runs on the CPU only (NumPy); use --step dense or auto on a GPU")
+        if self.step == "auto":
+            return "sparse" if self.sparse_step_applies() and not backend.is_gpu else "dense"
+        return self.step
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -347,7 +359,10 @@ class FinetuneTrainer:
         config.validate(hidden=[host_params[layer_names(l)[0]].shape[1] for l in range(1, len(config.kept) + 1)])
         self.config, self.backend, self.rng = config, backend, rng
         self.dtype = np.dtype(config.dtype)
+        self.step_kind = config.resolved_step(backend)  # "dense" or "sparse"
         self.params = {name: backend.asarray(value, dtype=self.dtype) for name, value in host_params.items()}
+        if self.step_kind == "sparse":  # W1_dh.T then holds one contiguous row per unit (sparse_layout)
+            self.params["W1_dh"] = sparse_layout(self.params["W1_dh"])
         self.phase_index, self.epoch, self.step, self.batch_in_epoch, self.epoch_perm = 0, 0, 0, 0, None
         self.optimizer = MomentumSGD(self.params, config.momentum, backend.xp)
         self.stop_requested = False
@@ -394,8 +409,12 @@ class FinetuneTrainer:
             rows = order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
             masks = draw_masks(self.rng, rows.shape[0], self.sizes, cfg.input_dropout, cfg.hidden_dropout,
                                self.backend, self.dtype)
-            loss, grads = loss_and_grads(self.params, X_nd[rows], y_n[rows], cfg.kept, trainable, cfg.topk,
-                                         cfg.activations, masks)
+            if self.step_kind == "sparse":  # weight gradients in parts, applied row by row by the optimizer
+                loss, grads = loss_and_grads_sparse(self.params, X_nd[rows], y_n[rows], cfg.kept, trainable, cfg.topk,
+                                                    defer_weight_gradient=True)
+            else:
+                loss, grads = loss_and_grads(self.params, X_nd[rows], y_n[rows], cfg.kept, trainable, cfg.topk,
+                                             cfg.activations, masks)
             if not math.isfinite(loss):
                 from ksae_cupy.training.trainer import TrainingDiverged
 

@@ -73,18 +73,20 @@ X_all, y_all, _ = make_sparse_signals(700, D=16, H=24, k=2, n_classes=3, seed=2)
 X_tr, y_tr, X_te, y_te = X_all[:500], y_all[:500], X_all[500:], y_all[500:]
 
 
-# Network variants of the training tests: k-sparse, and sigmoid layers with both dropouts.
-VARIANTS = {"ksparse": {}, "sigmoid+dropout": dict(kept=(None, None), activations=["sigmoid", "sigmoid"],
-                                                   input_dropout=0.2, hidden_dropout=0.5)}
+# Network variants of the training tests: k-sparse with the sparse and the dense step, and sigmoid
+# layers with both dropouts (always the dense step).
+VARIANTS = {"ksparse": dict(step="sparse"), "ksparse-dense": dict(step="dense"),
+            "sigmoid+dropout": dict(kept=(None, None), activations=["sigmoid", "sigmoid"], input_dropout=0.2,
+                                    hidden_dropout=0.5)}
 
 
 def make_trainer(phases, epochs=3, seed=5, hidden=(20, 12), kept=(6, 4), activations=None, input_dropout=0.0,
-                 hidden_dropout=0.0):
+                 hidden_dropout=0.0, step="auto"):
     rng = np.random.default_rng(seed)
     params = finetune.init_random(16, list(hidden), 3, sigma=0.1, rng=rng)
     config = finetune.FinetuneConfig(kept=list(kept), activations=activations, input_dropout=input_dropout,
                                      hidden_dropout=hidden_dropout, phases=list(phases), epochs=epochs,
-                                     batch_size=40, lr_start=0.3, lr_end=0.01, momentum=0.5)
+                                     batch_size=40, lr_start=0.3, lr_end=0.01, momentum=0.5, step=step)
     return finetune.FinetuneTrainer(config, CPU, params, rng)
 
 
@@ -94,7 +96,7 @@ def test_frozen_parameters_stay_bit_identical(phase, variant):
     trainer = make_trainer([phase], epochs=2, **VARIANTS[variant])
     # Negative zeros in every frozen array: a zero update would turn them into +0.0.
     for name, value in trainer.params.items():
-        value.ravel()[::3] = -0.0
+        value.ravel(order="K")[::3] = -0.0  # in memory order: a view also of the sparse step's Fortran-ordered W1
     before = {n: v.copy() for n, v in trainer.params.items()}
     trainer.fit(X_tr, y_tr)
     trainable = finetune.trainable_names(phase, 2)
@@ -112,6 +114,7 @@ def test_stopped_mid_epoch_then_resumed_equals_uninterrupted(tmp_path, variant):
     uninterrupted.fit(X_tr, y_tr)
 
     stopped = make_trainer(phases, epochs=2, **VARIANTS[variant])
+    assert stopped.step_kind == ("sparse" if variant == "ksparse" else "dense")
 
     def stop_in_phase_two(done, total):
         if stopped.phase_index == 1 and stopped.epoch == 1 and done == 4:
@@ -124,7 +127,7 @@ def test_stopped_mid_epoch_then_resumed_equals_uninterrupted(tmp_path, variant):
     save_finetune_checkpoint(tmp_path / "f.h5", stopped.state())
     state = load_finetune_checkpoint(tmp_path / "f.h5")
     resumed = finetune.FinetuneTrainer.from_state(state, CPU)
-    assert resumed.config == stopped.config
+    assert resumed.config == stopped.config and resumed.step_kind == stopped.step_kind
     resumed.fit(X_tr, y_tr)
     assert resumed.step == uninterrupted.step
     for name, value in uninterrupted.params.items():

@@ -1,0 +1,224 @@
+"""The sparse fine-tuning step against the dense one, finite differences, threads, and the trainer."""
+import numpy as np
+import pytest
+
+from ksae_cupy.backend import CPU
+from ksae_cupy.cpu import kernels as cpu_kernels
+from ksae_cupy.datasets.synthetic import make_sparse_signals
+from ksae_cupy.errors import KsaeError
+from ksae_cupy.optim import MomentumSGD
+from ksae_cupy.sparse_step import sparse_layout
+from ksae_cupy.supervised import finetune
+from ksae_cupy.supervised import sparse_finetune as sf
+from gradcheck import KinkError, numerical_gradient, relative_error
+
+# (D, hidden sizes, kept per layer, classes): shallow and deep (2 hidden layers), some keeping every unit.
+NETS = [(6, [9], [3], 4), (5, [8], [8], 3), (7, [10, 6], [4, 2], 3), (6, [8, 7], [8, 7], 4), (20, [30, 25], [7, 5], 5)]
+
+
+def draw_net(D, hidden, C, seed, N=11, dtype=np.float64):
+    rng = np.random.default_rng(seed)
+    params = finetune.init_random(D, hidden, C, sigma=0.7, rng=rng, dtype=np.float64)
+    for name in params:
+        if name.startswith("b"):
+            params[name] = rng.standard_normal(params[name].shape) * 0.3
+    params = {name: value.astype(dtype) for name, value in params.items()}
+    return params, rng.standard_normal((N, D)).astype(dtype), rng.integers(0, C, N)
+
+
+def as_array(grad):
+    return np.asarray(grad)
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(np.float64, 1e-12), (np.float32, 1e-5)])
+@pytest.mark.parametrize("phase", finetune.PHASES)
+@pytest.mark.parametrize("D,hidden,kept,C", NETS)
+def test_sparse_step_equals_the_dense_step(cpu_path, D, hidden, kept, C, phase, dtype, tolerance):
+    params, X_nd, y_n = draw_net(D, hidden, C, seed=3, dtype=dtype)
+    names = finetune.trainable_names(phase, len(hidden))
+    loss, dense = finetune.loss_and_grads(params, X_nd, y_n, kept, names)
+    # As the trainer stores it (W1 in Fortran order) and takes it (gradients in parts), and plainly.
+    stored = dict(params, W1_dh=sparse_layout(params["W1_dh"]))
+    for run, defer in ((params, False), (stored, True)):
+        sparse_loss, sparse = sf.loss_and_grads_sparse(run, X_nd, y_n, kept, names, defer_weight_gradient=defer)
+        assert sparse_loss == pytest.approx(loss, rel=tolerance)
+        assert set(sparse) == set(dense) == set(names)
+        for name in names:
+            grad = as_array(sparse[name])
+            assert grad.shape == dense[name].shape and grad.dtype == dense[name].dtype, name
+            assert relative_error(grad, dense[name]) < tolerance, (name, defer)
+            if name.startswith("W") and defer:
+                assert hasattr(sparse[name], "momentum_update") == (cpu_path == "numba"), name
+
+
+def test_the_dense_weight_gradients_are_zero_outside_the_kept_units(cpu_path):
+    params, X_nd, y_n = draw_net(20, [30, 25], 5, seed=4)
+    _, grads = sf.loss_and_grads_sparse(params, X_nd, y_n, [7, 5])
+    _, cache = sf.forward_sparse(params, X_nd, [7, 5])
+    kept_1, kept_2 = (np.unique(idx) for idx in cache.idx)
+    assert not np.any(np.delete(grads["W1_dh"], kept_1, axis=1))  # only kept columns of W1
+    assert not np.any(np.delete(grads["W2_hh"], kept_1, axis=0))  # rows of kept input units ...
+    assert not np.any(np.delete(grads["W2_hh"], kept_2, axis=1))  # ... and columns of kept units
+    assert not np.any(np.delete(grads["W_hc"], kept_2, axis=0))
+
+
+@pytest.mark.parametrize("D,hidden,kept,C", NETS)
+def test_sparse_step_matches_finite_differences(cpu_path, D, hidden, kept, C):
+    for seed in range(20):  # redraw when a top-k support is not locally constant
+        params, X_nd, y_n = draw_net(D, hidden, C, seed)
+
+        def loss():
+            return finetune.softmax_cross_entropy(sf.forward_sparse(params, X_nd, kept)[0], y_n)[0]
+
+        def support():
+            return np.concatenate([np.sort(idx, axis=1).ravel() for idx in sf.forward_sparse(params, X_nd, kept)[1].idx])
+
+        _, grads = sf.loss_and_grads_sparse(params, X_nd, y_n, kept)
+        try:
+            numeric = {n: numerical_gradient(loss, params[n], unchanged=support) for n in params}
+        except KinkError:
+            continue
+        assert set(grads) == set(params)
+        for name in params:
+            assert relative_error(as_array(grads[name]), numeric[name]) < 1e-6, name
+        return
+    pytest.fail("every drawn point sat on a top-k kink")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_row_by_row_update_is_the_full_momentum_update(dtype):
+    """Applied in parts, the update still decays the velocity of every entry, not only the kept ones."""
+    if not cpu_kernels.enabled():
+        pytest.skip("the gradient comes in parts only on the CPU kernels (Numba)")
+    params, X_nd, y_n = draw_net(20, [30, 25], 5, seed=5, N=4, dtype=dtype)
+    params["W1_dh"] = sparse_layout(params["W1_dh"])
+    _, parts = sf.loss_and_grads_sparse(params, X_nd, y_n, [7, 5], defer_weight_gradient=True)
+    assert isinstance(parts["W1_dh"], sf.InputLayerGradient)
+    assert isinstance(parts["W2_hh"], sf.SparseOuterGradient) and isinstance(parts["W_hc"], sf.SparseOuterGradient)
+    rng = np.random.default_rng(6)
+    V0 = {name: rng.standard_normal(value.shape).astype(dtype) for name, value in params.items()}
+    results = {}
+    for how in ("parts", "arrays"):
+        run = {name: value.copy(order="K") for name, value in params.items()}
+        optimizer = MomentumSGD(run, 0.9, np)
+        for name, v in optimizer.velocities.items():  # a velocity everywhere, as after earlier steps
+            v[...] = V0[name]
+        grads = parts if how == "parts" else {name: np.asarray(g) for name, g in parts.items()}
+        optimizer.step(run, grads, 0.05)
+        results[how] = (run, optimizer.velocities)
+    eps = np.finfo(dtype).eps
+    for name in params:
+        for got, expected in zip((results["parts"][0][name], results["parts"][1][name]),
+                                 (results["arrays"][0][name], results["arrays"][1][name])):
+            # The same terms, possibly contracted (FMA) differently: equal to rounding.
+            np.testing.assert_allclose(got, expected, rtol=0, atol=16 * eps * np.abs(expected).max(), err_msg=name)
+    untouched = np.ones(params["W1_dh"].shape[1], bool)
+    untouched[parts["W1_dh"].idx_nk.ravel()] = False
+    assert untouched.any()  # some unit of layer 1 no example kept: its column moved by momentum alone
+    np.testing.assert_array_equal(results["parts"][1]["W1_dh"][:, untouched], V0["W1_dh"][:, untouched] * dtype(0.9))
+
+
+def test_sparse_step_refuses_non_numpy_arrays():
+    class NotNumpy:
+        pass
+
+    with pytest.raises(KsaeError, match="NumPy arrays"):
+        sf.forward_sparse({}, NotNumpy(), [3])
+
+
+# -- the trainer --------------------------------------------------------------------------------
+
+X_all, y_all, _ = make_sparse_signals(700, D=16, H=24, k=2, n_classes=3, seed=2)
+X_tr, y_tr = X_all[:500], y_all[:500]
+
+
+def make_trainer(step, phases=("softmax", "top", "all"), epochs=2, hidden=(20, 12), kept=(6, 4), dtype="float32",
+                 **network):
+    rng = np.random.default_rng(5)
+    params = finetune.init_random(16, list(hidden), 3, sigma=0.1, rng=rng)
+    config = finetune.FinetuneConfig(kept=list(kept), phases=list(phases), epochs=epochs, batch_size=40,
+                                     lr_start=0.3, lr_end=0.01, momentum=0.5, dtype=dtype, step=step, **network)
+    return finetune.FinetuneTrainer(config, CPU, params, rng)
+
+
+@pytest.mark.parametrize("hidden,kept", [((20,), (6,)), ((20, 12), (6, 4))])
+def test_sparse_and_dense_training_end_within_float32_rounding(cpu_path, hidden, kept):
+    trainers = {step: make_trainer(step, hidden=hidden, kept=kept, epochs=3) for step in ("dense", "sparse")}
+    assert trainers["sparse"].step_kind == "sparse" and trainers["dense"].step_kind == "dense"
+    assert trainers["sparse"].params["W1_dh"].flags.f_contiguous
+    losses = {}
+    for step, trainer in trainers.items():
+        losses[step] = []
+        trainer.fit(X_tr, y_tr, on_epoch=lambda report, out=losses[step]: out.append(report.train_loss))
+        assert trainer.finished
+    np.testing.assert_allclose(losses["sparse"], losses["dense"], rtol=1e-5)
+    for name, dense in trainers["dense"].params.items():
+        sparse = trainers["sparse"].params[name]
+        # A few float32 ulps of the largest entry (measured: at most 3).
+        np.testing.assert_allclose(sparse, dense, rtol=0, atol=16 * np.finfo(np.float32).eps * np.abs(dense).max(),
+                                   err_msg=name)
+
+
+def test_sparse_training_is_bit_identical_whatever_the_kernels_thread_count():
+    if not cpu_kernels.available():
+        pytest.skip("Numba is not installed: the CPU kernels cannot run")
+    import numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip(f"Numba has {numba.config.NUMBA_NUM_THREADS} thread on this machine: nothing to compare")
+    runs = []
+    try:
+        for threads in (1, numba.config.NUMBA_NUM_THREADS):
+            cpu_kernels.set_threads(threads)
+            trainer = make_trainer("sparse", hidden=(40, 30), kept=(9, 7))
+            trainer.fit(X_tr, y_tr)
+            runs.append(trainer.params)
+    finally:
+        cpu_kernels.set_threads(None)
+    for name in runs[0]:
+        assert runs[1][name].tobytes() == runs[0][name].tobytes(), name
+
+
+# -- choosing the step --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("network,expected", [
+    ({}, "sparse"),
+    (dict(input_dropout=0.2), "dense"),
+    (dict(hidden_dropout=0.5), "dense"),
+    (dict(kept=(None, 4), activations=["sigmoid", "ksparse"]), "dense"),
+])
+def test_auto_takes_the_sparse_step_for_ksparse_nets_without_dropout(network, expected):
+    assert make_trainer("auto", **network).step_kind == expected
+    assert make_trainer("dense", **network).step_kind == "dense"
+
+
+def test_auto_takes_the_dense_step_on_a_gpu_and_sparse_is_refused_there():
+    from types import SimpleNamespace
+
+    gpu = SimpleNamespace(is_gpu=True)
+    assert finetune.FinetuneConfig(kept=[4], step="auto").resolved_step(gpu) == "dense"
+    with pytest.raises(KsaeError, match="--step sparse runs on the CPU only"):
+        finetune.FinetuneConfig(kept=[4], step="sparse").resolved_step(gpu)
+
+
+@pytest.mark.parametrize("changes,fragments", [
+    (dict(step="fast"), ["--step 'fast' is not allowed", "dense, sparse, auto"]),
+    (dict(step="sparse", hidden_dropout=0.5), ["--step sparse needs every hidden layer ksparse and no dropout"]),
+    (dict(step="sparse", kept=[None], activations=["sigmoid"]), ["--step sparse needs", "'sigmoid'"]),
+])
+def test_bad_step_options_are_one_line_errors(changes, fragments):
+    settings = dict(kept=[4], phases=["all"], epochs=1)
+    settings.update(changes)
+    with pytest.raises(KsaeError) as info:
+        finetune.FinetuneConfig(**settings).validate(hidden=[8])
+    assert "\n" not in str(info.value)
+    for fragment in fragments:
+        assert fragment in str(info.value), (fragment, str(info.value))
+
+
+def test_configs_without_a_step_load_as_auto():
+    old = {"kept": [75], "phases": ["all"], "epochs": 200, "batch_size": 128, "lr_start": 1.0, "lr_end": 0.001,
+           "momentum": 0.25, "sigma": 0.01, "topk": "sort", "seed": 0, "dtype": "float32"}
+    loaded = finetune.FinetuneConfig.from_dict(old)
+    assert loaded.step == "auto"
+    assert finetune.FinetuneConfig.from_dict(loaded.to_dict()) == loaded
