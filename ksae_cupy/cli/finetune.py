@@ -12,6 +12,12 @@ the training set in this process, then fine-tunes its sigmoid layers with the sa
 (section 4.5). The pretrained weights are the run's initial parameters; a resumed run
 continues from its checkpoint and does not pretrain again.
 
+``--step auto|dense|sparse`` picks the training step: sparse (only layer 1's ``X W1`` dense, every
+later product through the kept units; :mod:`ksae_cupy.supervised.sparse_finetune`) for k-sparse
+nets without dropout on the CPU, which ``auto`` takes; dense otherwise. The same math, so it may be
+given on ``--resume``, as may ``--threads`` (BLAS and CPU kernel threads; a resumed run keeps the
+count it was started with unless told, since BLAS results differ in their last bits between counts).
+
 The run folder holds ``checkpoint.h5`` (a fine-tuning checkpoint), ``config.json``,
 ``metrics.jsonl`` and, at the end, ``finetune.json`` with the validation and test error.
 Bad input is one line ``error: ...`` and exit status 2 (see :func:`ksae_cupy.cli.common.report_errors`).
@@ -64,6 +70,12 @@ BASELINES = ("rbm", "dropout-ae", "denoising-ae")
 @click.option("--seed", type=int, default=0)
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32")
 @click.option("--device", default="auto", help="auto, cpu, gpu or gpu:N.")
+@click.option("--step", default="auto",
+              help="Training step: dense, sparse (only layer 1's X W1 dense; k-sparse layers, no dropout, CPU), or "
+                   "auto (sparse where it applies, else dense). Allowed with --resume.")
+@click.option("--threads", type=int, default=None,
+              help="Threads on the CPU, for BLAS and the CPU kernels. [default: one per free core; on --resume, "
+                   "the run's]")
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None,
               help="[default: runs/finetune-<dataset>-<time>]")
 @click.option("--checkpoint-every", type=int, default=10, help="Write a checkpoint every N epochs (and at the end).")
@@ -74,11 +86,12 @@ BASELINES = ("rbm", "dropout-ae", "denoising-ae")
 @click.pass_context
 @report_errors
 def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, lr_end, momentum, batch_size, sigma,
-                     no_pretraining, baseline, pretrain_epochs, hidden, k, seed, dtype, device, run_dir,
+                     no_pretraining, baseline, pretrain_epochs, hidden, k, seed, dtype, device, step, threads, run_dir,
                      checkpoint_every, resume, data_dir, quiet, **data_given):
     """Fine-tune a softmax network initialised from PRETRAINED_RUN_DIR [PRETRAINED_RUN_DIR_2] (ksae-train runs)."""
     from ksae_cupy.supervised import finetune
     from ksae_cupy.backend import resolve_device
+    from ksae_cupy.cli.threads import set_blas_threads
     from ksae_cupy.datasets import load_dataset
     from ksae_cupy.datasets.user_files import DataSpec
     from ksae_cupy.supervised.checkpoint import load_finetune_checkpoint
@@ -87,6 +100,8 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
     say = (lambda *a, **kw: None) if quiet else click.echo
     if checkpoint_every <= 0:
         raise KsaeError(f"--checkpoint-every {checkpoint_every} is not allowed; use a positive number of epochs")
+    if step not in finetune.STEPS:
+        raise KsaeError(f"--step {step!r} is not allowed; use one of {', '.join(finetune.STEPS)}")
     backend = resolve_device(device)
     if resume is not None:
         if pretrained:
@@ -100,7 +115,15 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
         folder.lock(log=lambda msg: say(msg, err=True))  # one writer: held until the command ends
         ctx.call_on_close(folder.release)
         resolved = folder.read_config()
-        trainer = finetune.FinetuneTrainer.from_state(load_finetune_checkpoint(folder.checkpoint), backend)
+        state = load_finetune_checkpoint(folder.checkpoint)
+        if ctx.get_parameter_source("step") == click.core.ParameterSource.COMMANDLINE:
+            state["config"]["step"] = step  # the same math: allowed on a run in progress
+        if ctx.get_parameter_source("threads") != click.core.ParameterSource.COMMANDLINE:
+            threads = resolved.get("threads")  # the run's count (runs started before --threads recorded none)
+        threads_line, resolved["threads"] = set_blas_threads(threads)
+        trainer = finetune.FinetuneTrainer.from_state(state, backend)
+        resolved["finetune"] = trainer.config.to_dict()
+        folder.write_config(resolved)
         dataset = resolved["dataset"]
         spec = DataSpec.from_record(dataset, resolved.get("data"))
     else:
@@ -116,6 +139,10 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
                             "or --baseline")
         if pretrain_epochs <= 0:
             raise KsaeError(f"--pretrain-epochs {pretrain_epochs} is not allowed; use a positive number of epochs")
+        if baseline and step == "sparse":  # said before the pretraining, not after it
+            raise KsaeError(f"--step sparse needs k-sparse layers without dropout; --baseline {baseline} gives "
+                            f"sigmoid layers; use --step dense or auto")
+        threads_line, threads_used = set_blas_threads(threads)  # before pretraining, which runs here too
         encoders, ks, sources = [], [], []
         for path in pretrained:
             from ksae_cupy.supervised.pretrain import encoder_of, load_pretrained_run
@@ -175,19 +202,23 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
             network = {}
         config = finetune.FinetuneConfig(kept=kept, phases=phase_list, epochs=epochs, batch_size=batch_size,
                                          lr_start=lr_start, lr_end=lr_end, momentum=momentum, sigma=sigma,
-                                         seed=seed, dtype=dtype, **network)
+                                         seed=seed, dtype=dtype, step=step, **network)
         config.validate(n_train=len(data.X_train), hidden=sizes)
         trainer = finetune.FinetuneTrainer(config, backend, host_params, rng)
         resolved = {"dataset": spec.data, "data": spec.record(), "device": backend.name, "alpha": alpha,
                     "pretrained": sources,
                     "no_pretraining": bool(no_pretraining), "baseline": baseline,
                     "pretrain_epochs": pretrain_epochs if baseline else None, "finetune": config.to_dict(),
-                    "checkpoint_every": checkpoint_every, "run_dir": str(folder.path)}
+                    "checkpoint_every": checkpoint_every, "run_dir": str(folder.path),
+                    # kept on --resume: BLAS products differ in their last bits on another thread count
+                    "threads": threads_used}
         ctx.call_on_close(folder.release)
         folder.create(log=lambda msg: say(msg, err=True), new=True)
         folder.write_config(resolved)
 
     say(backend.description)
+    say(threads_line)
+    say(f"step: {trainer.step_kind} (--step {trainer.config.step})")
     if resume is not None:
         data = load_dataset(spec, root=data_dir, log=lambda msg: say(msg, err=True))
     say(data.summary())

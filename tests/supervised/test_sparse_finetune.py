@@ -222,3 +222,48 @@ def test_configs_without_a_step_load_as_auto():
     loaded = finetune.FinetuneConfig.from_dict(old)
     assert loaded.step == "auto"
     assert finetune.FinetuneConfig.from_dict(loaded.to_dict()) == loaded
+
+
+# -- ksae-finetune --step, --threads --------------------------------------------------------------
+
+QUICK = ["--no-pretraining", "--hidden", "16", "--k", "3", "--dataset", "synthetic", "--epochs", "1",
+         "--batch-size", "500", "--device", "cpu", "--lr-start", "0.1", "--lr-end", "0.01"]
+
+
+def finetune_cli(args):
+    from click.testing import CliRunner
+
+    from ksae_cupy.cli.finetune import finetune_command
+
+    return CliRunner().invoke(finetune_command, [str(a) for a in args], catch_exceptions=False)
+
+
+def test_cli_step_and_threads_are_recorded_and_may_change_on_resume(tmp_path):
+    from ksae_cupy.training.runs import RunFolder
+
+    out = tmp_path / "ft"
+    result = finetune_cli([*QUICK, "--step", "sparse", "--threads", "1", "--run-dir", out])
+    assert result.exit_code == 0, result.output
+    assert "step: sparse (--step sparse)" in result.output
+    config = RunFolder(out).read_config()
+    assert config["finetune"]["step"] == "sparse" and config["threads"] == 1
+    result = finetune_cli(["--resume", out, "--device", "cpu", "--step", "dense"])
+    assert result.exit_code == 0, result.output
+    assert "step: dense (--step dense)" in result.output
+    config = RunFolder(out).read_config()
+    assert config["finetune"]["step"] == "dense" and config["threads"] == 1  # the run's count, kept
+    cpu_kernels.set_threads(None)
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["--step", "fast"], ["--step 'fast' is not allowed", "dense, sparse, auto"]),
+    (["--step", "sparse", "--baseline", "dropout-ae"], ["--step sparse needs k-sparse layers", "--baseline dropout-ae"]),
+    (["--threads", "0"], ["--threads 0 is not allowed"]),
+])
+def test_cli_bad_step_or_threads_is_one_line(tmp_path, args, fragments):
+    from clicheck import assert_one_line_error
+
+    quick = [a for a in QUICK if a != "--no-pretraining"] if "--baseline" in args else QUICK
+    result = finetune_cli([*quick, "--run-dir", tmp_path / "ft", *args])
+    assert_one_line_error(result, *fragments, status=2)
+    assert not (tmp_path / "ft" / "checkpoint.h5").exists()
