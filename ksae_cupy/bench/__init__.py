@@ -1,9 +1,9 @@
 """Benchmarks: each validates against the NumPy reference before it times, and records device,
 versions, commit and date with every figure (``metadata.py``).
 
-``train_cpu.py`` (a training step against its matrix products), ``gpu.py`` (top-k kernels and a
-GPU epoch against CuPy and PyTorch), ``distributed.py`` (a data-parallel step, all-reduce and
-sharded top-k traffic).
+``train_cpu.py`` (a training step against its matrix products), ``finetune_cpu.py`` (the dense
+and the sparse fine-tuning step), ``gpu.py`` (top-k kernels and a GPU epoch against CuPy and
+PyTorch), ``distributed.py`` (a data-parallel step, all-reduce and sharded top-k traffic).
 
 May import: everything but :mod:`ksae_cupy.cli`.
 """
