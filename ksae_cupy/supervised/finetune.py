@@ -290,12 +290,6 @@ class FinetuneConfig:
         if self.topk not in TOPK_METHODS:
             raise KsaeError(f"--topk {self.topk!r} is not allowed; use one of {', '.join(TOPK_METHODS)}")
         check_dtype("--dtype", self.dtype)
-        if self.step not in STEPS:
-            raise KsaeError(f"--step {self.step!r} is not allowed; use one of {', '.join(STEPS)}")
-        if self.step == "sparse" and not self.sparse_step_applies():
-            raise KsaeError(f"--step sparse needs every hidden layer ksparse and no dropout (here: activations "
-                            f"{self.activations}, input dropout {self.input_dropout}, hidden dropout "
-                            f"{self.hidden_dropout}); use --step dense or auto")
         if len(self.activations) != len(self.kept):
             raise KsaeError(f"activations {self.activations} name {len(self.activations)} layers but kept "
                             f"{self.kept} has {len(self.kept)}; give one activation per hidden layer")
@@ -311,6 +305,12 @@ class FinetuneConfig:
                                             or (H is not None and k > H)):
                 raise KsaeError(f"alpha*k = {k} units kept in layer {l} is not allowed; use an integer "
                                 f"1 <= alpha*k <= {H}")
+        if self.step not in STEPS:
+            raise KsaeError(f"--step {self.step!r} is not allowed; use one of {', '.join(STEPS)}")
+        if self.step == "sparse" and not self.sparse_step_applies():
+            raise KsaeError(f"--step sparse needs every hidden layer ksparse and no dropout (here: activations "
+                            f"{self.activations}, input dropout {self.input_dropout}, hidden dropout "
+                            f"{self.hidden_dropout}); use --step dense or auto")
 
     def sparse_step_applies(self) -> bool:
         """Whether the net is one the sparse step computes: every hidden layer ksparse, no dropout."""
@@ -353,6 +353,9 @@ class FinetuneTrainer:
     Resumable to the bit on the CPU: the batch order and the dropout masks come from one
     NumPy generator whose state (and, mid-epoch, the epoch's order) is saved by
     :meth:`state` and restored by :meth:`from_state`.
+
+    Each batch takes the step :attr:`step_kind` ("dense" or "sparse", ``config.step`` resolved
+    for this net and backend); for the sparse one ``W1_dh`` is kept in Fortran order.
     """
 
     def __init__(self, config: FinetuneConfig, backend: Backend, host_params: dict, rng: np.random.Generator):

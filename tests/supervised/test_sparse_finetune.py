@@ -216,6 +216,20 @@ def test_bad_step_options_are_one_line_errors(changes, fragments):
         assert fragment in str(info.value), (fragment, str(info.value))
 
 
+def test_a_checkpoint_written_before_the_step_existed_resumes_with_the_sparse_step():
+    trainer = make_trainer("dense", phases=["all"])
+    trainer.run_epoch(X_tr, y_tr)
+    state = trainer.state()
+    del state["config"]["step"]
+    resumed = finetune.FinetuneTrainer.from_state(state, CPU)
+    assert resumed.config.step == "auto" and resumed.step_kind == "sparse"
+    assert resumed.params["W1_dh"].flags.f_contiguous and resumed.optimizer.velocities["W1_dh"].flags.f_contiguous
+    for name, value in state["velocities"].items():
+        np.testing.assert_array_equal(resumed.optimizer.velocities[name], value)
+    resumed.fit(X_tr, y_tr)
+    assert resumed.finished
+
+
 def test_configs_without_a_step_load_as_auto():
     old = {"kept": [75], "phases": ["all"], "epochs": 200, "batch_size": 128, "lr_start": 1.0, "lr_end": 0.001,
            "momentum": 0.25, "sigma": 0.01, "topk": "sort", "seed": 0, "dtype": "float32"}
