@@ -79,6 +79,8 @@ BASELINES = ("rbm", "dropout-ae", "denoising-ae")
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None,
               help="[default: runs/finetune-<dataset>-<time>]")
 @click.option("--checkpoint-every", type=int, default=10, help="Write a checkpoint every N epochs (and at the end).")
+@click.option("--checkpoint-minutes", type=float, default=5.0,
+              help="Also write one whenever this many minutes have passed (mid-epoch if need be; 0: by epochs only).")
 @click.option("--resume", type=click.Path(path_type=Path), default=None, help="Continue the fine-tuning run in this folder.")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Data root.")
 @click.option("--quiet", is_flag=True)
@@ -87,7 +89,7 @@ BASELINES = ("rbm", "dropout-ae", "denoising-ae")
 @report_errors
 def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, lr_end, momentum, batch_size, sigma,
                      no_pretraining, baseline, pretrain_epochs, hidden, k, seed, dtype, device, step, threads, run_dir,
-                     checkpoint_every, resume, data_dir, quiet, **data_given):
+                     checkpoint_every, checkpoint_minutes, resume, data_dir, quiet, **data_given):
     """Fine-tune a softmax network initialised from PRETRAINED_RUN_DIR [PRETRAINED_RUN_DIR_2] (ksae-train runs)."""
     from ksae_cupy.supervised import finetune
     from ksae_cupy.backend import resolve_device
@@ -98,8 +100,9 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
     from ksae_cupy.training.runs import RunFolder
 
     say = (lambda *a, **kw: None) if quiet else click.echo
-    if checkpoint_every <= 0:
-        raise KsaeError(f"--checkpoint-every {checkpoint_every} is not allowed; use a positive number of epochs")
+    from ksae_cupy.training.checkpoint_policy import CheckpointPolicy
+
+    policy = CheckpointPolicy(checkpoint_every, checkpoint_minutes)  # checks both before any work
     if step not in finetune.STEPS:
         raise KsaeError(f"--step {step!r} is not allowed; use one of {', '.join(finetune.STEPS)}")
     backend = resolve_device(device)
@@ -209,7 +212,8 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
                     "pretrained": sources,
                     "no_pretraining": bool(no_pretraining), "baseline": baseline,
                     "pretrain_epochs": pretrain_epochs if baseline else None, "finetune": config.to_dict(),
-                    "checkpoint_every": checkpoint_every, "run_dir": str(folder.path),
+                    "checkpoint_every": checkpoint_every,
+                    "checkpoint_minutes": checkpoint_minutes, "run_dir": str(folder.path),
                     # kept on --resume: BLAS products differ in their last bits on another thread count
                     "threads": threads_used}
         ctx.call_on_close(folder.release)
@@ -228,17 +232,27 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
     X_valid, y_valid = (backend.asarray(a, dtype=t) for a, t in ((data.X_valid, trainer.dtype), (data.y_valid, np.int64)))
     save = _saver(folder, trainer)
 
+    pace = PhasePace(trainer.config.phases, trainer.config.epochs)
+
     def on_epoch(report):
         folder.append_metrics(report)
+        pace.add(report)
+        eta = pace.eta(trainer)
         say(f"phase {report.phase} epoch {report.epoch}/{trainer.config.epochs}  lr {report.lr:.4g}  "
-            f"loss {report.train_loss:.4f}  valid error {100 * report.valid_error:.2f}%  {report.seconds:.1f} s")
-        if report.epoch % checkpoint_every == 0:
+            f"loss {report.train_loss:.4f}  valid error {100 * report.valid_error:.2f}%  {report.seconds:.1f} s"
+            + (f"  ETA {eta}" if eta else ""))
+        if policy.after_epoch(report.epoch):
+            save()
+
+    def on_batch(done, total):
+        if policy.after_batch(done, total):
             save()
 
     stop = StopOnSignals(SimpleNamespace(trainer_=trainer), say)
     started = time.perf_counter()
     try:
-        trainer.fit(X_train, y_train, X_valid, y_valid, on_epoch=on_epoch)
+        policy.last = policy.clock()  # the minutes count from the first step, not from loading
+        trainer.fit(X_train, y_train, X_valid, y_valid, on_epoch=on_epoch, on_batch=on_batch)
     finally:
         stop.restore()
     save()
@@ -260,6 +274,37 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
     os.replace(tmp, folder.path / RESULTS)
     test = f", test error {100 * results['test_error']:.2f}%" if results["test_error"] is not None else ""
     click.echo(f"done: valid error {100 * results['valid_error']:.2f}%{test}; results {folder.path / RESULTS}")
+
+
+class PhasePace:
+    """The time a fine-tuning run still needs, from this session's epochs.
+
+    Phases cost differently (``softmax`` trains only the top layer, ``all`` every layer), so each
+    phase is timed on its own; a phase not yet seen in this session is not guessed at: the ETA
+    then covers the current phase and says how many phases follow it.
+    """
+
+    def __init__(self, phases: list[str], epochs: int):
+        self.phases, self.epochs = list(phases), epochs
+        self.seconds: dict[str, float] = {}
+        self.count: dict[str, int] = {}
+
+    def add(self, report) -> None:
+        self.seconds[report.phase] = self.seconds.get(report.phase, 0.0) + report.seconds
+        self.count[report.phase] = self.count.get(report.phase, 0) + 1
+
+    def eta(self, trainer) -> str:
+        """``3m 05s``, ``3m 05s for this phase, then 2 more phases``, or '' when nothing is timed yet."""
+        from ksae_cupy.cli.progress import format_duration
+
+        phase = None if trainer.finished else trainer.phase
+        if phase not in self.count:
+            return ""
+        left = (self.epochs - trainer.epoch) * self.seconds[phase] / self.count[phase]
+        later = len(self.phases) - trainer.phase_index - 1  # phases come in order: none of them timed yet
+        if later:
+            return f"{format_duration(left)} for this phase, then {later} more phase{'s' * (later > 1)}"
+        return format_duration(left)
 
 
 def _saver(folder, trainer):

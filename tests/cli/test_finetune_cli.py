@@ -1,5 +1,10 @@
 """ksae-finetune: a tiny end-to-end run on the synthetic dataset, resume, and every bad input."""
 import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +16,9 @@ from ksae_cupy.training.estimator import KSparseAutoencoder
 from ksae_cupy.training.runs import RunFolder
 from clicheck import assert_one_line_error
 
+FINETUNE = [sys.executable, "-c", "from ksae_cupy.cli.finetune import finetune_command; finetune_command()"]
+ENV = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), PYTHONUNBUFFERED="1",
+           OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
 QUICK = ["--epochs", "1", "--batch-size", "500", "--device", "cpu", "--lr-start", "0.1", "--lr-end", "0.01"]
 
 
@@ -60,6 +68,68 @@ def test_no_pretraining_run(tmp_path):
     assert json.loads((out / "finetune.json").read_text())["kept"] == [9]
 
 
+def test_epoch_lines_carry_an_eta_per_phase_until_the_run_is_done(runs, tmp_path):
+    out = tmp_path / "ft"
+    result = invoke([runs["a"], runs["b"], "--alpha", "2", "--run-dir", out, *QUICK, "--epochs", "2"], expect=0)
+    lines = [line for line in result.output.splitlines() if line.startswith("phase ")]
+    assert [line.split()[1] + " " + line.split()[3] for line in lines] == [
+        "softmax 1/2", "softmax 2/2", "top 1/2", "top 2/2", "all 1/2", "all 2/2"]
+    assert "for this phase, then 2 more phases" in lines[0]  # later phases are not guessed at
+    assert "for this phase, then 1 more phase" in lines[2] and "then" not in lines[4]
+    assert "  ETA " in lines[4] and "ETA" not in lines[-1]
+
+
+def test_phase_pace_weighs_each_phase_by_its_own_epochs():
+    from types import SimpleNamespace
+
+    from ksae_cupy.cli.finetune import PhasePace
+
+    pace = PhasePace(["softmax", "top", "all"], epochs=10)
+    trainer = SimpleNamespace(finished=False, phase="all", phase_index=2, epoch=4)
+    assert pace.eta(trainer) == ""  # nothing timed in this phase yet
+    pace.add(SimpleNamespace(phase="softmax", seconds=1.0))
+    for seconds in (5.0, 7.0):
+        pace.add(SimpleNamespace(phase="all", seconds=seconds))
+    assert pace.eta(trainer) == "36s"  # 6 epochs left at 6 s, the softmax phase's pace not mixed in
+    assert pace.eta(SimpleNamespace(finished=True, phase_index=3, epoch=0)) == ""
+
+
+def test_kill_9_then_resume_ends_where_an_uninterrupted_run_does(runs, tmp_path):
+    """A deep run checkpointing after every batch (--checkpoint-minutes 1e-9) is killed with SIGKILL
+    (no handler runs) as soon as it logs its second epoch; --resume ends with the very parameters of
+    the run that was never interrupted. The kill waits for the epoch line, not a clock; 3 x 150
+    epochs leave the run far from its end when the line arrives."""
+    from ksae_cupy.supervised.checkpoint import load_finetune_checkpoint
+
+    common = [str(runs["a"]), str(runs["b"]), "--alpha", "2", "--epochs", "150", "--batch-size", "100",
+              "--device", "cpu", "--lr-start", "0.1", "--lr-end", "0.01", "--threads", "1", "--quiet"]
+    whole = subprocess.run(FINETUNE + common + ["--run-dir", str(tmp_path / "whole")], capture_output=True,
+                           text=True, env=ENV, timeout=600)
+    assert whole.returncode == 0, whole.stderr
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(FINETUNE + [a for a in common if a != "--quiet"] + [
+        "--run-dir", str(killed), "--checkpoint-minutes", "1e-9"], stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True, env=ENV)
+    for line in proc.stdout:
+        if line.startswith("phase softmax epoch 2/"):
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.communicate(timeout=600)
+    assert proc.returncode == -signal.SIGKILL, f"the run ended with status {proc.returncode} before the kill"
+    state = load_finetune_checkpoint(killed / "checkpoint.h5")
+    assert (state["phase_index"], state["epoch"]) < (2, 150)
+    resumed = subprocess.run(FINETUNE + ["--resume", str(killed), "--device", "cpu", "--quiet"], capture_output=True,
+                             text=True, env=ENV, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    expected = load_finetune_checkpoint(tmp_path / "whole" / "checkpoint.h5")["params"]
+    got = load_finetune_checkpoint(killed / "checkpoint.h5")["params"]
+    assert sorted(got) == sorted(expected)
+    for name, value in expected.items():
+        assert got[name].tobytes() == value.tobytes(), name
+    assert (json.loads((killed / "finetune.json").read_text())["test_error"]
+            == json.loads((tmp_path / "whole" / "finetune.json").read_text())["test_error"])
+
+
 @pytest.mark.parametrize("baseline,hidden,regularisation", [
     ("denoising-ae", "16", {"input_dropout": 0.2, "hidden_dropout": 0.0}),
     ("dropout-ae", "16,8", {"input_dropout": 0.0, "hidden_dropout": 0.5}),
@@ -96,6 +166,7 @@ def test_baseline_pretrained_here_then_fine_tuned_with_its_dropout(tmp_path, bas
     ("baseline_and_run", ["--baseline rbm contradicts the PRETRAINED_RUN_DIR"]),
     ("baseline_and_random", ["--baseline rbm contradicts --no-pretraining"]),
     ("baseline_epochs", ["--pretrain-epochs 0", "positive"]),
+    ("checkpoint_minutes", ["--checkpoint-minutes -1", "minutes >= 0"]),
     ("rbm_on_signed_data", ["the RBM's input holds values in", "only values in [0, 1]"]),
 ])
 def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, case, fragments):
@@ -120,6 +191,7 @@ def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, case, fragments):
         "baseline_and_run": [a, "--baseline", "rbm"],
         "baseline_and_random": ["--no-pretraining", "--baseline", "rbm", "--dataset", "synthetic"],
         "baseline_epochs": ["--baseline", "rbm", "--pretrain-epochs", "0", "--dataset", "synthetic"],
+        "checkpoint_minutes": [a, "--checkpoint-minutes", "-1"],
         "rbm_on_signed_data": ["--baseline", "rbm", "--hidden", "8", "--pretrain-epochs", "1", "--dataset",
                                "synthetic"],
     }[case]
