@@ -14,12 +14,14 @@ Layout (``format = "ksae-cupy checkpoint"``, ``format_version = 2``):
 Loading checks the format version, every checksum, the presence, shapes and dtypes of the
 arrays, and fails with one line naming what differs. Version 1 files (before checksums)
 load with a one-line note. A crash never leaves half a checkpoint under the real name: the
-file is written as ``<name>.tmp``, flushed, reopened to verify, renamed.
+file is built in memory, written as ``<name>.tmp``, reopened to verify, renamed.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,29 +54,60 @@ class Checkpoint:
 def write_hdf5_atomically(path: Path, write_fn, verify_fn) -> None:
     """Write an HDF5 file so that ``path`` only ever holds a complete, verified file.
 
-    ``write_fn(f)`` fills the open ``h5py.File`` ``<name>.tmp``; ``verify_fn(tmp_path)``
-    reopens and checks it (raising on damage); only then is it renamed to ``path``. A crash
-    or a failed check leaves the previous file at ``path`` untouched; a failed write
-    (``OSError``, e.g. a full disk) removes the temporary file and is one :class:`KsaeError`.
+    ``write_fn(f)`` fills an open ``h5py.File``, built in memory and then written to
+    ``<name>.tmp`` by plain file I/O; ``verify_fn(tmp_path)`` reopens and checks it (raising on
+    damage); only then is it renamed to ``path``. A crash or a failed check leaves the previous
+    file at ``path`` untouched; a failed write (``OSError``, e.g. a full disk) removes the
+    temporary file and is one :class:`KsaeError`.
+
+    Why in memory: HDF5 writing straight to a full disk fails in its cache and then crashes the
+    interpreter on closing the file (a segmentation fault after pages of "Exception ignored"
+    tracebacks, h5py 3.16 / HDF5 2.0); a plain ``write`` fails with ``ENOSPC``, one clean error.
+    The cost is one copy of the checkpoint in host memory while it is written.
     """
     import h5py
 
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
-        with h5py.File(tmp, "w") as f:
-            write_fn(f)
-            checksums.seal(f)
-            f.flush()
+        image = io.BytesIO()
+        try:
+            with h5py.File(image, "w") as f:
+                write_fn(f)
+                checksums.seal(f)
+        except RuntimeError as exc:  # h5py's errors on closing a file whose write failed hide why it failed
+            raise _write_failure(exc) from None
+        with open(tmp, "wb") as out:
+            out.write(image.getbuffer())
+        del image
         verify_fn(tmp)  # verify what was written before it takes the real name
         os.replace(tmp, path)
     except OSError as exc:  # a full disk, a lost mount: stop with one line, keep the previous file
         tmp.unlink(missing_ok=True)
         kept = f"the previous {path.name} is intact" if path.exists() else f"no {path.name} was written"
-        # HDF5's messages run over several lines, the reason ("No space left on device") in the middle.
-        reason = one_line(exc.strerror or exc) or type(exc).__name__
+        reason = _failure_reason(_write_failure(exc))
         raise KsaeError(f"could not write {path} ({reason}); {kept}; free space or fix the folder, "
                         f"then continue the run with --resume") from None
+
+
+def _write_failure(exc: BaseException) -> OSError:
+    """The first failure behind ``exc``, as an ``OSError``: h5py's errors raised while handling
+    an earlier one (``RuntimeError`` or ``OSError``) are followed back to the earliest."""
+    first = exc
+    while isinstance(first.__context__, (OSError, RuntimeError)):
+        first = first.__context__
+    return first if isinstance(first, OSError) else OSError(str(first) or type(first).__name__)
+
+
+def _failure_reason(exc: OSError) -> str:
+    """One short line saying why a write failed. HDF5's messages run over several lines and bury
+    the reason (``error message = 'No space left on device'``) among times, descriptors and
+    buffer addresses: that reason comes first, then what HDF5 was doing."""
+    text = one_line(exc.strerror or exc) or type(exc).__name__
+    found = re.search(r"error message = '([^']*)'", text)
+    if found:
+        return f"{found.group(1)}; HDF5: {text.split(' (', 1)[0]}"
+    return text
 
 
 def read_hdf5_checked(path: Path, what: str, fmt: str, version: int, read_fn, unsealed_versions=()):

@@ -4,12 +4,14 @@ temporary file such a kill can leave behind."""
 import errno
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 import ksae_cupy.training.checkpoint as checkpoint
@@ -19,6 +21,9 @@ from ksae_cupy.training.checkpoint import load_checkpoint
 from clicheck import assert_one_line_error
 
 QUICK = ["--hidden", "16", "--k", "2", "--k-start", "4", "--batch-size", "10", "--device", "cpu"]
+TRAIN = [sys.executable, "-c", "from ksae_cupy.cli.train import train_command; train_command()"]
+# Bit-identity on the CPU needs the same BLAS thread count in every run (sums are ordered by it).
+ONE_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 
 
 def _data(tmp_path, n=200):
@@ -54,6 +59,76 @@ def test_full_disk_during_a_checkpoint_keeps_the_previous_one_and_stops_in_one_l
     assert not (run_dir / "checkpoint.h5.tmp").exists()
 
 
+def test_a_full_disk_under_the_checkpoint_file_itself_is_one_line(tmp_path, monkeypatch):
+    """The disk fills while the checkpoint's bytes go to ``checkpoint.h5.tmp`` (the HDF5 file is built
+    in memory, then written by plain I/O): one line with the reason, the previous checkpoint kept."""
+    import builtins
+
+    real_open, writes = builtins.open, []
+
+    class FillsUp:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, data):
+            self.f.write(bytes(data[:100]))
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def open_that_fills_on_the_second_checkpoint(path, mode="r", *args, **kwargs):
+        f = real_open(path, mode, *args, **kwargs)
+        if str(path).endswith("checkpoint.h5.tmp") and "w" in mode:
+            writes.append(path)
+            if len(writes) >= 2:
+                return FillsUp(f)
+        return f
+
+    monkeypatch.setattr(checkpoint, "open", open_that_fills_on_the_second_checkpoint, raising=False)
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(train_command, [str(_data(tmp_path)), *QUICK, "--epochs", "3",
+                                                "--checkpoint-every", "1", "--run-dir", str(run_dir)])
+    assert_one_line_error(result, f"could not write {run_dir / 'checkpoint.h5'} (No space left on device)",
+                          "previous checkpoint.h5 is intact", status=2)
+    assert load_checkpoint(run_dir / "checkpoint.h5").epoch == 1
+    assert not (run_dir / "checkpoint.h5.tmp").exists()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 32 KiB tmpfs (room for one small checkpoint, not two): needs root and permission to mount."""
+    if sys.platform != "linux" or os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a small tmpfs needs root on Linux")
+    place = tmp_path / "small"
+    place.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32k", "tmpfs", str(place)], capture_output=True).returncode:
+        pytest.skip("not allowed to mount a tmpfs here")
+    try:
+        yield place
+    finally:
+        subprocess.run(["umount", "-l", str(place)], capture_output=True)
+
+
+def test_a_real_full_disk_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, small_disk):
+    """On a real full disk HDF5 writing its file directly failed in its cache, then h5py's close
+    raised (a RuntimeError traceback) or the interpreter crashed (segmentation fault, status 139)."""
+    run_dir = small_disk / "run"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), **ONE_THREAD)
+    proc = subprocess.run(TRAIN + [str(_data(tmp_path)), *QUICK, "--epochs", "5", "--checkpoint-every", "1",
+                                   "--run-dir", str(run_dir), "--quiet"], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [f"error: could not write {run_dir / 'checkpoint.h5'} (No space left on "
+                                        f"device); the previous checkpoint.h5 is intact; free space or fix the "
+                                        f"folder, then continue the run with --resume"], proc.stderr
+    assert 1 <= load_checkpoint(run_dir / "checkpoint.h5").epoch < 5
+    assert not (run_dir / "checkpoint.h5.tmp").exists()
+
+
 def test_a_leftover_temporary_checkpoint_is_removed_at_the_next_start(tmp_path):
     data, run_dir = _data(tmp_path), tmp_path / "run"
     first = CliRunner().invoke(train_command, [str(data), *QUICK, "--epochs", "2", "--run-dir", str(run_dir)])
@@ -68,9 +143,6 @@ def test_a_leftover_temporary_checkpoint_is_removed_at_the_next_start(tmp_path):
     assert (run_dir / "checkpoint.h5").read_bytes() == kept  # a finished run resumed trains nothing
 
 
-TRAIN = [sys.executable, "-c", "from ksae_cupy.cli.train import train_command; train_command()"]
-# Bit-identity on the CPU needs the same BLAS thread count in every run (sums are ordered by it).
-ONE_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 KILL_EPOCHS = 60
 
 
