@@ -176,7 +176,15 @@ class Trainer:
         (then :attr:`batch_in_epoch` and :attr:`epoch_perm` say where it stands).
         The distributed trainers reuse this loop and override only :meth:`_batch_gradients`
         (where they communicate) and :meth:`_dead_fraction`.
+
+        NumPy's overflow and invalid-value warnings are off here: a diverging run would print
+        pages of them before its one line, and every one of them is caught anyway, since a
+        non-finite loss or parameter stops the run as diverged (:class:`TrainingDiverged`).
         """
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            return self._run_epoch(X_train_nd, X_valid_nd, on_batch)
+
+    def _run_epoch(self, X_train_nd, X_valid_nd, on_batch) -> EpochReport | None:
         cfg, xp = self.config, self.backend.xp
         clock = time.perf_counter
         parts = dict.fromkeys(("shuffle", "batches", "steps", "updates", "validation"), 0.0)
