@@ -7,13 +7,17 @@ See :mod:`ksae_cupy.parallel.sweep` for what one grid point does.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
+import signal
+import sys
 from pathlib import Path
 
 import click
 
-from ksae_cupy.cli.common import report_errors
+from ksae_cupy.cli.common import STOP_SIGNALS, report_errors
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.parallel.sweep import check_specs, grid, run_sweep, write_results
+from ksae_cupy.parallel.sweep import check_data, check_specs, grid, run_sweep, write_results
 from ksae_cupy.paths import check_writable_folder
 
 
@@ -62,10 +66,48 @@ def sweep_command(dataset, ks, alphas, hiddens, seeds, epochs, batch_size, lr, n
                  _ints(epochs, "epochs"), base)
     check_specs(specs)  # here, in one line, not on a worker after a remote traceback
     check_writable_folder(out, "--out")  # before the trainings, not after them
-    rows = run_sweep(specs, dataset, scheduler=scheduler, workers=workers, data_dir=data_dir, log=click.echo)
+    if scheduler is None:  # the LocalCluster's workers read the files this process sees
+        check_data(specs, dataset, data_dir)
+    with stopped_by_signals() as received:
+        try:
+            rows = run_sweep(specs, dataset, scheduler=scheduler, workers=workers, data_dir=data_dir, log=click.echo)
+        except KeyboardInterrupt:
+            name = STOP_SIGNALS[signal.Signals(received[0]).name]
+            click.echo(f"{name}: the sweep stopped; nothing was written to {out} (a sweep keeps no checkpoints: "
+                       f"run it again to redo its trainings)", err=True)
+            sys.exit(128 + received[0])
     json_path, md_path = write_results(rows, out)
     click.echo(md_path.read_text())
     click.echo(f"results: {json_path} {md_path}")
+
+
+@contextlib.contextmanager
+def stopped_by_signals():
+    """Ctrl-C, SIGTERM and SIGHUP stop the sweep alike: a ``KeyboardInterrupt`` in the main thread,
+    so that the cluster is closed on the way out, with the logs of Dask's client and of asyncio
+    silenced first (the client's cancelled waits would each print a traceback as the cluster
+    closes). Yields a one-item list: the signal received."""
+    received = [signal.SIGINT]
+
+    def stop(signum, frame):
+        received[0] = signum
+        for logger in ("asyncio", "distributed"):
+            logging.getLogger(logger).setLevel(logging.CRITICAL)
+        raise KeyboardInterrupt
+
+    previous = {}
+    for name in STOP_SIGNALS:
+        number = getattr(signal, name, None)
+        if number is not None:
+            try:
+                previous[number] = signal.signal(number, stop)
+            except ValueError:  # not the main thread (a test runner's worker)
+                break
+    try:
+        yield received
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def main(argv=None):

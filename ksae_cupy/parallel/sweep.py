@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -50,14 +51,29 @@ def _config_of(spec: dict):
 
 def check_specs(specs: list[dict]) -> None:
     """Every grid point's options and alphas, checked before anything is submitted: one line
-    naming the first bad one (the data's size is checked on the worker that loads it)."""
+    naming the first bad one (the data's size is checked by :func:`check_data`, or on the
+    worker that loads it)."""
     from ksae_cupy import model
+    from ksae_cupy.training.options import check_seed
 
     for spec in specs:
+        check_seed("--seeds", spec["seed"])
         config = _config_of(spec)
         config.validate()
         for alpha in spec["alphas"]:
             model.alpha_k(config.k, alpha, config.hidden)
+
+
+def check_data(specs: list[dict], dataset: str, data_dir: str | None = None) -> None:
+    """Load the data here, as every worker will, and check every grid point's batch against its
+    training set: a missing or unreadable file, integer or non-finite data, a batch larger than
+    the training set are one line before a cluster starts, not a worker's logged traceback.
+    For workers on this machine (the LocalCluster); a remote cluster may see other files."""
+    from ksae_cupy.datasets import load_dataset
+
+    data = load_dataset(dataset, root=data_dir, log=lambda msg: None)
+    for spec in specs:
+        _config_of(spec).validate(n_train=len(data.X_train))
 
 
 def run_one(spec: dict, dataset: str, data_dir: str | None = None) -> list[dict]:
@@ -106,8 +122,13 @@ def run_sweep(specs: list[dict], dataset: str, *, scheduler: str | None = None, 
     if scheduler is None:
         # Processes, one thread each: NumPy releases the GIL only partly, and BLAS must not
         # start a thread pool per worker on a shared machine.
+        # silence_logs: a training that fails on a worker (e.g. diverges) comes back to the client, which
+        # prints it as one line; the worker's own log of it (a formatted remote traceback) would come first.
+        # The scheduler's HTTP routes (no dashboard) on a free port: on its default 8787 a second sweep on
+        # the machine would print a three-line warning that the port is taken.
         cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
-                               env=dict(SINGLE_THREAD_ENV))
+                               scheduler_kwargs={"dashboard_address": ":0"}, env=dict(SINGLE_THREAD_ENV),
+                               silence_logs=logging.CRITICAL)
         client = Client(cluster)
     else:
         client = _connect(Client, scheduler)

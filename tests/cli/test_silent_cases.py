@@ -1,7 +1,12 @@
 """Issue 24's silently-wrong and noisy cases outside ksae-train's run folder, through the real
 commands: each is one ``error:`` line, checked before any work, exit status 2."""
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -105,3 +110,67 @@ def test_an_hdf5_error_running_over_lines_keeps_its_reason_on_one_line(tmp_path)
     text = str(info.value)
     assert "\n" not in text and "No space left on device" in text and "--resume" in text
     assert not (tmp_path / "c.h5.tmp").exists()
+
+
+# -- found by the independent retry of issue 24 -----------------------------------------------------
+
+def _file_data(tmp_path):
+    np.save(tmp_path / "x.npy", make_sparse_signals(60, D=8, H=16, k=2, seed=0)[0])
+    np.save(tmp_path / "x8.npy", (make_sparse_signals(60, D=8, H=16, k=2, seed=0)[0] * 10).astype(np.int8))
+    return tmp_path
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["{x}", "--seeds", "-1"], ["--seeds -1 is not allowed", "from 0 to 4294967295"]),
+    (["{x}", "--batch-size", "500"], ["--batch-size 500 is not allowed", "at most the 54 training examples"]),
+    (["{missing}"], ["data file", "missing.npy does not exist"]),
+    (["{x8}"], ["holds integers (dtype int8", "X / 255 for 8-bit pixels"]),
+])
+def test_sweep_data_and_seeds_are_checked_before_a_cluster_starts(tmp_path, args, fragments):
+    """Once a worker's remote traceback, logged before the error line (a negative seed: a NumPy traceback)."""
+    root = _file_data(tmp_path)
+    args = [a.format(x=root / "x.npy", x8=root / "x8.npy", missing=root / "missing.npy") for a in args]
+    result = CliRunner().invoke(sweep_command, [args[0], "--hidden", "16", "--k", "2", "--epochs", "1", *args[1:],
+                                                "--out", str(tmp_path / "out")])
+    assert_one_line_error(result, *fragments, status=2)
+    assert "sweep:" not in result.output  # refused before a cluster was started
+    assert not (tmp_path / "out").exists()
+
+
+SWEEP_PROCESS = [sys.executable, "-c", "from ksae_cupy.cli.sweep import main; main()"]
+SWEEP_ENV = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), PYTHONUNBUFFERED="1")
+
+
+def test_a_sweep_training_that_diverges_on_its_worker_is_one_line(tmp_path):
+    """Dask's worker log ("Compute Failed" and the remote traceback) and NumPy's overflow warnings
+    once came before the line. A real process: the workers write to its stderr, not to CliRunner's."""
+    root = _file_data(tmp_path)
+    proc = subprocess.run(SWEEP_PROCESS + [str(root / "x.npy"), "--hidden", "16", "--k", "2", "--epochs", "2", "--lr",
+                                           "1e6", "--batch-size", "10", "--workers", "1", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, env=SWEEP_ENV, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: the loss became ") and "at epoch 1" in lines[0] and \
+        lines[0].endswith("with learning rate 1000000.0"), proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stopped_sweep_says_so_in_one_line_and_exits_128_plus_the_signal(tmp_path, signum):
+    """Ctrl-C once printed asyncio's "Task exception was never retrieved" traceback and click's
+    "Aborted!" (status 1); SIGTERM killed it without a word. The signal is sent once the sweep
+    says it has started its trainings (an event, not a clock); they are far from done then."""
+    root = _file_data(tmp_path)
+    proc = subprocess.Popen(SWEEP_PROCESS + [str(root / "x.npy"), "--hidden", "16", "--k", "2", "--epochs", "1000000",
+                                             "--batch-size", "10", "--workers", "1", "--out", str(tmp_path / "out")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=SWEEP_ENV)
+    for line in proc.stdout:
+        if line.startswith("sweep: 1 trainings on"):
+            proc.send_signal(signum)
+            break
+    out, err = proc.communicate(timeout=120)
+    name = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}[signum]
+    assert proc.returncode == 128 + signum, err
+    assert err.splitlines() == [f"{name}: the sweep stopped; nothing was written to {tmp_path / 'out'} (a sweep "
+                                f"keeps no checkpoints: run it again to redo its trainings)"], err
+    assert not (tmp_path / "out").exists()
