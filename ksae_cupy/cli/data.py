@@ -39,6 +39,9 @@ def data_verify(data_dir):
 
     root = data_dir or data_root()
     check_data_root(root)
+    if not Path(root).exists():  # every file "missing" and exit 0 would pass a mistyped root as verified
+        raise KsaeError(f"data root {root} does not exist: nothing to verify; give the folder that holds the "
+                        f"datasets (--data-dir or $KSAE_DATA_DIR), or fetch one there with ksae-data fetch NAME")
     rows = verify_all(root)
     bad = [row for row in rows if row[2] == "bad"]
     for dataset, filename, status, detail in rows:
@@ -57,6 +60,8 @@ def data_list(data_dir):
 
     root = data_dir or data_root()
     check_data_root(root)
+    if not Path(root).exists():
+        click.echo(f"note: data root {root} does not exist yet (ksae-data fetch NAME creates it)", err=True)
     for name, description, state in list_datasets(root):
         click.echo(f"{name:14s} {state:44s} {description}")
 

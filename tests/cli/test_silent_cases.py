@@ -174,3 +174,14 @@ def test_a_stopped_sweep_says_so_in_one_line_and_exits_128_plus_the_signal(tmp_p
     assert err.splitlines() == [f"{name}: the sweep stopped; nothing was written to {tmp_path / 'out'} (a sweep "
                                 f"keeps no checkpoints: run it again to redo its trainings)"], err
     assert not (tmp_path / "out").exists()
+
+
+def test_data_verify_refuses_a_data_root_that_does_not_exist_and_list_notes_it(tmp_path):
+    """``verify`` once listed every file as missing and exited 0: a mistyped root passed as verified."""
+    result = CliRunner().invoke(data_command, ["verify", "--data-dir", str(tmp_path / "nothere")])
+    assert_one_line_error(result, f"data root {tmp_path / 'nothere'} does not exist: nothing to verify", status=2)
+    result = CliRunner().invoke(data_command, ["list", "--data-dir", str(tmp_path / "nothere")])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == f"note: data root {tmp_path / 'nothere'} does not exist yet (ksae-data fetch NAME " \
+                            f"creates it)\n"
+    assert "mnist" in result.stdout
