@@ -3,7 +3,6 @@ encoding variants, and the side-by-side comparison with sparse coding.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
@@ -182,8 +181,10 @@ def analyze_compare(run_dir, alpha, l2_text, n_train, dict_seconds, data_dir, qu
     if dict_seconds == "none":
         seconds = None
     elif dict_seconds == "auto":
+        from ksae_cupy.training.runs import RunFolder
+
         metrics = run.path / "metrics.jsonl"
-        records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
+        records = RunFolder(run.path).read_metrics()
         seconds = float(sum(r.get("seconds", 0.0) for r in records))
         if seconds <= 0:
             raise KsaeError(f"--dict-seconds auto: {metrics} records no training time; give a number of seconds")

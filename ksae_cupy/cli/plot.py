@@ -114,8 +114,22 @@ def plot_curves(run_dir, output):
     output = output or Path(run_dir) / "curves.png"
     check_image_output(output)
     metrics = RunFolder(run_dir).read_metrics()
+    check_training_records(metrics, Path(run_dir) / "metrics.jsonl")
     last = metrics[-1] if metrics else None
     title = (f"{Path(run_dir).name}: {last['epoch']} epochs, k {metrics[0]['k']} -> {last['k']}, "
              f"valid loss {last['valid_loss']:.4f}" if last and last.get("valid_loss") is not None else "")
     width, height = save_training_curves(metrics, output, title=title)
     click.echo(f"wrote {output} ({width}x{height} pixels, {len(metrics)} epochs)")
+
+
+def check_training_records(metrics: list[dict], path: Path) -> None:
+    """Every record names its epoch, training loss and k, as ksae-train writes them; a fine-tuning
+    run's log (phases, validation errors) or an edited file is one line, not a ``KeyError``."""
+    for number, record in enumerate(metrics, 1):
+        if "phase" in record:
+            raise KsaeError(f"{path} is a ksae-finetune run's log (phases and validation errors); ksae-plot curves "
+                            f"draws the runs of ksae-train")
+        missing = [key for key in ("epoch", "train_loss", "k") if not isinstance(record.get(key), (int, float))]
+        if missing:
+            raise KsaeError(f"{path}: record {number} has no {', '.join(missing)}; it is not what ksae-train logs "
+                            f"(the file was edited or comes from elsewhere)")

@@ -19,7 +19,7 @@ import json
 import os
 from pathlib import Path
 
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import KsaeError, note
 from ksae_cupy.paths import check_writable_folder
 from ksae_cupy.training.runlock import RunLock, check_unlocked
 
@@ -123,23 +123,52 @@ class RunFolder:
 
     def truncate_metrics(self, step: int) -> int:
         """Drop the lines of epochs that ended after optimiser step ``step`` (the checkpoint's),
-        so that a resumed run logs each epoch once. Returns how many lines were dropped."""
+        so that a resumed run logs each epoch once, and a last line cut short by a kill. Returns
+        how many lines were dropped."""
         path = self.path / METRICS
         if not path.exists():
             return 0
-        lines = [line for line in path.read_text().splitlines() if line.strip()]
-        kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
-        if len(kept) != len(lines):
+        records, cut = parse_metrics(path)
+        kept = [record for record in records if record.get("step", 0) <= step]
+        if len(kept) != len(records) or cut:
             tmp = self.path / (METRICS + ".tmp")
-            tmp.write_text("".join(line + "\n" for line in kept))
+            tmp.write_text("".join(json.dumps(record) + "\n" for record in kept))
             os.replace(tmp, path)
-        return len(lines) - len(kept)
+        return len(records) - len(kept) + cut
 
     def read_metrics(self) -> list[dict]:
+        """The epochs logged so far; a last line cut short (a run killed as it wrote it) is left out, with a note."""
         path = self.path / METRICS
         if not path.exists():
             return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        records, cut = parse_metrics(path)
+        if cut:
+            note(f"{path}: its last line was cut short (the run stopped while writing it) and is left out")
+        return records
+
+
+def parse_metrics(path: Path) -> tuple[list[dict], bool]:
+    """``(records, cut)``: the JSON objects of a ``metrics.jsonl``, one per line, and whether its
+    last line was cut short. Lines are appended whole, newline last, so a last line without its
+    newline that does not parse is a write a kill interrupted: left out. Any other line that is
+    not a JSON object is damage: one line naming the file and the line."""
+    lines = path.read_text(errors="replace").split("\n")
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number == len(lines):  # no newline after it: an append cut short
+                return records, True
+            raise KsaeError(f"{path}: line {number} is not a JSON record ({exc.msg}); the file was damaged or "
+                            f"edited; remove that line (the checkpoint does not depend on it)") from None
+        if not isinstance(record, dict):
+            raise KsaeError(f"{path}: line {number} is not a JSON object; the file was damaged or edited; remove "
+                            f"that line (the checkpoint does not depend on it)")
+        records.append(record)
+    return records, False
 
 
 def dataset_record(dataset: str, with_sha256: bool = True) -> dict:

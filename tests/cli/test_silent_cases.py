@@ -1,5 +1,6 @@
 """Issue 24's silently-wrong and noisy cases outside ksae-train's run folder, through the real
 commands: each is one ``error:`` line, checked before any work, exit status 2."""
+import json
 import os
 import signal
 import socket
@@ -185,3 +186,64 @@ def test_data_verify_refuses_a_data_root_that_does_not_exist_and_list_notes_it(t
     assert result.stderr == f"note: data root {tmp_path / 'nothere'} does not exist yet (ksae-data fetch NAME " \
                             f"creates it)\n"
     assert "mnist" in result.stdout
+
+
+def _logged_run(tmp_path):
+    run = make_run(tmp_path / "run", np.random.default_rng(0).normal(size=(16, 9)), k=2)
+    (run / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "step": 10, "k": 2, "train_loss": 1.0,
+                                                   "valid_loss": 1.1, "seconds": 0.5}) + "\n")
+    return run
+
+
+def _cut_metrics(run):
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"epoch": 2, "lo')  # a kill -9 in the middle of an append: no newline
+
+
+def _damage_metrics(run):
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join(["{\"epoch\": 0, \"lo", *lines]) + "\n")
+
+
+def test_plot_curves_leaves_out_a_cut_last_metrics_line_and_names_a_damaged_one(tmp_path):
+    """Both were a JSONDecodeError traceback."""
+    pytest.importorskip("matplotlib")
+    from ksae_cupy.cli.plot import plot_command
+
+    run = _logged_run(tmp_path)
+    _cut_metrics(run)
+    result = CliRunner().invoke(plot_command, ["curves", str(run), "-o", str(tmp_path / "c.png")])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == f"note: {run / 'metrics.jsonl'}: its last line was cut short (the run stopped while " \
+                            f"writing it) and is left out\n"
+    assert (tmp_path / "c.png").exists()
+    _damage_metrics(run)
+    result = CliRunner().invoke(plot_command, ["curves", str(run), "-o", str(tmp_path / "d.png")])
+    assert_one_line_error(result, f"{run / 'metrics.jsonl'}: line 1 is not a JSON record", "remove that line",
+                          status=2)
+    assert not (tmp_path / "d.png").exists()
+
+
+@pytest.mark.parametrize("record,fragment", [
+    ({"phase": "all", "epoch": 1, "step": 8, "lr": 1.0, "train_loss": 1.3, "valid_error": 0.45},
+     "is a ksae-finetune run's log"),
+    ({"epoch": 1, "loss": 1.0}, "record 1 has no train_loss, k"),
+])
+def test_plot_curves_names_a_log_that_is_not_ksae_trains(tmp_path, record, fragment):
+    """A fine-tuning run's folder given to ksae-plot curves was a KeyError traceback."""
+    pytest.importorskip("matplotlib")
+    from ksae_cupy.cli.plot import plot_command
+
+    run = _logged_run(tmp_path)
+    (run / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    result = CliRunner().invoke(plot_command, ["curves", str(run), "-o", str(tmp_path / "c.png")])
+    assert_one_line_error(result, f"{run / 'metrics.jsonl'}", fragment, status=2)
+    assert not (tmp_path / "c.png").exists()
+
+
+def test_analyze_compare_names_a_damaged_metrics_line(tmp_path):
+    pytest.importorskip("sklearn")
+    run = _logged_run(tmp_path)
+    _damage_metrics(run)
+    result = CliRunner().invoke(analyze_command, ["compare", str(run), "--dict-seconds", "auto"])
+    assert_one_line_error(result, f"{run / 'metrics.jsonl'}: line 1 is not a JSON record", status=2)

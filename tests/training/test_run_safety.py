@@ -177,3 +177,29 @@ def test_a_diverging_run_prints_its_line_without_numpys_overflow_warnings(data_f
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: the loss became "), proc.stderr
+
+
+# -- a log line cut by a kill ---------------------------------------------------------------------
+
+def test_resume_drops_a_metrics_line_a_kill_cut_short(data_file, tmp_path):
+    """kill -9 in the middle of an append leaves a last line without its newline: --resume was a
+    JSONDecodeError traceback; it now drops that line with the epochs after the checkpoint."""
+    run = tmp_path / "run"
+    assert invoke(data_file, *QUICK, "--epochs", "2", "--checkpoint-every", "1", "--run-dir", run).exit_code == 0
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"epoch": 3, "step": 60, "lo')
+    result = invoke("--resume", run, "--epochs", "3")
+    assert result.exit_code == 0, result.output
+    assert "metrics.jsonl: dropped 1 line(s)" in result.output
+    assert [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+def test_resume_names_a_damaged_metrics_line_and_trains_nothing(data_file, tmp_path):
+    run = tmp_path / "run"
+    assert invoke(data_file, *QUICK, "--epochs", "2", "--run-dir", run).exit_code == 0
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text(lines[0][:15] + "\n" + lines[1] + "\n")
+    checkpoint = (run / "checkpoint.h5").read_bytes()
+    result = invoke("--resume", run, "--epochs", "3")
+    assert_one_line_error(result, f"{run / 'metrics.jsonl'}: line 1 is not a JSON record", status=2)
+    assert (run / "checkpoint.h5").read_bytes() == checkpoint
