@@ -214,6 +214,7 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
         for line in show().after_epoch(report):
             say(line)
 
+    finished_before = model.trainer_ is not None and model.trainer_.finished
     stop = StopOnSignals(model, say)
     started = time.perf_counter()
     try:
@@ -228,6 +229,10 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
         click.echo(f"interrupted at epoch {trainer.epoch + 1}, batch {trainer.batch_in_epoch}; checkpoint saved to "
                    f"{folder.checkpoint}; continue with: ksae-train --resume {folder.path}", err=True)
         sys.exit(stop.exit_status)
+    if finished_before:  # "done: 3 epochs in 0.0 s" read as if it had trained them
+        click.echo(f"nothing to train: the run had already trained all its {trainer.epoch} epochs (options given are "
+                   f"recorded); to train longer, give --epochs N with N > {trainer.epoch}")
+        return
     click.echo(f"done: {trainer.epoch} epochs in {time.perf_counter() - started:.1f} s; "
                f"checkpoint {folder.checkpoint}")
 
