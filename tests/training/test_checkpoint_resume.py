@@ -13,6 +13,7 @@ from ksae_cupy.training.checkpoint import load_checkpoint, save_checkpoint
 from ksae_cupy.datasets.synthetic import make_sparse_signals
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.training.estimator import KSparseAutoencoder
+from heldrun import held_train, wait_until_held
 
 X_nd, _, _ = make_sparse_signals(600, D=16, H=32, k=3, seed=1)
 SETTINGS = dict(n_hidden=24, k=3, k_start=12, epochs=4, batch_size=50, device="cpu", seed=7)
@@ -102,13 +103,11 @@ def test_ctrl_c_saves_and_resume_matches_uninterrupted_run(tmp_path):
     common = [str(tmp_path / "x.npy"), "--hidden", "48", "--k", "4", "--epochs", "40", "--batch-size", "20",
               "--device", "cpu", "--checkpoint-every", "1000"]
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(TRAIN + common + ["--run-dir", str(tmp_path / "a")], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
-    for line in proc.stdout:
-        if line.startswith("epoch 2/"):
-            proc.send_signal(signal.SIGINT)
-            break
-    out, err = proc.communicate(timeout=120)
+    proc = subprocess.Popen(held_train(2) + common + ["--run-dir", str(tmp_path / "a")], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    wait_until_held(proc)  # the run holds after epoch 2 (an event): Ctrl-C cannot come after its end
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)  # closes stdin: the run goes on and stops after its next step
     assert proc.returncode == 130, err
     assert "--resume" in err and (tmp_path / "a" / "checkpoint.h5").exists()
     stopped_at = load_checkpoint(tmp_path / "a" / "checkpoint.h5").epoch

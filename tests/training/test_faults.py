@@ -19,6 +19,7 @@ from ksae_cupy.cli.train import train_command
 from ksae_cupy.datasets.synthetic import make_sparse_signals
 from ksae_cupy.training.checkpoint import load_checkpoint
 from clicheck import assert_one_line_error
+from heldrun import held_train, wait_until_held
 
 QUICK = ["--hidden", "16", "--k", "2", "--k-start", "4", "--batch-size", "10", "--device", "cpu"]
 TRAIN = [sys.executable, "-c", "from ksae_cupy.cli.train import train_command; train_command()"]
@@ -156,8 +157,9 @@ def test_kill_9_after_a_logged_epoch_then_resume_is_bit_identical(tmp_path):
     often while it writes that epoch's checkpoint; then ``--resume`` ends with the parameters of a
     run that was never interrupted.
 
-    The kill waits for an event, not a clock: the run's own epoch line. N is at least 2 (a checkpoint
-    exists) and at most a third of the epochs, so the run is far from its end when the line arrives.
+    The kill waits for an event, not a clock: the run holds after logging epoch N (tests/heldrun.py).
+    N is at least 2 (a checkpoint exists) and at most a third of the epochs, so the run is far from its
+    end when it is let go and killed.
     """
     seed = kill_seed()
     print(f"kill seed {seed} (replay: KSAE_KILL_SEED={seed})")
@@ -170,13 +172,16 @@ def test_kill_9_after_a_logged_epoch_then_resume_is_bit_identical(tmp_path):
     replay = f"seed {seed} (kill after epoch {kill_after}; replay with KSAE_KILL_SEED={seed})"
 
     run_dir = tmp_path / "killed"
-    proc = subprocess.Popen(TRAIN + common + ["--run-dir", str(run_dir)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, env=env)
-    for line in proc.stdout:
-        if line.startswith(f"epoch {kill_after}/"):
-            proc.send_signal(signal.SIGKILL)
-            break
-    proc.communicate(timeout=60)
+    proc = subprocess.Popen(held_train(kill_after) + common + ["--run-dir", str(run_dir)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    wait_until_held(proc)  # the run holds after logging epoch N
+    # Let it go and kill it at once: the kill lands at a moment nobody chose, just after epoch N (often
+    # while that epoch's checkpoint is written). The run could end first only if this process lost the
+    # CPU between two system calls for all the epochs left, not while waking up from a read as before.
+    proc.stdin.close()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    proc.stdout.close()
     assert proc.returncode == -signal.SIGKILL, f"{replay}: the run ended with status {proc.returncode} before the kill"
     killed_at = load_checkpoint(run_dir / "checkpoint.h5").epoch
     assert kill_after - 1 <= killed_at < KILL_EPOCHS, replay

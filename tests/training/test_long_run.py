@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from clicheck import assert_one_line_error
+from heldrun import held_train, wait_until_held
 from ksae_cupy.cli import resume as resuming
 from ksae_cupy.cli.progress import RunProgress, format_duration
 from ksae_cupy.cli.train import train_command
@@ -106,17 +107,20 @@ def test_checkpoint_policy_saves_by_epochs_and_by_time():
 
 def test_kill_9_loses_only_minutes_and_resume_logs_each_epoch_once(data_file, tmp_path):
     """--checkpoint-every far away, --checkpoint-minutes tiny: SIGKILL still finds a recent checkpoint;
-    the resumed run ends bit-identical to an uninterrupted one and metrics.jsonl has every epoch once."""
+    the resumed run ends bit-identical to an uninterrupted one and metrics.jsonl has every epoch once.
+
+    The run holds after logging epoch 3 (or the first epoch after it with a checkpoint on disk) until
+    it is killed: an event, where a kill sent on its epoch line raced the 27 epochs left."""
     common = [data_file, *SMALL, "--epochs", "30", "--checkpoint-every", "1000"]
-    proc = subprocess.Popen(TRAIN + [str(a) for a in common] + ["--run-dir", str(tmp_path / "a"),
-                                                                 "--checkpoint-minutes", "0.001"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV)
-    for line in proc.stdout:
-        if line.startswith("epoch 3/"):
-            proc.send_signal(signal.SIGKILL)
-            break
+    proc = subprocess.Popen(held_train(3, checkpoint=True) + [str(a) for a in common] + [
+        "--run-dir", str(tmp_path / "a"), "--checkpoint-minutes", "0.001"], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV)
+    held_at = wait_until_held(proc)
+    proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
     saved = load_checkpoint(tmp_path / "a" / "checkpoint.h5")
+    assert len(epochs_logged(tmp_path / "a")) == held_at
     assert saved.epoch < 30 and saved.step > 0  # by time only: every-1000 epochs never came
     assert len(epochs_logged(tmp_path / "a")) >= saved.epoch
 

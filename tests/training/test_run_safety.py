@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from clicheck import assert_one_line_error
+from heldrun import held_train, wait_until_held
 from ksae_cupy.cli.train import train_command
 from ksae_cupy.datasets.synthetic import make_sparse_signals
 from ksae_cupy.training.checkpoint import load_checkpoint
@@ -119,14 +120,12 @@ def test_overwrite_contradicts_resume(data_file, tmp_path):
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_and_sighup_save_print_the_resume_line_and_exit_128_plus_the_signal(data_file, tmp_path, signum):
     run = tmp_path / "run"
-    proc = subprocess.Popen(TRAIN + [str(data_file), *QUICK, "--epochs", "500", "--checkpoint-every", "1000",
-                                     "--run-dir", str(run)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=ENV)
-    for line in proc.stdout:
-        if line.startswith("epoch 2/"):
-            proc.send_signal(signum)
-            break
-    out, err = proc.communicate(timeout=120)
+    proc = subprocess.Popen(held_train(2) + [str(data_file), *QUICK, "--epochs", "500", "--checkpoint-every", "1000",
+                                             "--run-dir", str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=ENV)
+    wait_until_held(proc)  # the run holds after epoch 2 (an event): the signal cannot come after its end
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=120)  # closes stdin: the run goes on and stops after its next step
     name = signal.Signals(signum).name
     assert proc.returncode == 128 + signum, err
     assert f"{name}: stopping after this step and saving a checkpoint" in err

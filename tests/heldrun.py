@@ -1,0 +1,53 @@
+"""A ksae-train process that holds still at an event, for the tests that stop or kill a run midway.
+
+Waiting for a run's epoch line and then signalling it races the run: on a loaded machine the
+test process may get the CPU back only after the run has ended ("the run ended before the kill").
+A run started with :func:`held_train` appends epoch ``epoch``'s line to ``metrics.jsonl`` (with
+``checkpoint=True``: the first epoch from ``epoch`` on that ends with a checkpoint on disk), prints
+``held after epoch N`` and waits until its stdin is closed. A signal sent then arrives mid-run,
+however loaded the machine: the test waits for an event, never for a clock.
+
+Start it with ``stdin=subprocess.PIPE`` and ``stdout=subprocess.PIPE``; :func:`wait_until_held`
+reads up to the line. A stop signal (Ctrl-C, SIGTERM, SIGHUP) is noted by the run's handler while it
+holds; closing stdin then lets it go on to stop after its next step. A SIGKILL needs no release.
+"""
+from __future__ import annotations
+
+import sys
+
+_SCRIPT = """\
+import sys
+from ksae_cupy.training import runs
+
+epoch, checkpoint = int(sys.argv.pop(1)), sys.argv.pop(1) == "checkpoint"
+append, held = runs.RunFolder.append_metrics, []
+
+
+def append_then_hold(self, report):
+    append(self, report)
+    if not held and report.epoch >= epoch and (not checkpoint or self.checkpoint.exists()):
+        held.append(report.epoch)
+        print(f"held after epoch {report.epoch}", flush=True)
+        sys.stdin.read()  # until the test closes it (or kills this process)
+
+
+runs.RunFolder.append_metrics = append_then_hold
+from ksae_cupy.cli.train import train_command
+
+train_command()
+"""
+
+
+def held_train(epoch: int, checkpoint: bool = False) -> list[str]:
+    """The command line (before ksae-train's own arguments) of a run that holds after ``epoch``."""
+    return [sys.executable, "-c", _SCRIPT, str(epoch), "checkpoint" if checkpoint else "any"]
+
+
+def wait_until_held(proc) -> int:
+    """Read the run's stdout up to its ``held after epoch N`` line; N, or an AssertionError saying how the run
+    ended instead."""
+    for line in proc.stdout:
+        if line.startswith("held after epoch "):
+            return int(line.split()[-1])
+    proc.wait()
+    raise AssertionError(f"the run ended (status {proc.returncode}) without reaching the epoch it was to hold at")
