@@ -151,6 +151,9 @@ def _connect(Client, scheduler: str, timeout_s: float = 10.0):
                         f"tcp://host:8786")
     try:
         return Client(scheduler, timeout=timeout_s)
+    except MemoryError:  # Dask read the first bytes of another server's answer as a frame length (EiB)
+        raise KsaeError(f"--scheduler {scheduler}: no Dask scheduler answers there (something else does: its answer "
+                        f"is not Dask's protocol); check the address and that dask-scheduler runs") from None
     except Exception as exc:  # noqa: BLE001 - Dask raises OSError, TimeoutError, ValueError, CommClosedError...
         raise KsaeError(f"--scheduler {scheduler}: no Dask scheduler answers there (waited up to {timeout_s:g} s; "
                         f"{type(exc).__name__}: {one_line(exc)[:200]}); check the address and that "

@@ -64,7 +64,9 @@ def test_a_scheduler_address_where_something_else_answers_is_one_line(tmp_path):
                                                     str(tmp_path / "out")])
     finally:
         server.close()
-    assert_one_line_error(result, f"--scheduler tcp://127.0.0.1:{port}: no Dask scheduler answers there", status=2)
+    assert_one_line_error(result, f"--scheduler tcp://127.0.0.1:{port}: no Dask scheduler answers there",
+                          "something else does: its answer is not Dask's protocol", status=2)
+    assert "EiB" not in result.stderr  # once "(MemoryError: Unable to allocate 3.01 EiB ...)", Dask's misreading
 
 
 def test_data_list_and_verify_refuse_a_file_as_data_root(tmp_path):
