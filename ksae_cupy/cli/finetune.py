@@ -18,8 +18,9 @@ nets without dropout on the CPU, which ``auto`` takes; dense otherwise. The same
 given on ``--resume``, as may ``--threads`` (BLAS and CPU kernel threads; a resumed run keeps the
 count it was started with unless told, since BLAS results differ in their last bits between counts).
 
-The run folder holds ``checkpoint.h5`` (a fine-tuning checkpoint), ``config.json``,
-``metrics.jsonl`` and, at the end, ``finetune.json`` with the validation and test error.
+The run folder holds ``checkpoint.h5`` (a fine-tuning checkpoint), ``config.json`` (with each
+pretrained run's epochs when it was read, a baseline's pretraining seconds per layer and the step
+taken), ``metrics.jsonl`` and, at the end, ``finetune.json`` with the validation and test error.
 Bad input is one line ``error: ...`` and exit status 2 (see :func:`ksae_cupy.cli.common.report_errors`).
 """
 from __future__ import annotations
@@ -126,6 +127,7 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
         threads_line, resolved["threads"] = set_blas_threads(threads)
         trainer = finetune.FinetuneTrainer.from_state(state, backend)
         resolved["finetune"] = trainer.config.to_dict()
+        resolved["step_kind"] = trainer.step_kind  # this session's (--step may change it)
         folder.write_config(resolved)
         dataset = resolved["dataset"]
         spec = DataSpec.from_record(dataset, resolved.get("data"))
@@ -146,15 +148,17 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
             raise KsaeError(f"--step sparse needs k-sparse layers without dropout; --baseline {baseline} gives "
                             f"sigmoid layers; use --step dense or auto")
         threads_line, threads_used = set_blas_threads(threads)  # before pretraining, which runs here too
-        encoders, ks, sources = [], [], []
+        encoders, ks, sources, pretrain_seconds = [], [], [], []
         for path in pretrained:
             from ksae_cupy.supervised.pretrain import encoder_of, load_pretrained_run
 
             model, run_config = load_pretrained_run(path, device="cpu")
             encoders.append(encoder_of(model))
             ks.append(model.k)
+            # epochs_trained: the pretrained run's epochs when it was read (a run may go on training after)
             sources.append({"run_dir": str(path), "dataset": run_config.get("dataset"), "k": model.k,
-                            "hidden": model.n_hidden, "data": run_config.get("data")})
+                            "hidden": model.n_hidden, "data": run_config.get("data"),
+                            "epochs_trained": model.trainer_.epoch})
         if dataset is None:
             dataset = sources[0]["dataset"] if sources else None
             if dataset is None:
@@ -180,10 +184,15 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
             sizes = _parse_hidden(hidden)
             ks = [None] * len(sizes)  # sigmoid layers keep every unit
             say(f"pretraining {baseline}: {len(sizes)} layer(s) of {hidden} units, {pretrain_epochs} epochs each")
-            stack = baselines.pretrain_baseline(
-                baseline, data.X_train, sizes, pretrain_epochs, seed, backend,
-                on_epoch=lambda layer, r: say(f"pretrain layer {layer} epoch {r.epoch}/{pretrain_epochs}  "
-                                              f"loss {r.train_loss:.4f}  {r.seconds:.1f} s"))
+            pretrain_seconds = [0.0] * len(sizes)  # per layer, the sum of its epochs' seconds (config.json)
+
+            def pretrain_epoch(layer, r):
+                pretrain_seconds[layer - 1] += r.seconds
+                say(f"pretrain layer {layer} epoch {r.epoch}/{pretrain_epochs}  loss {r.train_loss:.4f}  "
+                    f"{r.seconds:.1f} s")
+
+            stack = baselines.pretrain_baseline(baseline, data.X_train, sizes, pretrain_epochs, seed, backend,
+                                                on_epoch=pretrain_epoch)
             host_params = finetune.init_from_encoders([baselines.encoder(p) for p in stack], data.n_classes, sigma,
                                                       rng, np.dtype(dtype))
         else:
@@ -211,7 +220,9 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
         resolved = {"dataset": spec.data, "data": spec.record(), "device": backend.name, "alpha": alpha,
                     "pretrained": sources,
                     "no_pretraining": bool(no_pretraining), "baseline": baseline,
-                    "pretrain_epochs": pretrain_epochs if baseline else None, "finetune": config.to_dict(),
+                    "pretrain_epochs": pretrain_epochs if baseline else None,
+                    "pretrain_seconds": pretrain_seconds if baseline else None, "finetune": config.to_dict(),
+                    "step_kind": trainer.step_kind,
                     "checkpoint_every": checkpoint_every,
                     "checkpoint_minutes": checkpoint_minutes, "run_dir": str(folder.path),
                     # kept on --resume: BLAS products differ in their last bits on another thread count
