@@ -9,10 +9,17 @@ The paper does not say which; we choose the codes the second layer will actually
 in the fine-tuned network, where every hidden layer keeps its alpha*k largest units
 (section 4.6), so pretraining and fine-tuning see the same input distribution.
 ``code_alpha=1`` gives the plain k-sparse codes instead.
+
+:func:`write_codes` writes those codes of a ``ksae-train`` run's training set to an ``.npy``
+file, for ``ksae-train CODES.npy`` to learn layer 2 in a process of its own (``bin/reproduce-finetune``).
 """
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
+
+import numpy as np
 
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.training.estimator import KSparseAutoencoder
@@ -54,3 +61,36 @@ def encoder_of(model: KSparseAutoencoder):
 
     params = model.params_
     return to_host(params["W_dh"]), to_host(params["b_h"])
+
+
+def write_codes(run_dir, out_path, alpha: float = 3.0, data_dir=None, device: str = "cpu") -> dict:
+    """Write the ``alpha*k``-sparse codes of a ``ksae-train`` run's training rows to ``out_path`` (.npy).
+
+    The rows are those the run trained on: its dataset and data options (``config.json``),
+    loaded and preprocessed as the run loaded them, from ``data_dir`` or else the run's own
+    data root. The codes are :meth:`KSparseAutoencoder.transform` of them (float32, N x H),
+    written to ``<out_path>.tmp`` and renamed, so ``out_path`` only ever holds a whole file.
+    Returns what was written: the run folder, its epochs, alpha, the shape and the seconds taken.
+    """
+    from ksae_cupy.datasets import load_dataset
+    from ksae_cupy.datasets.user_files import DataSpec
+
+    start = time.perf_counter()
+    model, config = load_pretrained_run(run_dir, device=device)
+    spec = DataSpec.from_record(config["dataset"], config.get("data"))
+    root = data_dir if data_dir is not None else config.get("data_dir")
+    data = load_dataset(spec, root=Path(root) if root else None)
+    codes = model.transform(data.X_train, alpha=alpha)
+    out_path = Path(out_path)
+    tmp = out_path.with_name(out_path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:  # a file object: np.save would add .npy to a name
+            np.save(f, codes)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out_path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise KsaeError(f"could not write {out_path} ({exc.strerror or exc})") from None
+    return {"run_dir": str(run_dir), "dataset": config["dataset"], "epochs_trained": model.trainer_.epoch,
+            "alpha": alpha, "shape": list(codes.shape), "seconds": time.perf_counter() - start}
