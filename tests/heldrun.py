@@ -32,15 +32,18 @@ def append_then_hold(self, report):
 
 
 runs.RunFolder.append_metrics = append_then_hold
-from ksae_cupy.cli.train import train_command
+from ksae_cupy.cli.COMMAND import COMMAND_command
 
-train_command()
+COMMAND_command()
 """
 
 
-def held_train(epoch: int, checkpoint: bool = False) -> list[str]:
-    """The command line (before ksae-train's own arguments) of a run that holds after ``epoch``."""
-    return [sys.executable, "-c", _SCRIPT, str(epoch), "checkpoint" if checkpoint else "any"]
+def held_train(epoch: int, checkpoint: bool = False, command: str = "train") -> list[str]:
+    """The command line (before the command's own arguments) of a ``ksae-train`` run (or, with
+    ``command="finetune"``, a ``ksae-finetune`` run: ``epoch`` then counts within a phase) that holds
+    after ``epoch``."""
+    return [sys.executable, "-c", _SCRIPT.replace("COMMAND", command), str(epoch),
+            "checkpoint" if checkpoint else "any"]
 
 
 def wait_until_held(proc) -> int:

@@ -95,29 +95,29 @@ def test_phase_pace_weighs_each_phase_by_its_own_epochs():
 
 
 def test_kill_9_then_resume_ends_where_an_uninterrupted_run_does(runs, tmp_path):
-    """A deep run checkpointing after every batch (--checkpoint-minutes 1e-9) is killed with SIGKILL
-    (no handler runs) as soon as it logs its second epoch; --resume ends with the very parameters of
-    the run that was never interrupted. The kill waits for the epoch line, not a clock; 3 x 150
-    epochs leave the run far from its end when the line arrives."""
+    """A deep run checkpointing after every batch (--checkpoint-minutes 1e-9) holds still after it logs
+    epoch 2 of its first phase (tests/heldrun.py) and is killed there with SIGKILL (no handler runs);
+    --resume ends with the very parameters of the run that was never interrupted. The kill waits
+    for that event, not a clock, so it lands mid-run however loaded the machine."""
+    from heldrun import held_train, wait_until_held
+
     from ksae_cupy.supervised.checkpoint import load_finetune_checkpoint
 
-    common = [str(runs["a"]), str(runs["b"]), "--alpha", "2", "--epochs", "150", "--batch-size", "100",
-              "--device", "cpu", "--lr-start", "0.1", "--lr-end", "0.01", "--threads", "1", "--quiet"]
-    whole = subprocess.run(FINETUNE + common + ["--run-dir", str(tmp_path / "whole")], capture_output=True,
+    common = [str(runs["a"]), str(runs["b"]), "--alpha", "2", "--epochs", "4", "--batch-size", "100",
+              "--device", "cpu", "--lr-start", "0.1", "--lr-end", "0.01", "--threads", "1"]
+    whole = subprocess.run(FINETUNE + common + ["--quiet", "--run-dir", str(tmp_path / "whole")], capture_output=True,
                            text=True, env=ENV, timeout=600)
     assert whole.returncode == 0, whole.stderr
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(FINETUNE + [a for a in common if a != "--quiet"] + [
-        "--run-dir", str(killed), "--checkpoint-minutes", "1e-9"], stdout=subprocess.PIPE,
+    proc = subprocess.Popen(held_train(2, checkpoint=True, command="finetune") + common + [
+        "--run-dir", str(killed), "--checkpoint-minutes", "1e-9"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL, text=True, env=ENV)
-    for line in proc.stdout:
-        if line.startswith("phase softmax epoch 2/"):
-            proc.send_signal(signal.SIGKILL)
-            break
+    assert wait_until_held(proc) == 2
+    proc.kill()
     proc.communicate(timeout=600)
-    assert proc.returncode == -signal.SIGKILL, f"the run ended with status {proc.returncode} before the kill"
+    assert proc.returncode == -signal.SIGKILL
     state = load_finetune_checkpoint(killed / "checkpoint.h5")
-    assert (state["phase_index"], state["epoch"]) < (2, 150)
+    assert state["phase_index"] == 0 and state["epoch"] < 4  # mid-run: two phases and more to go
     resumed = subprocess.run(FINETUNE + ["--resume", str(killed), "--device", "cpu", "--quiet"], capture_output=True,
                              text=True, env=ENV, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
