@@ -262,7 +262,7 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
     stop = StopOnSignals(SimpleNamespace(trainer_=trainer), say)
     started = time.perf_counter()
     try:
-        policy.last = policy.clock()  # the minutes count from the first step, not from loading
+        policy.restart()  # the minutes count from the first step, not from loading
         trainer.fit(X_train, y_train, X_valid, y_valid, on_epoch=on_epoch, on_batch=on_batch)
     finally:
         stop.restore()

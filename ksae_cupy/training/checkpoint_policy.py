@@ -23,6 +23,10 @@ class CheckpointPolicy:
         self.every_epochs, self.seconds, self.clock = every_epochs, 60.0 * minutes, clock
         self.last = clock()
 
+    def restart(self) -> None:
+        """Count the minutes from now (e.g. from the first step, not from loading the data)."""
+        self.last = self.clock()
+
     def _time_is_up(self) -> bool:
         return self.seconds > 0 and self.clock() - self.last >= self.seconds
 
