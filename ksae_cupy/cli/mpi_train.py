@@ -1,16 +1,33 @@
 """``python -m mpi4py -m ksae_cupy.cli.mpi_train train ...``: training over MPI ranks.
 
 One process per rank, started by ``mpiexec``; see :mod:`ksae_cupy.parallel.data_parallel` for
-how a step is split. Any error on any rank aborts the whole job (``MPI_Abort``).
+how a step is split. A mistake (options, data, run folder, checkpoint) is one ``error:`` line
+before any work, with every rank leaving together; an error one rank meets alone mid-run aborts
+the whole job (``MPI_Abort``) with one line. ``--resume`` keeps every option of the run that is
+not given again, applies those that may change mid-run and refuses, by name, those that would
+change the model or its batches (as ``ksae-train --resume`` does).
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+from types import SimpleNamespace
+
 import click
 
+from ksae_cupy.cli import resume as resuming
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.parallel.data_parallel import abort_on_error, run_distributed
+from ksae_cupy.parallel.agree import abort_on_error, agree
+from ksae_cupy.parallel.data_parallel import RunSettings, run_distributed
 from ksae_cupy.schedules import resolve_k_start
 from ksae_cupy.training.trainer import TrainConfig
+
+# Refused on --resume when they differ from the run: they shape the model or the batches.
+REFUSED = ("hidden", "k", "k_start", "no_k_schedule", "batch_size", "lr", "momentum", "sigma", "seed", "dtype")
+# Applied on --resume (kept from the run when not given): options of config.json's, by parameter name.
+RUN_LEVEL = {"device": "device", "comm_kind": "comm", "topk_dist": "topk_dist", "checkpoint_every": "checkpoint_every",
+             "data_dir": "data_dir"}
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -40,36 +57,104 @@ def main():
               help="With --shard-hidden: global top-k by all-reduced radix counts, or local top-k + all-gather.")
 @click.option("--run-dir", type=click.Path(), default=None)
 @click.option("--checkpoint-every", type=int, default=10)
-@click.option("--resume", type=click.Path(), default=None)
+@click.option("--overwrite", is_flag=True,
+              help="Start afresh in a --run-dir that holds another run: its checkpoint, config, metrics and results are removed.")
+@click.option("--resume", type=click.Path(), default=None,
+              help="Continue the run in this folder (same rank count); options given are applied (--epochs, --topk, "
+                   "--device, --comm, --topk-dist, --checkpoint-every, --data-dir) or, if they would change the model, "
+                   "refused by name.")
 @click.option("--data-dir", type=click.Path(), default=None)
 @click.option("--quiet", is_flag=True)
 @click.option("--fail-at-step", type=int, default=None, hidden=True, help="Fault injection for tests.")
 @click.option("--fail-rank", type=int, default=1, hidden=True)
 @click.option("--fail-mode", type=click.Choice(["raise", "exit"]), default="raise", hidden=True)
+@click.pass_context
 @abort_on_error
-def train(dataset, hidden, k, k_start, no_k_schedule, epochs, batch_size, lr, momentum, sigma, topk, seed,
-          dtype, device, comm_kind, shard_hidden, topk_dist, run_dir, checkpoint_every, resume, data_dir,
+def train(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch_size, lr, momentum, sigma, topk, seed,
+          dtype, device, comm_kind, shard_hidden, topk_dist, run_dir, checkpoint_every, overwrite, resume, data_dir,
           quiet, fail_at_step, fail_rank, fail_mode):
     """Train on DATASET with every rank of the MPI job."""
     from ksae_cupy.parallel.comm import world
 
-    if checkpoint_every <= 0:
-        raise KsaeError(f"--checkpoint-every {checkpoint_every} is not allowed; use a positive number of epochs")
-    config = TrainConfig(hidden=hidden, k=k, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum,
-                         sigma=sigma, topk=topk, seed=seed, dtype=dtype,
-                         k_start=None if no_k_schedule else resolve_k_start(
-                             k_start if k_start is not None else "auto", k, hidden))
-    fail = (fail_at_step, fail_mode) if fail_at_step is not None and world().rank == fail_rank else None
-    run_distributed(dataset, config, run_dir=run_dir, resume=resume, device=device, comm_kind=comm_kind,
-                    checkpoint_every=checkpoint_every, data_dir=data_dir, quiet=quiet,
-                    shard_hidden=shard_hidden, topk_dist=topk_dist, fail_at_step=fail,
-                    log=lambda *a, **kw: click.echo(*a, **kw))
+    comm = world()
+    typed = resuming.given(ctx)
+
+    def new_config():  # the same on every rank
+        if resume is None and "topk_dist" in typed and not shard_hidden:
+            raise KsaeError(f"--topk-dist {topk_dist} is not allowed without --shard-hidden: it chooses how ranks "
+                            f"holding parts of the hidden layer find the top-k; add --shard-hidden or drop it")
+        if resume is not None:
+            return None
+        config = TrainConfig(hidden=hidden, k=k, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum,
+                             sigma=sigma, topk=topk, seed=seed, dtype=dtype, k_start=None)
+        config.validate()  # k > hidden and the like, before k_start is resolved against them
+        if not no_k_schedule:
+            config.k_start = resolve_k_start(k_start if k_start is not None else "auto", k, hidden)
+        return config
+
+    config = agree(comm, new_config)
+    settings = RunSettings(device=device, comm=comm_kind, shard_hidden=shard_hidden, topk_dist=topk_dist,
+                           checkpoint_every=checkpoint_every, data_dir=data_dir)
+    fail = (fail_at_step, fail_mode) if fail_at_step is not None and comm.rank == fail_rank else None
+    run_distributed(dataset, config, settings, run_dir=run_dir, resume=resume, overwrite=overwrite, quiet=quiet,
+                    on_resume=lambda folder, ckpt, previous: _resumed(ctx, typed, folder, ckpt, previous),
+                    fail_at_step=fail, log=lambda *a, **kw: click.echo(*a, **kw))
+
+
+def _resumed(ctx, typed: set, folder, ckpt, previous: dict):
+    """``(dataset, config, settings, changes)`` of a resumed run: its own values, the options given
+    applied or refused by name (rank 0, before any work)."""
+    params = ctx.params
+    resuming.check_run_dir(params["run_dir"], folder.path)
+    dataset = resuming.check_dataset(params["dataset"], previous)
+    config = TrainConfig.from_dict(ckpt.config)
+    saved, differing = config.to_dict(), []
+    for name in sorted(typed & set(REFUSED)):
+        if name == "no_k_schedule":
+            if saved["k_start"] is not None:
+                differing.append(f"--no-k-schedule (the run has k-start {saved['k_start']})")
+        elif params[name] != saved[name]:
+            differing.append(f"--{name.replace('_', '-')} {params[name]} (the run has {saved[name]})")
+    sharded = bool(ckpt.config.get("shard_hidden", False))
+    if "shard_hidden" in typed and not sharded:
+        differing.append("--shard-hidden (the run shards its data, not its hidden units)")
+    if differing:
+        raise KsaeError("--resume: options contradict the checkpoint (they shape the model or the batches): "
+                        + ", ".join(differing))
+    settings = RunSettings.from_record(previous)
+    settings.shard_hidden = sharded
+    if "topk_dist" in typed and not sharded:
+        raise KsaeError(f"--topk-dist {params['topk_dist']} is not allowed: the run shards its data, not its hidden "
+                        f"units (--shard-hidden), so it has no distributed top-k; drop it")
+    # --epochs (extend, or shorten to no fewer than done) and --topk (the same set): as ksae-train applies them.
+    where = SimpleNamespace(config=config, epoch=ckpt.epoch, batch_in_epoch=ckpt.batch_in_epoch)
+    changes = resuming.apply_options(ctx, typed & {"epochs", "topk"}, where)
+    for param, field in RUN_LEVEL.items():
+        if param in typed:
+            value = params[param] if params[param] is None or field != "data_dir" else str(params[param])
+            if value != getattr(settings, field):
+                changes.append(f"{field.replace('_', '-')} {getattr(settings, field)} -> {value}")
+                setattr(settings, field, value)
+    return dataset, config, settings, changes
 
 
 def run(argv=None):
-    """Entry point: ``python -m mpi4py -m ksae_cupy.cli.mpi_train train ...``."""
-    main(args=argv, prog_name="ksae-dist")
+    """Entry point: ``python -m mpi4py -m ksae_cupy.cli.mpi_train train ...``.
 
+    Help and a mistyped command line are shown once (rank 0), not once per rank, and every rank
+    leaves with click's status together."""
+    from ksae_cupy.parallel.agree import _exit_together, _rank
+
+    first = _rank() in (0, "?")
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(sys.stdout if first else devnull):
+        try:
+            main.main(args=argv, prog_name="ksae-dist", standalone_mode=False)
+        except click.ClickException as exc:
+            if first:
+                exc.show()
+            _exit_together(exc.exit_code)
+        except click.exceptions.Abort:
+            _exit_together(1)
 
 if __name__ == "__main__":
     run()

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ksae_cupy.errors import KsaeError, TrainingDiverged
+
 
 def world():
     """``MPI.COMM_WORLD``; a :class:`~ksae_cupy.errors.KsaeError` when mpi4py is missing."""
@@ -27,7 +29,7 @@ def world():
 
 class StopAgreedOverRanks:
     """Mixin of the distributed trainers: ``stop_requested`` is true on every rank once it was
-    set on any (SIGTERM may reach only some ranks). The trainer's loop reads it at the same
+    set on any (SIGTERM may reach only some ranks), and a divergence is found on all of them. The trainer's loop reads it at the same
     point of every step on every rank, so all stop after the same step and save together."""
 
     _stop_here = False
@@ -41,6 +43,19 @@ class StopAgreedOverRanks:
     @stop_requested.setter
     def stop_requested(self, value: bool) -> None:
         self._stop_here = bool(value)
+
+    def check_params_finite(self) -> None:
+        """The trainer's parameter check, agreed: a rank whose block holds NaN or infinities
+        stops every rank at the same point (each rank holds only its block when hidden units
+        are sharded). With the all-reduced losses, every divergence is met by all ranks alike."""
+        try:
+            super().check_params_finite()
+            mine = None
+        except KsaeError as exc:
+            mine = str(exc)
+        found = [message for message in self.comm.allgather(mine) if message is not None]
+        if found:
+            raise TrainingDiverged(found[0])
 
 
 def mpi_sum_inplace(comm, buf: np.ndarray) -> np.ndarray:

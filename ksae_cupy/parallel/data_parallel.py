@@ -20,26 +20,29 @@ How one step works:
 
 Rank 0 alone writes the run folder (config, metrics, checkpoints); a checkpoint is a
 plain single-process checkpoint plus the world size, and resuming needs the same number
-of ranks. An error on any rank aborts the whole job (``MPI_Abort``) instead of leaving the
-other ranks waiting in a collective forever.
+of ranks. Mistakes are found before any work, where every rank agrees on them (one line,
+every rank leaves with status 2: :mod:`ksae_cupy.parallel.agree`); an error one rank meets
+alone mid-run aborts the whole job (``MPI_Abort``) instead of leaving the other ranks
+waiting in a collective forever.
 
 ``--shard-hidden`` instead splits the hidden units over the ranks (see
 :mod:`ksae_cupy.parallel.sharded_hidden`). mpi4py is imported only inside functions.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
 import signal
-import sys
 import time
 import zlib
+from pathlib import Path
 
 import numpy as np
 
 from ksae_cupy import model
 from ksae_cupy.backend import to_host
 from ksae_cupy.errors import KsaeError, one_line
+from ksae_cupy.parallel.agree import RanksFailed, abort_on_error, agree, describe  # noqa: F401 - abort_on_error: bench's
 from ksae_cupy.parallel.comm import StopAgreedOverRanks, shard_bounds
 from ksae_cupy.training.trainer import Trainer, TrainingDiverged
 
@@ -164,144 +167,285 @@ def _host_allreducer(backend, allreduce):
 
 # -- command line ----------------------------------------------------------------------
 
-def run_distributed(dataset, config, *, run_dir, resume, device, comm_kind, checkpoint_every, data_dir, quiet,
-                    shard_hidden=False, topk_dist="threshold", fail_at_step=None, log=print):
-    """Train on every rank of ``MPI.COMM_WORLD``; rank 0 writes ``run_dir``. Returns the trainer."""
-    from ksae_cupy.backend import resolve_device
-    from ksae_cupy.training.checkpoint import load_checkpoint
-    from ksae_cupy.parallel.comm import make_allreducer, world
-    from ksae_cupy.datasets import load_dataset
-    from ksae_cupy.schedules import schedule_reaches_k
-    from ksae_cupy.training.runs import RunFolder, default_run_dir
+LAUNCH = "mpiexec -n {size} python -m mpi4py -m ksae_cupy.cli.mpi_train train"
+
+
+@dataclasses.dataclass
+class RunSettings:
+    """An MPI run's options outside its training configuration. config.json keeps them, and a
+    resume keeps every one that is not given again."""
+
+    device: str = "cpu"
+    comm: str = "mpi"
+    shard_hidden: bool = False
+    topk_dist: str = "threshold"
+    checkpoint_every: int = 10
+    data_dir: str | None = None
+
+    @classmethod
+    def from_record(cls, record: dict) -> "RunSettings":
+        """From a run's config.json (a run written before a field existed gets its default)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in record.items() if key in names})
+
+    def check(self, size: int, hidden: int) -> None:
+        """A one-line :class:`KsaeError` for what cannot run (the same answer on every rank)."""
+        if self.checkpoint_every <= 0:
+            raise KsaeError(f"--checkpoint-every {self.checkpoint_every} is not allowed; use a positive number of epochs")
+        if self.comm == "nccl" and not self.device.strip().lower().startswith("gpu"):
+            raise KsaeError("--comm nccl needs --device gpu (NCCL sums GPU buffers); use --comm mpi on the CPU")
+        if self.shard_hidden and hidden < size:
+            raise KsaeError(f"--shard-hidden: {hidden} hidden units cannot be split over {size} ranks; "
+                            f"use at most {hidden} ranks, or more hidden units")
+
+
+def keep_run_options(folder, ckpt, previous: dict):
+    """What a resume runs when the caller applies no options: the run as it was."""
     from ksae_cupy.training.trainer import TrainConfig
 
-    comm = world()
+    settings = RunSettings.from_record(previous)
+    settings.shard_hidden = bool(ckpt.config.get("shard_hidden", False))
+    return previous["dataset"], TrainConfig.from_dict(ckpt.config), settings, []
+
+
+def run_distributed(dataset, config, settings: RunSettings, *, run_dir=None, resume=None, overwrite=False,
+                    quiet=False, on_resume=None, fail_at_step=None, log=print):
+    """Train on every rank of ``MPI.COMM_WORLD``; rank 0 writes the run folder. Returns the trainer.
+
+    Every check that can fail before training (options, run folder, checkpoint, device, data) runs
+    where every rank can agree on its outcome (:func:`~ksae_cupy.parallel.agree.agree`): a mistake
+    is one line and every rank leaves with status 2, before any work. ``on_resume(folder, ckpt,
+    previous_config)`` (rank 0, with ``resume``) returns ``(dataset, config, settings, changes)``:
+    the run's own values with the options given applied or refused (default: the run as it was).
+    Ctrl-C, SIGTERM and SIGHUP reaching any rank stop every rank after the same step; the job
+    saves a checkpoint, prints the resume line and exits 128 + the signal.
+    """
+    from ksae_cupy.parallel.comm import world
+    from ksae_cupy.training.runs import RunFolder
+
+    comm = world()  # one line when mpi4py is missing
+    from mpi4py import MPI
+
     rank, size = comm.rank, comm.size
-    say = log if (rank == 0 and not quiet) else (lambda *a, **kw: None)
-    if device.startswith("gpu") and ":" not in device:
-        device = f"gpu:{rank % _gpus_per_node()}"  # one GPU per rank on each node
-    backend = resolve_device(device)
-    if comm_kind == "nccl" and not backend.is_gpu:
-        raise KsaeError("--comm nccl needs --device gpu (NCCL sums GPU buffers); use --comm mpi on the CPU")
+    say = log if (rank == 0 and not quiet) else _silent
+    signals = _StopSignals(say)  # from the start: a signal during the checks stops the job before any work
 
-    ckpt = None
+    plan = agree(comm, _plan, dataset, config, settings, run_dir, resume, overwrite, on_resume or keep_run_options,
+                 size, rank0_only=True)
+    dataset, config, settings, ckpt, folder_path, changes, record = comm.bcast(plan, root=0)  # one reader, copies
+    folder = RunFolder(folder_path)
+    try:
+        return _train(comm, MPI, dataset, config, settings, ckpt, folder, changes, record, overwrite, signals, say,
+                      log, fail_at_step)
+    finally:
+        if rank == 0:
+            folder.release()  # a clean end empties .lock (a kill leaves the PID: "a run that ended without ...")
+
+
+def _silent(*args, **kwargs):
+    pass
+
+
+def _plan(dataset, config, settings, run_dir, resume, overwrite, on_resume, size):
+    """Rank 0: the run folder and what will run in it; every check that reads the folder."""
+    from ksae_cupy.training.checkpoint import load_checkpoint
+    from ksae_cupy.training.runs import RunFolder, default_run_dir
+
     if resume is not None:
+        if overwrite:
+            raise KsaeError(f"--overwrite contradicts --resume: --resume continues the run in {resume}, --overwrite "
+                            f"would discard it; give one")
         folder = RunFolder(resume)
-        if rank == 0:
-            folder.check_resumable()
-            ckpt = load_checkpoint(folder.checkpoint)
-            previous = folder.read_config()
-        else:
-            previous = None
-        ckpt, previous = comm.bcast((ckpt, previous), root=0)  # one reader, the others get a copy
+        folder.check_resumable()
+        ckpt = load_checkpoint(folder.checkpoint)
+        previous = folder.read_config()
         saved_size = ckpt.config.get("world_size")
+        if saved_size is None:
+            raise KsaeError(f"--resume {resume}: a run of ksae-train (one process: its checkpoint names no rank "
+                            f"count); continue it with ksae-train --resume {resume}")
         if saved_size != size:
-            raise KsaeError(f"--resume: the run was trained on {saved_size} ranks; resume it with mpiexec -n {saved_size} "
-                            f"(this job has {size})")
-        if bool(ckpt.config.get("shard_hidden", False)) != shard_hidden:
-            raise KsaeError("--resume: --shard-hidden must be given exactly when the run used it")
-        if dataset is not None and dataset != previous.get("dataset"):
-            raise KsaeError(f"--resume: DATASET {dataset!r} contradicts the run's dataset {previous.get('dataset')!r}")
-        dataset = previous["dataset"]
-        config = TrainConfig.from_dict(ckpt.config)
-    else:
-        if dataset is None:
-            raise KsaeError("missing DATASET; give a dataset name or file, or --resume RUN_DIR")
-        config.validate()
-        if run_dir is None:
-            run_dir = comm.bcast(default_run_dir(dataset, config.hidden, config.k) if rank == 0 else None, root=0)
-        folder = RunFolder(run_dir)
-        if rank == 0:
-            folder.check_new()
-    comm.Barrier()
+            raise KsaeError(f"--resume: the run was trained on {saved_size} ranks; resume it with mpiexec -n "
+                            f"{saved_size} (this job has {size})")
+        dataset, config, settings, changes = on_resume(folder, ckpt, previous)
+        record = {key: previous[key] for key in ("dataset", "dataset_sha256") if key in previous}
+        return dataset, config, settings, ckpt, folder.path, changes, record
+    if dataset is None:
+        raise KsaeError("missing DATASET; give a dataset name or file, or --resume RUN_DIR")
+    folder = RunFolder(run_dir if run_dir is not None else default_run_dir(dataset, config.hidden, config.k))
+    folder.check_new(overwrite, command=LAUNCH.format(size=size))
+    return dataset, config, settings, None, folder.path, [], None
 
-    say(f"{backend.description}; {size} ranks, {'hidden units' if shard_hidden else 'data'} sharded, comm {comm_kind}")
-    data = load_dataset(dataset, root=data_dir, log=lambda msg: say(msg, err=True) if rank == 0 else None)
-    config.validate(n_train=len(data.X_train))
+
+def _train(comm, MPI, dataset, config, settings, ckpt, folder, changes, record, overwrite, signals, say, log,
+           fail_at_step):
+    from ksae_cupy.backend import resolve_device
+    from ksae_cupy.datasets import load_dataset
+    from ksae_cupy.parallel.comm import make_allreducer
+    from ksae_cupy.schedules import schedule_reaches_k
+    from ksae_cupy.training.checkpoint import save_checkpoint
+    from ksae_cupy.training.runs import dataset_record
+
+    rank, size = comm.rank, comm.size
+
+    def prepare():
+        """This rank's device and data (no communication: see agree)."""
+        settings.check(size, config.hidden)
+        if ckpt is None:
+            config.validate()
+        device = settings.device
+        if device.strip().lower() == "gpu":
+            device = f"gpu:{rank % _gpus_per_node()}"  # one GPU per rank on each node
+        backend = resolve_device(device)
+        if settings.comm == "nccl" and not backend.is_gpu:
+            raise KsaeError("--comm nccl needs --device gpu (NCCL sums GPU buffers); use --comm mpi on the CPU")
+        data = load_dataset(dataset, root=Path(settings.data_dir) if settings.data_dir else None,
+                            log=lambda msg: say(msg, err=True))
+        config.validate(n_train=len(data.X_train))
+        if ckpt is not None and ckpt.params["W_dh"].shape[0] != data.dim:
+            raise KsaeError(f"the checkpoint's model takes {ckpt.params['W_dh'].shape[0]} dimensions, "
+                            f"{dataset} has {data.dim}")
+        return backend, data
+
+    # Rank 0 first (a dataset it downloads is then on disk for the others), then the rest.
+    first = agree(comm, prepare, rank0_only=True)
+    rest = agree(comm, prepare if rank else _silent) if size > 1 else None
+    backend, data = first if rank == 0 else rest
+    say(f"{backend.description}; {size} ranks, {'hidden units' if settings.shard_hidden else 'data'} sharded, "
+        f"comm {settings.comm}")
     if ckpt is None and config.k_start is not None and not schedule_reaches_k(config.epochs, config.k, config.k_start):
         say(f"note: in {config.epochs} epoch the k schedule would stay at k-start {config.k_start} and never reach "
             f"k {config.k}; training with k {config.k} from the start (as --no-k-schedule)")
         config.k_start = None  # as ksae-train does; every rank decides alike
-    D = data.dim
-    if ckpt is not None and ckpt.params["W_dh"].shape[0] != D:
-        raise KsaeError(f"the checkpoint's model takes {ckpt.params['W_dh'].shape[0]} dimensions, {dataset} has {D}")
-    allreduce = make_allreducer(comm, comm_kind)
-    if comm_kind == "mpi":
-        allreduce = _host_allreducer(backend, allreduce)
-    if shard_hidden:
-        from ksae_cupy.parallel.sharded_hidden import ShardedHiddenTrainer
 
-        trainer = ShardedHiddenTrainer(config, backend, D, comm, allreduce, checkpoint=ckpt, topk_dist=topk_dist)
-    else:
-        trainer = DataParallelTrainer(config, backend, D, comm, allreduce, checkpoint=ckpt)
+    allreduce = make_allreducer(comm, settings.comm)  # NCCL's set-up is collective: not inside agree
+    if settings.comm == "mpi":
+        allreduce = _host_allreducer(backend, allreduce)
+
+    def make_trainer():
+        if settings.shard_hidden:
+            from ksae_cupy.parallel.sharded_hidden import ShardedHiddenTrainer
+
+            return ShardedHiddenTrainer(config, backend, data.dim, comm, allreduce, checkpoint=ckpt,
+                                        topk_dist=settings.topk_dist)
+        return DataParallelTrainer(config, backend, data.dim, comm, allreduce, checkpoint=ckpt)
+
+    trainer = agree(comm, make_trainer)
     trainer.fail_at_step = fail_at_step
+    stopped = comm.allreduce(signals.received or 0, op=MPI.MAX)
+    if stopped:  # nothing written yet: the run folder is as it was
+        if rank == 0:
+            log(f"{signal.Signals(stopped).name}: stopped before training began; "
+                + (f"the run in {folder.path} is as it was" if ckpt is not None else "nothing was written"), err=True)
+        raise SystemExit(128 + stopped)
+    signals.trainer = trainer
+    trainer.stop_requested = signals.received is not None
     preprocess = dict(ckpt.preprocess) if ckpt is not None else dict(data.preprocess)
 
-    if rank == 0:
-        folder.create(log=lambda msg: say(msg, err=True), new=ckpt is None)  # locked for the job's life
-        if ckpt is not None:  # epochs logged after the checkpoint run again: log each once
-            folder.truncate_metrics(ckpt.step)
-        folder.write_config({"dataset": dataset, "device": backend.name, "train": config.to_dict(),
-                             "checkpoint_every": checkpoint_every, "run_dir": str(folder.path),
-                             "world_size": size, "shard_hidden": shard_hidden, "comm": comm_kind})
-        say("config: " + json.dumps(config.to_dict(), sort_keys=True))
-        say(f"run folder: {folder.path}")
+    def open_folder():
+        folder.create(log=lambda msg: say(msg, err=True), new=ckpt is None, overwrite=overwrite)  # locked until the end
+        dropped = folder.truncate_metrics(ckpt.step) if ckpt is not None else 0
+        # A user file by absolute path and SHA-256 (a resume checks it); a resume keeps the run's record.
+        folder.write_config({**(record if record is not None else dataset_record(dataset)), "train": config.to_dict(), **dataclasses.asdict(settings),
+                             "run_dir": str(folder.path), "world_size": size})
+        return dropped
+
+    dropped = agree(comm, open_folder, rank0_only=True)
+    if ckpt is not None:
+        at = f"after epoch {ckpt.epoch}, batch {ckpt.batch_in_epoch}" if ckpt.batch_in_epoch else f"after epoch {ckpt.epoch}"
+        say(f"resuming {folder.path} {at} (step {ckpt.step})" + (f"; applied: {', '.join(changes)}" if changes else ""))
+        if dropped:
+            say(f"metrics.jsonl: dropped {dropped} line(s) logged after the checkpoint (those epochs run again)")
+    say("config: " + json.dumps(config.to_dict(), sort_keys=True))
+    say(f"run folder: {folder.path}")
+    if trainer.finished:  # "done: 3 epochs in 0.0 s" would read as if it had trained them
+        if rank == 0:
+            log(f"nothing to train: the run had already trained all its {trainer.epoch} epochs (options given are "
+                f"recorded); to train longer, give --epochs N with N > {trainer.epoch}")
+        return trainer
+
+    saved = (ckpt.epoch, ckpt.step) if ckpt is not None else None
 
     def save():
-        trainer.check_replicas_agree()
+        nonlocal saved
+        try:
+            trainer.check_replicas_agree()  # raises on every rank alike (an all-gather)
+        except KsaeError as exc:
+            raise RanksFailed([(0, describe(exc)[0], 1)], size, job_wide=True) from None
         ckpt_now = trainer.checkpoint(preprocess)  # collective when hidden units are sharded
-        if rank == 0:
-            from ksae_cupy.training.checkpoint import save_checkpoint
-
-            save_checkpoint(folder.checkpoint, ckpt_now)
-        comm.Barrier()  # nobody runs ahead of (or exits before) the written checkpoint
+        agree(comm, save_checkpoint, folder.checkpoint, ckpt_now, rank0_only=True)  # nobody runs ahead of it
+        saved = (trainer.epoch, trainer.step)
 
     X_train = backend.asarray(data.X_train, dtype=trainer.dtype)
     X_valid = backend.asarray(data.X_valid, dtype=trainer.dtype)
     started = time.perf_counter()
-    received = _stop_on_signals(trainer, say)
-    with backend.use():
-        while not trainer.finished:
-            report = trainer.run_epoch(X_train, X_valid)
-            if report is None:  # every rank agreed to stop mid-epoch
-                break
-            if rank == 0:
-                folder.append_metrics(report)
+    try:
+        with backend.use():
+            while not trainer.finished:
+                report = trainer.run_epoch(X_train, X_valid)
+                if report is None:  # every rank agreed to stop mid-epoch
+                    break
+                agree(comm, folder.append_metrics, report, rank0_only=True)
                 valid = f"  valid {report.valid_loss:.4f}" if report.valid_loss is not None else ""
                 say(f"epoch {report.epoch}/{config.epochs}  k {report.k}  loss {report.train_loss:.4f}{valid}  "
                     f"dead {100 * report.dead_fraction:.1f}%  {report.samples_per_s:,.0f} samples/s")
-            if report.epoch % checkpoint_every == 0:
-                save()
-            if trainer.stop_requested:
-                break
+                if report.epoch % settings.checkpoint_every == 0:
+                    save()
+                if trainer.stop_requested:
+                    break
+    except TrainingDiverged as exc:
+        # Raised on every rank at the same step: the losses it checks are all-reduced and the
+        # parameter check is agreed (StopAgreedOverRanks), so every rank leaves together.
+        line = _diverged_line(exc, saved, folder, data.X_train) if rank == 0 else ""
+        raise RanksFailed([(0, line, 1)], size, job_wide=True) from None
     save()
     if not trainer.finished:
+        stopped = comm.allreduce(signals.received or 0, op=MPI.MAX) or int(signal.SIGTERM)
         if rank == 0:
-            log(f"interrupted at epoch {trainer.epoch + 1}, batch {trainer.batch_in_epoch}; checkpoint saved to "
-                f"{folder.checkpoint}; continue with: mpiexec -n {size} python -m mpi4py -m ksae_cupy.cli.mpi_train "
-                f"train --resume {folder.path}", err=True)
-        sys.exit(128 + (received[0] or signal.SIGTERM))  # every rank, together: see abort_on_error
+            where = (f"at epoch {trainer.epoch + 1}, batch {trainer.batch_in_epoch}" if trainer.batch_in_epoch
+                     else f"after epoch {trainer.epoch}")
+            log(f"interrupted {where}; checkpoint saved to "
+                f"{folder.checkpoint}; continue with: {LAUNCH.format(size=size)} --resume {folder.path}", err=True)
+        raise SystemExit(128 + stopped)  # every rank, together: see abort_on_error
     if rank == 0:
         log(f"done: {trainer.epoch} epochs on {size} ranks in {time.perf_counter() - started:.1f} s; "
             f"checkpoint {folder.checkpoint}")
     return trainer
 
 
-def _stop_on_signals(trainer, say) -> list:
-    """SIGINT, SIGTERM, SIGHUP (mpiexec and SLURM pass them to the ranks): stop after the step
-    on every rank, save, exit 128 + the signal. Returns a one-item list: the signal received here."""
-    received = [None]
+def _diverged_line(exc, saved, folder, X_nd) -> str:
+    """The divergence retold as ksae-train tells it: what was kept, and a rate for this data."""
+    from ksae_cupy.training.learning_rate import auto_learning_rate, round_significant
 
-    def handler(signum, frame):
-        received[0] = signum
-        trainer.stop_requested = True
-        say(f"\n{signal.Signals(signum).name}: stopping every rank after this step and saving a checkpoint",
-            err=True)
+    if exc.loss is None:  # the epoch's health check says what was kept itself
+        return one_line(exc)
+    kept = (f"the checkpoint {folder.checkpoint} holds epoch {saved[0]}, step {saved[1]}, written before it"
+            if saved is not None else "nothing was saved (no checkpoint had been written yet)")
+    auto = auto_learning_rate(X_nd)
+    if exc.lr > auto:
+        advice = f"use a smaller --lr, e.g. {auto} (what ksae-train's --lr auto derives from this data's scale)"
+    else:
+        advice = f"use a smaller --lr, e.g. {round_significant(exc.lr / 4, 2)}, or scale the data down"
+    return f"the loss became {exc.loss} at epoch {exc.epoch}, step {exc.step} with --lr {exc.lr}; {kept}; {advice}"
 
-    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), handler)
-    return received
+
+class _StopSignals:
+    """SIGINT, SIGTERM, SIGHUP (what mpiexec passes on, and what SLURM sends every task): noted;
+    once the trainer exists, it stops after the step on every rank (see StopAgreedOverRanks)."""
+
+    def __init__(self, say):
+        self.received, self.trainer, self.say = None, None, say
+        for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), self._handler)
+
+    def _handler(self, signum, frame):
+        first = self.received is None
+        self.received = signum
+        if self.trainer is not None:
+            self.trainer.stop_requested = True
+        if first:
+            what = "after this step and saving a checkpoint" if self.trainer is not None else "before training begins"
+            self.say(f"{signal.Signals(signum).name}: stopping every rank {what}", err=True)
 
 
 def _gpus_per_node() -> int:
@@ -311,65 +455,3 @@ def _gpus_per_node() -> int:
         return max(1, cupy.cuda.runtime.getDeviceCount())
     except Exception:  # noqa: BLE001 - no cupy or no GPU: resolve_device reports it
         return 1
-
-
-def abort_on_error(func):
-    """Run ``func``; on any error print it with the rank and ``MPI_Abort`` the whole job.
-
-    Without this, one rank leaving (even with a clean ``sys.exit``) would leave the others
-    blocked in their next collective forever.
-    """
-    import functools
-
-    @functools.wraps(func)
-    def wrapper(*args, **kwargs):
-        try:
-            return func(*args, **kwargs)
-        except SystemExit as exc:
-            if exc.code in (0, None):
-                raise
-            if isinstance(exc.code, int) and exc.code > 128:  # every rank stopped by a signal, saved, together
-                _exit_together(exc.code)
-            _abort(int(exc.code) if isinstance(exc.code, int) else 1, None)
-        except TrainingDiverged as exc:
-            _abort(1, exc)
-        except KsaeError as exc:
-            _abort(2, exc)
-        except BaseException as exc:  # noqa: BLE001 - anything else: report, abort everyone
-            _abort(1, exc)
-
-    return wrapper
-
-
-def _exit_together(status: int) -> None:
-    """Leave with ``status`` on every rank without MPI_Abort (which mpi4py's runner would call
-    for a non-zero exit, adding a line per rank to a clean stop)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        from mpi4py import MPI
-
-        if MPI.Is_initialized() and not MPI.Is_finalized():
-            MPI.Finalize()
-    except ImportError:
-        pass
-    os._exit(status)
-
-
-def _abort(status: int, exc) -> None:
-    rank = "?"
-    try:
-        from mpi4py import MPI
-
-        rank = MPI.COMM_WORLD.rank
-    except ImportError:
-        MPI = None
-    if exc is not None:
-        kind = "" if isinstance(exc, KsaeError) else f"{type(exc).__name__}: "
-        # One write of the whole line: ranks that fail together must not run into one line.
-        line = f"error: [rank {rank}] {kind}{one_line(exc)}\n"
-        sys.stderr.flush()
-        os.write(sys.stderr.fileno(), line.encode("utf-8", "replace"))
-    if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.size > 1:
-        MPI.COMM_WORLD.Abort(status)
-    sys.exit(status)

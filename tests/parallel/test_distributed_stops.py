@@ -1,10 +1,14 @@
-"""The MPI trainer stops and schedules as ksae-train does: SIGTERM to ``mpiexec`` stops every
-rank after the same step with a checkpoint and exit status 143; a 1-epoch run trains at k."""
+"""The MPI trainer stops and schedules as ksae-train does, through the real ``mpiexec -n 2``.
+
+SIGTERM and Ctrl-C to ``mpiexec`` (which passes them on to every rank), and SIGHUP or SIGTERM sent
+to the ranks themselves (as SLURM's ``scancel --signal`` does), stop every rank after the same step
+with a checkpoint, the resume line and exit status 128 + the signal. The job is held still at an
+epoch (tests/parallel/heldmpi.py) while it is signalled, so no test races the job's clock. A
+1-epoch run trains at k.
+"""
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -12,7 +16,8 @@ import pytest
 from ksae_cupy.datasets.synthetic import make_sparse_signals
 from ksae_cupy.training.checkpoint import load_checkpoint
 
-from test_distributed import MPIEXEC, REPO, _missing, dist_train
+from heldmpi import held_mpi_train, rank_pids, read_stderr_until, release, wait_until_held
+from test_distributed import _missing, dist_train
 
 pytestmark = pytest.mark.skipif(_missing is not None, reason=str(_missing))
 SMALL = ["--hidden", "16", "--k", "2", "--batch-size", "20"]
@@ -27,23 +32,29 @@ def data_file(tmp_path):
 def test_a_one_epoch_run_notes_the_short_schedule_and_trains_at_k(data_file, tmp_path):
     proc = dist_train(2, [str(data_file), *SMALL, "--epochs", "1", "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
     assert "never reach k 2; training with k 2 from the start" in proc.stdout
-    assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text())["k"] == 2
+    record = json.loads((tmp_path / "run" / "metrics.jsonl").read_text())
+    assert record["k"] == 2 and record["valid_loss"] > 0
 
 
-def test_sigterm_stops_every_rank_with_a_checkpoint_and_status_143(data_file, tmp_path):
+@pytest.mark.parametrize("signum, to", [(signal.SIGTERM, "mpiexec"), (signal.SIGINT, "mpiexec"),
+                                        (signal.SIGHUP, "ranks"), (signal.SIGTERM, "ranks")])
+def test_a_stop_signal_stops_every_rank_with_a_checkpoint_and_128_plus_the_signal(data_file, tmp_path, signum, to):
     run = tmp_path / "run"
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([str(MPIEXEC), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "ksae_cupy.cli.mpi_train",
-                             "train", str(data_file), *SMALL, "--epochs", "3000", "--checkpoint-every", "1000",
-                             "--run-dir", str(run)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=tmp_path)
-    for line in proc.stdout:
-        if line.startswith("epoch 2/"):  # the event: two epochs done, far from the end
-            proc.send_signal(signal.SIGTERM)
-            break
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143, err
-    assert "SIGTERM: stopping every rank after this step" in err and "Abort" not in err
+    proc = held_mpi_train(2, [str(data_file), *SMALL, "--epochs", "3000", "--checkpoint-every", "1000",
+                              "--run-dir", str(run)], tmp_path, epoch=2)
+    assert wait_until_held(proc) == 2
+    for pid in rank_pids(proc) if to == "ranks" else [proc.pid]:
+        os.kill(pid, signum)
+    name = signal.Signals(signum).name
+    # The event: rank 0's handler has the signal (it says so) while the job is still held.
+    err = read_stderr_until(proc, f"{name}: stopping every rank after this step and saving a checkpoint")
+    _, rest = release(proc)
+    err += rest
+    assert proc.returncode == 128 + signum, err
+    assert "Abort" not in err and "error" not in err
     assert err.strip().splitlines()[-1].endswith(f"train --resume {run}")
     saved = load_checkpoint(run / "checkpoint.h5")
     assert 2 <= saved.epoch < 3000
+    assert (run / ".lock").read_text() == ""  # released: a resume says nothing of a stale lock
+    resumed = dist_train(2, ["--resume", str(run), "--epochs", str(saved.epoch + 1)], cwd=tmp_path)
+    assert "took over" not in resumed.stderr and f"done: {saved.epoch + 1} epochs" in resumed.stdout
