@@ -1,8 +1,9 @@
 """bin/reproduce-finetune: Table fn_mnist as resumable steps (ksae-train, the codes, ksae-finetune in
 child processes), tiny on the synthetic dataset; and write_codes, which feeds layer 2 its codes.
 
-Interruptions are sent on an event (a line the script shows), never after a clock: the same on a
-quiet or a loaded machine.
+Interruptions are sent on an event, never after a clock: the step to stop holds still after an epoch
+(tests/heldsteps/sitecustomize.py, reaching the script's children through PYTHONPATH) until the signal
+has reached it, the same on a quiet or a loaded machine.
 """
 from __future__ import annotations
 
@@ -32,9 +33,11 @@ SCRIPT = REPO / "bin" / "reproduce-finetune"
 ENV = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1",
            OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1")
 ROWS = ["no_pretraining", "ksparse", "deep_ksparse"]
+# The script's children, with KSAE_TEST_HOLD set, hold still after an epoch until signalled.
+HELD_STEPS = REPO / "tests" / "heldsteps"
 TINY = ["--dataset", "synthetic", "--hidden", "16", "--k", "3", "--pretrain-epochs", "2", "--epochs", "2",
         "--rows", ",".join(ROWS), "--threads", "1", "--device", "cpu"]
-# Long enough that a signal sent after the first epoch line lands mid-step (an epoch is ~0.05 s).
+# Long enough that a step stopped after its first or second epoch has epochs left to continue.
 LONGER = ["--dataset", "synthetic", "--hidden", "16", "--k", "3", "--pretrain-epochs", "30", "--epochs", "10",
           "--rows", "deep_ksparse", "--threads", "1", "--device", "cpu"]
 TIMEOUT = 900  # against a hang only: a tiny run takes ~25 s, far longer on a loaded 2-core machine
@@ -179,10 +182,13 @@ def test_a_diverged_row_is_recorded_and_the_other_rows_still_run(tmp_path):
     assert "(earlier; remove" in again.stdout
 
 
-def stop_on(out: Path, args: list[str], after: list[str], signum: int):
-    """Start the script, send ``signum`` once its output has shown the lines starting with each of
-    ``after``, in order; return its exit status and output."""
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--out", str(out), *args], env=ENV,
+def stop_on(out: Path, args: list[str], hold: str, after: list[str], signum: int):
+    """Start the script with its child for run ``hold`` ("RUN [PHASE] EPOCH") held still after that
+    epoch until signalled; send ``signum`` once the script's output has shown the lines starting with
+    each of ``after`` (the last: the child's ``held after epoch``), in order; return its exit status
+    and output."""
+    env = dict(ENV, PYTHONPATH=os.pathsep.join([str(HELD_STEPS), ENV["PYTHONPATH"]]), KSAE_TEST_HOLD=hold)
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--out", str(out), *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen, waiting = [], list(after)
     try:
@@ -214,16 +220,22 @@ def wait_unlocked(folder: Path) -> None:
     raise AssertionError(f"{folder} stayed locked")
 
 
-@pytest.mark.parametrize("where, after, signum, log", [
-    ("layer 1", ["$ ksae-train synthetic", "epoch 1/30"], signal.SIGTERM, "pretrain-ksparse1"),
-    ("layer 2", ["$ ksae-train", "codes: 10000", "$ ksae-train", "epoch 1/30"], signal.SIGINT, "pretrain-ksparse2"),
-    ("fine-tuning", ["$ ksae-finetune", "phase top epoch 1/10"], signal.SIGTERM, "finetune-deep_ksparse"),
-    ("fine-tuning, kill -9", ["$ ksae-finetune", "phase all epoch 1/10"], signal.SIGKILL, "finetune-deep_ksparse"),
+@pytest.mark.parametrize("where, hold, after, signum, log", [
+    ("layer 1", "ksparse1 1", ["$ ksae-train synthetic", "held after epoch 1 (ksparse1)"], signal.SIGTERM,
+     "pretrain-ksparse1"),
+    ("layer 2", "ksparse2 1", ["$ ksae-train", "codes: 10000", "$ ksae-train", "held after epoch 1 (ksparse2)"],
+     signal.SIGINT, "pretrain-ksparse2"),
+    ("fine-tuning", "deep_ksparse top 1", ["$ ksae-finetune", "phase softmax epoch 10/10",
+                                           "held after epoch 1 (deep_ksparse)"], signal.SIGTERM,
+     "finetune-deep_ksparse"),
+    ("fine-tuning, kill -9", "deep_ksparse all 1", ["$ ksae-finetune", "phase top epoch 10/10",
+                                                    "held after epoch 1 (deep_ksparse)"], signal.SIGKILL,
+     "finetune-deep_ksparse"),
 ])
-def test_stopped_then_continued_ends_bit_identical_to_an_uninterrupted_run(reference, tmp_path, where, after, signum,
-                                                                           log):
+def test_stopped_then_continued_ends_bit_identical_to_an_uninterrupted_run(reference, tmp_path, where, hold, after,
+                                                                           signum, log):
     out = tmp_path / "out"
-    status, output = stop_on(out, LONGER, after, signum)
+    status, output = stop_on(out, LONGER, hold, after, signum)
     deep = out / "finetune" / "deep_ksparse"
     if signum == signal.SIGKILL:
         assert status == -signal.SIGKILL
@@ -236,15 +248,16 @@ def test_stopped_then_continued_ends_bit_identical_to_an_uninterrupted_run(refer
     name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
     assert f"{name}: stopping after this step and saving a checkpoint" in said
     assert "stopped at once" not in said and "Traceback" not in said
-    # Stopped mid-step, with a checkpoint to go on from.
+    # Stopped mid-step, with a checkpoint to go on from: right after the epoch it was held at.
     assert not (deep / "finetune.json").exists()
     if where == "layer 1":
-        assert load_checkpoint(out / "pretrain" / "ksparse1" / "checkpoint.h5").epoch < 30
+        assert load_checkpoint(out / "pretrain" / "ksparse1" / "checkpoint.h5").epoch == 1
         assert not (out / "pretrain" / "ksparse2").exists()
     elif where == "layer 2":
-        assert load_checkpoint(out / "pretrain" / "ksparse2" / "checkpoint.h5").epoch < 30
+        assert load_checkpoint(out / "pretrain" / "ksparse2" / "checkpoint.h5").epoch == 1
     else:
         assert (deep / "checkpoint.h5").is_file() and len(epochs_logged(deep)) < 30
+        assert epochs_logged(deep)[-1] == (hold.split()[1], 1)
     if signum != signal.SIGKILL:  # the table, written on the way out
         status = rows_of(out)[0]["status"]
         assert status.startswith("not started (pretraining: ksparse1 ") if where.startswith("layer") else \
