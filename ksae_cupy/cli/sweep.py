@@ -81,6 +81,10 @@ def sweep_command(dataset, ks, alphas, hiddens, seeds, epochs, batch_size, lr, n
     click.echo(f"results: {json_path} {md_path}")
 
 
+def _ignore_unraisable(unraisable) -> None:
+    """``sys.unraisablehook`` once a stop signal came: say nothing."""
+
+
 @contextlib.contextmanager
 def stopped_by_signals():
     """Ctrl-C, SIGTERM and SIGHUP stop the sweep alike: a ``KeyboardInterrupt`` in the main thread,
@@ -93,6 +97,10 @@ def stopped_by_signals():
         received[0] = signum
         for logger in ("asyncio", "distributed"):
             logging.getLogger(logger).setLevel(logging.CRITICAL)
+        # The interrupt can land inside a constructor (a Dask Future half built by client.submit):
+        # that object's __del__ then fails as the process ends, and Python prints "Exception ignored
+        # in ..." and a traceback under our one line. The process is stopping: nothing there is news.
+        sys.unraisablehook = _ignore_unraisable
         raise KeyboardInterrupt
 
     previous = {}

@@ -179,6 +179,39 @@ def test_a_stopped_sweep_says_so_in_one_line_and_exits_128_plus_the_signal(tmp_p
     assert not (tmp_path / "out").exists()
 
 
+_HALF_BUILT_AT_STOP = """
+import os, signal, sys
+from ksae_cupy.cli.sweep import stopped_by_signals
+
+
+class HalfBuilt:  # as a Dask Future whose __init__ the interrupt cut short: its __del__ fails
+    def __init__(self):
+        os.kill(os.getpid(), signal.SIGNUM)  # the handler raises KeyboardInterrupt right here
+        self.ready = True
+
+    def __del__(self):
+        self.ready
+
+
+with stopped_by_signals() as received:
+    try:
+        HalfBuilt()
+    except KeyboardInterrupt:
+        print("stopped by", int(received[0]))
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_sweep_stopped_inside_a_constructor_prints_no_ignored_exception(signum):
+    """Under load, the stop signal once landed inside ``client.submit`` (a Dask ``Future`` half
+    built); its ``__del__`` then failed at exit and Python printed "Exception ignored in" and a
+    traceback under the one line. The signal is sent by the process itself at that point: no clock."""
+    script = _HALF_BUILT_AT_STOP.replace("SIGNUM", signal.Signals(signum).name)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stdout == f"stopped by {int(signum)}\n", proc.stdout + proc.stderr
+    assert proc.stderr == "", proc.stderr
+
+
 def test_data_verify_refuses_a_data_root_that_does_not_exist_and_list_notes_it(tmp_path):
     """``verify`` once listed every file as missing and exited 0: a mistyped root passed as verified."""
     result = CliRunner().invoke(data_command, ["verify", "--data-dir", str(tmp_path / "nothere")])
