@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import sys
 
-_SCRIPT = """\
+# The patch both held scripts share (this file's and tests/parallel/heldmpi.py's): it takes the epoch
+# and "checkpoint"/"any" from the front of argv and defines append_then_hold, which each script installs.
+HOLD_PATCH = """\
 import sys
 from ksae_cupy.training import runs
 
@@ -28,9 +30,10 @@ def append_then_hold(self, report):
     if not held and report.epoch >= epoch and (not checkpoint or self.checkpoint.exists()):
         held.append(report.epoch)
         print(f"held after epoch {report.epoch}", flush=True)
-        sys.stdin.read()  # until the test closes it (or kills this process)
+        sys.stdin.read()  # until the test closes this process's stdin (or kills it)
+"""
 
-
+_SCRIPT = HOLD_PATCH + """
 runs.RunFolder.append_metrics = append_then_hold
 from ksae_cupy.cli.COMMAND import COMMAND_command
 
@@ -38,19 +41,24 @@ COMMAND_command()
 """
 
 
+def hold_arguments(epoch: int, checkpoint: bool) -> list[str]:
+    """The two arguments HOLD_PATCH reads, first after the script."""
+    return [str(epoch), "checkpoint" if checkpoint else "any"]
+
+
 def held_train(epoch: int, checkpoint: bool = False, command: str = "train") -> list[str]:
     """The command line (before the command's own arguments) of a ``ksae-train`` run (or, with
     ``command="finetune"``, a ``ksae-finetune`` run: ``epoch`` then counts within a phase) that holds
     after ``epoch``."""
-    return [sys.executable, "-c", _SCRIPT.replace("COMMAND", command), str(epoch),
-            "checkpoint" if checkpoint else "any"]
+    return [sys.executable, "-c", _SCRIPT.replace("COMMAND", command), *hold_arguments(epoch, checkpoint)]
 
 
-def wait_until_held(proc) -> int:
+def wait_until_held(proc, timeout: float | None = None) -> int:
     """Read the run's stdout up to its ``held after epoch N`` line; N, or an AssertionError saying how the run
-    ended instead."""
+    ended instead (with its stderr, where that is piped)."""
     for line in proc.stdout:
         if line.startswith("held after epoch "):
             return int(line.split()[-1])
-    proc.wait()
-    raise AssertionError(f"the run ended (status {proc.returncode}) without reaching the epoch it was to hold at")
+    proc.wait(timeout=timeout)
+    why = f": {proc.stderr.read()}" if proc.stderr else ""
+    raise AssertionError(f"the run ended (status {proc.returncode}) without reaching the epoch it was to hold at{why}")

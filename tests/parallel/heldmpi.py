@@ -6,7 +6,7 @@ append epoch ``epoch``'s line to ``metrics.jsonl`` (with ``checkpoint=True``: th
 ``epoch`` on that ends with a checkpoint on disk), print ``held after epoch N`` and wait until its
 stdin is closed (``mpiexec`` passes its own stdin to rank 0); the other ranks wait for it in their
 next collective. A signal sent then arrives mid-run, however loaded the machine: the test waits for
-an event, never for a clock. See tests/heldrun.py for the same with ``ksae-train``.
+an event, never for a clock. The held script shares its patch with tests/heldrun.py (``ksae-train``).
 """
 from __future__ import annotations
 
@@ -15,28 +15,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import heldrun
+from heldrun import HOLD_PATCH, hold_arguments
+
 REPO = Path(__file__).resolve().parents[2]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 # Generous: only a real hang trips it (two busy loops beside a 2-rank job on 2 cores included).
 HANG_GUARD_S = 600
 
-_SCRIPT = """\
-import sys
-from mpi4py import MPI
-from ksae_cupy.training import runs
-
-epoch, checkpoint = int(sys.argv.pop(1)), sys.argv.pop(1) == "checkpoint"
-append, held = runs.RunFolder.append_metrics, []
-
-
-def append_then_hold(self, report):
-    append(self, report)
-    if not held and report.epoch >= epoch and (not checkpoint or self.checkpoint.exists()):
-        held.append(report.epoch)
-        print(f"held after epoch {report.epoch}", flush=True)
-        sys.stdin.read()  # until the test closes mpiexec's stdin (or kills the job)
-
-
+# mpiexec passes its stdin to rank 0 only; the other ranks wait for it in their next collective.
+_SCRIPT = "from mpi4py import MPI\n" + HOLD_PATCH + """
 if MPI.COMM_WORLD.rank == 0:
     runs.RunFolder.append_metrics = append_then_hold
 from ksae_cupy.cli.mpi_train import run
@@ -55,21 +43,15 @@ def mpi_env() -> dict:
 def held_mpi_train(n: int, args: list[str], cwd, epoch: int, checkpoint: bool = False) -> subprocess.Popen:
     """Start ``mpiexec -n N`` running the MPI trainer's ``train ARGS`` that holds after ``epoch``
     (stdin, stdout and stderr piped, text)."""
-    return subprocess.Popen([str(MPIEXEC), "-n", str(n), sys.executable, "-m", "mpi4py", "-c", _SCRIPT, str(epoch),
-                             "checkpoint" if checkpoint else "any", "train", *args],
+    return subprocess.Popen([str(MPIEXEC), "-n", str(n), sys.executable, "-m", "mpi4py", "-c", _SCRIPT,
+                             *hold_arguments(epoch, checkpoint), "train", *args],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=mpi_env(), cwd=cwd)
 
 
 def wait_until_held(proc) -> int:
-    """Read the job's stdout up to its ``held after epoch N`` line; N, or an AssertionError saying
-    how the job ended instead."""
-    for line in proc.stdout:
-        if line.startswith("held after epoch "):
-            return int(line.split()[-1])
-    proc.wait(timeout=HANG_GUARD_S)
-    raise AssertionError(f"the job ended (status {proc.returncode}) without reaching the epoch it was to hold at: "
-                         f"{proc.stderr.read()}")
+    """tests/heldrun.py's wait for the ``held after epoch N`` line, under the hang guard."""
+    return heldrun.wait_until_held(proc, timeout=HANG_GUARD_S)
 
 
 def release(proc) -> tuple[str, str]:
