@@ -6,7 +6,7 @@
     ksae-finetune --baseline dropout-ae --hidden 1000,1000 --dataset mnist  # baseline pretrained here
     ksae-finetune --resume runs/finetune-mnist-...
 
-``--baseline rbm|dropout-ae|denoising-ae`` pretrains that learner of
+``--baseline rbm|dropout-ae|denoising-ae|dropout-denoising-ae`` pretrains that learner of
 :mod:`ksae_cupy.supervised.baselines` (one layer per ``--hidden`` size, ``--pretrain-epochs`` each) on
 the training set in this process, then fine-tunes its sigmoid layers with the same dropout
 (section 4.5). The pretrained weights are the run's initial parameters; a resumed run
@@ -44,7 +44,7 @@ RESULTS = "finetune.json"
 # Options fixed by a run: on --resume, giving one is an error rather than silently ignored.
 RUN_SHAPING = ("dataset", "alpha", "epochs", "phases", "lr_start", "lr_end", "momentum", "batch_size", "sigma",
                "no_pretraining", "baseline", "pretrain_epochs", "hidden", "k", "seed", "dtype")
-BASELINES = ("rbm", "dropout-ae", "denoising-ae")
+BASELINES = ("rbm", "dropout-ae", "denoising-ae", "dropout-denoising-ae")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})

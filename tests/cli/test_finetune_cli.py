@@ -133,6 +133,7 @@ def test_kill_9_then_resume_ends_where_an_uninterrupted_run_does(runs, tmp_path)
 @pytest.mark.parametrize("baseline,hidden,regularisation", [
     ("denoising-ae", "16", {"input_dropout": 0.2, "hidden_dropout": 0.0}),
     ("dropout-ae", "16,8", {"input_dropout": 0.0, "hidden_dropout": 0.5}),
+    ("dropout-denoising-ae", "16", {"input_dropout": 0.2, "hidden_dropout": 0.5}),
 ])
 def test_baseline_pretrained_here_then_fine_tuned_with_its_dropout(tmp_path, baseline, hidden, regularisation):
     out = tmp_path / "ft"

@@ -21,18 +21,22 @@ def draw_ae(D=6, H=5, N=4, seed=0):
 
 # -- the autoencoder --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("p_in,p_hid", [(0.0, 0.0), (0.2, 0.0), (0.0, 0.5), (0.3, 0.4)])
-def test_autoencoder_gradients_match_finite_differences_for_fixed_masks(p_in, p_hid):
+# Every baseline autoencoder at the paper's rates (plain, denoising, dropout, dropout + denoising),
+# one other pair of rates, and the L2 weight decay the validation grid may choose.
+@pytest.mark.parametrize("p_in,p_hid,wd", [(0.0, 0.0, 0.0), (0.2, 0.0, 0.0), (0.0, 0.5, 0.0), (0.2, 0.5, 0.0),
+                                           (0.3, 0.4, 0.0), (0.2, 0.5, 0.03), (0.0, 0.0, 0.1)])
+def test_autoencoder_gradients_match_finite_differences_for_fixed_masks(p_in, p_hid, wd):
     params, X_nd, rng = draw_ae()
     M_in = dropout_mask(rng, X_nd.shape, p_in, np.float64) if p_in else None
     M_hid = dropout_mask(rng, (X_nd.shape[0], 5), p_hid, np.float64) if p_hid else None
-    if p_hid:
-        assert 0 < (M_hid == 0).sum() < M_hid.size  # the mask really drops some units and keeps others
+    for M in (M_in, M_hid):
+        if M is not None:  # the mask really drops some units and keeps others
+            assert 0 < (M == 0).sum() < M.size
 
     def loss():
-        return baselines.ae_loss_and_grads(params, X_nd, M_in, M_hid)[0]
+        return baselines.ae_loss_and_grads(params, X_nd, M_in, M_hid, wd)[0]
 
-    _, grads = baselines.ae_loss_and_grads(params, X_nd, M_in, M_hid)
+    _, grads = baselines.ae_loss_and_grads(params, X_nd, M_in, M_hid, wd)
     assert set(grads) == set(baselines.PARAM_NAMES)
     for name in baselines.PARAM_NAMES:
         numeric = numerical_gradient(loss, params[name])
@@ -47,6 +51,14 @@ def test_denoising_loss_reconstructs_the_clean_input():
     W, b, c = params["W_dh"], params["b_h"], params["c_d"]
     Xhat = sigmoid((X_nd * M_in) @ W + b) @ W.T + c
     assert loss == pytest.approx(0.5 * ((Xhat - X_nd) ** 2).sum() / len(X_nd), rel=1e-12)
+
+
+def test_weight_decay_adds_half_its_squared_norm_to_the_loss():
+    params, X_nd, rng = draw_ae()
+    M_in, M_hid = dropout_mask(rng, X_nd.shape, 0.2, np.float64), dropout_mask(rng, (4, 5), 0.5, np.float64)
+    plain, _ = baselines.ae_loss_and_grads(params, X_nd, M_in, M_hid)
+    decayed, _ = baselines.ae_loss_and_grads(params, X_nd, M_in, M_hid, weight_decay=0.1)
+    assert decayed - plain == pytest.approx(0.05 * (params["W_dh"] ** 2).sum(), rel=1e-12)
 
 
 def test_features_and_clean_error_use_no_dropout():
@@ -116,7 +128,8 @@ def test_stack_learns_each_layer_on_the_features_of_the_layer_below():
     np.testing.assert_array_equal(alone["W_dh"], stack[1]["W_dh"])
 
 
-@pytest.mark.parametrize("kind,p_in,p_hid", [("dropout-ae", 0.0, 0.5), ("denoising-ae", 0.2, 0.0)])
+@pytest.mark.parametrize("kind,p_in,p_hid", [("dropout-ae", 0.0, 0.5), ("denoising-ae", 0.2, 0.0),
+                                             ("dropout-denoising-ae", 0.2, 0.5)])
 def test_pretrain_baseline_uses_the_papers_dropout(kind, p_in, p_hid, monkeypatch):
     seen = []
     real = baselines.fit_autoencoder
@@ -127,7 +140,7 @@ def test_pretrain_baseline_uses_the_papers_dropout(kind, p_in, p_hid, monkeypatc
 
 
 def test_unknown_baseline_is_a_one_line_error():
-    with pytest.raises(KsaeError, match="baseline 'sae' is not allowed; use one of rbm, dropout-ae, denoising-ae"):
+    with pytest.raises(KsaeError, match="baseline 'sae' is not allowed; use one of rbm, dropout-ae, denoising-ae, dropout-denoising-ae"):
         baselines.pretrain_baseline("sae", np.zeros((4, 3)), [2], epochs=1)
 
 
@@ -211,6 +224,7 @@ def test_rbm_features_are_its_sigmoid_encoder():
     (lambda: baselines.AutoencoderConfig(lr=0, batch_size=10), ["lr 0", "positive learning rate"]),
     (lambda: baselines.AutoencoderConfig(batch_size=500), ["batch_size 500", "at most the 100"]),
     (lambda: baselines.RBMConfig(weight_decay=-1.0), ["weight_decay -1.0", ">= 0"]),
+    (lambda: baselines.AutoencoderConfig(weight_decay=float("inf")), ["weight_decay inf", ">= 0"]),
     (lambda: baselines.RBMConfig(momentum=1.0, batch_size=10), ["momentum 1.0", "0 <= momentum < 1"]),
 ])
 def test_bad_options_are_one_line_errors(make, fragments):
