@@ -262,24 +262,24 @@ def _verified_elsewhere(spec: FileSpec, search: tuple, log) -> Path | None:
 
 
 def _fetch_one(folder: Path, spec: FileSpec, sources: list, dataset: str, cache: dict, log) -> Path:
+    """One line on success (where the file came from); the sources that failed before are
+    named only when every source failed (a mirror that is down is routine, not news)."""
     final = folder / spec.name
     failures: list[str] = []
     for source in sources:
         tmp = folder / f".{spec.name}.part"
         try:
-            log(f"fetching {spec.name} from {source.describe()}")
             source.fetch(spec, tmp, cache)
             problem = check_content(tmp, spec, decompress=False)
             if problem is not None:
                 failures.append(f"{source.describe()}: {spec.name} {problem}")
-                log(f"  {failures[-1]}")
                 continue
             os.replace(tmp, final)
+            log(f"fetched {spec.name} from {source.describe()}")
             return final
         except (OSError, EOFError, zlib.error, http.client.HTTPException, tarfile.TarError,
                 subprocess.SubprocessError) as exc:
             failures.append(f"{source.describe()}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-            log(f"  failed: {failures[-1]}")
         finally:
             tmp.unlink(missing_ok=True)
     raise KsaeError(f"could not fetch {spec.name} for {dataset}; tried: " + "; ".join(failures)
