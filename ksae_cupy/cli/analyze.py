@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ksae_cupy.cli.common import (CONTEXT, DATA_DIR, DEVICE, QUIET, RUN_DIR, check_run_outputs, data_options,
+from ksae_cupy.cli.common import (GivenPath, CONTEXT, DATA_DIR, DEVICE, QUIET, RUN_DIR, check_run_outputs, data_options,
                                    data_overrides, dataset_split, progress_printer, report_errors, write_json)
 from ksae_cupy.errors import KsaeError
 
@@ -87,7 +87,7 @@ def analyze_iti(run_dir, n_samples, split, k, max_iter, device, data_dir, quiet,
 @click.option("--k", "k", type=int, default=4, help="Non-zeros per code.")
 @click.option("--n", "n", type=int, default=1000, help="Codes drawn per case.")
 @click.option("--seed", type=int, default=0)
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None, help="Also write the report as JSON.")
+@click.option("-o", "--output", type=GivenPath(path_type=Path), default=None, help="Also write the report as JSON.")
 @report_errors
 def analyze_theorem(dictionary, D, H, k, n, seed, output):
     """Theorem 3.1: x = W z with k-sparse z drawn to satisfy and to violate k mu <= z_k / (2 z_1);

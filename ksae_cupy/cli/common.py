@@ -28,6 +28,7 @@ def report_errors(func):
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
+            refuse_empty(kwargs)
             with warnings.catch_warnings():
                 warnings.showwarning = _show_note
                 return func(*args, **kwargs)
@@ -43,6 +44,44 @@ def report_errors(func):
             sys.exit(EXIT_USAGE)
 
     return wrapper
+
+
+class EmptyPath(str):
+    """What :class:`GivenPath` makes of an empty path: ``Path("")`` would be the current folder
+    (``--run-dir ''`` would write a run there), so the command refuses it by name instead."""
+
+
+class GivenPath(click.Path):
+    """``click.Path`` that keeps an empty value recognisable (:class:`EmptyPath`) for :func:`refuse_empty`."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not value.strip():
+            return EmptyPath(value)
+        return super().convert(value, param, ctx)
+
+
+def refuse_empty(values: dict) -> None:
+    """One line naming the first path given empty: a path of '' would be the current folder
+    (``--run-dir ''`` would write the run there). DATASET and the data options are paths given as
+    text; other texts are checked by their own parsers."""
+    for name, value in values.items():
+        items = value if isinstance(value, tuple) else (value,)
+        path_like = name in ("dataset", *DATA_PATH_OPTIONS)
+        if any(isinstance(item, EmptyPath) or (path_like and isinstance(item, str) and not item.strip())
+               for item in items):
+            raise KsaeError(f"{_flag(name)} {str(items[0])!r} is not allowed: an empty path; name a file or folder "
+                            f"(. is the current folder)")
+
+
+def _flag(name: str) -> str:
+    """How the command line spells parameter ``name``: its longest option, or an argument's metavar."""
+    ctx = click.get_current_context(silent=True)
+    for param in (ctx.command.params if ctx is not None else ()):
+        if param.name == name:
+            if isinstance(param, click.Argument):
+                return param.human_readable_name
+            return max(param.opts, key=len)
+    return "--" + name.replace("_", "-")
 
 
 def _show_note(message, category, filename, lineno, file=None, line=None):
@@ -126,9 +165,10 @@ def progress_printer(quiet: bool):
     return (lambda *a, **k: None) if quiet else (lambda msg: click.echo(msg, err=True))
 
 
-RUN_DIR = click.Path(path_type=Path)  # existence is checked by open_run, with a one-line error
+PATH = GivenPath(path_type=Path)
+RUN_DIR = PATH  # existence is checked by open_run, with a one-line error
 DEVICE = click.option("--device", default="auto", help="auto (a GPU when one answers, else the CPU), cpu, gpu or gpu:N.")
-DATA_DIR = click.option("--data-dir", type=click.Path(path_type=Path), default=None,
+DATA_DIR = click.option("--data-dir", type=PATH, default=None,
                         help="Data root. [default: $KSAE_DATA_DIR or ./data]")
 QUIET = click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 
@@ -173,6 +213,7 @@ def parse_lr(text: str | None, default):
 
 # -- DATASET and the options that go with the user's own data ------------------------------
 
+DATA_PATH_OPTIONS = ("labels", "test", "test_labels")
 DATA_OPTION_NAMES = ("labels", "test", "test_labels", "valid_fraction", "test_fraction", "split_seed")
 
 

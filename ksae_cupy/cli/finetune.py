@@ -36,7 +36,7 @@ from types import SimpleNamespace
 import click
 import numpy as np
 
-from ksae_cupy.cli.common import (DATA_OPTION_NAMES, StopOnSignals, data_options, data_overrides, data_spec,
+from ksae_cupy.cli.common import (GivenPath, DATA_OPTION_NAMES, StopOnSignals, data_options, data_overrides, data_spec,
                                    report_errors)
 from ksae_cupy.errors import KsaeError
 
@@ -48,7 +48,7 @@ BASELINES = ("rbm", "dropout-ae", "denoising-ae", "dropout-denoising-ae")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
-@click.argument("pretrained", nargs=-1, type=click.Path(path_type=Path))
+@click.argument("pretrained", nargs=-1, type=GivenPath(path_type=Path))
 @click.option("--dataset", default=None,
               help="Labelled dataset: mnist, fashion-mnist, synthetic, or your file (see ksae-train). "
                    "[default: the pretrained run's, with its labels and splits]")
@@ -77,13 +77,13 @@ BASELINES = ("rbm", "dropout-ae", "denoising-ae", "dropout-denoising-ae")
 @click.option("--threads", type=int, default=None,
               help="Threads on the CPU, for BLAS and the CPU kernels. [default: one per free core; on --resume, "
                    "the run's]")
-@click.option("--run-dir", type=click.Path(path_type=Path), default=None,
+@click.option("--run-dir", type=GivenPath(path_type=Path), default=None,
               help="[default: runs/finetune-<dataset>-<time>]")
 @click.option("--checkpoint-every", type=int, default=10, help="Write a checkpoint every N epochs (and at the end).")
 @click.option("--checkpoint-minutes", type=float, default=5.0,
               help="Also write one whenever this many minutes have passed (mid-epoch if need be; 0: by epochs only).")
-@click.option("--resume", type=click.Path(path_type=Path), default=None, help="Continue the fine-tuning run in this folder.")
-@click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Data root.")
+@click.option("--resume", type=GivenPath(path_type=Path), default=None, help="Continue the fine-tuning run in this folder.")
+@click.option("--data-dir", type=GivenPath(path_type=Path), default=None, help="Data root.")
 @click.option("--quiet", is_flag=True)
 @data_options
 @click.pass_context
@@ -98,7 +98,7 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
     from ksae_cupy.datasets import load_dataset
     from ksae_cupy.datasets.user_files import DataSpec
     from ksae_cupy.supervised.checkpoint import load_finetune_checkpoint
-    from ksae_cupy.training.runs import RunFolder
+    from ksae_cupy.training.runs import FINETUNE, RunFolder
 
     say = (lambda *a, **kw: None) if quiet else click.echo
     from ksae_cupy.training.checkpoint_policy import CheckpointPolicy
@@ -114,12 +114,13 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
                        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE)
         if given:
             raise KsaeError(f"--resume: {', '.join(given)} cannot change a run in progress; leave them out")
-        folder = RunFolder(resume)
+        folder = RunFolder(resume, kind=FINETUNE)
         folder.check_resumable()
         folder.lock(log=lambda msg: say(msg, err=True))  # one writer: held until the command ends
         ctx.call_on_close(folder.release)
         resolved = folder.read_config()
         state = load_finetune_checkpoint(folder.checkpoint)
+        folder.check_checkpoint(state.get("run_id"))  # this folder's run, not a copy
         if ctx.get_parameter_source("step") == click.core.ParameterSource.COMMANDLINE:
             state["config"]["step"] = step  # the same math: allowed on a run in progress
         if ctx.get_parameter_source("threads") != click.core.ParameterSource.COMMANDLINE:
@@ -167,8 +168,8 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
             spec = DataSpec.from_record(dataset, sources[0]["data"]).for_run(**data_overrides(data_given))
         else:
             spec = data_spec(dataset, **data_given)
-        folder = RunFolder(run_dir or _default_run_dir(dataset))
-        folder.check_new(command="ksae-finetune")
+        folder = RunFolder(run_dir or _default_run_dir(dataset), kind=FINETUNE)
+        folder.check_new()
         data = load_dataset(spec, root=data_dir, log=lambda msg: say(msg, err=True))
         if data.y_train is None:
             raise KsaeError(f"dataset {dataset!r} has no labels; fine-tuning needs labels: --labels, or an .npz "
@@ -321,7 +322,7 @@ class PhasePace:
 def _saver(folder, trainer):
     from ksae_cupy.supervised.checkpoint import save_finetune_checkpoint
 
-    return lambda: save_finetune_checkpoint(folder.checkpoint, trainer.state())
+    return lambda: save_finetune_checkpoint(folder.checkpoint, {**trainer.state(), "run_id": folder.run_id})
 
 
 def _default_run_dir(dataset: str, root: Path = Path("runs")) -> Path:

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import click
 
 from ksae_cupy.cli import resume as resuming
+from ksae_cupy.cli.common import GivenPath, refuse_empty
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.parallel.agree import abort_on_error, agree
 from ksae_cupy.parallel.data_parallel import RunSettings, run_distributed
@@ -55,15 +56,15 @@ def main():
 @click.option("--shard-hidden", is_flag=True, help="Split the hidden units (W's columns) over the ranks.")
 @click.option("--topk-dist", type=click.Choice(["threshold", "gather"]), default="threshold",
               help="With --shard-hidden: global top-k by all-reduced radix counts, or local top-k + all-gather.")
-@click.option("--run-dir", type=click.Path(), default=None)
+@click.option("--run-dir", type=GivenPath(), default=None)
 @click.option("--checkpoint-every", type=int, default=10)
 @click.option("--overwrite", is_flag=True,
               help="Start afresh in a --run-dir that holds another run: its checkpoint, config, metrics and results are removed.")
-@click.option("--resume", type=click.Path(), default=None,
+@click.option("--resume", type=GivenPath(), default=None,
               help="Continue the run in this folder (same rank count); options given are applied (--epochs, --topk, "
                    "--device, --comm, --topk-dist, --checkpoint-every, --data-dir) or, if they would change the model, "
                    "refused by name.")
-@click.option("--data-dir", type=click.Path(), default=None)
+@click.option("--data-dir", type=GivenPath(), default=None)
 @click.option("--quiet", is_flag=True)
 @click.option("--fail-at-step", type=int, default=None, hidden=True, help="Fault injection for tests.")
 @click.option("--fail-rank", type=int, default=1, hidden=True)
@@ -80,6 +81,7 @@ def train(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch_size, l
     typed = resuming.given(ctx)
 
     def new_config():  # the same on every rank
+        refuse_empty(ctx.params)  # --run-dir '' would be the current folder
         if resume is None and "topk_dist" in typed and not shard_hidden:
             raise KsaeError(f"--topk-dist {topk_dist} is not allowed without --shard-hidden: it chooses how ranks "
                             f"holding parts of the hidden layer find the top-k; add --shard-hidden or drop it")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ksae_cupy.cli.common import (CONTEXT, DATA_DIR, QUIET, RUN_DIR,
+from ksae_cupy.cli.common import (GivenPath, CONTEXT, DATA_DIR, QUIET, RUN_DIR,
                                    dataset_split, progress_printer, report_errors)
 from ksae_cupy.errors import KsaeError
 
@@ -30,7 +30,7 @@ def _parse_shape(text):
 
 @plot_command.command("filters", context_settings=CONTEXT)
 @click.argument("run_dir", type=RUN_DIR)
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None, help="Image file; its suffix picks the format (png, pdf, svg, jpg, ...). [default: RUN_DIR/filters.png]")
+@click.option("-o", "--output", type=GivenPath(path_type=Path), default=None, help="Image file; its suffix picks the format (png, pdf, svg, jpg, ...). [default: RUN_DIR/filters.png]")
 @click.option("--n", "n_filters", type=int, default=None, help="Draw the first N filters. [default: all]")
 @click.option("--cols", type=int, default=None, help="Filters per row. [default: square grid]")
 @click.option("--shape", default=None,
@@ -63,7 +63,7 @@ def plot_filters(run_dir, output, n_filters, cols, shape, channels, layout, scal
 
 @plot_command.command("hist", context_settings=CONTEXT)
 @click.argument("run_dirs", type=RUN_DIR, nargs=-1, required=True)
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("activity-histogram.png"), help="PNG file.")
+@click.option("-o", "--output", type=GivenPath(path_type=Path), default=Path("activity-histogram.png"), help="PNG file.")
 @click.option("--n-samples", type=int, default=1000, help="Rows of the split to encode per run.")
 @click.option("--split", type=click.Choice(["test", "valid", "train"]), default="test")
 @click.option("--alpha", type=float, default=1.0, help="Encode with the alpha*k largest units.")
@@ -102,7 +102,7 @@ def plot_hist(run_dirs, output, n_samples, split, alpha, bins, data_dir, quiet):
 
 @plot_command.command("curves", context_settings=CONTEXT)
 @click.argument("run_dir", type=RUN_DIR)
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+@click.option("-o", "--output", type=GivenPath(path_type=Path), default=None,
               help="Image file; its suffix picks the format. [default: RUN_DIR/curves.png]")
 @report_errors
 def plot_curves(run_dir, output):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from ksae_cupy.cli.common import STOP_SIGNALS, report_errors
+from ksae_cupy.cli.common import GivenPath, STOP_SIGNALS, report_errors
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.parallel.sweep import check_data, check_specs, grid, run_sweep, write_results
 from ksae_cupy.paths import check_writable_folder
@@ -54,7 +54,7 @@ def _floats(text: str, what: str) -> list[float]:
 @click.option("--scheduler", default=None, help="Dask scheduler address. [default: a LocalCluster]")
 @click.option("--workers", type=int, default=2, help="LocalCluster worker processes (one thread each).")
 @click.option("--data-dir", default=None)
-@click.option("--out", type=click.Path(path_type=Path), default=Path("sweeps/latest"))
+@click.option("--out", type=GivenPath(path_type=Path), default=Path("sweeps/latest"))
 @report_errors
 def sweep_command(dataset, ks, alphas, hiddens, seeds, epochs, batch_size, lr, no_k_schedule, scheduler, workers,
                   data_dir, out):

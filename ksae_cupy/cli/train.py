@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from ksae_cupy.cli.common import StopOnSignals, data_options, data_spec, parse_lr, report_errors
+from ksae_cupy.cli.common import GivenPath, StopOnSignals, data_options, data_spec, parse_lr, report_errors
 from ksae_cupy.errors import KsaeError, cli_name
 from ksae_cupy.training.options import check_seed, check_training_memory
 
@@ -49,17 +49,17 @@ def describe_auto_lr(X_nd) -> str:
 @click.option("--step", type=click.Choice(["dense", "sparse", "auto"]), default="auto",
               help="Training step: dense products, or only the encoder dense (sparse); auto picks by k/H.")
 @click.option("--device", default="auto", help="auto, cpu, gpu or gpu:N.")
-@click.option("--run-dir", type=click.Path(path_type=Path), default=None,
+@click.option("--run-dir", type=GivenPath(path_type=Path), default=None,
               help="Folder for checkpoint.h5, config.json, metrics.jsonl. [default: runs/<dataset>-h<H>-k<k>-<time>]")
 @click.option("--checkpoint-every", type=int, default=10, help="Write a checkpoint every N epochs (and at the end).")
 @click.option("--checkpoint-minutes", type=float, default=5.0,
               help="Also write one whenever this many minutes have passed, mid-epoch if need be (0: by epochs only).")
 @click.option("--overwrite", is_flag=True,
               help="Start afresh in a --run-dir that holds another run: its checkpoint, config, metrics and results are removed.")
-@click.option("--resume", type=click.Path(path_type=Path), default=None,
+@click.option("--resume", type=GivenPath(path_type=Path), default=None,
               help="Continue the run in this folder; options given are applied (--epochs, --topk, --device, "
                    "--checkpoint-*, --threads) or, if they would change the model, refused by name.")
-@click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Data root. [default: $KSAE_DATA_DIR or ./data]")
+@click.option("--data-dir", type=GivenPath(path_type=Path), default=None, help="Data root. [default: $KSAE_DATA_DIR or ./data]")
 @click.option("--threads", type=int, default=None,
               help="Threads on the CPU, for BLAS and the CPU kernels. [default: one per usable core]")
 @click.option("--progress-seconds", type=float, default=30.0,
@@ -120,6 +120,8 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
         policy = CheckpointPolicy(every["checkpoint_every"], every["checkpoint_minutes"])
         backend = resolve_device(device)
         model = KSparseAutoencoder.load(folder.checkpoint, device=backend.name)
+        folder.check_checkpoint(model.run_id_, model.trainer_.config.to_dict())  # this folder's run, not a copy
+        model.run_id_ = folder.run_id
         trainer = model.trainer_
         resuming.check_refused(ctx, typed, trainer.config)
         changes = resuming.apply_options(ctx, typed, trainer)
@@ -176,6 +178,7 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
 
     ctx.call_on_close(folder.release)
     folder.create(log=lambda msg: say(msg, err=True), new=resume is None, overwrite=overwrite)
+    model.run_id_ = folder.run_id  # every checkpoint carries the folder's identity
     if model.trainer_ is not None:
         dropped = folder.truncate_metrics(model.trainer_.step)
         if dropped:

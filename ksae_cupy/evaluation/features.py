@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ksae_cupy.evaluation import classifier
+from ksae_cupy.evaluation import classifier, grid
 from ksae_cupy.backend import CPU, Backend
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.model import alpha_k, hidden_preactivations, select_units
@@ -83,11 +84,14 @@ def sparse_features(params, X_nd, k: int, alpha: float = 1.0, topk_method: str =
 
 
 def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid", max_iter: int = 500,
-                    backend: Backend = CPU, log=print) -> dict:
+                    backend: Backend = CPU, log=print, workers: int = 1, store=None, block: str = "sparse") -> dict:
     """Choose (alpha, L2) on validation error, refit, and report the test error once.
 
     ``encode(alpha, X_nd)`` returns the classifier's features for host rows ``X_nd``.
     Returns a JSON-ready dict: every trial, the choice, and the test error.
+    ``workers``: alphas fitted side by side (threads, CPU only); ``store``: a
+    :class:`~ksae_cupy.evaluation.grid.FitStore` whose fits (under keys starting with
+    ``block``) are reused and to which new fits are added as they finish.
     """
     if refit not in REFIT_CHOICES:
         raise KsaeError(f"refit={refit!r} is not allowed; use one of {', '.join(REFIT_CHOICES)}")
@@ -100,31 +104,77 @@ def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid"
     n_classes = dataset.n_classes or int(max(dataset.y_train.max(), dataset.y_valid.max())) + 1
     l2_grid = sorted(l2_grid, reverse=True)  # strongest first: each fit warm-starts the next
     y_train, y_valid = backend.asarray(dataset.y_train), backend.asarray(dataset.y_valid)
-    trials, best, best_model = [], None, None
-    for alpha in alphas:
-        F_train, F_valid = encode(alpha, dataset.X_train), encode(alpha, dataset.X_valid)
-        previous = None
+    workers = 1 if backend.is_gpu else max(1, min(workers, len(alphas)))
+    progress = grid.GridProgress(len(alphas) * len(l2_grid) + 1, workers, log)
+    stop = threading.Event()
+
+    def fit_key(alpha, l2) -> str:
+        return f"{block}|alpha={_fmt_alpha(alpha)}|l2={l2!r}"
+
+    kept = sum(store.get(fit_key(a, l2)) is not None for a in alphas for l2 in l2_grid) if store is not None else 0
+    side = f", {workers} side by side" if workers > 1 else ""
+    again = f"; {kept} kept from an interrupted run" if kept else ""
+    log(f"{len(alphas) * len(l2_grid)} classifier fits ({len(alphas)} alpha x {len(l2_grid)} L2{side}) "
+        f"and a refit{again}")
+
+    def chain(alpha) -> list:
+        """The fits of one alpha, L2 strongest first, each warm-started from the one before."""
+        features, previous, rows = None, None, []
         for l2 in l2_grid:
-            model = classifier.fit(F_train, y_train, n_classes, l2, max_iter=max_iter, init=previous)
-            trial = Trial(alpha=alpha, l2=float(l2), valid_error=classifier.error_rate(model, F_valid, y_valid),
-                          train_error=classifier.error_rate(model, F_train, y_train), n_iter=model.n_iter,
-                          converged=model.converged, seconds=round(model.seconds, 3))
-            trials.append(trial)
-            log(f"  alpha={_fmt_alpha(alpha)} l2={l2:g}: valid error {100 * trial.valid_error:.2f}% "
-                f"(train {100 * trial.train_error:.2f}%, {trial.n_iter} L-BFGS iterations, {trial.seconds:.1f}s)")
-            if best is None or trial.valid_error < best.valid_error:  # strict: ties keep the earlier (simpler) pair
-                best, best_model = trial, model
+            stored = store.get(fit_key(alpha, l2)) if store is not None else None
+            if stored is not None:
+                trial, model = Trial(**stored[0]), stored[1]
+                progress.reused()
+            else:
+                if features is None:  # encoded only when a fit is missing
+                    features = encode(alpha, dataset.X_train), encode(alpha, dataset.X_valid)
+                F_train, F_valid = features
+                model = classifier.fit(F_train, y_train, n_classes, l2, max_iter=max_iter, init=previous,
+                                       should_stop=stop.is_set)
+                trial = Trial(alpha=alpha, l2=float(l2), valid_error=classifier.error_rate(model, F_valid, y_valid),
+                              train_error=classifier.error_rate(model, F_train, y_train), n_iter=model.n_iter,
+                              converged=model.converged, seconds=round(model.seconds, 3))
+                if store is not None:
+                    store.put(fit_key(alpha, l2), asdict(trial), model)
+                progress.fitted(f"alpha={_fmt_alpha(alpha)} l2={l2:g}: valid error {100 * trial.valid_error:.2f}% "
+                                f"(train {100 * trial.train_error:.2f}%, {trial.n_iter} L-BFGS iterations, "
+                                f"{trial.seconds:.1f}s)", model.seconds)
+                _warn_unconverged(model, f"alpha={_fmt_alpha(alpha)} l2={l2:g}", max_iter, progress.say)
+            rows.append((trial, model))
             previous = model
-        del F_train, F_valid
+        return rows
+
+    try:
+        chains = grid.run_chains(chain, list(alphas), workers, stop)
+    except (KeyboardInterrupt, classifier.FitStopped):
+        raise grid.EvaluationInterrupted(*_kept(store)) from None
+    trials, best, best_model = [], None, None
+    for trial, model in (row for rows in chains for row in rows):  # alpha order, then L2 strongest first
+        trials.append(trial)
+        if best is None or trial.valid_error < best.valid_error:  # strict: ties keep the earlier (simpler) pair
+            best, best_model = trial, model
     log(f"chosen on validation: alpha={_fmt_alpha(best.alpha)} l2={best.l2:g} "
         f"(valid error {100 * best.valid_error:.2f}%); refit on {refit}")
-    F_fit = encode(best.alpha, dataset.X_train)
-    y_fit = dataset.y_train
-    if refit == "train+valid":
-        F_fit = _stack(F_fit, encode(best.alpha, dataset.X_valid))
-        y_fit = np.concatenate([dataset.y_train, dataset.y_valid])
-    final = classifier.fit(F_fit, backend.asarray(y_fit), n_classes, best.l2, max_iter=max_iter, init=best_model)
-    del F_fit
+    refit_key = f"{fit_key(best.alpha, best.l2)}|refit={refit}"
+    stored = store.get(refit_key) if store is not None else None
+    if stored is not None:
+        final = stored[1]
+    else:
+        F_fit = encode(best.alpha, dataset.X_train)
+        y_fit = dataset.y_train
+        if refit == "train+valid":
+            F_fit = _stack(F_fit, encode(best.alpha, dataset.X_valid))
+            y_fit = np.concatenate([dataset.y_train, dataset.y_valid])
+        try:
+            final = classifier.fit(F_fit, backend.asarray(y_fit), n_classes, best.l2, max_iter=max_iter,
+                                   init=best_model)
+        except KeyboardInterrupt:
+            raise grid.EvaluationInterrupted(*_kept(store)) from None
+        del F_fit
+        if store is not None:
+            store.put(refit_key, {"l2": best.l2}, final)
+        progress.fitted(f"refit on {refit}: {final.n_iter} L-BFGS iterations, {final.seconds:.1f}s", final.seconds)
+        _warn_unconverged(final, f"the refit (alpha={_fmt_alpha(best.alpha)} l2={best.l2:g})", max_iter, log)
     # The test set is encoded and its labels read here, after the choice, and only once.
     test_error = classifier.error_rate(final, encode(best.alpha, dataset.X_test), dataset.y_test)
     log(f"test error {100 * test_error:.2f}%")
@@ -136,6 +186,21 @@ def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid"
         "refit_converged": final.converged,
         "test_error": test_error,
     }
+
+
+def _kept(store) -> tuple:
+    return (0, None) if store is None else (len(store), store.path)
+
+
+def _warn_unconverged(model, what: str, max_iter: int, log) -> None:
+    """A fit that stopped before its gradient tolerance is said at once, not only in the table."""
+    if model.converged:
+        return
+    if model.n_iter >= max_iter:
+        why = f"reached --max-iter {max_iter} (raise it to fit further)"
+    else:
+        why = f"stopped after {model.n_iter} iterations: {model.message}"
+    log(f"  warning: {what}: L-BFGS did not converge; it {why}")
 
 
 def _stack(A, B):
@@ -205,10 +270,15 @@ def open_run(run_dir) -> Run:
     """
     from ksae_cupy.training.checkpoint import load_checkpoint
 
+    from ksae_cupy.training.runs import RunFolder
+
     path = Path(run_dir)
     if not path.is_dir():
         raise KsaeError(f"run folder {path} does not exist")
+    folder = RunFolder(path)
+    folder.check_kind("run folder", "this command reads ksae-train run folders")
     ckpt = load_checkpoint(path / "checkpoint.h5")
+    folder.check_checkpoint(ckpt.run_id, ckpt.config)  # this folder's run, not a copy
     dataset, data_record = ckpt.config.get("dataset"), None
     config_path = path / "config.json"
     if config_path.is_file():
@@ -242,13 +312,22 @@ def load_run_dataset(run: Run, data_root=None, log=print, overrides: dict | None
 
 def evaluate_run(run_dir, alphas=DEFAULT_ALPHAS, l2_grid=DEFAULT_L2, refit: str = "train+valid",
                  raw_baseline: bool = False, backend: Backend = CPU, dataset=None, data_root=None,
-                 max_iter: int = 500, linear_svm: bool = False, log=print, data_overrides: dict | None = None) -> dict:
+                 max_iter: int = 500, linear_svm: bool = False, log=print, data_overrides: dict | None = None,
+                 workers: int = 1) -> dict:
     """Evaluate the checkpoint of ``run_dir``; write ``eval.json`` and ``eval.md`` there.
 
     ``dataset`` defaults to the run's own (named in ``config.json``, with the labels and
     splits recorded there and ``data_overrides``' labels or test set), loaded from ``data_root``.
     ``linear_svm`` adds the classifier bracketing rows of :mod:`ksae_cupy.evaluation.svm`.
+    ``workers``: classifier fits run side by side. Finished fits are kept in
+    ``RUN_DIR/eval-fits.npz`` until the report is written, so an interrupted evaluation
+    (:class:`~ksae_cupy.evaluation.grid.EvaluationInterrupted`) continues where it stopped.
     """
+    from ksae_cupy.evaluation import baseline_eval
+
+    if baseline_eval.is_baseline_run(run_dir):  # a ksae-baseline run: its own features, the same classifier
+        return baseline_eval.evaluate_baseline_run(run_dir, l2_grid, refit, raw_baseline, backend, dataset, data_root,
+                                                   max_iter, linear_svm, log, data_overrides)
     run = open_run(run_dir)
     run_dir, ckpt, k, H = run.path, run.ckpt, run.k, run.H
     for alpha in alphas:
@@ -266,10 +345,12 @@ def evaluate_run(run_dir, alphas=DEFAULT_ALPHAS, l2_grid=DEFAULT_L2, refit: str 
     def encode(alpha, X_nd):
         return sparse_features(ckpt.params, X_nd, k, alpha, topk_method, backend, activation=activation)
 
+    store = grid.FitStore(run_dir / grid.FITS_FILE, grid.fingerprint(
+        run_dir / "checkpoint.h5", dataset.summary(), max_iter=max_iter, topk=topk_method, activation=activation))
     result = {
         "run_dir": str(run_dir), "dataset": dataset.name, "k": k, "hidden": H, "epoch": ckpt.epoch,
         "device": backend.name, "alphas": list(alphas), "l2_grid": sorted(l2_grid, reverse=True),
-        "features": select_and_test(encode, dataset, alphas, l2_grid, refit, max_iter, backend, log),
+        "features": select_and_test(encode, dataset, alphas, l2_grid, refit, max_iter, backend, log, workers, store),
     }
     if linear_svm:
         from ksae_cupy.evaluation.svm import linear_svm_rows
@@ -278,11 +359,12 @@ def evaluate_run(run_dir, alphas=DEFAULT_ALPHAS, l2_grid=DEFAULT_L2, refit: str 
     if raw_baseline:
         log("raw-pixel baseline through the same classifier")
         result["raw_baseline"] = select_and_test(lambda alpha, X_nd: backend.asarray(X_nd), dataset, [None],
-                                                 l2_grid, refit, max_iter, backend, log)
+                                                 l2_grid, refit, max_iter, backend, log, workers, store, "raw")
     result["seconds"] = round(time.perf_counter() - start, 1)
     if dataset.name == "mnist" and H == 1000:
         result["paper_test_error"] = PAPER_MNIST_ERRORS.get(k)
     write_report(run_dir, result)
+    store.remove()  # the report holds every result now
     return result
 
 
@@ -294,6 +376,10 @@ def write_report(run_dir: Path, result: dict) -> None:
 
 def markdown_report(result: dict) -> str:
     """A short Markdown summary: the chosen setting, test errors, and every trial."""
+    if "model" in result:  # a baseline run's (see baseline_eval)
+        from ksae_cupy.evaluation.baseline_eval import markdown_report as baseline_report
+
+        return baseline_report(result)
     feats = result["features"]
     sel = feats["selected"]
     lines = [f"# Evaluation of {result['run_dir']}", "",

@@ -258,6 +258,7 @@ def _plan(dataset, config, settings, run_dir, resume, overwrite, on_resume, size
         folder = RunFolder(resume)
         folder.check_resumable()
         ckpt = load_checkpoint(folder.checkpoint)
+        folder.check_checkpoint(ckpt.run_id, ckpt.config)  # this folder's run, not a copy
         previous = folder.read_config()
         saved_size = ckpt.config.get("world_size")
         if saved_size is None:
@@ -343,6 +344,8 @@ def _train(comm, MPI, dataset, config, settings, ckpt, folder, changes, record, 
 
     def open_folder():
         folder.create(log=lambda msg: say(msg, err=True), new=ckpt is None, overwrite=overwrite)  # locked until the end
+        if ckpt is not None:
+            folder.check_checkpoint(ckpt.run_id, ckpt.config)  # sets the run's identity (checked in _plan)
         dropped = folder.truncate_metrics(ckpt.step) if ckpt is not None else 0
         # A user file by absolute path and SHA-256 (a resume checks it); a resume keeps the run's record.
         folder.write_config({**(record if record is not None else dataset_record(dataset)), "train": config.to_dict(), **dataclasses.asdict(settings),
@@ -372,6 +375,7 @@ def _train(comm, MPI, dataset, config, settings, ckpt, folder, changes, record, 
         except KsaeError as exc:
             raise RanksFailed([(0, describe(exc)[0], 1)], size, job_wide=True) from None
         ckpt_now = trainer.checkpoint(preprocess)  # collective when hidden units are sharded
+        ckpt_now.run_id = folder.run_id  # rank 0's (the one that writes): set by open_folder
         agree(comm, save_checkpoint, folder.checkpoint, ckpt_now, rank0_only=True)  # nobody runs ahead of it
         saved = (trainer.epoch, trainer.step)
 

@@ -4,7 +4,8 @@ Layout (``format = "ksae-cupy finetune checkpoint"``, ``format_version = 2``):
 
 * root attributes: ``format``, ``format_version``, ``phase_index`` (phases finished),
   ``epoch`` (epochs finished in the current phase), ``step``, ``batch_in_epoch``,
-  ``config`` (JSON of :class:`~ksae_cupy.supervised.finetune.FinetuneConfig`);
+  ``config`` (JSON of :class:`~ksae_cupy.supervised.finetune.FinetuneConfig`), ``run_id``
+  (the run folder's identity; absent in older files);
 * ``params/`` and ``optim/`` (velocities): ``W1_dh, b1_h, [W2_hh, b2_h,] W_hc, b_c``;
 * ``rng/``: attribute ``state`` and, mid-epoch, dataset ``epoch_perm``;
 * on every group and array, attribute ``sha256`` (:mod:`ksae_cupy.training.checksums`),
@@ -38,6 +39,8 @@ def save_finetune_checkpoint(path: Path, state: dict) -> None:
         for name in _COUNTERS:
             f.attrs[name] = int(state[name])
         f.attrs["config"] = json.dumps(state["config"], sort_keys=True)
+        if state.get("run_id") is not None:
+            f.attrs["run_id"] = str(state["run_id"])
         for group, arrays in (("params", state["params"]), ("optim", state["velocities"])):
             g = f.create_group(group)
             for name, value in arrays.items():
@@ -57,6 +60,8 @@ def load_finetune_checkpoint(path: Path) -> dict:
     def read(f) -> dict:
         state = {name: int(f.attrs[name]) for name in _COUNTERS}
         state["config"] = json.loads(f.attrs["config"])
+        run_id = f.attrs.get("run_id")
+        state["run_id"] = run_id.decode() if isinstance(run_id, bytes) else run_id
         state["params"] = {k: f["params"][k][()] for k in f["params"]}
         state["velocities"] = {k: f["optim"][k][()] for k in f["optim"]}
         state["rng_state"] = json.loads(f["rng"].attrs["state"])

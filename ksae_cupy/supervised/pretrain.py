@@ -51,8 +51,11 @@ def load_pretrained_run(run_dir, device: str = "cpu") -> tuple[KSparseAutoencode
         raise KsaeError(f"pretrained run {folder.path}: no such run folder")
     if not folder.checkpoint.is_file():
         raise KsaeError(f"pretrained run {folder.path}: the folder holds no checkpoint.h5")
+    folder.check_kind("pretrained run", "fine-tuning starts from ksae-train run folders")
     config = folder.read_config()
-    return KSparseAutoencoder.load(folder.checkpoint, device=device), config
+    model = KSparseAutoencoder.load(folder.checkpoint, device=device)
+    folder.check_checkpoint(model.run_id_, model.trainer_.config.to_dict())  # this folder's run, not a copy
+    return model, config
 
 
 def encoder_of(model: KSparseAutoencoder):

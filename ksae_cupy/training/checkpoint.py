@@ -4,7 +4,9 @@ Layout (``format = "ksae-cupy checkpoint"``, ``format_version = 2``):
 
 * root attributes: ``format``, ``format_version``, ``epoch`` (completed epochs), ``step``
   (optimiser steps taken), ``batch_in_epoch`` (batches done in the unfinished epoch, 0 at
-  an epoch boundary), ``config`` (JSON of every option that shaped the run);
+  an epoch boundary), ``config`` (JSON of every option that shaped the run), and ``run_id``
+  (the run folder's identity, see :mod:`ksae_cupy.training.runs`; absent in older files and in
+  files the Python API saved outside a run folder);
 * ``params/``: ``W_dh``, ``b_h``, ``c_d``;  ``optim/``: their velocities (same names);
 * ``rng/``: attribute ``state`` (JSON of NumPy's bit-generator state) and, mid-epoch,
   dataset ``epoch_perm`` (the order of the unfinished epoch);
@@ -49,6 +51,7 @@ class Checkpoint:
     rng_state: dict | None = None
     epoch_perm: np.ndarray | None = None
     preprocess: dict = field(default_factory=dict)
+    run_id: str | None = None  # the run folder's identity (None: saved outside one, or before identities)
 
 
 def write_hdf5_atomically(path: Path, write_fn, verify_fn) -> None:
@@ -143,16 +146,19 @@ def read_hdf5_checked(path: Path, what: str, fmt: str, version: int, read_fn, un
         raise KsaeError(one_line(f"{path} is corrupt or truncated ({type(exc).__name__}: {exc})")) from None
 
 
-def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:
-    """Write ``ckpt`` to ``path`` atomically (temporary file, verify, rename)."""
+def save_checkpoint(path: Path, ckpt: Checkpoint, fmt: str = FORMAT) -> None:
+    """Write ``ckpt`` to ``path`` atomically (temporary file, verify, rename). ``fmt`` names the
+    format: the baselines keep this layout under their own name (see supervised/baseline_trainer.py)."""
 
     def write(f) -> None:
-        f.attrs["format"] = FORMAT
+        f.attrs["format"] = fmt
         f.attrs["format_version"] = FORMAT_VERSION
         f.attrs["epoch"] = int(ckpt.epoch)
         f.attrs["step"] = int(ckpt.step)
         f.attrs["batch_in_epoch"] = int(ckpt.batch_in_epoch)
         f.attrs["config"] = json.dumps(ckpt.config, sort_keys=True)
+        if ckpt.run_id is not None:
+            f.attrs["run_id"] = str(ckpt.run_id)
         for group, arrays in (("params", ckpt.params), ("optim", ckpt.velocities), ("preprocess", ckpt.preprocess)):
             g = f.create_group(group)
             for name, value in arrays.items():
@@ -162,11 +168,15 @@ def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:
         if ckpt.epoch_perm is not None:
             rng.create_dataset("epoch_perm", data=np.asarray(ckpt.epoch_perm))
 
-    write_hdf5_atomically(path, write, load_checkpoint)
+    if fmt == FORMAT:
+        write_hdf5_atomically(path, write, lambda written: load_checkpoint(written))
+    else:
+        write_hdf5_atomically(path, write, lambda written: load_checkpoint(written, fmt))
 
 
-def load_checkpoint(path: Path) -> Checkpoint:
-    """Read and validate a checkpoint; a missing, corrupt or foreign file is a KsaeError."""
+def load_checkpoint(path: Path, fmt: str = FORMAT, what: str = "checkpoint") -> Checkpoint:
+    """Read and validate a checkpoint of format ``fmt`` (a ``what``); a missing, corrupt or
+    foreign file is a KsaeError."""
     path = Path(path)
 
     def read(f) -> Checkpoint:
@@ -177,11 +187,17 @@ def load_checkpoint(path: Path) -> Checkpoint:
                           batch_in_epoch=int(f.attrs.get("batch_in_epoch", 0)),
                           rng_state=json.loads(state_text) if state_text else None,
                           epoch_perm=f["rng"]["epoch_perm"][()] if "epoch_perm" in f["rng"] else None,
-                          preprocess=_read_group(f, "preprocess", path) if "preprocess" in f else {})
+                          preprocess=_read_group(f, "preprocess", path) if "preprocess" in f else {},
+                          run_id=_text_attribute(f, "run_id"))
 
-    ckpt = read_hdf5_checked(path, "checkpoint", FORMAT, FORMAT_VERSION, read, UNSEALED_VERSIONS)
+    ckpt = read_hdf5_checked(path, what, fmt, FORMAT_VERSION, read, UNSEALED_VERSIONS if fmt == FORMAT else ())
     _check_shapes(ckpt, path)
     return ckpt
+
+
+def _text_attribute(f, name: str) -> str | None:
+    value = f.attrs.get(name)
+    return value.decode() if isinstance(value, bytes) else (None if value is None else str(value))
 
 
 def _read_group(f, name: str, path: Path) -> dict:

@@ -97,6 +97,16 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     def preprocess_(self, value: dict) -> None:
         self._preprocess = dict(value)
 
+    @property
+    def run_id_(self) -> str | None:
+        """The identity of the run folder this model's checkpoints belong to (``ksae-train``
+        sets it; :meth:`save` writes it, :meth:`load` reads it back); None outside a run folder."""
+        return self.__dict__.get("_run_id")
+
+    @run_id_.setter
+    def run_id_(self, value: str | None) -> None:
+        self._run_id = value
+
     def __sklearn_is_fitted__(self) -> bool:
         return self.trainer_ is not None
 
@@ -306,7 +316,9 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         """Write a checkpoint (the whole training state) to ``path`` atomically."""
         check_is_fitted(self)
         self.trainer_.check_params_finite()
-        save_checkpoint(Path(path), self.trainer_.checkpoint(self.preprocess_))
+        ckpt = self.trainer_.checkpoint(self.preprocess_)
+        ckpt.run_id = self.run_id_
+        save_checkpoint(Path(path), ckpt)
         self._saved_at = (Path(path), self.trainer_.epoch, self.trainer_.step)
 
     @classmethod
@@ -326,6 +338,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
                   activation=config.activation, step=config.step, warm_start=True)
         est._restore(ckpt, resolve_device(device))
         est.preprocess_ = dict(ckpt.preprocess)
+        est.run_id_ = ckpt.run_id
         return est
 
     def _restore(self, ckpt: Checkpoint, backend) -> None:

@@ -1,7 +1,8 @@
 """A run folder: where one training run keeps its checkpoint, configuration and metrics.
 
     RUN_DIR/checkpoint.h5   the latest checkpoint (see :mod:`ksae_cupy.training.checkpoint`)
-    RUN_DIR/config.json     the resolved configuration, dataset and device included
+    RUN_DIR/config.json     the resolved configuration, dataset and device included, and the
+                            run's identity: ``run_id`` and ``kind`` (the command that made it)
     RUN_DIR/metrics.jsonl   one JSON object per finished epoch
     RUN_DIR/.lock           held by the one process writing the run (:mod:`ksae_cupy.training.runlock`)
 
@@ -9,6 +10,12 @@ A run killed while it wrote a checkpoint leaves ``checkpoint.h5.tmp`` beside the
 previous checkpoint; :meth:`RunFolder.create` removes such leftovers when the run starts again.
 A new run never writes into a folder holding another run's files (a dead run's metrics
 included) unless told to ``overwrite`` them.
+
+Identity: a new run draws a ``run_id`` and writes it into config.json and into every checkpoint
+it saves. A command that reads a folder's checkpoint (resume, eval, plot, fine-tuning) refuses one
+whose ``run_id`` is not the folder's (a checkpoint copied in from another run), and a folder of
+another command's kind. Folders written before identities existed (no ``run_id``) are read as
+before; a resumed one gets an identity from then on.
 """
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ import datetime as _dt
 import hashlib
 import json
 import os
+import uuid
 from pathlib import Path
 
 from ksae_cupy.errors import KsaeError, note
@@ -29,6 +37,11 @@ METRICS = "metrics.jsonl"
 # What makes a folder a run's, and what the commands compute from a run into its folder:
 # a new run with overwrite removes both (results of the old run beside the new one would mislead).
 RUN_FILES = (CHECKPOINT, CONFIG, METRICS)
+# The commands whose run folders hold a checkpoint, and what each one's checkpoint is.
+TRAIN, FINETUNE = "ksae-train", "ksae-finetune"
+# Model- and batch-shaping options a checkpoint and config.json's "train" must agree on when
+# either lacks a run_id (folders written before identities existed).
+SHAPING = ("hidden", "k", "batch_size", "seed", "dtype", "sigma", "momentum")
 RESULT_FILES = ("eval.json", "eval.md", "variants.json", "variants.md", "coherence.json", "iti.json",
                 "compare.json", "filters.png", "finetune.json")
 
@@ -40,11 +53,29 @@ def default_run_dir(dataset: str, hidden: int, k: int, root: Path = Path("runs")
     return root / f"{name}-h{hidden}-k{k}-{stamp}"
 
 
-class RunFolder:
-    """Paths and writers of one run folder."""
+def new_run_id() -> str:
+    return uuid.uuid4().hex
 
-    def __init__(self, path: Path):
+
+def config_kind(config: dict) -> str | None:
+    """The command whose run a config.json describes: its ``kind``, or for a folder written
+    before kinds were recorded, what its keys show (``finetune`` or ``train``)."""
+    if config.get("kind"):
+        return config["kind"]
+    if "finetune" in config:
+        return FINETUNE
+    if "train" in config:
+        return TRAIN
+    return None
+
+
+class RunFolder:
+    """Paths and writers of one run folder of ``kind`` (the command that writes it)."""
+
+    def __init__(self, path: Path, kind: str = TRAIN):
         self.path = Path(path)
+        self.kind = kind
+        self.run_id: str | None = None  # set by create(new=True) or check_checkpoint
         self._lock = RunLock(self.path)
 
     @property
@@ -57,24 +88,76 @@ class RunFolder:
             return []
         return sorted(name for name in RUN_FILES + tuple(n + ".tmp" for n in RUN_FILES) if (self.path / name).exists())
 
-    def check_new(self, overwrite: bool = False, command: str = "ksae-train") -> None:
+    def check_new(self, overwrite: bool = False, command: str | None = None) -> None:
         """A new run must be able to write its folder and must not mix with another run's files
-        (a finished, a running or a dead one): those need --resume or, to discard them, --overwrite."""
+        (a finished, a running or a dead one): those need --resume or, to discard them, --overwrite.
+        ``command`` is how the advice names the command that resumes (default: the kind); only
+        ksae-train has --overwrite, and a run of another kind is never offered to it."""
         check_writable_folder(self.path, "run folder")
         if not self._lock.held:
             check_unlocked(self.path)
         found = self.run_files()
-        if found and not overwrite:
-            raise KsaeError(f"run folder {self.path} already holds a run ({', '.join(found)}); continue it with "
-                            f"{command} --resume {self.path}, discard it with --overwrite, or choose another --run-dir")
+        if not found or overwrite:
+            return
+        other = self.folder_kind()
+        if other is not None and other != self.kind:
+            raise KsaeError(f"run folder {self.path} holds a {other} run ({', '.join(found)}); a {self.kind} run "
+                            f"cannot start there; choose another --run-dir")
+        ways = [f"continue it with {command or self.kind} --resume {self.path}"]
+        if self.kind == TRAIN:
+            ways.append("discard it with --overwrite")
+        raise KsaeError(f"run folder {self.path} already holds a run ({', '.join(found)}); {', '.join(ways)}, "
+                        f"or choose another --run-dir")
 
     def check_resumable(self) -> None:
         if not self.path.is_dir():
             raise KsaeError(f"--resume {self.path}: no such run folder")
         if not self.checkpoint.is_file():
             raise KsaeError(f"--resume {self.path}: the folder holds no {CHECKPOINT}")
+        self.check_kind("--resume", f"continue it with {{kind}} --resume {self.path}")
         check_writable_folder(self.path, "--resume")  # its checkpoints are rewritten
         check_unlocked(self.path)
+
+    # -- identity ------------------------------------------------------------------------
+    def folder_config(self) -> dict:
+        """config.json, or {} when there is none or it cannot be read (the callers that need
+        it read it with :meth:`read_config`, which says why)."""
+        try:
+            config = json.loads((self.path / CONFIG).read_text())
+        except (OSError, ValueError):
+            return {}
+        return config if isinstance(config, dict) else {}
+
+    def folder_kind(self) -> str | None:
+        return config_kind(self.folder_config())
+
+    def check_kind(self, what: str, advice: str) -> None:
+        """Refuse a folder whose config.json says another command's run lives there; ``advice``
+        may name that command as ``{kind}``."""
+        other = self.folder_kind()
+        if other is not None and other != self.kind:
+            raise KsaeError(f"{what} {self.path}: a {other} run folder, not a {self.kind} one; "
+                            + advice.format(kind=other))
+
+    def check_checkpoint(self, run_id: str | None, ckpt_config: dict | None = None) -> None:
+        """Refuse a checkpoint that is not this folder's run: its ``run_id`` differs from
+        config.json's, or (either written before identities) its shaping options differ from
+        config.json's ``train``. Then :attr:`run_id` is the run's (a legacy folder gets one)."""
+        config = self.folder_config()
+        folder_id = config.get("run_id")
+        if run_id is not None and folder_id is not None and run_id != folder_id:
+            raise KsaeError(f"{self.checkpoint} belongs to run {run_id}, not to this folder's run {folder_id} "
+                            f"(config.json); it was copied from another run folder: put this run's checkpoint "
+                            f"back, or use that run's own folder")
+        trained = config.get("train")
+        if (run_id is None or folder_id is None) and isinstance(trained, dict) and ckpt_config:
+            differing = [f"{key} {ckpt_config[key]} (config.json: {trained[key]})" for key in SHAPING
+                         if key in trained and key in ckpt_config and trained[key] != ckpt_config[key]]
+            if differing:
+                raise KsaeError(f"{self.checkpoint} is not the run config.json describes: {', '.join(differing)}; "
+                                f"it was copied from another run folder: put this run's checkpoint back, or use "
+                                f"that run's own folder")
+        self.run_id = folder_id or run_id or new_run_id()
 
     def lock(self, log=None) -> None:
         """Make the folder and hold its lock until :meth:`release` (or the process's end);
@@ -94,6 +177,7 @@ class RunFolder:
         self.lock(log)
         if new:
             self.check_new(overwrite)
+            self.run_id = new_run_id()
             if overwrite:
                 for name in self.run_files() + [n for n in RESULT_FILES if (self.path / n).exists()]:
                     (self.path / name).unlink()
@@ -105,6 +189,9 @@ class RunFolder:
                 log(f"removed {leftover}, left by a run that was stopped while writing it")
 
     def write_config(self, config: dict) -> None:
+        """Write config.json (atomically), with the run's identity when it has one."""
+        if self.run_id is not None:
+            config = {**config, "run_id": self.run_id, "kind": self.kind}
         tmp = self.path / (CONFIG + ".tmp")
         tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         os.replace(tmp, self.path / CONFIG)
