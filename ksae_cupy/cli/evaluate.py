@@ -5,12 +5,15 @@ Results go to stdout and the run folder; progress goes to stderr.
 """
 from __future__ import annotations
 
+import contextlib
+import signal
+import sys
 from pathlib import Path
 
 import click
 
-from ksae_cupy.cli.common import (CONTEXT, DATA_DIR, DEVICE, QUIET, RUN_DIR, check_run_outputs, data_options,
-                                   data_overrides, progress_printer, report_errors)
+from ksae_cupy.cli.common import (CONTEXT, DATA_DIR, DEVICE, EXIT_INTERRUPTED, QUIET, RUN_DIR, check_run_outputs,
+                                   data_options, data_overrides, progress_printer, report_errors)
 from ksae_cupy.errors import KsaeError
 
 
@@ -25,18 +28,24 @@ from ksae_cupy.errors import KsaeError
 @click.option("--linear-svm", is_flag=True,
               help="Also bracket the classifier: a linear SVM (C chosen on validation) at the chosen alpha, fit on "
                    "the training set and refit on training + validation (needs scikit-learn).")
+@click.option("--threads", type=int, default=None,
+              help="Classifier fits run side by side on the CPU, one BLAS thread each. "
+                   "[default: one per free core (the load average counts the busy ones)]")
 @data_options
 @DEVICE
 @DATA_DIR
 @QUIET
 @report_errors
-def eval_command(run_dir, alphas, l2_text, refit, raw_baseline, max_iter, linear_svm, device, data_dir, quiet,
-                 **data):
+def eval_command(run_dir, alphas, l2_text, refit, raw_baseline, max_iter, linear_svm, threads, device, data_dir,
+                 quiet, **data):
     """Classify with logistic regression on supp_{alpha k}(W^T x + b) features (paper, section 4.5).
 
     For every alpha and L2 the classifier is fit on the training set and judged on the
     validation set; the best pair is refit and the test error is measured once. Writes
     RUN_DIR/eval.json and RUN_DIR/eval.md and prints the Markdown summary.
+
+    Each finished fit is kept in RUN_DIR/eval-fits.npz until the report is written: after
+    Ctrl-C, the same command continues from the fits already made.
 
     The data is the run's own, with the labels and splits it was trained with; --labels,
     --test and --test-labels add what a run on your own file lacks (the splits cannot change).
@@ -48,7 +57,9 @@ def eval_command(run_dir, alphas, l2_text, refit, raw_baseline, max_iter, linear
       ksae-eval runs/mydata-h1000-k25-... --labels labels.npy --test test.npz
     """
     from ksae_cupy.backend import resolve_device
+    from ksae_cupy.cli.threads import set_blas_threads, usable_cores
     from ksae_cupy.evaluation.features import evaluate_run, markdown_report, parse_alphas, parse_l2
+    from ksae_cupy.evaluation.grid import FITS_FILE, EvaluationInterrupted
 
     alpha_list, l2_list = parse_alphas(alphas), parse_l2(l2_text)
     if linear_svm:
@@ -56,10 +67,49 @@ def eval_command(run_dir, alphas, l2_text, refit, raw_baseline, max_iter, linear
         require_sklearn()  # before any work
     if max_iter < 1:
         raise KsaeError(f"--max-iter {max_iter} is not allowed; use a positive number")
-    check_run_outputs(run_dir, "eval.json", "eval.md")
+    check_run_outputs(run_dir, "eval.json", "eval.md", FITS_FILE)
     backend = resolve_device(device)
-    result = evaluate_run(run_dir, alpha_list, l2_list, refit=refit, raw_baseline=raw_baseline, backend=backend,
-                          data_root=data_dir, max_iter=max_iter, linear_svm=linear_svm, log=progress_printer(quiet),
-                          data_overrides=data_overrides(data))
+    log = progress_printer(quiet)
+    threads_line, threads_used = set_blas_threads(threads)
+    workers = threads_used or usable_cores()
+    if not backend.is_gpu:
+        log(f"classifier fits: up to {workers} side by side; {threads_line}")
+    with stop_signals_interrupt() as received:
+        try:
+            result = evaluate_run(run_dir, alpha_list, l2_list, refit=refit, raw_baseline=raw_baseline,
+                                  backend=backend, data_root=data_dir, max_iter=max_iter, linear_svm=linear_svm,
+                                  log=log, data_overrides=data_overrides(data), workers=workers)
+        except (EvaluationInterrupted, KeyboardInterrupt) as exc:
+            kept = Path(run_dir) / FITS_FILE
+            message = str(exc) if isinstance(exc, EvaluationInterrupted) else (
+                f"interrupted: the finished classifier fits are kept in {kept}; run the same command again to "
+                f"continue from them" if kept.is_file() else "interrupted before any classifier fit finished")
+            click.echo(f"\n{message}", err=True)
+            sys.exit(128 + received[0] if received else EXIT_INTERRUPTED)
     click.echo(markdown_report(result), nl=False)
     click.echo(f"wrote {Path(run_dir) / 'eval.json'} and {Path(run_dir) / 'eval.md'}", err=True)
+
+
+@contextlib.contextmanager
+def stop_signals_interrupt():
+    """SIGTERM and SIGHUP stop the evaluation as Ctrl-C does (the finished fits are kept);
+    yields a list that receives the signal's number (exit status 128 + it)."""
+    received = []
+
+    def interrupt(signum, frame):
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    previous = {}
+    for name in ("SIGTERM", "SIGHUP"):
+        number = getattr(signal, name, None)
+        if number is not None:
+            try:
+                previous[number] = signal.signal(number, interrupt)
+            except ValueError:  # not the main thread (a test runner's worker)
+                break
+    try:
+        yield received
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)

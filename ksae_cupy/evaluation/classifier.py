@@ -73,13 +73,19 @@ def check_labels(y_n, n_classes: int) -> None:
         raise KsaeError(f"labels must lie in [0, {n_classes}); got range [{y_host.min()}, {y_host.max()}]")
 
 
+class FitStopped(Exception):
+    """Raised out of :func:`fit` when its ``should_stop()`` turned true (Ctrl-C elsewhere)."""
+
+
 def fit(X_nh, y_n, n_classes: int, l2: float, max_iter: int = 500, tol: float = 1e-6,
-        init: SoftmaxModel | None = None) -> SoftmaxModel:
+        init: SoftmaxModel | None = None, should_stop=None) -> SoftmaxModel:
     """Fit by full-batch L-BFGS; ``init`` warm-starts from another fit (e.g. a nearby l2).
 
     Stops when the projected gradient's largest entry falls below ``tol`` or the relative
     decrease of the loss is below machine precision (scipy's ``gtol`` / ``ftol``), or after
-    ``max_iter`` iterations. Runs where ``X_nh`` lives (NumPy or CuPy).
+    ``max_iter`` iterations. Runs where ``X_nh`` lives (NumPy or CuPy). ``should_stop()``,
+    asked before every pass over the data, abandons the fit with :class:`FitStopped` (a fit
+    in a worker thread cannot be interrupted any other way).
     """
     from scipy.optimize import minimize
 
@@ -96,6 +102,8 @@ def fit(X_nh, y_n, n_classes: int, l2: float, max_iter: int = 500, tol: float = 
         return theta_x[: H * C].reshape(H, C), theta_x[H * C:]
 
     def objective(theta):
+        if should_stop is not None and should_stop():
+            raise FitStopped
         W_hc, b_c = unpack(theta)
         loss, dW_hc, db_c = loss_and_grads(W_hc, b_c, X_nh, y_n, l2)
         grad = np.concatenate([to_host(dW_hc).ravel(), to_host(db_c)]).astype(np.float64)

@@ -1,0 +1,191 @@
+"""ksae-eval's grid: fits side by side, a warning for an unconverged fit, progress per fit, and an
+interrupted evaluation that keeps its finished fits and continues from them."""
+import json
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ksae_cupy.cli.evaluate import eval_command
+from ksae_cupy.evaluation import classifier, grid
+from ksae_cupy.evaluation import features as evaluate
+from ksae_cupy.datasets.synthetic import make_sparse_signals
+from clicheck import assert_one_line_error
+from runfolder import make_run, sparse_signal_dataset
+
+
+def without_seconds(trials):
+    return [{key: value for key, value in t.items() if key != "seconds"} for t in trials]
+
+
+REAL_FIT = classifier.fit
+
+
+def counting_fits(monkeypatch, stop_after=None):
+    """Count classifier.fit calls; with ``stop_after``, the call after that many raises Ctrl-C."""
+    calls = []
+    real_fit = REAL_FIT
+
+    def fit(*args, **kwargs):
+        if stop_after is not None and len(calls) == stop_after:
+            raise KeyboardInterrupt
+        calls.append(kwargs.get("init") is not None)
+        return real_fit(*args, **kwargs)
+
+    monkeypatch.setattr(classifier, "fit", fit)
+    return calls
+
+
+@pytest.fixture
+def run_and_data(tmp_path):
+    data, W_dh = sparse_signal_dataset(n_train=800, n_valid=200, n_test=200)
+    return make_run(tmp_path / "run", W_dh, k=5), data
+
+
+def test_fits_side_by_side_give_the_same_trials_as_one_at_a_time(run_and_data):
+    run, data = run_and_data
+    one = evaluate.evaluate_run(run, alphas=[1, 2, 3], l2_grid=[1e-2, 1e-4], dataset=data, log=lambda *_: None)
+    lines = []
+    two = evaluate.evaluate_run(run, alphas=[1, 2, 3], l2_grid=[1e-2, 1e-4], dataset=data, log=lines.append,
+                                workers=2)
+    assert without_seconds(two["features"]["trials"]) == without_seconds(one["features"]["trials"])
+    assert two["features"]["test_error"] == one["features"]["test_error"]
+    assert any("2 side by side" in line for line in lines), lines
+    # One progress line per fit, numbered, each but the last with an estimate of the time left.
+    fit_lines = [line for line in lines if line.lstrip().startswith("fit ")]
+    assert [line.split()[1] for line in fit_lines] == [f"{i}/7" for i in range(1, 8)]
+    assert all("left" in line for line in fit_lines[:-1]) and "left" not in fit_lines[-1]
+
+
+def test_each_alpha_walks_the_l2_path_warm_started(run_and_data, monkeypatch):
+    run, data = run_and_data
+    warm = counting_fits(monkeypatch)
+    evaluate.evaluate_run(run, alphas=[1, 2], l2_grid=[1e-4, 1e-2, 1e-3], dataset=data, log=lambda *_: None)
+    # Per alpha: the strongest L2 from zero, the two weaker ones from the fit before; then the refit.
+    assert warm == [False, True, True, False, True, True, True]
+
+
+def test_an_unconverged_fit_is_a_warning_line(run_and_data):
+    run, data = run_and_data
+    lines = []
+    result = evaluate.evaluate_run(run, alphas=[1], l2_grid=[1e-5], dataset=data, max_iter=2, log=lines.append)
+    assert not result["features"]["trials"][0]["converged"]
+    warnings = [line for line in lines if "warning:" in line]
+    assert len(warnings) == 2, lines  # the fit and the refit
+    assert "alpha=1 l2=1e-05" in warnings[0] and "reached --max-iter 2" in warnings[0]
+    converged = []
+    evaluate.evaluate_run(run, alphas=[1], l2_grid=[1e-2], dataset=data, log=converged.append)
+    assert not any("warning:" in line for line in converged)  # control: a converged fit says nothing
+
+
+def test_ctrl_c_keeps_the_finished_fits_and_a_rerun_continues_from_them(run_and_data, monkeypatch):
+    run, data = run_and_data
+    grid_args = dict(alphas=[1, 2], l2_grid=[1e-2, 1e-3, 1e-4], dataset=data, log=lambda *_: None)
+    counting_fits(monkeypatch, stop_after=4)
+    with pytest.raises(grid.EvaluationInterrupted, match="4 finished classifier fit"):
+        evaluate.evaluate_run(run, **grid_args)
+    assert (run / grid.FITS_FILE).is_file() and not (run / "eval.json").exists()
+    calls = counting_fits(monkeypatch)
+    resumed = evaluate.evaluate_run(run, **grid_args)
+    assert len(calls) == 3  # the two fits left of alpha 2, and the refit
+    assert calls[0] is True  # alpha 2's second L2 warm-starts from its stored first
+    assert not (run / grid.FITS_FILE).exists()  # the report holds everything now
+    monkeypatch.undo()
+    fresh = evaluate.evaluate_run(run, **grid_args)
+    assert without_seconds(resumed["features"]["trials"]) == without_seconds(fresh["features"]["trials"])
+    assert resumed["features"]["test_error"] == fresh["features"]["test_error"]
+
+
+def test_fits_of_another_checkpoint_are_not_reused(run_and_data, monkeypatch):
+    run, data = run_and_data
+    grid_args = dict(alphas=[1], l2_grid=[1e-2, 1e-3], dataset=data, log=lambda *_: None)
+    counting_fits(monkeypatch, stop_after=1)
+    with pytest.raises(grid.EvaluationInterrupted):
+        evaluate.evaluate_run(run, **grid_args)
+    _, W_dh = sparse_signal_dataset(seed=1)
+    make_run(run, W_dh, k=5)  # another model in the same folder
+    calls = counting_fits(monkeypatch)
+    evaluate.evaluate_run(run, **grid_args)
+    assert len(calls) == 3
+
+
+def test_a_damaged_fits_file_is_made_again(run_and_data, monkeypatch):
+    run, data = run_and_data
+    (run / grid.FITS_FILE).write_bytes(b"not an npz")
+    calls = counting_fits(monkeypatch)
+    evaluate.evaluate_run(run, alphas=[1], l2_grid=[1e-2], dataset=data, log=lambda *_: None)
+    assert len(calls) == 2
+
+
+# -- through the command ---------------------------------------------------------------------
+
+@pytest.fixture
+def synthetic_run(tmp_path):
+    return make_run(tmp_path / "run-k5", make_sparse_signals(1)[2], k=5, dataset="synthetic")
+
+
+def test_command_ctrl_c_then_the_same_command_continues(synthetic_run, monkeypatch):
+    args = [str(synthetic_run), "--alphas", "1,2", "--l2", "1e-2,1e-3", "--device", "cpu", "--threads", "1"]
+    counting_fits(monkeypatch, stop_after=3)
+    stopped = CliRunner().invoke(eval_command, args)
+    assert stopped.exit_code == 130, stopped.output
+    assert stopped.stderr.rstrip().splitlines()[-1] == (
+        f"interrupted: 3 finished classifier fit(s) kept in {synthetic_run / grid.FITS_FILE}; run the same command "
+        f"again to continue from them")
+    assert "Traceback" not in stopped.output and "Aborted" not in stopped.output
+    calls = counting_fits(monkeypatch)
+    again = CliRunner().invoke(eval_command, args)
+    assert again.exit_code == 0, again.output
+    assert "3 kept from an interrupted run" in again.stderr
+    assert len(calls) == 2  # alpha 2's weaker L2, and the refit
+    assert json.loads((synthetic_run / "eval.json").read_text())["features"]["test_error"] < 0.75
+
+
+def test_command_refuses_zero_threads(synthetic_run):
+    result = CliRunner().invoke(eval_command, [str(synthetic_run), "--threads", "0"])
+    assert_one_line_error(result, "--threads 0 is not allowed", status=2)
+
+
+HELD_EVAL = """\
+import sys
+from ksae_cupy.evaluation import grid
+
+put, held = grid.FitStore.put, []
+
+
+def put_then_hold(self, key, trial, model):
+    put(self, key, trial, model)
+    if not held:
+        held.append(key)
+        print("held after a fit", flush=True)
+        sys.stdin.read()  # until the test closes this process's stdin
+
+
+grid.FitStore.put = put_then_hold
+from ksae_cupy.cli.evaluate import eval_command
+
+eval_command()
+"""
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_sigterm_mid_grid_exits_143_and_keeps_the_fits(synthetic_run, threads):
+    # The evaluation holds after its first stored fit; the signal lands then, however loaded the machine.
+    args = [str(synthetic_run), "--alphas", "1,2", "--l2", "1e-2,1e-3", "--device", "cpu", "--threads", threads]
+    proc = subprocess.Popen([sys.executable, "-c", HELD_EVAL, *args], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("held after a fit"):
+            break
+    else:
+        raise AssertionError(f"ended without holding: {proc.wait()} {proc.stderr.read()}")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(input="", timeout=600)  # releases the hold; the timeout is a hang guard only
+    assert proc.returncode == 143, err
+    assert "interrupted: " in err and "run the same command again" in err and "Traceback" not in err
+    stored = np.load(synthetic_run / grid.FITS_FILE)
+    assert len(json.loads(str(stored["meta"]))["fits"]) >= 1
+    assert not (synthetic_run / "eval.json").exists()
