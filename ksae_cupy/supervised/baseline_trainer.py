@@ -1,0 +1,235 @@
+"""The training loop of the baseline learners, resumable: state, epochs, checkpoints.
+
+:class:`BaselineTrainer` owns one baseline's parameters, momentum velocities and random state
+on one backend (as :class:`ksae_cupy.training.trainer.Trainer` does for the k-sparse
+autoencoder) and runs epochs of :mod:`ksae_cupy.supervised.baselines`' steps. It never prints:
+each epoch goes to a callback. ``fit_autoencoder``, ``fit_rbm`` and ``ksae-baseline`` all train
+through it.
+
+Determinism: one host NumPy generator draws the initial weights, each epoch's order and every
+batch's dropout masks or CD-1 uniforms, in that order. A checkpoint holds the generator's state
+and, mid-epoch, the epoch's order, so a resumed run draws the very same numbers and ends bit
+for bit where an uninterrupted one would (on one thread count: BLAS sums differ between counts).
+
+Checkpoints have the k-sparse layout of :mod:`ksae_cupy.training.checkpoint` (``W_dh``, ``b_h``,
+``c_d``, velocities, rng) under their own format name, ``ksae-cupy baseline checkpoint``: a
+command made for k-sparse checkpoints refuses one by name instead of reading sigmoid weights as
+a k-sparse model. Their ``config`` is the learner's options with ``model`` (a key of
+:data:`~ksae_cupy.supervised.baselines.REGULARISATION`, or ``autoencoder`` for other rates).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ksae_cupy.backend import Backend, to_host
+from ksae_cupy.errors import KsaeError, TrainingDiverged
+from ksae_cupy.optim import MomentumSGD
+from ksae_cupy.supervised import baselines
+from ksae_cupy.supervised.units import dropout_mask, sigmoid
+from ksae_cupy.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+
+FORMAT = "ksae-cupy baseline checkpoint"
+
+
+@dataclass
+class BaselineReport:
+    """What one epoch of a baseline learner did (one line of ``metrics.jsonl``)."""
+
+    epoch: int  # 1-based
+    step: int
+    train_loss: float  # mean over the epoch's batches (AE: the dropout loss; RBM: reconstruction error)
+    seconds: float  # the epoch's batches, without the validation pass
+    valid_loss: float | None = None  # clean reconstruction error of the validation rows (RBM: mean-field)
+
+
+def model_name(config) -> str:
+    """The ``model`` a config trains: ``rbm``, the baseline whose dropout rates it has, or ``autoencoder``."""
+    if isinstance(config, baselines.RBMConfig):
+        return "rbm"
+    rates = {"input_dropout": config.input_dropout, "hidden_dropout": config.hidden_dropout}
+    for name, regularisation in baselines.REGULARISATION.items():
+        if name != "rbm" and rates == {"input_dropout": 0.0, "hidden_dropout": 0.0, **regularisation}:
+            return name
+    return "autoencoder"
+
+
+def config_for(model: str, **options):
+    """The config of baseline ``model`` with its paper dropout and ``options`` (None: the class default)."""
+    if model not in baselines.REGULARISATION:
+        raise KsaeError(f"--model {model!r} is not allowed; use one of {', '.join(baselines.REGULARISATION)}")
+    given = {key: value for key, value in options.items() if value is not None}
+    if model == "rbm":
+        return baselines.RBMConfig(**given)
+    return baselines.AutoencoderConfig(**given, **baselines.REGULARISATION[model])
+
+
+def config_to_dict(config) -> dict:
+    return {"model": model_name(config), **config.to_dict()}
+
+
+def config_from_dict(values: dict):
+    """The config a checkpoint's ``config`` describes (unknown keys are left out)."""
+    import dataclasses
+
+    cls = baselines.RBMConfig if values.get("model") == "rbm" else baselines.AutoencoderConfig
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{key: value for key, value in values.items() if key in names})
+
+
+class BaselineTrainer:
+    """Parameters, velocities and random state of one baseline run, resident on ``backend``."""
+
+    def __init__(self, config, backend: Backend, D: int, checkpoint: Checkpoint | None = None):
+        config.validate()
+        self.config, self.backend = config, backend
+        self.is_rbm = isinstance(config, baselines.RBMConfig)
+        self.dtype = np.dtype(config.dtype)
+        if checkpoint is None:
+            self.rng = np.random.default_rng(config.seed)
+            host_params = baselines.init_params(D, config.hidden, config.sigma, self.rng, self.dtype)
+            velocities = None
+            self.epoch, self.step, self.batch_in_epoch, self.epoch_perm = 0, 0, 0, None
+        else:
+            self.rng = np.random.default_rng()
+            self.rng.bit_generator.state = checkpoint.rng_state
+            host_params, velocities = checkpoint.params, checkpoint.velocities
+            self.epoch, self.step = checkpoint.epoch, checkpoint.step
+            self.batch_in_epoch, self.epoch_perm = checkpoint.batch_in_epoch, checkpoint.epoch_perm
+        with backend.use():
+            self.params = {name: backend.asarray(value, dtype=self.dtype) for name, value in host_params.items()}
+            self.optimizer = MomentumSGD(self.params, config.momentum, backend.xp)
+            for name, value in (velocities or {}).items():
+                self.optimizer.velocities[name][...] = backend.asarray(value)
+        self.stop_requested = False  # set (e.g. by a SIGTERM handler) to stop after the current step
+        # The run folder's identity (training/runs.py), written into every checkpoint; None outside one.
+        self.run_id = None if checkpoint is None else checkpoint.run_id
+
+    @classmethod
+    def load(cls, path: Path, backend: Backend) -> "BaselineTrainer":
+        ckpt = load_baseline_checkpoint(path)
+        return cls(config_from_dict(ckpt.config), backend, ckpt.params["W_dh"].shape[0], ckpt)
+
+    @property
+    def finished(self) -> bool:
+        return self.epoch >= self.config.epochs
+
+    def _mask(self, shape, p):
+        return None if p == 0 else self.backend.asarray(dropout_mask(self.rng, shape, p, self.dtype))
+
+    def batch_loss_and_grads(self, X_bd):
+        """``(loss, grads)`` of one minibatch, its random numbers drawn from the run's generator."""
+        cfg, n = self.config, X_bd.shape[0]
+        if self.is_rbm:
+            U_nh = self.backend.asarray(self.rng.random((n, cfg.hidden)), dtype=self.dtype)
+            return baselines.rbm_cd1(self.params, X_bd, U_nh, cfg.weight_decay)
+        M_in = self._mask((n, X_bd.shape[1]), cfg.input_dropout)  # input mask first, then hidden
+        M_hid = self._mask((n, cfg.hidden), cfg.hidden_dropout)
+        return baselines.ae_loss_and_grads(self.params, X_bd, M_in, M_hid, cfg.weight_decay)
+
+    def run_epoch(self, X_train_nd, X_valid_nd=None, on_batch=None) -> BaselineReport | None:
+        """Train one epoch (or the rest of an interrupted one) on device arrays.
+
+        ``on_batch(done, total)`` follows every batch. Returns the epoch's report, or None when
+        :attr:`stop_requested` stopped it midway (:attr:`batch_in_epoch` and :attr:`epoch_perm`
+        then say where it stands). Overflow warnings are off: a non-finite loss stops the run.
+        """
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"), self.backend.use():
+            return self._run_epoch(X_train_nd, X_valid_nd, on_batch)
+
+    def _run_epoch(self, X_train_nd, X_valid_nd, on_batch):
+        cfg = self.config
+        start = time.perf_counter()
+        N = X_train_nd.shape[0]
+        if self.epoch_perm is None:
+            self.epoch_perm = self.rng.permutation(N)
+            self.batch_in_epoch = 0
+        order = self.backend.asarray(self.epoch_perm.astype(np.int64))
+        n_batches = -(-N // cfg.batch_size)  # the last, smaller batch is trained on too
+        loss_sum, loss_batches = 0.0, 0
+        for b in range(self.batch_in_epoch, n_batches):
+            loss, grads = self.batch_loss_and_grads(X_train_nd[order[b * cfg.batch_size:(b + 1) * cfg.batch_size]])
+            if not math.isfinite(loss):
+                raise TrainingDiverged(f"the loss became {loss} at epoch {self.epoch + 1}, step {self.step + 1}; "
+                                       f"try a smaller lr (now {cfg.lr})", loss, self.epoch + 1, self.step + 1, cfg.lr)
+            self.optimizer.step(self.params, grads, cfg.lr)
+            loss_sum, loss_batches = loss_sum + loss, loss_batches + 1
+            self.step, self.batch_in_epoch = self.step + 1, b + 1
+            if on_batch is not None:
+                on_batch(b + 1, n_batches)
+            if self.stop_requested and b + 1 < n_batches:
+                return None
+        self.backend.synchronize()
+        seconds = time.perf_counter() - start
+        valid_loss = self.valid_loss(X_valid_nd) if X_valid_nd is not None else None
+        if valid_loss is not None and not math.isfinite(valid_loss):
+            raise TrainingDiverged(f"the validation loss became {valid_loss} at epoch {self.epoch + 1}; nothing was "
+                                   f"saved after the last good checkpoint; try a smaller lr (now {cfg.lr})")
+        self.epoch += 1
+        self.batch_in_epoch, self.epoch_perm = 0, None
+        return BaselineReport(epoch=self.epoch, step=self.step, train_loss=loss_sum / max(loss_batches, 1),
+                              seconds=seconds, valid_loss=valid_loss)
+
+    def valid_loss(self, X_nd) -> float:
+        """Mean 0.5 ||x - xhat||^2 per row without noise: the autoencoder's clean reconstruction,
+        the RBM's mean-field one (``sigmoid(sigmoid(x W + b) W^T + c)``, no sampling)."""
+        if not self.is_rbm:
+            return baselines.ae_reconstruction_error(self.params, X_nd)
+        xp, total = self.backend.xp, 0.0
+        for s in range(0, X_nd.shape[0], 4096):
+            X_chunk = X_nd[s:s + 4096]
+            R_nd = sigmoid(baselines.encode(self.params, X_chunk) @ self.params["W_dh"].T + self.params["c_d"]) - X_chunk
+            total += 0.5 * float(xp.vdot(R_nd, R_nd))
+        return total / X_nd.shape[0]
+
+    def fit(self, X_nd, on_epoch=None, on_batch=None) -> dict:
+        """Train the epochs left on host or device rows ``X_nd``; host parameters (None when stopped)."""
+        X_dev = self.backend.asarray(X_nd, dtype=self.dtype)
+        while not self.finished:
+            report = self.run_epoch(X_dev, on_batch=on_batch)
+            if report is None:
+                return None
+            if on_epoch is not None:
+                on_epoch(report)
+        return self.host_params()
+
+    def host_params(self) -> dict:
+        return {name: to_host(value) for name, value in self.params.items()}
+
+    def checkpoint(self) -> Checkpoint:
+        """A host copy of the whole state (what resuming needs)."""
+        return Checkpoint(params=self.host_params(),
+                          velocities={name: to_host(v) for name, v in self.optimizer.velocities.items()},
+                          config=config_to_dict(self.config), epoch=self.epoch, step=self.step,
+                          batch_in_epoch=self.batch_in_epoch, rng_state=self.rng.bit_generator.state,
+                          epoch_perm=self.epoch_perm if self.batch_in_epoch else None, run_id=self.run_id)
+
+    def save(self, path: Path) -> None:
+        save_baseline_checkpoint(path, self.checkpoint())
+
+
+def save_baseline_checkpoint(path: Path, ckpt: Checkpoint) -> None:
+    """Write atomically (temporary file, verify, rename), as every checkpoint of the package."""
+    save_checkpoint(path, ckpt, fmt=FORMAT)
+
+
+def load_baseline_checkpoint(path: Path) -> Checkpoint:
+    """Read and check a baseline checkpoint; a missing, foreign or damaged file is one line."""
+    return load_checkpoint(path, fmt=FORMAT, what="baseline checkpoint")
+
+
+def is_baseline_run(run_dir: Path) -> bool:
+    """Whether ``run_dir/checkpoint.h5`` is a baseline's (False for a missing or unreadable file:
+    the caller's own loader then says what is wrong)."""
+    import h5py
+
+    path = Path(run_dir) / "checkpoint.h5"
+    try:
+        with h5py.File(path, "r") as f:
+            return f.attrs.get("format") == FORMAT
+    except (OSError, ValueError):
+        return False

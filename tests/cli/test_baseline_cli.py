@@ -1,0 +1,173 @@
+"""ksae-baseline: a baseline learner trained as a run folder (resume, stop signals, one-line mistakes),
+and ksae-eval of that folder with the protocol of section 5."""
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ksae_cupy.cli.baseline import baseline_command
+from ksae_cupy.cli.evaluate import eval_command
+from ksae_cupy.supervised import baselines
+from ksae_cupy.supervised.baseline_trainer import FORMAT, load_baseline_checkpoint
+from ksae_cupy.training.runs import RunFolder
+from clicheck import assert_one_line_error
+from heldrun import held_train, wait_until_held
+
+ENV = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), PYTHONUNBUFFERED="1")
+MODELS = ("rbm", "dropout-ae", "denoising-ae", "dropout-denoising-ae")
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    """Labelled rows in [0, 1] (the RBM's visible probabilities) near a 3-dimensional subspace."""
+    rng = np.random.default_rng(0)
+    codes = rng.random((700, 3))
+    X = np.clip(codes @ rng.random((3, 16)) / 3 + 0.02 * rng.standard_normal((700, 16)), 0, 1).astype(np.float32)
+    path = tmp_path_factory.mktemp("data") / "rows.npz"
+    np.savez(path, X=X, y=codes.argmax(axis=1))
+    return path
+
+
+def common(data_file, model):
+    return [str(data_file), "--model", model, "--hidden", "12", "--batch-size", "50", "--test-fraction", "0.2",
+            "--device", "cpu", "--threads", "1", "--lr", "0.01"]
+
+
+def invoke(args, expect=0):
+    result = CliRunner().invoke(baseline_command, [str(a) for a in args], catch_exceptions=False)
+    if expect is not None:
+        assert result.exit_code == expect, result.output
+    return result
+
+
+def same_state(a: Path, b: Path) -> None:
+    """Two checkpoints hold the very same parameters, velocities, counters and generator state."""
+    got, expected = load_baseline_checkpoint(a / "checkpoint.h5"), load_baseline_checkpoint(b / "checkpoint.h5")
+    assert (got.epoch, got.step, got.batch_in_epoch) == (expected.epoch, expected.step, expected.batch_in_epoch)
+    for group in ("params", "velocities"):
+        for name, value in getattr(expected, group).items():
+            assert getattr(got, group)[name].tobytes() == value.tobytes(), (group, name)
+    assert got.rng_state == expected.rng_state
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_two_epochs_then_resume_to_four_equals_four_epochs_at_once(data_file, tmp_path, model):
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    invoke(common(data_file, model) + ["--epochs", "4", "--run-dir", whole])
+    first = invoke(common(data_file, model) + ["--epochs", "2", "--run-dir", split])
+    assert "done: 2 epochs" in first.output and f"evaluate with: ksae-eval {split}" in first.output
+    assert [r["epoch"] for r in RunFolder(split).read_metrics()] == [1, 2]
+    resumed = invoke(["--resume", split, "--epochs", "4"])
+    assert "resuming" in resumed.output and "applied: epochs 2 -> 4" in resumed.output
+    same_state(split, whole)
+    records = RunFolder(split).read_metrics()
+    assert [r["epoch"] for r in records] == [1, 2, 3, 4] and all(r["valid_loss"] > 0 for r in records)
+    config = RunFolder(split).read_config()
+    assert config["model"] == model and config["baseline"]["model"] == model and config["baseline"]["epochs"] == 4
+    assert config["threads"] == 1  # kept for a resume: BLAS sums differ between thread counts
+    regularisation = {"input_dropout": 0.0, "hidden_dropout": 0.0, **baselines.REGULARISATION[model]}
+    if model != "rbm":
+        assert {k: config["baseline"][k] for k in regularisation} == regularisation
+    import h5py
+    with h5py.File(split / "checkpoint.h5") as f:
+        assert f.attrs["format"] == FORMAT  # not a k-sparse checkpoint: a reader of those refuses it by name
+        assert f.attrs["run_id"] == config["run_id"] and config["kind"] == "ksae-baseline"
+    again = invoke(["--resume", split])
+    assert "nothing to train: the run had already trained all its 4 epochs" in again.output
+
+
+@pytest.mark.parametrize("model", ["rbm", "dropout-denoising-ae"])
+def test_sigterm_saves_prints_the_resume_line_and_the_resume_ends_bit_identical(data_file, tmp_path, model):
+    """The run holds after logging epoch 1 (tests/heldrun.py) and SIGTERM arrives there: an event,
+    not a clock. The step under way is the epoch's last, so the run stops after it, at the boundary."""
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    invoke(common(data_file, model) + ["--epochs", "3", "--run-dir", whole, "--quiet"])
+    proc = subprocess.Popen(held_train(1, command="baseline") + common(data_file, model) + [
+        "--epochs", "3", "--run-dir", str(stopped)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env=ENV)
+    assert wait_until_held(proc) == 1
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)  # closes stdin: the run goes on and stops
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "SIGTERM: stopping after this step and saving a checkpoint" in err
+    assert err.splitlines()[-1] == (f"interrupted at epoch 2, batch 0; checkpoint saved to {stopped / 'checkpoint.h5'}; "
+                                    f"continue with: ksae-baseline --resume {stopped}")
+    assert load_baseline_checkpoint(stopped / "checkpoint.h5").epoch == 1
+    resumed = invoke(["--resume", stopped])
+    assert f"resuming {stopped} after epoch 1 (step " in resumed.output
+    same_state(stopped, whole)
+    assert [r["epoch"] for r in RunFolder(stopped).read_metrics()] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("model", ["rbm", "dropout-denoising-ae"])
+def test_kill_9_after_a_mid_epoch_checkpoint_then_resume_ends_bit_identical(data_file, tmp_path, model):
+    """A checkpoint after every batch (--checkpoint-minutes 1e-9); the run holds once it has logged
+    epoch 1, before that epoch's own checkpoint, and is killed there: the last checkpoint is mid-epoch
+    (its last batch still to do), the metrics line of epoch 1 lies past it and is dropped on resume."""
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    invoke(common(data_file, model) + ["--epochs", "3", "--run-dir", whole, "--quiet"])
+    proc = subprocess.Popen(held_train(1, command="baseline") + common(data_file, model) + [
+        "--epochs", "3", "--run-dir", str(killed), "--checkpoint-minutes", "1e-9"], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV)
+    assert wait_until_held(proc) == 1
+    proc.kill()
+    proc.communicate(timeout=300)
+    assert proc.returncode == -signal.SIGKILL
+    saved = load_baseline_checkpoint(killed / "checkpoint.h5")
+    assert saved.epoch == 0 and saved.batch_in_epoch > 0 and saved.epoch_perm is not None
+    resumed = invoke(["--resume", killed])
+    assert f"resuming {killed} after epoch 0, batch {saved.batch_in_epoch}" in resumed.output
+    assert "metrics.jsonl: dropped 1 line(s) logged after the checkpoint" in resumed.output
+    same_state(killed, whole)
+    assert [r["epoch"] for r in RunFolder(killed).read_metrics()] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("model", ["dropout-ae", "denoising-ae"])
+def test_eval_classifies_every_hidden_unit_of_the_uncorrupted_input(data_file, tmp_path, model, monkeypatch):
+    run = tmp_path / "run"
+    invoke(common(data_file, model) + ["--epochs", "2", "--run-dir", run, "--quiet"])
+    from ksae_cupy.evaluation import features
+
+    seen = []
+    real = features.select_and_test
+    monkeypatch.setattr(features, "select_and_test", lambda encode, *a, **k: seen.append(encode) or real(encode, *a, **k))
+    result = CliRunner().invoke(eval_command, [str(run), "--device", "cpu", "--l2", "1e-3,1e-5", "--threads", "1"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    saved = json.loads((run / "eval.json").read_text())
+    assert saved["model"] == model and saved["epoch"] == 2 and 0 <= saved["features"]["test_error"] <= 1
+    assert [t["alpha"] for t in saved["features"]["trials"]] == [None, None]  # no alpha: every unit is kept
+    assert "every hidden unit of the uncorrupted input" in (run / "eval.md").read_text()
+    # The classifier saw sigmoid(x W + b) of the clean rows, with all units: no dropout, no noise.
+    params = load_baseline_checkpoint(run / "checkpoint.h5").params
+    X = np.load(data_file)["X"][:50]
+    expected = 1 / (1 + np.exp(-(X.astype(np.float64) @ params["W_dh"] + params["b_h"])))
+    np.testing.assert_allclose(seen[0](None, X), expected, rtol=1e-5, atol=1e-6)
+    assert seen[0](None, X).shape == (50, 12)
+
+
+def test_mistakes_are_one_line(data_file, tmp_path):
+    run = tmp_path / "run"
+    assert_one_line_error(invoke([data_file, "--epochs", "1"], expect=None), "missing --model", "rbm", status=2)
+    assert_one_line_error(invoke(["synthetic", "--model", "rbm", "--hidden", "8", "--epochs", "1", "--device", "cpu",
+                                  "--run-dir", tmp_path / "signed"], expect=None),
+                          "the RBM's input holds values in", "only values in [0, 1]", status=2)
+    assert_one_line_error(invoke(common(data_file, "denoising-ae") + ["--epochs", "1", "--weight-decay", "-1"],
+                                 expect=None), "weight_decay -1.0", ">= 0", status=2)
+    invoke(common(data_file, "dropout-ae") + ["--epochs", "2", "--run-dir", run, "--quiet"])
+    assert_one_line_error(invoke(["--resume", run, "--hidden", "8", "--lr", "0.01"], expect=None),
+                          "--resume: options contradict the checkpoint", "--hidden 8 (the run has 12)", status=2)
+    assert_one_line_error(invoke(["--resume", run, "--epochs", "1"], expect=None),
+                          "--epochs 1 is not allowed on resume", "use at least 2", status=2)
+    assert_one_line_error(invoke(common(data_file, "dropout-ae") + ["--epochs", "2", "--run-dir", run], expect=None),
+                          "already holds a run", "--resume", status=2)
+    from ksae_cupy.cli.train import train_command
+
+    refused = CliRunner().invoke(train_command, ["--resume", str(run), "--device", "cpu"], catch_exceptions=False)
+    assert_one_line_error(refused, "a ksae-baseline run folder, not a ksae-train one",
+                          f"continue it with ksae-baseline --resume {run}", status=2)
