@@ -14,7 +14,10 @@ the printed line names the variable.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+
+import numpy as np
 
 from ksae_cupy.errors import KsaeError
 
@@ -38,18 +41,10 @@ def set_blas_threads(threads: int | None) -> tuple[str, int | None]:
     a one-line error, since it could not be honoured. The count used is None only when nothing
     could set it (no threadpoolctl, nothing given).
     """
+    global _process_threads
     cores = usable_cores()
-    if threads is not None and threads <= 0:
-        raise KsaeError(f"--threads {threads} is not allowed; use a positive number of threads (this machine has {cores} cores)")
-    from_environment = environment_threads()
-    if threads is not None:
-        wanted, how = threads, "--threads"
-    elif from_environment is not None:
-        value = from_environment.split("=", 1)[1]
-        wanted = int(value) if value.isdigit() and int(value) > 0 else None
-        how = f"set by {from_environment}; --threads N to change"  # the user's choice: left as it is
-    else:
-        wanted, how = free_cores(cores)
+    wanted, how, from_environment = choose_threads(threads)
+    _process_threads = wanted or cores
     from ksae_cupy.cpu import kernels as cpu_kernels
     cpu_kernels.set_threads(wanted or cores)
     try:
@@ -69,6 +64,58 @@ def set_blas_threads(threads: int | None) -> tuple[str, int | None]:
     counts = sorted({info["num_threads"] for info in blas})
     names = ", ".join(sorted({info.get("internal_api", "blas") for info in blas}))
     return f"BLAS threads: {', '.join(map(str, counts))} ({names}; {cores} usable cores; {how})", wanted
+
+
+def choose_threads(threads: int | None, flag: str = "--threads") -> tuple[int | None, str, str | None]:
+    """``(wanted, how, from_environment)``: the count ``threads`` asks for, else the one the
+    environment set, else one per free core; ``wanted`` is None when the environment's value is
+    not a count (it is then left to the library)."""
+    cores = usable_cores()
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer))
+                                or threads <= 0):
+        raise KsaeError(f"{flag} {threads!r} is not allowed; use a positive number of threads (this machine has "
+                        f"{cores} cores)")
+    from_environment = environment_threads()
+    if threads is not None:
+        return int(threads), flag, None  # given: it wins over the environment's count
+    if from_environment is not None:
+        value = from_environment.split("=", 1)[1]
+        wanted = int(value) if value.isdigit() and int(value) > 0 else None
+        return wanted, f"set by {from_environment}; {flag} N to change", from_environment  # the user's: kept
+    wanted, how = free_cores(cores)
+    return wanted, how.replace("--threads", flag), None
+
+
+# The count a command chose for this whole process (set_blas_threads), which the estimator's
+# default n_threads=None then keeps; None until a command chose.
+_process_threads: int | None = None
+
+
+@contextlib.contextmanager
+def estimator_threads(n_threads: int | None):
+    """The thread counts of :meth:`KSparseAutoencoder.fit`, for the ``with`` block only; yields
+    ``(count, how)``. ``n_threads`` None: what a command chose for this process (``ksae-train
+    --threads``), else as a command would choose (the environment's count, else one per free core)."""
+    if n_threads is None and _process_threads is not None:
+        yield _process_threads, "as the command set it"
+        return
+    wanted, how, from_environment = choose_threads(n_threads, "n_threads")
+    from ksae_cupy.cpu import kernels as cpu_kernels
+    before = cpu_kernels.threads()
+    cpu_kernels.set_threads(wanted or usable_cores())
+    try:
+        if from_environment is not None and n_threads is None:
+            limits = contextlib.nullcontext()  # the environment's count is already the BLAS's
+        else:
+            try:
+                from threadpoolctl import threadpool_limits
+                limits = threadpool_limits(limits=wanted, user_api="blas")
+            except ImportError:
+                limits = contextlib.nullcontext()
+        with limits:
+            yield wanted, how
+    finally:
+        cpu_kernels.set_threads(before)
 
 
 def free_cores(cores: int) -> tuple[int, str]:

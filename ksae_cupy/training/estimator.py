@@ -52,7 +52,11 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     as scikit-learn's MLP does; ``alpha`` is the default of :meth:`transform`'s (a parameter, so
     a grid search can tune it); ``warm_start=True`` makes ``fit`` go on from the current state;
     ``input_scale``, when given, multiplies every input (integer input is refused without
-    it: ``input_scale=1/255`` takes 8-bit pixels as they are).
+    it: ``input_scale=1/255`` takes 8-bit pixels as they are); ``verbose=1`` prints a line per
+    epoch of ``fit`` (loss, validation loss, speed, time left), as scikit-learn's estimators do;
+    ``n_threads`` caps the CPU threads of ``fit`` (BLAS and the CPU kernels; ``None``: as
+    ``ksae-train`` chooses: the count a command set, else ``OMP_NUM_THREADS`` and its kin, else
+    one per core that other jobs leave free).
 
     Fitted attributes: ``components_`` (the dictionary ``W_dh`` transposed, H x D, as in
     scikit-learn's decomposition estimators), ``n_features_in_``, ``trainer_`` (the
@@ -63,12 +67,13 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     def __init__(self, n_hidden=1000, k=25, k_start="auto", epochs=5000, batch_size=128, lr=0.01,
                  momentum=0.9, sigma=0.01, topk="sort", seed=0, dtype="float32", device="auto",
                  activation="linear", step="auto", alpha=1.0,
-                 warm_start=False, input_scale=None):
+                 warm_start=False, input_scale=None, verbose=0, n_threads=None):
         self.n_hidden, self.k, self.k_start, self.epochs = n_hidden, k, k_start, epochs
         self.batch_size, self.lr, self.momentum, self.sigma = batch_size, lr, momentum, sigma
         self.topk, self.seed, self.dtype, self.device = topk, seed, dtype, device
         self.activation, self.step, self.alpha, self.warm_start = activation, step, alpha, warm_start
         self.input_scale = input_scale
+        self.verbose, self.n_threads = verbose, n_threads
 
     # -- configuration -------------------------------------------------------------------
     def config(self, X_nd=None) -> TrainConfig:
@@ -148,8 +153,9 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         X_dev, X_valid_dev = self._to_device(X_nd), self._to_device(X_valid_nd)
         step_before = trainer.step
         self._saved_at = None
+        on_epoch = self._verbose_epochs(on_epoch, trainer)
         try:
-            with trainer.backend.use():
+            with trainer.backend.use(), self._thread_limits(trainer):
                 while not trainer.finished:
                     report = trainer.run_epoch(X_dev, X_valid_dev, on_batch)
                     if report is None:  # stop requested mid-epoch
@@ -178,11 +184,51 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         if trainer.finished:
             trainer.config.epochs += 1  # partial_fit may go on past the configured epochs
         try:
-            with trainer.backend.use():
+            with trainer.backend.use(), self._thread_limits(trainer):
                 trainer.run_epoch(self._to_device(X_nd))
         except TrainingDiverged as exc:
             raise self._diverged(exc, X_nd, None, parameter_name) from None
         return self
+
+    def _thread_limits(self, trainer):
+        """The CPU thread counts for the ``with`` block (``n_threads``); said when ``verbose``."""
+        from contextlib import contextmanager
+
+        from ksae_cupy.cli.threads import estimator_threads
+
+        @contextmanager
+        def limits():
+            if trainer.backend.is_gpu:
+                yield
+                return
+            with estimator_threads(self.n_threads) as (count, how):
+                if self.verbose:
+                    print(f"{type(self).__name__}: {count or 'default'} CPU thread(s) ({how})", flush=True)
+                yield
+
+        return limits()
+
+    def _verbose_epochs(self, on_epoch, trainer):
+        """``on_epoch``, preceded when ``verbose`` by a printed line per epoch with the time left."""
+        if isinstance(self.verbose, bool) or not isinstance(self.verbose, (int, np.integer)) or self.verbose < 0:
+            raise KsaeError(f"verbose={self.verbose!r} is not allowed; use 0 (silent) or 1 (a line per epoch)")
+        if not self.verbose:
+            return on_epoch
+        import time
+
+        from ksae_cupy.cli.progress import epoch_line, format_duration
+
+        started, first_epoch = time.perf_counter(), trainer.epoch
+
+        def report_then(report):
+            epochs = trainer.config.epochs
+            per_epoch = (time.perf_counter() - started) / max(1, report.epoch - first_epoch)
+            left = format_duration(per_epoch * (epochs - report.epoch)) if report.epoch < epochs else ""
+            print(epoch_line(report, epochs, left), flush=True)
+            if on_epoch is not None:
+                on_epoch(report)
+
+        return report_then
 
     def _new_trainer(self, X_nd, option_names=parameter_name) -> Trainer:
         config = self.config(X_nd)
