@@ -149,10 +149,14 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
             raise KsaeError(f"--step sparse needs k-sparse layers without dropout; --baseline {baseline} gives "
                             f"sigmoid layers; use --step dense or auto")
         threads_line, threads_used = set_blas_threads(threads)  # before pretraining, which runs here too
-        encoders, ks, sources, pretrain_seconds = [], [], [], []
+        encoders, ks, sources, pretrain_seconds, network = [], [], [], [], {}
         for path in pretrained:
+            from ksae_cupy.supervised.baseline_trainer import is_baseline_run
             from ksae_cupy.supervised.pretrain import encoder_of, load_pretrained_run
 
+            if is_baseline_run(path):  # a ksae-baseline run: its sigmoid layer, fine-tuned with its dropout (4.5)
+                network = _baseline_source(path, len(pretrained), encoders, ks, sources)
+                continue
             model, run_config = load_pretrained_run(path, device="cpu")
             encoders.append(encoder_of(model))
             ks.append(model.k)
@@ -211,8 +215,6 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
             from ksae_cupy.supervised.baselines import REGULARISATION
 
             network = dict(activations=["sigmoid"] * L, **REGULARISATION[baseline])  # section 4.5
-        else:
-            network = {}
         config = finetune.FinetuneConfig(kept=kept, phases=phase_list, epochs=epochs, batch_size=batch_size,
                                          lr_start=lr_start, lr_end=lr_end, momentum=momentum, sigma=sigma,
                                          seed=seed, dtype=dtype, step=step, **network)
@@ -317,6 +319,25 @@ class PhasePace:
         if later:
             return f"{format_duration(left)} for this phase, then {later} more phase{'s' * (later > 1)}"
         return format_duration(left)
+
+
+def _baseline_source(path, n_runs: int, encoders: list, ks: list, sources: list) -> dict:
+    """Add a ``ksae-baseline`` run's sigmoid layer to ``encoders`` (no k: every unit is kept) and its
+    record to ``sources``; return the network options that fine-tune it with its own dropout (section 4.5)."""
+    from ksae_cupy.supervised.baselines import encoder
+    from ksae_cupy.supervised.pretrain import load_baseline_run
+
+    if n_runs > 1:
+        raise KsaeError(f"{path} is a ksae-baseline run; it fine-tunes alone (shallow): give it as the only "
+                        f"PRETRAINED_RUN_DIR")
+    ckpt, run_config = load_baseline_run(path)
+    encoders.append(encoder(ckpt.params))
+    ks.append(None)
+    sources.append({"run_dir": str(path), "dataset": run_config.get("dataset"), "model": ckpt.config.get("model"),
+                    "hidden": int(ckpt.params["W_dh"].shape[1]), "data": run_config.get("data"),
+                    "epochs_trained": ckpt.epoch})
+    return {"activations": ["sigmoid"], "input_dropout": ckpt.config.get("input_dropout", 0.0),
+            "hidden_dropout": ckpt.config.get("hidden_dropout", 0.0)}
 
 
 def _saver(folder, trainer):

@@ -58,6 +58,18 @@ def load_pretrained_run(run_dir, device: str = "cpu") -> tuple[KSparseAutoencode
     return model, config
 
 
+def load_baseline_run(run_dir):
+    """``(checkpoint, config.json)`` of a ``ksae-baseline`` run folder: a sigmoid layer to fine-tune."""
+    from ksae_cupy.supervised.baseline_trainer import load_baseline_checkpoint
+
+    folder = RunFolder(Path(run_dir), kind="ksae-baseline")
+    folder.check_kind("pretrained run", "fine-tuning starts from ksae-train or ksae-baseline run folders")
+    config = folder.read_config()
+    ckpt = load_baseline_checkpoint(folder.checkpoint)
+    folder.check_checkpoint(ckpt.run_id)  # this folder's run, not a copy
+    return ckpt, config
+
+
 def encoder_of(model: KSparseAutoencoder):
     """``(W_dh, b_h)`` host arrays of a fitted autoencoder's encoder."""
     from ksae_cupy.backend import to_host

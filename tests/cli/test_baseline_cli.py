@@ -171,3 +171,27 @@ def test_mistakes_are_one_line(data_file, tmp_path):
     refused = CliRunner().invoke(train_command, ["--resume", str(run), "--device", "cpu"], catch_exceptions=False)
     assert_one_line_error(refused, "a ksae-baseline run folder, not a ksae-train one",
                           f"continue it with ksae-baseline --resume {run}", status=2)
+
+
+@pytest.mark.parametrize("model", ["rbm", "dropout-denoising-ae"])
+def test_finetune_starts_from_a_baseline_run_with_its_dropout(data_file, tmp_path, model):
+    from ksae_cupy.cli.finetune import finetune_command
+
+    run, out = tmp_path / "run", tmp_path / "ft"
+    invoke(common(data_file, model) + ["--epochs", "2", "--run-dir", run, "--quiet"])
+    result = CliRunner().invoke(finetune_command, [str(run), "--epochs", "1", "--batch-size", "50", "--device", "cpu",
+                                                   "--lr-start", "0.1", "--lr-end", "0.01", "--run-dir", str(out)],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    config = RunFolder(out).read_config()
+    regularisation = {"input_dropout": 0.0, "hidden_dropout": 0.0, **baselines.REGULARISATION[model]}
+    assert {k: config["finetune"][k] for k in regularisation} == regularisation  # section 4.5: its own dropout
+    assert config["finetune"]["activations"] == ["sigmoid"] and config["finetune"]["kept"] == [None]
+    assert config["pretrained"][0]["model"] == model and config["pretrained"][0]["epochs_trained"] == 2
+    from ksae_cupy.supervised.checkpoint import load_finetune_checkpoint
+
+    assert 0 <= json.loads((out / "finetune.json").read_text())["test_error"] <= 1
+    assert load_finetune_checkpoint(out / "checkpoint.h5")["params"]["W1_dh"].shape == (16, 12)
+    two = CliRunner().invoke(finetune_command, [str(run), str(run), "--device", "cpu", "--run-dir", str(tmp_path / "b")],
+                             catch_exceptions=False)
+    assert_one_line_error(two, "is a ksae-baseline run; it fine-tunes alone", status=2)
