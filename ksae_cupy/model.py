@@ -140,9 +140,8 @@ def alpha_k(k: int, alpha: float, H: int) -> int:
     """The number of units kept at encoding time, ``round(alpha * k)``, checked against H."""
     from ksae_cupy.errors import KsaeError
 
-    if not alpha >= 1:
-        raise KsaeError(f"alpha={alpha} is not allowed; use alpha >= 1 (section 2.2)")
-    kept = int(round(alpha * k))
-    if kept > H:
-        raise KsaeError(f"alpha*k = {alpha}*{k} = {kept} exceeds the {H} hidden units; use alpha <= {H / k:g}")
-    return kept
+    if not 1 <= alpha < float("inf"):  # NaN too; an infinite alpha would keep "infinitely many" units
+        raise KsaeError(f"alpha={alpha} is not allowed; use a finite alpha >= 1 (section 2.2)")
+    if alpha * k > H + 0.5:  # before rounding: alpha * k may overflow to infinity
+        raise KsaeError(f"alpha*k = {alpha}*{k} = {alpha * k:g} exceeds the {H} hidden units; use alpha <= {H / k:g}")
+    return int(round(alpha * k))

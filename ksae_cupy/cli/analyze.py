@@ -101,6 +101,9 @@ def analyze_theorem(dictionary, D, H, k, n, seed, output):
         check_output_file(output, "-o")  # before the experiment, not after it
     if n < 1 or D < 1 or H < 1:
         raise KsaeError("--n, --dim and --atoms must be positive")
+    from ksae_cupy.training.options import check_seed
+
+    check_seed("--seed", seed)
     if dictionary == "incoherent":
         W_dh = incoherent_dictionary(D)
     elif dictionary == "gaussian":

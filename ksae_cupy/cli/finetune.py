@@ -42,7 +42,7 @@ from ksae_cupy.errors import KsaeError
 
 RESULTS = "finetune.json"
 # Options fixed by a run: on --resume, giving one is an error rather than silently ignored.
-RUN_SHAPING = ("dataset", "alpha", "epochs", "phases", "lr_start", "lr_end", "momentum", "batch_size", "sigma",
+RUN_SHAPING = ("dataset", "alpha", "epochs", "phases", "lr_start", "lr_end", "rising_lr", "momentum", "batch_size", "sigma",
                "no_pretraining", "baseline", "pretrain_epochs", "hidden", "k", "seed", "dtype")
 BASELINES = ("rbm", "dropout-ae", "denoising-ae", "dropout-denoising-ae")
 
@@ -58,6 +58,7 @@ BASELINES = ("rbm", "dropout-ae", "denoising-ae", "dropout-denoising-ae")
               help="Comma-separated phases from softmax,top,all. [default: all (shallow); softmax,top,all (deep)]")
 @click.option("--lr-start", type=float, default=1.0, help="First learning rate (paper, MNIST: 1; NORB: 0.01).")
 @click.option("--lr-end", type=float, default=0.001, help="Last learning rate, reached linearly (paper: 0.001).")
+@click.option("--rising-lr", is_flag=True, help="Allow --lr-end above --lr-start (a schedule that rises).")
 @click.option("--momentum", type=float, default=0.25, help="Momentum (paper, MNIST: 0.25; NORB: 0.9).")
 @click.option("--batch-size", type=int, default=128)
 @click.option("--sigma", type=float, default=0.01, help="Std of the Gaussian initial softmax (and random) weights.")
@@ -88,7 +89,7 @@ BASELINES = ("rbm", "dropout-ae", "denoising-ae", "dropout-denoising-ae")
 @data_options
 @click.pass_context
 @report_errors
-def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, lr_end, momentum, batch_size, sigma,
+def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, lr_end, rising_lr, momentum, batch_size, sigma,
                      no_pretraining, baseline, pretrain_epochs, hidden, k, seed, dtype, device, step, threads, run_dir,
                      checkpoint_every, checkpoint_minutes, resume, data_dir, quiet, **data_given):
     """Fine-tune a softmax network initialised from PRETRAINED_RUN_DIR [PRETRAINED_RUN_DIR_2] (ksae-train runs)."""
@@ -143,6 +144,17 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
         if not no_pretraining and not pretrained and not baseline:
             raise KsaeError("missing PRETRAINED_RUN_DIR; give one or two ksae-train run folders, --no-pretraining "
                             "or --baseline")
+        if lr_end > lr_start and not rising_lr:  # NaN fails the comparison and is named by the config's check
+            raise KsaeError(f"--lr-end {lr_end} is above --lr-start {lr_start}: the rate would rise over the run "
+                            f"(the paper's falls from 1 to 0.001); swap them, or give --rising-lr if that is meant")
+        typed = {name for name in ("hidden", "k") if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
+        if pretrained and typed:
+            raise KsaeError(f"{' and '.join('--' + name for name in sorted(typed))} only appl"
+                            f"{'y' if len(typed) > 1 else 'ies'} with --no-pretraining or --baseline: the "
+                            f"PRETRAINED_RUN_DIR runs set the layers' sizes and k; leave {'them' if len(typed) > 1 else 'it'} out")
+        if baseline and "k" in typed:
+            raise KsaeError(f"--k only applies with --no-pretraining: --baseline {baseline} gives sigmoid layers, which "
+                            f"keep every unit; leave it out")
         if pretrain_epochs <= 0:
             raise KsaeError(f"--pretrain-epochs {pretrain_epochs} is not allowed; use a positive number of epochs")
         if baseline and step == "sparse":  # said before the pretraining, not after it

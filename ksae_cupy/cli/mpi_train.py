@@ -22,6 +22,7 @@ from ksae_cupy.errors import KsaeError
 from ksae_cupy.parallel.agree import abort_on_error, agree
 from ksae_cupy.parallel.data_parallel import RunSettings, run_distributed
 from ksae_cupy.schedules import resolve_k_start
+from ksae_cupy.training.options import check_in_dtype
 from ksae_cupy.training.trainer import TrainConfig
 
 # Refused on --resume when they differ from the run: they shape the model or the batches.
@@ -90,6 +91,7 @@ def train(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch_size, l
         config = TrainConfig(hidden=hidden, k=k, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum,
                              sigma=sigma, topk=topk, seed=seed, dtype=dtype, k_start=None)
         config.validate()  # k > hidden and the like, before k_start is resolved against them
+        check_in_dtype(dtype, **{"--lr": ("rate", lr)})  # a rate of 0 in the model's dtype trains nothing
         if not no_k_schedule:
             config.k_start = resolve_k_start(k_start if k_start is not None else "auto", k, hidden)
         return config

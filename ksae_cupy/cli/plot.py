@@ -11,6 +11,8 @@ from ksae_cupy.cli.common import (GivenPath, CONTEXT, DATA_DIR, QUIET, RUN_DIR,
 from ksae_cupy.errors import KsaeError
 
 
+HIST_WIDTH = 800  # pixels: save_activity_histograms' default size
+
 @click.group(context_settings=CONTEXT)
 def plot_command():
     """Draw the paper's figures from trained runs (needs: pip install ksae-cupy[plot])."""
@@ -85,6 +87,8 @@ def plot_hist(run_dirs, output, n_samples, split, alpha, bins, data_dir, quiet):
     check_image_output(output)
     if n_samples < 1 or bins < 1:
         raise KsaeError("--n-samples and --bins must be positive")
+    if bins > HIST_WIDTH:  # more bins than pixels draws nothing more (and 10^9 of them fill the memory)
+        raise KsaeError(f"--bins {bins} is not allowed; use 1 to {HIST_WIDTH} (the plot is {HIST_WIDTH} pixels wide)")
     say = progress_printer(quiet)
     activities, datasets = {}, {}
     for run_dir in run_dirs:

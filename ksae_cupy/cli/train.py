@@ -132,6 +132,9 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
     else:
         if dataset is None:
             raise KsaeError("missing DATASET; give a dataset name or file, or --resume RUN_DIR")
+        if no_k_schedule and k_start is not None:
+            raise KsaeError(f"--k-start {k_start} contradicts --no-k-schedule (which trains with k from the first "
+                            f"epoch); give one")
         spec = data_spec(dataset, **data_given)
         lr = parse_lr(lr, default="auto" if spec.is_user_file or dataset in AUTO_LR_DATASETS else 0.01)
         config = TrainConfig(hidden=hidden, k=k, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum,
@@ -171,6 +174,11 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
         if resolved_config.lr_auto:
             say(f"--lr auto: {resolved_config.lr} for this data ({describe_auto_lr(data.X_train)})")
         check_training_memory(backend, data.dim, config.hidden, config.batch_size, config.dtype)
+        from ksae_cupy.training.learning_rate import check_rate_moves_weights
+        from ksae_cupy.training.trainer import Trainer
+
+        # fit checks it too, but only after the run folder is made: say it before anything is written
+        check_rate_moves_weights(Trainer(resolved_config, backend, D=data.dim), data.X_train, "--lr")
         model.preprocess_ = dict(data.preprocess)
     elif model.trainer_.params["W_dh"].shape[0] != data.dim:
         raise KsaeError(f"the checkpoint's model takes {model.trainer_.params['W_dh'].shape[0]} dimensions, "

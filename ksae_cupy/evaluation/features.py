@@ -221,18 +221,18 @@ def _fmt_alpha(alpha) -> str:
 def parse_alphas(text: str) -> list[float]:
     """``"1,2,3,4"`` -> [1.0, 2.0, 3.0, 4.0]; every alpha must be a number >= 1."""
     values = _parse_floats(text, "--alphas")
-    bad = [v for v in values if not v >= 1]
+    bad = [v for v in values if not 1 <= v < float("inf")]
     if bad:
-        raise KsaeError(f"--alphas {text!r}: alpha={bad[0]:g} is not allowed; use alpha >= 1 (section 2.2)")
+        raise KsaeError(f"--alphas {text!r}: alpha={bad[0]:g} is not allowed; use a finite alpha >= 1 (section 2.2)")
     return values
 
 
 def parse_l2(text: str) -> list[float]:
     """``"1e-3,1e-4"`` -> [0.001, 0.0001]; every value must be >= 0."""
     values = _parse_floats(text, "--l2")
-    bad = [v for v in values if not v >= 0]
+    bad = [v for v in values if not 0 <= v < float("inf")]
     if bad:
-        raise KsaeError(f"--l2 {text!r}: l2={bad[0]:g} is not allowed; use l2 >= 0")
+        raise KsaeError(f"--l2 {text!r}: l2={bad[0]:g} is not allowed; use a finite l2 >= 0")
     return values
 
 

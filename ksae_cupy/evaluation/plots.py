@@ -16,6 +16,9 @@ from ksae_cupy.backend import to_host
 from ksae_cupy.errors import KsaeError
 
 LAYOUTS = ("hwc", "chw")
+# The largest filter image written: 100 megapixels (past this, an image library refuses to open it
+# as a possible "decompression bomb", and the float mosaic alone takes gigabytes).
+MAX_PIXELS = 100_000_000
 
 
 def require_matplotlib():
@@ -105,7 +108,13 @@ def save_filter_grid(W_dh, path, image_shape=None, channels: int = 1, layout: st
 
     if scale < 1:
         raise KsaeError(f"scale={scale} is not allowed; use an integer >= 1")
+    if cols is not None and cols < 1:
+        raise KsaeError(f"cols={cols} is not allowed; use at least 1 filter per row")
     mosaic = filter_mosaic(W_dh, image_shape, channels, layout, n_filters, cols)
+    height, width = mosaic.shape[0] * scale, mosaic.shape[1] * scale
+    if height * width > MAX_PIXELS:  # checked before np.repeat allocates it
+        raise KsaeError(f"scale={scale} is not allowed here: the image would be {width} x {height} pixels; use a "
+                        f"scale of at most {max(1, int((MAX_PIXELS / (mosaic.shape[0] * mosaic.shape[1])) ** 0.5))}")
     mosaic = np.repeat(np.repeat(mosaic, scale, axis=0), scale, axis=1)
     mpimg.imsave(str(path), mosaic, cmap="gray", vmin=0.0, vmax=1.0)
     return mosaic.shape[1], mosaic.shape[0]

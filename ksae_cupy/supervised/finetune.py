@@ -57,7 +57,8 @@ import numpy as np
 
 from ksae_cupy.backend import Backend, array_module, to_host
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.training.options import check_batch_size, check_dtype, check_momentum, check_positive_count, check_positive_finite
+from ksae_cupy.training.options import (check_batch_size, check_dtype, check_in_dtype, check_momentum,
+                                        check_positive_count, check_positive_finite)
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.schedules import linear_decay
 from ksae_cupy.topk import TOPK_METHODS, scatter_rows, topk
@@ -290,6 +291,8 @@ class FinetuneConfig:
         if self.topk not in TOPK_METHODS:
             raise KsaeError(f"--topk {self.topk!r} is not allowed; use one of {', '.join(TOPK_METHODS)}")
         check_dtype("--dtype", self.dtype)
+        check_in_dtype(self.dtype, **{"--lr-start": ("rate", self.lr_start), "--lr-end": ("rate", self.lr_end),
+                                      "--sigma": ("sigma", self.sigma), "--momentum": ("momentum", self.momentum)})
         if len(self.activations) != len(self.kept):
             raise KsaeError(f"activations {self.activations} name {len(self.activations)} layers but kept "
                             f"{self.kept} has {len(self.kept)}; give one activation per hidden layer")

@@ -25,7 +25,7 @@ from ksae_cupy.datasets.dataset import check_float_input
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.schedules import resolve_k_start
 from ksae_cupy.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from ksae_cupy.training.learning_rate import auto_learning_rate, round_significant
+from ksae_cupy.training.learning_rate import auto_learning_rate, check_rate_moves_weights, round_significant
 from ksae_cupy.training.options import check_positive_finite
 from ksae_cupy.training.sklearn_compat import (BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin,
                                                check_is_fitted, check_width, validate_data)
@@ -235,7 +235,9 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         if isinstance(config.batch_size, (int, np.integer)):
             config.batch_size = min(config.batch_size, X_nd.shape[0])
         config.validate(n_train=X_nd.shape[0], name=option_names)
-        return Trainer(config, resolve_device(self.device), D=X_nd.shape[1])
+        trainer = Trainer(config, resolve_device(self.device), D=X_nd.shape[1])
+        check_rate_moves_weights(trainer, X_nd, option_names("lr"))  # a step of 0 would train for nothing
+        return trainer
 
     def _diverged(self, exc: TrainingDiverged, X_nd, checkpoint_path, option_names) -> TrainingDiverged:
         """``exc`` retold for the caller: what was saved, and a rate that trains this data."""

@@ -77,3 +77,39 @@ def auto_learning_rate(X_nd) -> float:
 def round_significant(value: float, digits: int) -> float:
     exponent = math.floor(math.log10(abs(value)))
     return round(value, digits - 1 - exponent)
+
+
+def smallest_moving_rate(W, dW) -> float | None:
+    """The smallest rate ``lr`` at which one step ``lr * dW`` changes an entry of ``W`` in its own
+    dtype (rounding to nearest: ``|lr dW| > spacing(W) / 2``); None when ``dW`` is zero everywhere.
+    Below it a step leaves every weight bit-identical: in float32 ``0.01 + 1e-12 == 0.01``."""
+    W, dW = to_host(W), np.abs(to_host(dW).astype(np.float64))
+    moving = dW > 0
+    if not moving.any():
+        return None
+    half_spacing = np.spacing(np.abs(W)).astype(np.float64) / 2
+    return float((half_spacing[moving] / dW[moving]).min())
+
+
+def check_rate_moves_weights(trainer, X_nd, flag: str = "lr") -> None:
+    """Refuse, before training, a rate whose first step on ``X_nd``'s first batch changes no weight
+    of ``trainer``'s fresh model (every epoch would leave the weights bit-identical), naming the
+    smallest rate that moves one. Data whose gradient is zero or not finite is left to training."""
+    from ksae_cupy import model
+    from ksae_cupy.errors import KsaeError
+
+    config = trainer.config
+    with trainer.backend.use(), np.errstate(all="ignore"):
+        batch_nd = trainer.backend.asarray(X_nd[:config.batch_size], dtype=trainer.dtype)
+        # forward and backward as model.loss_and_grads does (called apart: tests count that one's calls)
+        Xhat_nd, cache = model.forward(trainer.params, batch_nd, trainer.current_k(), config.topk, config.activation)
+        loss, R_nd = model.reconstruction_loss(Xhat_nd, batch_nd)
+        grads = model.backward(trainer.params, R_nd, cache)
+        if not math.isfinite(loss) or not bool(trainer.backend.xp.isfinite(grads["W_dh"]).all()):
+            return
+        smallest = smallest_moving_rate(trainer.params["W_dh"], grads["W_dh"])
+    if smallest is not None and config.lr <= smallest:
+        moving = float(f"{smallest * 1.05:.2g}")  # up, past the rounding of lr and of the product
+        raise KsaeError(f"{flag} {config.lr} is not allowed for this data: in {config.dtype} a step at that rate "
+                        f"is below the rounding of every weight, so training would leave them bit-identical; the "
+                        f"smallest rate that moves a weight here is about {moving:g}")

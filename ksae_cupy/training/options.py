@@ -39,6 +39,30 @@ def check_dtype(flag: str, value: str) -> None:
         raise KsaeError(f"{flag} {value!r} is not allowed; use float32 or float64")
 
 
+def check_in_dtype(dtype: str, **options) -> None:
+    """Values legal as Python floats that lose their meaning once rounded to the model's ``dtype``
+    (the arrays they multiply): a rate or ``sigma`` that becomes 0 (no step; all-zero weights, every
+    unit alike) and a momentum that becomes 1 (a velocity that never decays).
+    ``options``: ``{flag: (kind, value)}`` with kind ``"rate"``, ``"sigma"`` or ``"momentum"``."""
+    import numpy as np
+
+    if dtype not in DTYPES:
+        return  # check_dtype names it
+    info = np.finfo(dtype)
+    for flag, (kind, value) in options.items():
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            continue  # their own checks name these
+        rounded = float(np.asarray(value, dtype=dtype))
+        if kind == "momentum" and rounded >= 1:
+            below = float(np.nextafter(np.asarray(1, dtype), np.asarray(0, dtype)))
+            raise KsaeError(f"{flag} {value} is not allowed in {dtype}: it rounds to 1 there (the velocity would "
+                            f"never decay); use 0 <= momentum <= {below!r}")
+        if kind in ("rate", "sigma") and 0 < value and rounded < info.tiny:
+            what = "every step would be 0" if kind == "rate" else "the initial weights would all be 0, every unit alike"
+            raise KsaeError(f"{flag} {value} is not allowed in {dtype}: it is below its smallest normal number, "
+                            f"{float(info.tiny):.4g} ({what}); use a larger value")
+
+
 MAX_SEED = 2**32 - 1
 
 

@@ -24,7 +24,8 @@ from ksae_cupy.backend import Backend, to_host
 from ksae_cupy.cpu import kernels as cpu_kernels
 from ksae_cupy.training.checkpoint import Checkpoint
 from ksae_cupy.errors import KsaeError, TrainingDiverged, cli_name  # TrainingDiverged is re-exported here
-from ksae_cupy.training.options import check_batch_size, check_dtype, check_momentum, check_positive_count, check_positive_finite
+from ksae_cupy.training.options import (check_batch_size, check_dtype, check_in_dtype, check_momentum,
+                                        check_positive_count, check_positive_finite)
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.schedules import sparsity_at_epoch
 from ksae_cupy.sparse_step import choose_step, loss_and_grads_for, loss_and_grads_sparse, sparse_layout
@@ -91,6 +92,8 @@ class TrainConfig:
             raise KsaeError(f"{name('activation')} {self.activation!r} is not allowed; use one of "
                             f"{', '.join(model.ACTIVATIONS)}")
         check_dtype(name("dtype"), self.dtype)
+        # (lr is checked against the data: learning_rate.check_rate_moves_weights)
+        check_in_dtype(self.dtype, **{name("sigma"): ("sigma", self.sigma), name("momentum"): ("momentum", self.momentum)})
         choose_step(self.step, self.k, self.hidden, flag=name("step"))
 
     def to_dict(self) -> dict:
