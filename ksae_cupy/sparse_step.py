@@ -29,7 +29,9 @@ import numpy as np
 
 from ksae_cupy.backend import array_module
 from ksae_cupy.cpu import kernels as cpu_kernels
+from ksae_cupy.errors import KsaeError
 from ksae_cupy.model import ForwardCache, hidden_preactivations, select_units
+from ksae_cupy.topk import TOPK_METHODS
 
 STEPS = ("dense", "sparse", "auto")
 
@@ -67,7 +69,7 @@ def _csr_rows(xp, sparse, idx_nk, val_nk, H: int):
 
 
 def loss_and_grads_sparse(params, X_nd, k: int, topk_method: str = "sort", activation: str = "linear",
-                          defer_weight_gradient: bool = False):
+                          defer_weight_gradient: bool = False, lanes: int = 1):
     """One forward and backward pass through the kept units only: ``(loss, grads, cache)``.
 
     ``grads["W_dh"]`` comes back in the memory order of ``params["W_dh"]``. Store ``W_dh``
@@ -77,27 +79,40 @@ def loss_and_grads_sparse(params, X_nd, k: int, topk_method: str = "sort", activ
     ``defer_weight_gradient`` (the trainer's setting): where the CPU kernels run and ``W_dh``
     is in Fortran order, ``grads["W_dh"]`` is a :class:`RowScatterGradient` that
     :class:`~ksae_cupy.optim.MomentumSGD` applies without ever building the ``(D, H)`` array.
+
+    ``lanes`` (CPU kernels only): split the examples, and the update's hidden units, over that many
+    threads (:mod:`ksae_cupy.cpu.lanes`), each running its share of ``X W`` too; the caller runs
+    BLAS on one thread meanwhile (the trainer does). Same results, bit for bit, at any count.
     """
     xp = array_module(X_nd)
     W_dh = params["W_dh"]
     H = W_dh.shape[1]
-    Z_nh = hidden_preactivations(params, X_nd)  # the one dense product
-    idx_nk, val_nk = select_units(Z_nh, k, topk_method, activation)
-    W_hd = xp.ascontiguousarray(W_dh.T)  # a view when W_dh is stored in Fortran order
     if xp is np and cpu_kernels.enabled():
-        loss, R_nd, dZ_nk = cpu_kernels.decode_and_backprop(W_hd, params["c_d"], X_nd, idx_nk, val_nk,
-                                                            activation == "relu")
+        # X W + b, the top k, the decoder and dZ in one pass over the examples.
+        loss, idx_nk, val_nk, R_nd, dZ_nk = cpu_kernels.encode_select_decode_and_backprop(
+            W_dh, params["b_h"], params["c_d"], X_nd, k, _descending(topk_method), activation == "relu", lanes)
         if defer_weight_gradient and W_dh.flags.f_contiguous:
-            dW_dh = RowScatterGradient(X_nd, R_nd, idx_nk, dZ_nk, val_nk, H)
+            dW_dh = RowScatterGradient(X_nd, R_nd, idx_nk, dZ_nk, val_nk, H, lanes)
         else:
             dW_dh = _in_layout_of(W_dh, cpu_kernels.weight_gradient(X_nd, R_nd, idx_nk, dZ_nk, val_nk, H))
     else:
+        Z_nh = hidden_preactivations(params, X_nd)  # the one dense product
+        W_hd = xp.ascontiguousarray(W_dh.T)  # a view when W_dh is stored in Fortran order
+        idx_nk, val_nk = select_units(Z_nh, k, topk_method, activation)
         loss, R_nd, dZ_nk, dW_hd = _backprop_sparse_products(xp, W_hd, params["c_d"], X_nd, idx_nk, val_nk,
                                                              activation)
         dW_dh = _in_layout_of(W_dh, dW_hd)
     db_h = xp.bincount(idx_nk.ravel(), weights=dZ_nk.ravel(), minlength=H).astype(W_dh.dtype)
     grads = {"W_dh": dW_dh, "b_h": db_h, "c_d": R_nd.sum(axis=0)}
     return loss, grads, ForwardCache(X_nd=X_nd, idx_nk=idx_nk, Zs_nh=None, activation=activation, val_nk=val_nk)
+
+
+def _descending(topk_method: str) -> bool:
+    """Whether ``topk_method`` returns each row's kept units in descending order (``sort``) or in
+    ascending column order (``threshold``); the CPU kernels select in the same order."""
+    if topk_method not in TOPK_METHODS:
+        raise KsaeError(f"topk {topk_method!r} is not allowed; use one of {', '.join(TOPK_METHODS)}")
+    return topk_method == "sort"
 
 
 def _in_layout_of(W_dh, dW_hd):
@@ -112,8 +127,9 @@ class RowScatterGradient:
     ``numpy.asarray`` builds the dense ``(D, H)`` gradient for anything else.
     """
 
-    def __init__(self, X_nd, R_nd, idx_nk, dZ_nk, val_nk, H: int):
+    def __init__(self, X_nd, R_nd, idx_nk, dZ_nk, val_nk, H: int, lanes: int = 1):
         self.X_nd, self.R_nd, self.idx_nk, self.dZ_nk, self.val_nk = X_nd, R_nd, idx_nk, dZ_nk, val_nk
+        self.lanes = lanes
         self.shape = (X_nd.shape[1], H)
         self.dtype = X_nd.dtype
 
@@ -126,7 +142,7 @@ class RowScatterGradient:
         if not (W_dh.flags.f_contiguous and V_dh.flags.f_contiguous and W_dh.dtype == V_dh.dtype == self.dtype):
             return False
         cpu_kernels.momentum_update_rows(W_dh.T, V_dh.T, self.X_nd, self.R_nd, self.idx_nk, self.dZ_nk,
-                                         self.val_nk, momentum, lr)
+                                         self.val_nk, momentum, lr, self.lanes)
         return True
 
 

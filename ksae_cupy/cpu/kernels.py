@@ -37,7 +37,7 @@ def enabled() -> bool:
 
 
 _OPTIONS = {}  # kernel -> the numba.njit options it is compiled with
-_COMPILED = {}  # kernel -> its Numba dispatcher, made on first use (importing Numba takes ~0.5 s)
+_COMPILED = {}  # (kernel, parallel) -> its Numba dispatcher, made on first use (importing Numba takes ~0.5 s)
 _threads = None  # the count set_threads asked for (None: Numba's default, one per core)
 # The kernels' parallel loops say ``prange``: plain ``range`` until Numba is imported, then
 # ``numba.prange`` (set in _compiled, in the kernel's module, before a compilation reads it).
@@ -47,7 +47,8 @@ prange = range
 def _kernel(fastmath=False, parallel=True):
     """Mark a loop as a kernel, compiled with ``numba.njit(cache=True)`` when first called."""
     def mark(fn):
-        _OPTIONS[fn] = {"fastmath": fastmath, "parallel": parallel}
+        # nogil: lanes (ksae_cupy/cpu/lanes.py) run serial builds on several Python threads at once
+        _OPTIONS[fn] = {"fastmath": fastmath, "parallel": parallel, "nogil": True}
         return fn
     return mark
 
@@ -64,22 +65,53 @@ def _helper(fn):
     return fn
 
 
-def _compiled(fn):
-    if fn not in _COMPILED:
-        import numba
+def _compiled(fn, serial: bool = False):
+    """The compiled kernel: its parallel build, or its serial one on one thread or when ``serial``.
 
+    Starting Numba's thread pool for a loop costs ~0.1 ms even on one thread (measured: a
+    1,000-element update took 0.15 ms parallel), several times the work of a small kernel; the
+    serial build runs the same loop body, so its results are the same bits (tested).
+    """
+    numba = _numba()
+    parallel = _OPTIONS[fn]["parallel"] and not serial and numba.get_num_threads() > 1
+    key = (fn, parallel)
+    if key not in _COMPILED:
         fn.__globals__["prange"] = numba.prange  # read from the kernel's own module (here, or finetune_kernels)
-        for module_globals, name in _HELPERS:  # a kernel reads its helpers' compiled versions when it is compiled
-            if not hasattr(module_globals[name], "py_func"):
-                module_globals[name] = numba.njit(inline="always", fastmath={"contract"})(module_globals[name])
-        if "NUMBA_THREADING_LAYER" not in os.environ:
-            # Numba's own thread pool. The OpenMP layer, between OpenBLAS calls on a 2-core machine,
-            # made a step 10-20x slower (its threads and BLAS's spin-wait for the same cores);
-            # workqueue threads sleep. It serves one calling thread at a time, as the trainer calls.
-            numba.config.THREADING_LAYER = "workqueue"
-        _apply_threads(numba)
-        _COMPILED[fn] = numba.njit(cache=True, **_OPTIONS[fn])(fn)
-    return _COMPILED[fn]
+        _compile_helpers(numba)
+        options = dict(_OPTIONS[fn], parallel=parallel)
+        _COMPILED[key] = numba.njit(cache=True, **options)(fn if parallel or not _OPTIONS[fn]["parallel"]
+                                                           else _serial_copy(fn))
+    return _COMPILED[key]
+
+
+def _serial_copy(fn):
+    """``fn`` under another qualified name: Numba's disk cache does not key on ``parallel``, so the
+    serial build of a parallel kernel needs a cache file of its own."""
+    import types
+
+    copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__qualname__ = fn.__qualname__ + "_serial"
+    return copy
+
+
+@functools.cache
+def _numba():
+    """Numba, imported and set up once: its thread pool, and the kernels' helpers compiled."""
+    import numba
+
+    if "NUMBA_THREADING_LAYER" not in os.environ:
+        # Numba's own thread pool. The OpenMP layer, between OpenBLAS calls on a 2-core machine,
+        # made a step 10-20x slower (its threads and BLAS's spin-wait for the same cores);
+        # workqueue threads sleep. It serves one calling thread at a time, as the trainer calls.
+        numba.config.THREADING_LAYER = "workqueue"
+    _apply_threads(numba)
+    return numba
+
+
+def _compile_helpers(numba) -> None:
+    for module_globals, name in _HELPERS:  # a kernel reads its helpers' compiled versions when it is compiled
+        if not hasattr(module_globals[name], "py_func"):
+            module_globals[name] = numba.njit(inline="always", fastmath={"contract"})(module_globals[name])
 
 
 def _apply_threads(numba) -> None:
@@ -97,7 +129,9 @@ def set_threads(threads: int | None) -> None:
     _threads = threads
     import sys
     if "numba" in sys.modules and available():
-        _apply_threads(sys.modules["numba"])
+        numba = sys.modules["numba"]
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS) if threads is not None
+                              else numba.config.NUMBA_NUM_THREADS)
 
 
 def threads() -> int:
@@ -110,16 +144,90 @@ def threads() -> int:
 
 
 
+# ---- Top-k inside the kernels: the contract of ksae_cupy.topk, one row at a time ----
+# Rows are ranked by their order-preserving integer keys (ksae_cupy.topk.order_keys), ties to
+# the lower column: the same set, in the same order, as topk_sort (descending) and
+# topk_threshold (ascending columns). A heap of the k best so far keeps the worst at its root.
+
+@_helper
+def _worse(key_a, col_a, key_b, col_b):
+    """Whether entry a ranks below entry b: a smaller key, or the same key at a higher column."""
+    return key_a < key_b or (key_a == key_b and col_a > col_b)
+
+
+@_helper
+def _sift_down(key_k, col_k, i, size, key, col):
+    """Place ``(key, col)`` at node ``i`` of the heap ``key_k[:size]``, moving worse children up."""
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            break
+        if child + 1 < size and _worse(key_k[child + 1], col_k[child + 1], key_k[child], col_k[child]):
+            child += 1
+        if not _worse(key_k[child], col_k[child], key, col):
+            break
+        key_k[i], col_k[i] = key_k[child], col_k[child]
+        i = child
+    key_k[i], col_k[i] = key, col
+
+
+@_helper
+def _select_row(z_h, bits_h, sign_bit, sign_shift, all_ones, descending, key_k, col_k):
+    """The ``k = len(col_k)`` largest entries of ``z_h`` into ``col_k``: in descending order when
+    ``descending`` (the sort method), else in ascending column order (the threshold method).
+    ``bits_h`` is ``z_h``'s bits as unsigned integers; ``key_k`` is scratch."""
+    k = col_k.shape[0]
+    size = 0
+    for h in range(z_h.shape[0]):
+        u = bits_h[h]
+        # Negative: all bits flipped; else the sign bit set (branch-free: the sign is a coin toss).
+        key = u ^ ((all_ones * (u >> sign_shift)) | sign_bit)
+        if z_h[h] != z_h[h]:  # NaN ranks below -inf
+            key = u ^ u
+        if size < k:  # filling the heap: sift the new entry up
+            i = size
+            size += 1
+            while i > 0 and _worse(key, h, key_k[(i - 1) // 2], col_k[(i - 1) // 2]):
+                key_k[i], col_k[i] = key_k[(i - 1) // 2], col_k[(i - 1) // 2]
+                i = (i - 1) // 2
+            key_k[i], col_k[i] = key, h
+        elif key > key_k[0]:  # beats the worst kept (an equal key here has the higher column: it loses)
+            _sift_down(key_k, col_k, 0, k, key, h)
+    if descending:  # heap sort: the worst kept goes to the end, then the next worst, ...
+        for end in range(k - 1, 0, -1):
+            key, col = key_k[end], col_k[end]
+            key_k[end], col_k[end] = key_k[0], col_k[0]
+            _sift_down(key_k, col_k, 0, end, key, col)
+    else:
+        col_k.sort()
+
+
+def _key_constants(dtype):
+    """``(unsigned view type, sign bit, its position, all ones)`` of a float type's order keys."""
+    key_type = np.uint32 if np.dtype(dtype).itemsize == 4 else np.uint64
+    bits = np.dtype(key_type).itemsize * 8
+    return key_type, key_type(1 << (bits - 1)), key_type(bits - 1), key_type((1 << bits) - 1)
+
+
 # Reassociation lets the compiler vectorise the dot products (and sums) below; it changes
 # only the order of a sum within one row, i.e. float rounding, never which terms are added,
 # and the order is the same whatever the thread count.
 @_kernel(fastmath={"reassoc", "contract"})
-def _decode_and_backprop(W_hd, c_d, X_nd, idx_nk, val_nk, relu, batch, R_nd, dZ_nk, row_error_n):
-    N, k = idx_nk.shape
+def _decode_and_backprop(select, Z_nh, bits_nh, sign_bit, sign_shift, all_ones, descending, W_hd, c_d, X_nd, idx_nk, val_nk,
+                         relu, batch, R_nd, dZ_nk, row_error_n, n_start, n_stop):
+    k = idx_nk.shape[1]
     D = X_nd.shape[1]
     zero = batch - batch  # 0 in the arrays' float type (batch is N in it)
-    for n in prange(N):  # examples are independent: one thread owns a row of R and of dZ
-        r = R_nd[n]
+    for n in prange(n_start, n_stop):  # examples are independent: one thread owns a row of R and of dZ
+        if select:  # the top k of Z's row first, written to idx_nk and val_nk
+            col_k = np.empty(k, dtype=np.int64)
+            _select_row(Z_nh[n], bits_nh[n], sign_bit, sign_shift, all_ones, descending, np.empty(k, dtype=np.uint64), col_k)
+            for j in range(k):
+                idx_nk[n, j] = col_k[j]
+                value = Z_nh[n, col_k[j]]
+                val_nk[n, j] = zero if relu and value < zero else value  # relu: a negative survivor is 0
+        gradients = batch > zero  # batch 0: the validation pass, the error only
+        r = R_nd[n] if gradients else np.empty(D, dtype=X_nd.dtype)
         x = X_nd[n]
         for d in range(D):
             r[d] = c_d[d] - x[d]
@@ -133,6 +241,8 @@ def _decode_and_backprop(W_hd, c_d, X_nd, idx_nk, val_nk, relu, batch, R_nd, dZ_
         for d in range(D):
             row_error += r[d] * r[d]
         row_error_n[n] = row_error
+        if not gradients:
+            continue
         for d in range(D):
             r[d] /= batch
         # The gradient at the kept units: R_n . (row of W), while those rows are still in cache.
@@ -152,6 +262,35 @@ def _sum_in_order(row_error_n) -> float:
     return float(sum(row_error_n.astype(np.float64).tolist()))
 
 
+def _run_decoder(W_hd, c_d, X_nd, idx_nk, val_nk, relu, Z_nh=None, descending=True, gradients=True, lanes=1):
+    """The decoder kernel, selecting the top k of ``Z_nh`` first when it is given: ``(R_nd, dZ_nk, row_error_n)``.
+
+    ``lanes`` > 1: each lane (:mod:`ksae_cupy.cpu.lanes`) runs the serial kernel on a contiguous
+    share of the examples; else one call, on Numba's threads.
+    """
+    N, D = X_nd.shape
+    dtype = X_nd.dtype
+    select = Z_nh is not None
+    key_type, sign_bit, sign_shift, all_ones = _key_constants(Z_nh.dtype if select else dtype)
+    if not select:
+        Z_nh = np.zeros((1, 1), dtype=dtype)
+    bits_nh = Z_nh.view(key_type)
+    R_nd = np.empty((N, D) if gradients else (1, D), dtype=dtype)  # no (N, D) residual for an error alone
+    dZ_nk = np.empty(idx_nk.shape if gradients else (1, 1), dtype=dtype)
+    row_error_n = np.empty(N, dtype=dtype)
+    args = (select, Z_nh, bits_nh, sign_bit, sign_shift, all_ones, bool(descending), W_hd, c_d,
+            np.ascontiguousarray(X_nd), idx_nk, val_nk, bool(relu), dtype.type(N if gradients else 0), R_nd, dZ_nk,
+            row_error_n)
+    if lanes == 1:
+        _compiled(_decode_and_backprop)(*args, 0, N)
+    else:
+        from ksae_cupy.cpu.lanes import lanes as lanes_of, share
+
+        kernel = _compiled(_decode_and_backprop, serial=True)
+        lanes_of(lanes).run(lambda lane: kernel(*args, *share(lane, lanes, N)))
+    return R_nd, dZ_nk, row_error_n
+
+
 def decode_and_backprop(W_hd, c_d, X_nd, idx_nk, val_nk, relu: bool):
     """``(loss, R_nd, dZ_nk)`` from the kept units, reading each kept row of ``W_hd`` twice.
 
@@ -159,37 +298,97 @@ def decode_and_backprop(W_hd, c_d, X_nd, idx_nk, val_nk, relu: bool):
     (Xhat - X)^2``; ``dZ_nk[n, j] = R_n . W_hd[idx_nk[n, j]]``, zero where ``relu`` clipped
     the unit. ``N k D`` multiply-adds each for the decoder and for ``dZ``; parallel over examples.
     """
-    N, D = X_nd.shape
-    R_nd = np.empty((N, D), dtype=X_nd.dtype)
-    dZ_nk = np.empty(idx_nk.shape, dtype=X_nd.dtype)
-    row_error_n = np.empty(N, dtype=X_nd.dtype)
-    _compiled(_decode_and_backprop)(W_hd, c_d, np.ascontiguousarray(X_nd), idx_nk, val_nk, bool(relu),
-                                    X_nd.dtype.type(N), R_nd, dZ_nk, row_error_n)
-    return 0.5 * _sum_in_order(row_error_n) / N, R_nd, dZ_nk
+    R_nd, dZ_nk, row_error_n = _run_decoder(W_hd, c_d, X_nd, idx_nk, val_nk, relu)
+    return 0.5 * _sum_in_order(row_error_n) / X_nd.shape[0], R_nd, dZ_nk
 
 
-@_kernel(fastmath={"reassoc", "contract"})
-def _reconstruction_errors(W_hd, c_d, X_nd, idx_nk, val_nk, row_error_n):
-    N, k = idx_nk.shape
-    D = X_nd.shape[1]
-    for n in prange(N):
-        r = c_d - X_nd[n]  # one row's buffer per example: allocation is small beside the N k D work
-        for j in range(k):
-            w = W_hd[idx_nk[n, j]]
-            v = val_nk[n, j]
-            for d in range(D):
-                r[d] += v * w[d]
-        row_error = r[0] - r[0]
-        for d in range(D):
-            row_error += r[d] * r[d]
-        row_error_n[n] = row_error
+def select_decode_and_backprop(Z_nh, k: int, descending: bool, W_hd, c_d, X_nd, relu: bool):
+    """:func:`decode_and_backprop` with the top-k selection of ``Z_nh`` in the same pass over examples:
+    ``(loss, idx_nk, val_nk, R_nd, dZ_nk)``. ``idx_nk``/``val_nk`` are exactly those of
+    :func:`ksae_cupy.topk.topk_sort` (``descending``) or ``topk_threshold`` (not), after ``relu``."""
+    from ksae_cupy.topk import check_topk_args
+
+    check_topk_args(Z_nh, k)
+    idx_nk = np.empty((Z_nh.shape[0], k), dtype=np.int32)
+    val_nk = np.empty((Z_nh.shape[0], k), dtype=Z_nh.dtype)
+    R_nd, dZ_nk, row_error_n = _run_decoder(W_hd, c_d, X_nd, idx_nk, val_nk, relu, Z_nh, descending)
+    return 0.5 * _sum_in_order(row_error_n) / X_nd.shape[0], idx_nk, val_nk, R_nd, dZ_nk
 
 
 def reconstruction_error(W_hd, c_d, X_nd, idx_nk, val_nk) -> float:
     """``sum_n ||Xhat_n - X_n||^2`` through the kept units only (the validation loss's sum), as a float."""
-    row_error_n = np.empty(X_nd.shape[0], dtype=X_nd.dtype)
-    _compiled(_reconstruction_errors)(W_hd, c_d, np.ascontiguousarray(X_nd), idx_nk, val_nk, row_error_n)
-    return _sum_in_order(row_error_n)
+    return _sum_in_order(_run_decoder(W_hd, c_d, X_nd, idx_nk, val_nk, False, gradients=False)[2])
+
+
+def select_and_reconstruction_error(Z_nh, k: int, descending: bool, W_hd, c_d, X_nd, relu: bool) -> float:
+    """:func:`reconstruction_error` of the top k of ``Z_nh`` (after ``relu``), selected in the same pass."""
+    from ksae_cupy.topk import check_topk_args
+
+    check_topk_args(Z_nh, k)
+    idx_nk = np.empty((Z_nh.shape[0], k), dtype=np.int32)
+    val_nk = np.empty((Z_nh.shape[0], k), dtype=Z_nh.dtype)
+    return _sum_in_order(_run_decoder(W_hd, c_d, X_nd, idx_nk, val_nk, relu, Z_nh, descending, gradients=False)[2])
+
+
+# X W is computed in this many pieces of columns (hidden units), which the lanes share. The pieces
+# are fixed, not one per lane, because a product's bits can depend on its shape (OpenBLAS picks
+# kernels by size: a float64 product's row differed in its last bit between 131 and 65 rows); and
+# columns, not rows, because each BLAS call packs its whole share of W first (two 64-row calls
+# took 2.36 ms against 1.84 ms for one 128-row call; two 500-column calls 1.96 ms, measured).
+ENCODE_PIECES = 2
+
+
+def encode(W_dh, b_h, X_nd, lanes: int = 1):
+    """``Z_nh = X_nd W_dh + b_h`` in :data:`ENCODE_PIECES` column pieces, shared by ``lanes`` lanes
+    (BLAS must then run on one thread: the caller sets it). The same bits at any lane count."""
+    from ksae_cupy.cpu.lanes import lanes as lanes_of, share
+
+    H = W_dh.shape[1]
+    Z_nh = np.empty((X_nd.shape[0], H), dtype=X_nd.dtype)
+
+    def pieces(lane):
+        for piece in range(*share(lane, lanes, ENCODE_PIECES)):
+            start, stop = share(piece, ENCODE_PIECES, H)
+            np.matmul(X_nd, W_dh[:, start:stop], out=Z_nh[:, start:stop])  # X W's BLAS call, no temporary
+            Z_nh[:, start:stop] += b_h[start:stop]
+
+    if lanes == 1:
+        pieces(0)
+    else:
+        lanes_of(lanes).run(pieces)
+    return Z_nh
+
+
+def encode_select_decode_and_backprop(W_dh, b_h, c_d, X_nd, k: int, descending: bool, relu: bool, lanes: int = 1):
+    """The sparse step's forward and backward pass up to the weight gradient, ``Z = X W + b`` included:
+    ``(loss, idx_nk, val_nk, R_nd, dZ_nk)``, as :func:`select_decode_and_backprop` of that ``Z``.
+
+    ``lanes`` > 1 splits ``X W`` (:func:`encode`) and then the examples over that many threads.
+    ``W_dh`` in Fortran order (``W_dh.T`` contiguous) avoids a copy of it."""
+    from ksae_cupy.topk import check_topk_args
+
+    N = X_nd.shape[0]
+    check_topk_args(np.empty((0, W_dh.shape[1]), dtype=X_nd.dtype), k)
+    Z_nh = encode(W_dh, b_h, X_nd, lanes)
+    idx_nk = np.empty((N, k), dtype=np.int32)
+    val_nk = np.empty((N, k), dtype=X_nd.dtype)
+    R_nd, dZ_nk, row_error_n = _run_decoder(np.ascontiguousarray(W_dh.T), c_d, X_nd, idx_nk, val_nk, relu, Z_nh,
+                                            descending, lanes=lanes)
+    return 0.5 * _sum_in_order(row_error_n) / N, idx_nk, val_nk, R_nd, dZ_nk
+
+
+def encode_and_reconstruction_error(W_dh, b_h, c_d, X_nd, k: int, descending: bool, relu: bool,
+                                    lanes: int = 1) -> float:
+    """``sum_n ||Xhat_n - X_n||^2`` through the top k of ``X W + b``: the validation loss's sum, in lanes."""
+    from ksae_cupy.topk import check_topk_args
+
+    N = X_nd.shape[0]
+    check_topk_args(np.empty((0, W_dh.shape[1]), dtype=X_nd.dtype), k)
+    Z_nh = encode(W_dh, b_h, X_nd, lanes)
+    idx_nk = np.empty((N, k), dtype=np.int32)
+    val_nk = np.empty((N, k), dtype=X_nd.dtype)
+    return _sum_in_order(_run_decoder(np.ascontiguousarray(W_dh.T), c_d, X_nd, idx_nk, val_nk, relu, Z_nh,
+                                      descending, gradients=False, lanes=lanes)[2])
 
 
 @_kernel(parallel=False)  # N k steps: cheaper than starting threads
@@ -289,14 +488,16 @@ def momentum_update(theta, velocity, grad, momentum: float, lr: float) -> bool:
     if any(f is None for f in flat) or not same_layout or not theta.dtype == velocity.dtype == grad.dtype:
         return False
     scalar = theta.dtype.type
-    _compiled(_momentum_update)(flat[0], flat[1], flat[2], scalar(momentum), scalar(lr))
+    # A bias vector is a few microseconds of work: starting threads for it would cost more.
+    _compiled(_momentum_update, serial=flat[0].size <= _CHUNK)(flat[0], flat[1], flat[2], scalar(momentum), scalar(lr))
     return True
 
 
 @_kernel(fastmath={"contract"})
-def _momentum_update_rows(W_hd, V_hd, X_nd, R_nd, dZ_nk, val_nk, start_h, pair_n, pair_j, momentum, lr):
+def _momentum_update_rows(W_hd, V_hd, X_nd, R_nd, dZ_nk, val_nk, start_h, pair_n, pair_j, momentum, lr, block_start,
+                          block_stop):
     H, D = W_hd.shape
-    for block in prange((H + _UNITS_PER_BLOCK - 1) // _UNITS_PER_BLOCK):
+    for block in prange(block_start, block_stop):
         g = np.empty(D, dtype=W_hd.dtype)  # this thread's gradient row, kept in cache
         for h in range(block * _UNITS_PER_BLOCK, min(H, (block + 1) * _UNITS_PER_BLOCK)):
             w = W_hd[h]
@@ -309,13 +510,22 @@ def _momentum_update_rows(W_hd, V_hd, X_nd, R_nd, dZ_nk, val_nk, start_h, pair_n
                 w[d] += step
 
 
-def momentum_update_rows(W_hd, V_hd, X_nd, R_nd, idx_nk, dZ_nk, val_nk, momentum: float, lr: float) -> None:
+def momentum_update_rows(W_hd, V_hd, X_nd, R_nd, idx_nk, dZ_nk, val_nk, momentum: float, lr: float,
+                         lanes: int = 1) -> None:
     """The momentum update of ``W_hd`` (velocity ``V_hd``) by the gradient
     :func:`weight_gradient` would build, without building it: one pass over the rows of ``W``
     and ``V``, each unit's gradient row summed in a buffer that stays in cache. In place; the
     same arithmetic as :func:`weight_gradient` followed by :func:`momentum_update`. Parallel over
-    hidden units."""
+    hidden units: Numba's threads, or ``lanes`` > 1 lanes of whole blocks of units."""
     scalar = W_hd.dtype.type
     start_h, pair_n, pair_j = _compiled(_pairs_by_unit)(idx_nk, W_hd.shape[0])
-    _compiled(_momentum_update_rows)(W_hd, V_hd, np.ascontiguousarray(X_nd), R_nd, dZ_nk, val_nk,
-                                     start_h, pair_n, pair_j, scalar(momentum), scalar(lr))
+    args = (W_hd, V_hd, np.ascontiguousarray(X_nd), R_nd, dZ_nk, val_nk, start_h, pair_n, pair_j, scalar(momentum),
+            scalar(lr))
+    blocks = (W_hd.shape[0] + _UNITS_PER_BLOCK - 1) // _UNITS_PER_BLOCK
+    if lanes == 1:
+        _compiled(_momentum_update_rows)(*args, 0, blocks)
+        return
+    from ksae_cupy.cpu.lanes import lanes as lanes_of, share
+
+    kernel = _compiled(_momentum_update_rows, serial=True)
+    lanes_of(lanes).run(lambda lane: kernel(*args, *share(lane, lanes, blocks)))

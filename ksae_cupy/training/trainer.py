@@ -12,6 +12,7 @@ are saved in the checkpoint).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -184,8 +185,27 @@ class Trainer:
         pages of them before its one line, and every one of them is caught anyway, since a
         non-finite loss or parameter stops the run as diverged (:class:`TrainingDiverged`).
         """
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"), self._blas_beside_lanes(self.current_k()):
             return self._run_epoch(X_train_nd, X_valid_nd, on_batch)
+
+    def _lanes(self, k: int) -> int:
+        """Lanes of the sparse step at ``k`` (:mod:`ksae_cupy.cpu.lanes`): the kernels' thread count
+        where it runs on the CPU kernels, else 1 (Numba's or the GPU's own parallelism)."""
+        if not (self.takes_sparse_step and self.backend.xp is np and cpu_kernels.enabled()
+                and choose_step(self.config.step, k, self.config.hidden) == "sparse"):
+            return 1
+        return cpu_kernels.threads()
+
+    def _blas_beside_lanes(self, k: int):
+        """BLAS on one thread while lanes run (each lane computes its own rows of ``X W``); else nothing."""
+        return self._blas_for(self._lanes(k))
+
+    @staticmethod
+    def _blas_for(lanes: int):
+        if lanes == 1:
+            return contextlib.nullcontext()
+        from threadpoolctl import threadpool_limits
+        return threadpool_limits(limits=1, user_api="blas")
 
     def _run_epoch(self, X_train_nd, X_valid_nd, on_batch) -> EpochReport | None:
         cfg, xp = self.config, self.backend.xp
@@ -273,7 +293,7 @@ class Trainer:
         and how many examples kept each hidden unit. The one hook where subclasses communicate."""
         step = loss_and_grads_for(self.config.step, k, self.config.hidden)
         # The sparse step may hand W's gradient over in parts, for the optimizer to apply row by row.
-        options = {"defer_weight_gradient": True} if step is loss_and_grads_sparse else {}
+        options = {"defer_weight_gradient": True, "lanes": self._lanes(k)} if step is loss_and_grads_sparse else {}
         loss, grads, cache = step(self.params, X_nd, k, self.config.topk, self.config.activation, **options)
         kept_h = self.backend.xp.bincount(cache.idx_nk.ravel(), minlength=self.config.hidden)
         return loss, grads, kept_h
@@ -285,39 +305,43 @@ class Trainer:
         params = {name: value.copy(order="K") for name, value in self.params.items()}
         optimizer = MomentumSGD(params, self.config.momentum, self.backend.xp)
         step = loss_and_grads_for(self.config.step, k, self.config.hidden)
-        options = {"defer_weight_gradient": True} if step is loss_and_grads_sparse else {}
+        options = {"defer_weight_gradient": True, "lanes": self._lanes(k)} if step is loss_and_grads_sparse else {}
         times = []
-        for _ in range(steps + 1):  # the first call may compile or warm caches: not counted
-            start = time.perf_counter()
-            _, grads, _ = step(params, X_nd, k, self.config.topk, self.config.activation, **options)
-            optimizer.step(params, grads, self.config.lr)
-            self.backend.synchronize()
-            times.append(time.perf_counter() - start)
+        with self._blas_beside_lanes(k):
+            for _ in range(steps + 1):  # the first call may compile or warm caches: not counted
+                start = time.perf_counter()
+                _, grads, _ = step(params, X_nd, k, self.config.topk, self.config.activation, **options)
+                optimizer.step(params, grads, self.config.lr)
+                self.backend.synchronize()
+                times.append(time.perf_counter() - start)
         return float(np.median(times[1:]))
 
     def _dead_fraction(self, kept_count_h) -> float:
         """The fraction of hidden units that no example kept during the epoch."""
         return float(to_host((kept_count_h == 0).mean()))
 
-    def evaluate_loss(self, X_nd, k: int | None = None, chunk: int = 4096) -> float:
-        """Mean of 0.5 ||x - xhat||^2 per example over ``X_nd``, with ``k`` kept units."""
+    def evaluate_loss(self, X_nd, k: int | None = None, chunk: int = 1024) -> float:
+        """Mean of 0.5 ||x - xhat||^2 per example over ``X_nd``, with ``k`` kept units.
+
+        ``chunk`` rows at a time: the ``(chunk, H)`` code is the one temporary (4 MB at H = 1000)."""
         k = self.config.k if k is None else k
         xp = self.backend.xp
-        # On the CPU kernels, decode through the k kept rows of W only (as the sparse step does):
-        # the dense decoder would cost as much as the encoder product again.
+        # On the CPU kernels, select and decode through the k kept rows of W only, in one pass (as the
+        # sparse step does): the dense decoder would cost as much as the encoder product again.
         sparse_decoder = xp is np and cpu_kernels.enabled()
-        W_hd = np.ascontiguousarray(self.params["W_dh"].T) if sparse_decoder else None
+        lanes = cpu_kernels.threads() if sparse_decoder else 1
         total = 0.0
-        for start in range(0, X_nd.shape[0], chunk):
-            X_chunk = X_nd[start:start + chunk]
-            if sparse_decoder:
-                Z_nh = model.hidden_preactivations(self.params, X_chunk)
-                idx_nk, val_nk = model.select_units(Z_nh, k, self.config.topk, self.config.activation)
-                total += 0.5 * cpu_kernels.reconstruction_error(W_hd, self.params["c_d"], X_chunk, idx_nk, val_nk)
-                continue
-            Xhat, _ = model.forward(self.params, X_chunk, k, self.config.topk, self.config.activation)
-            R = Xhat - X_chunk
-            total += 0.5 * float(xp.vdot(R, R))
+        with self._blas_for(lanes):
+            for start in range(0, X_nd.shape[0], chunk):
+                X_chunk = X_nd[start:start + chunk]
+                if sparse_decoder:
+                    total += 0.5 * cpu_kernels.encode_and_reconstruction_error(
+                        self.params["W_dh"], self.params["b_h"], self.params["c_d"], X_chunk, k,
+                        self.config.topk == "sort", self.config.activation == "relu", lanes)
+                    continue
+                Xhat, _ = model.forward(self.params, X_chunk, k, self.config.topk, self.config.activation)
+                R = Xhat - X_chunk
+                total += 0.5 * float(xp.vdot(R, R))
         return total / X_nd.shape[0]
 
     def checkpoint(self, preprocess: dict | None = None) -> Checkpoint:

@@ -133,6 +133,50 @@ def test_reconstruction_error_is_the_dense_squared_error():
     assert kernels.reconstruction_error(W_hd, c_d, X_nd, idx_nk, val_nk) == pytest.approx(np.sum(R_nd ** 2), rel=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kind", ["random", "ties", "negative", "constant", "special"])
+@pytest.mark.parametrize("H", [1, 7, 31, 100])
+def test_the_selection_inside_the_decoder_is_exactly_the_numpy_top_k(dtype, kind, H):
+    """Same sets and the same order as topk_sort / topk_threshold: ties, NaN, infinities, signed zeros."""
+    from test_topk import draw_rows
+    from ksae_cupy.topk import topk_sort, topk_threshold
+
+    rng = np.random.default_rng(H)
+    Z_nh = draw_rows(kind, 9, H, dtype, rng)
+    D = 5
+    W_hd, c_d, X_nd = rng.standard_normal((H, D)).astype(dtype), np.zeros(D, dtype), np.zeros((9, D), dtype)
+    for k in sorted({1, max(1, H // 2), H}):
+        for descending, numpy_topk in ((True, topk_sort), (False, topk_threshold)):
+            for relu in (False, True):
+                idx_nk, val_nk = numpy_topk(Z_nh, k)
+                if relu:
+                    val_nk = np.maximum(val_nk, 0)
+                _, got_idx, got_val, _, _ = kernels.select_decode_and_backprop(Z_nh, k, descending, W_hd, c_d, X_nd,
+                                                                              relu)
+                assert got_idx.dtype == np.int32 and got_val.dtype == Z_nh.dtype
+                np.testing.assert_array_equal(got_idx, idx_nk)
+                np.testing.assert_array_equal(got_val, val_nk)
+
+
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("descending", [False, True])
+def test_selecting_in_the_kernel_gives_what_selecting_first_gives(relu, descending):
+    from ksae_cupy.topk import topk_sort, topk_threshold
+
+    W_hd, c_d, X_nd, _, _ = _problem(23, 17, 50, 6, seed=3)
+    Z_nh = np.random.default_rng(4).standard_normal((23, 50))
+    idx_nk, val_nk = (topk_sort if descending else topk_threshold)(Z_nh, 6)
+    if relu:
+        val_nk = np.maximum(val_nk, 0)
+    loss, R_nd, dZ_nk = kernels.decode_and_backprop(W_hd, c_d, X_nd, idx_nk, val_nk, relu)
+    got = kernels.select_decode_and_backprop(Z_nh, 6, descending, W_hd, c_d, X_nd, relu)
+    assert got[0] == loss
+    for name, expected, value in zip(("idx", "val", "R", "dZ"), (idx_nk, val_nk, R_nd, dZ_nk), got[1:]):
+        np.testing.assert_array_equal(value, expected, err_msg=name)
+    assert (kernels.select_and_reconstruction_error(Z_nh, 6, descending, W_hd, c_d, X_nd, relu)
+            == kernels.reconstruction_error(W_hd, c_d, X_nd, idx_nk, val_nk))
+
+
 def _every_kernel(dtype):
     """Run each parallel kernel once on fresh copies of one problem; every output, by name."""
     W_hd, c_d, X_nd, idx_nk, val_nk = _problem(130, 57, 300, 9, seed=12, dtype=dtype)
@@ -141,9 +185,12 @@ def _every_kernel(dtype):
     kernels.momentum_update_rows(W_rows, V_rows, X_nd, R_nd, idx_nk, dZ_nk, val_nk, 0.9, 0.01)
     theta, velocity = W_hd.copy(), np.ones_like(W_hd)
     kernels.momentum_update(theta, velocity, W_hd[::-1].copy(), 0.9, 0.01)
-    return {"loss": np.array(loss), "R": R_nd, "dZ": dZ_nk, "dW": kernels.weight_gradient(X_nd, R_nd, idx_nk, dZ_nk, val_nk, 300),
+    Z_nh = np.random.default_rng(13).standard_normal((130, 300)).astype(dtype)
+    selected = kernels.select_decode_and_backprop(Z_nh, 9, True, W_hd, c_d, X_nd, False)
+    return {"selected " + name: np.asarray(value) for name, value in zip(("loss", "idx", "val", "R", "dZ"), selected)} | {"loss": np.array(loss), "R": R_nd, "dZ": dZ_nk, "dW": kernels.weight_gradient(X_nd, R_nd, idx_nk, dZ_nk, val_nk, 300),
             "W rows": W_rows, "V rows": V_rows, "theta": theta, "velocity": velocity,
-            "error": np.array(kernels.reconstruction_error(W_hd, c_d, X_nd, idx_nk, val_nk))}
+            "error": np.array(kernels.reconstruction_error(W_hd, c_d, X_nd, idx_nk, val_nk)),
+            "selected error": np.array(kernels.select_and_reconstruction_error(Z_nh, 9, False, W_hd, c_d, X_nd, True))}
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -186,3 +233,47 @@ def test_a_training_run_is_bit_identical_whatever_the_kernels_thread_count():
     assert losses_one == losses_many
     for name in model.PARAM_NAMES:
         np.testing.assert_array_equal(params_many[name], params_one[name], err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_lanes_give_the_same_bits_as_one_thread(dtype):
+    """Each lane owns whole examples (then whole units) and computes them as one thread would."""
+    from ksae_cupy.sparse_step import sparse_layout
+
+    rng = np.random.default_rng(21)
+    W_dh = sparse_layout(rng.standard_normal((57, 300)).astype(dtype) * 0.1)
+    b_h, c_d = rng.standard_normal(300).astype(dtype), rng.standard_normal(57).astype(dtype)
+    X_nd = rng.random((131, 57)).astype(dtype)
+    results = []
+    for lanes in (1, 2, 3):
+        forward = kernels.encode_select_decode_and_backprop(W_dh, b_h, c_d, X_nd, 9, True, False, lanes)
+        _, idx_nk, val_nk, R_nd, dZ_nk = forward
+        W_hd, V_hd = W_dh.T.copy(), np.ones_like(W_dh.T)
+        kernels.momentum_update_rows(W_hd, V_hd, X_nd, R_nd, idx_nk, dZ_nk, val_nk, 0.9, 0.01, lanes)
+        error = kernels.encode_and_reconstruction_error(W_dh, b_h, c_d, X_nd, 9, False, True, lanes)
+        results.append([np.asarray(forward[0]), *forward[1:], W_hd, V_hd, np.asarray(error)])
+    for other in results[1:]:
+        for name, expected, got in zip(("loss", "idx", "val", "R", "dZ", "W", "V", "error"), results[0], other):
+            np.testing.assert_array_equal(got, expected, err_msg=name)
+    # And the selection is topk_sort's of X W + b.
+    from ksae_cupy.topk import topk_sort
+
+    np.testing.assert_array_equal(results[0][1], topk_sort(X_nd @ W_dh + b_h, 9)[0])
+
+
+def test_an_error_in_a_lane_reaches_the_caller_after_every_lane_finished():
+    from ksae_cupy.cpu.lanes import Lanes
+
+    finished = []
+
+    def task(lane):
+        if lane == 1:
+            raise ValueError("lane 1 failed")
+        finished.append(lane)
+
+    lanes = Lanes(3)
+    with pytest.raises(ValueError, match="lane 1 failed"):
+        lanes.run(task)
+    assert sorted(finished) == [0, 2]
+    lanes.run(finished.append)  # the lanes still serve after a failure
+    assert sorted(finished) == [0, 0, 1, 2, 2]
