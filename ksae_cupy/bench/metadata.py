@@ -38,6 +38,7 @@ def run_metadata(backend=None) -> dict:
         "python": platform.python_version(),
         "numpy": np.__version__,
         "cpu": platform.processor() or platform.machine(),
+        **cpu_model_and_simd(),
         "cpu_count": os.cpu_count(),
         "blas": _blas_name(),
     }
@@ -55,6 +56,26 @@ def run_metadata(backend=None) -> dict:
     else:
         meta["device"] = "cpu"
     return meta
+
+
+SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_tile", "neon", "asimd",
+              "sve")
+
+
+def cpu_model_and_simd() -> dict:
+    """``{"cpu_model": ..., "simd": [...]}`` from /proc/cpuinfo (Linux); empty where it cannot be read.
+    The SIMD flags decide what the compiled kernels and BLAS can use, so they go with every figure."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    fields = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())  # the first processor's lines
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    return {"cpu_model": fields.get("model name") or fields.get("CPU part") or "unknown",
+            "simd": [flag for flag in SIMD_FLAGS if flag in flags]}
 
 
 def _blas_name() -> str:

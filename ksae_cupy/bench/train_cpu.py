@@ -25,10 +25,12 @@ import numpy as np
 from ksae_cupy import model
 from ksae_cupy.bench.metadata import run_metadata
 from ksae_cupy.cpu import kernels as cpu_kernels
+from ksae_cupy.cpu.kernels import _compiled, _kernel
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.sparse_step import loss_and_grads_sparse, sparse_layout
 
+prange = range  # numba.prange once a kernel here is compiled (set by cpu.kernels._compiled)
 VALIDATION_TOLERANCE = 1e-3  # float32 vs float64 gradients, relative to the largest entry
 STEPS = {"dense": model.loss_and_grads, "sparse": loss_and_grads_sparse}
 
@@ -104,6 +106,11 @@ def _thread_limit(threads: int | None):
     except ImportError:
         return contextlib.nullcontext(), False
     return threadpool_limits(limits=threads), True
+
+
+def _blas_threads(count: int):
+    from threadpoolctl import threadpool_limits
+    return threadpool_limits(limits=count, user_api="blas")
 
 
 def time_epoch(backend, D: int, H: int, k: int, batch_size: int, topk_method: str, n_train: int = 50_000,
@@ -206,8 +213,9 @@ def _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, thread
     ms = {}
     # The sparse step as the trainer runs it: W in Fortran order, W's gradient handed to the
     # optimizer in parts. On the CPU with the Numba kernels, also the same step without them.
+    lanes = threads if (threads or 1) > 1 and not backend.is_gpu and cpu_kernels.enabled() else 1
     contenders = {"dense": (model.loss_and_grads, {}, None),
-                  "sparse": (loss_and_grads_sparse, {"defer_weight_gradient": True}, None)}
+                  "sparse": (loss_and_grads_sparse, {"defer_weight_gradient": True, "lanes": lanes}, None)}
     if not backend.is_gpu and cpu_kernels.enabled():
         contenders["sparse_scipy"] = (loss_and_grads_sparse, {}, "0")
     for name, (fn, options, kernels_setting) in contenders.items():
@@ -222,7 +230,9 @@ def _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, thread
             # timing) from drifting over thousands of steps on random data.
             optimizer.step(params, grads, 0.0)
 
-        with _cpu_kernels_setting(kernels_setting):
+        # The sparse step in lanes runs BLAS on one thread beside them, as the trainer does.
+        blas = _blas_threads(1) if options.get("lanes", 1) > 1 else contextlib.nullcontext()
+        with _cpu_kernels_setting(kernels_setting), blas:
             ms[name] = 1e3 * _median_seconds(step, backend, repeats, steps)
     W = backend.asarray(host_params["W_dh"])
     ms["encoder_XW"] = 1e3 * _median_seconds(lambda i: batches[i % 8] @ W, backend, repeats, steps)
@@ -243,6 +253,120 @@ def _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, thread
     return {"k": k, "ms": ms, "ratios": ratios, "validation_max_rel_error": errors, "torch": torch_info}
 
 
+# ---- The step part by part, beside its floors (issue 33) ----
+
+@_kernel(fastmath={"contract"})
+def _stream_floor(W_hd, V_hd, momentum, row_start, row_stop):
+    """One pass reading and writing every row of W and V: what the momentum update cannot go below."""
+    for h in prange(row_start, row_stop):
+        w = W_hd[h]
+        v = V_hd[h]
+        for d in range(w.shape[0]):
+            step = v[d] * momentum
+            v[d] = step
+            w[d] += step
+
+
+@_kernel(fastmath={"reassoc", "contract"})
+def _arithmetic_floor(rows_rd, out_d, count, start, stop):
+    """``stop - start`` row multiply-adds ``out += a row`` over 32 cache-resident rows: the sparse parts'
+    4 N k D multiply-adds at the rate of contiguous, cached rows (no gathers from W)."""
+    R = rows_rd.shape[0]
+    for p in range(start, stop):
+        row = rows_rd[p % R]
+        a = row[0]
+        for d in range(out_d.shape[0]):
+            out_d[d] += a * row[d]
+
+
+def _in_lanes(kernel, lanes: int, size: int, *args):
+    """``kernel(*args, start, stop)`` over ``range(size)``: one call on one lane, else shared by the lanes."""
+    if lanes == 1:
+        kernel(*args, 0, size)
+        return
+    from ksae_cupy.cpu.lanes import lanes as lanes_of, share
+    lanes_of(lanes).run(lambda lane: kernel(*args, *share(lane, lanes, size)))
+
+
+def step_parts(D: int, H: int, k: int, batch_size: int, topk_method: str, threads: int, steps: int = 300,
+               log=print) -> dict:
+    """The sparse CPU step as the trainer runs it (``threads`` lanes, BLAS on one thread beside them),
+    timed part by part over ``steps`` steps (medians, ms), beside the floors it is measured against:
+    ``X W`` alone (BLAS on ``threads`` threads), one streaming pass over ``W`` and ``V``, and the
+    sparse parts' ``4 N k D`` multiply-adds on contiguous cached rows."""
+    from ksae_cupy.cpu.lanes import share
+
+    if not cpu_kernels.enabled():
+        return {}
+    lanes = max(1, threads or 1)
+    rng = np.random.default_rng(0)
+    params = model.init_params(D, H, 0.01, rng, np.float32)
+    params["W_dh"] = sparse_layout(params["W_dh"])
+    velocities = {name: np.zeros_like(value) for name, value in params.items()}
+    batches = [(rng.random((batch_size, D), dtype=np.float32) * (rng.random((batch_size, D)) < 0.19))
+               .astype(np.float32) for _ in range(8)]
+    W_dh, W_hd, V_hd = params["W_dh"], params["W_dh"].T, velocities["W_dh"].T
+    descending = topk_method == "sort"
+    parts = {"encode_XW_plus_b": [], "select_decode_dZ": [], "update_W": [], "update_biases": []}
+    clock = time.perf_counter
+    with _blas_threads(1 if lanes > 1 else lanes):
+        for i in range(steps + 20):  # the first 20 compile and warm caches: not counted
+            X_nd = batches[i % 8]
+            t0 = clock()
+            Z_nh = cpu_kernels.encode(W_dh, params["b_h"], X_nd, lanes)
+            t1 = clock()
+            idx_nk = np.empty((batch_size, k), dtype=np.int32)
+            val_nk = np.empty((batch_size, k), dtype=np.float32)
+            R_nd, dZ_nk, _ = cpu_kernels._run_decoder(W_hd, params["c_d"], X_nd, idx_nk, val_nk, False, Z_nh,
+                                                      descending, lanes=lanes)
+            t2 = clock()
+            cpu_kernels.momentum_update_rows(W_hd, V_hd, X_nd, R_nd, idx_nk, dZ_nk, val_nk, 0.9, 0.0, lanes)
+            t3 = clock()
+            db_h = np.bincount(idx_nk.ravel(), weights=dZ_nk.ravel(), minlength=H).astype(np.float32)
+            cpu_kernels.momentum_update(params["b_h"], velocities["b_h"], db_h, 0.9, 0.0)
+            cpu_kernels.momentum_update(params["c_d"], velocities["c_d"], R_nd.sum(axis=0), 0.9, 0.0)
+            np.bincount(idx_nk.ravel(), minlength=H)  # the trainer's kept count
+            t4 = clock()
+            if i >= 20:
+                for name, (a, b) in zip(parts, ((t0, t1), (t1, t2), (t2, t3), (t3, t4))):
+                    parts[name].append(b - a)
+        stream = _compiled(_stream_floor, serial=True)
+        floor_stream = _median_seconds(lambda i: _in_lanes(stream, lanes, H, W_hd, V_hd, np.float32(0.9)),
+                                       _NoSync, 7, 50)
+        rows_rd, out_d = rng.random((32, D), dtype=np.float32), np.zeros(D, np.float32)
+        arithmetic = _compiled(_arithmetic_floor, serial=True)
+        outs = [np.zeros(D, np.float32) for _ in range(lanes)]
+
+        def arithmetic_in_lanes(i):
+            count = 4 * batch_size * k
+            if lanes == 1:
+                arithmetic(rows_rd, out_d, count, 0, count)
+                return
+            from ksae_cupy.cpu.lanes import lanes as lanes_of
+            lanes_of(lanes).run(lambda lane: arithmetic(rows_rd, outs[lane], count, *share(lane, lanes, count)))
+
+        floor_arithmetic = _median_seconds(arithmetic_in_lanes, _NoSync, 7, 50)
+    with _blas_threads(lanes):
+        floor_xw = _median_seconds(lambda i: batches[i % 8] @ W_dh, _NoSync, 7, 50)
+    ms = {name: 1e3 * statistics.median(values) for name, values in parts.items()}
+    step_ms = sum(ms.values())
+    floors = {"XW_alone_blas": 1e3 * floor_xw, "stream_W_and_V": 1e3 * floor_stream,
+              "sparse_arithmetic_4NkD": 1e3 * floor_arithmetic}
+    floor_ms = floors["XW_alone_blas"] + floors["stream_W_and_V"] + floors["sparse_arithmetic_4NkD"]
+    result = {"threads": lanes, "parts_ms": ms, "step_ms": step_ms, "floors_ms": floors, "floor_sum_ms": floor_ms,
+              "step_over_XW": step_ms / floors["XW_alone_blas"], "step_over_floor_sum": step_ms / floor_ms}
+    log(f"parts at {lanes} thread(s), k={k}: " + ", ".join(f"{name} {value:.3f}" for name, value in ms.items())
+        + f" = {step_ms:.3f} ms | floors: " + ", ".join(f"{name} {value:.3f}" for name, value in floors.items())
+        + f" | step / X W {result['step_over_XW']:.2f}, step / floors {result['step_over_floor_sum']:.2f}")
+    return result
+
+
+class _NoSync:
+    @staticmethod
+    def synchronize():
+        pass
+
+
 def bench_train_step(backend, D=784, H=1000, k=25, batch_size=128, topk_method="sort", repeats=7, steps=50,
                      threads: int | None = 1, k_sweep=(), with_torch: bool = True, epoch_ks=(), log=print) -> dict:
     """Dense step, sparse step, PyTorch and ``X W`` alone at ``k`` (and each k of ``k_sweep``);
@@ -254,6 +378,8 @@ def bench_train_step(backend, D=784, H=1000, k=25, batch_size=128, topk_method="
         sweep = [_time_at_k(backend, D, H, kk, batch_size, topk_method, repeats, steps, threads, with_torch, log)
                  for kk in k_sweep]
         epochs = [time_epoch(backend, D, H, kk, batch_size, topk_method, log=log) for kk in epoch_ks]
+    parts = ({} if backend.is_gpu else
+             step_parts(D, H, k, batch_size, topk_method, threads if limited else 1, log=log))
     result = {
         "benchmark": "train-step",
         "shape": {"N": batch_size, "D": D, "H": H, "k": k},
@@ -266,9 +392,23 @@ def bench_train_step(backend, D=784, H=1000, k=25, batch_size=128, topk_method="
         "k_sweep": sweep,
         "sparse_stops_winning_at_k": next((r["k"] for r in sweep if r["ratios"]["dense_over_sparse"] < 1), None),
         "epochs": epochs,
+        "paper_schedule_estimate_h": _schedule_estimate_h(epochs, k),
+        "step_parts": parts,
         "repeats": repeats, "steps_per_repeat": steps,
         "meta": run_metadata(backend),
     }
     log(f"MNIST epoch (50,000 images): dense {result['epoch_s_mnist']['dense']:.2f} s, "
         f"sparse {result['epoch_s_mnist']['sparse']:.2f} s; load average {result['load_average']}")
+    if result["paper_schedule_estimate_h"] is not None:
+        log(f"the paper's 5000-epoch schedule (k 100 -> {k}): about {result['paper_schedule_estimate_h']:.2f} h here")
     return result
+
+
+def _schedule_estimate_h(epochs: list, k: int, k_start: int = 100, total: int = 5000) -> float | None:
+    """Hours for the paper's schedule (k from ``k_start`` down to ``k`` over the first half, then ``k``)
+    from epochs timed at both ends (``--epoch-k 100,25``), a checkpoint every 10 epochs included.
+    Approximation: an epoch's cost taken as linear in k over the first half."""
+    at = {e["k"]: e["epoch_with_checkpoint_every_10_s"] for e in epochs}
+    if k_start not in at or k not in at:
+        return None
+    return (total / 2 * (at[k_start] + at[k]) / 2 + total / 2 * at[k]) / 3600

@@ -85,12 +85,14 @@ def _compiled(fn, serial: bool = False):
 
 
 def _serial_copy(fn):
-    """``fn`` under another qualified name: Numba's disk cache does not key on ``parallel``, so the
-    serial build of a parallel kernel needs a cache file of its own."""
+    """``fn`` under another qualified name: Numba's disk cache keys on the source and the types, not
+    on the options, so the serial build needs a cache file of its own. The name says its options: a
+    build cached under it with other options would be loaded as it is (a cached build without
+    ``nogil`` made the lanes take turns, measured), so change the name when the options change."""
     import types
 
     copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-    copy.__qualname__ = fn.__qualname__ + "_serial"
+    copy.__qualname__ = fn.__qualname__ + "_serial_nogil"
     return copy
 
 
@@ -147,29 +149,10 @@ def threads() -> int:
 # ---- Top-k inside the kernels: the contract of ksae_cupy.topk, one row at a time ----
 # Rows are ranked by their order-preserving integer keys (ksae_cupy.topk.order_keys), ties to
 # the lower column: the same set, in the same order, as topk_sort (descending) and
-# topk_threshold (ascending columns). A heap of the k best so far keeps the worst at its root.
-
-@_helper
-def _worse(key_a, col_a, key_b, col_b):
-    """Whether entry a ranks below entry b: a smaller key, or the same key at a higher column."""
-    return key_a < key_b or (key_a == key_b and col_a > col_b)
-
-
-@_helper
-def _sift_down(key_k, col_k, i, size, key, col):
-    """Place ``(key, col)`` at node ``i`` of the heap ``key_k[:size]``, moving worse children up."""
-    while True:
-        child = 2 * i + 1
-        if child >= size:
-            break
-        if child + 1 < size and _worse(key_k[child + 1], col_k[child + 1], key_k[child], col_k[child]):
-            child += 1
-        if not _worse(key_k[child], col_k[child], key, col):
-            break
-        key_k[i], col_k[i] = key_k[child], col_k[child]
-        i = child
-    key_k[i], col_k[i] = key, col
-
+# topk_threshold (ascending columns). The k best so far are kept sorted, best first: an entry
+# that beats the worst kept moves up past the kept entries it beats, and no sort is needed at
+# the end. Measured against a heap of the k best (128 rows of 1,000, one thread): 0.52 against
+# 0.67 ms at k = 25, 2.0 against 2.2 ms at k = 100.
 
 @_helper
 def _select_row(z_h, bits_h, sign_bit, sign_shift, all_ones, descending, key_k, col_k):
@@ -184,21 +167,18 @@ def _select_row(z_h, bits_h, sign_bit, sign_shift, all_ones, descending, key_k, 
         key = u ^ ((all_ones * (u >> sign_shift)) | sign_bit)
         if z_h[h] != z_h[h]:  # NaN ranks below -inf
             key = u ^ u
-        if size < k:  # filling the heap: sift the new entry up
+        if size == k:
+            if not key > key_k[k - 1]:  # an equal key here has the higher column: it loses
+                continue
+            i = k - 1
+        else:
             i = size
             size += 1
-            while i > 0 and _worse(key, h, key_k[(i - 1) // 2], col_k[(i - 1) // 2]):
-                key_k[i], col_k[i] = key_k[(i - 1) // 2], col_k[(i - 1) // 2]
-                i = (i - 1) // 2
-            key_k[i], col_k[i] = key, h
-        elif key > key_k[0]:  # beats the worst kept (an equal key here has the higher column: it loses)
-            _sift_down(key_k, col_k, 0, k, key, h)
-    if descending:  # heap sort: the worst kept goes to the end, then the next worst, ...
-        for end in range(k - 1, 0, -1):
-            key, col = key_k[end], col_k[end]
-            key_k[end], col_k[end] = key_k[0], col_k[0]
-            _sift_down(key_k, col_k, 0, end, key, col)
-    else:
+        while i > 0 and key_k[i - 1] < key:  # past the kept entries it beats; after equal keys
+            key_k[i], col_k[i] = key_k[i - 1], col_k[i - 1]
+            i -= 1
+        key_k[i], col_k[i] = key, h
+    if not descending:
         col_k.sort()
 
 

@@ -24,6 +24,16 @@ def test_bench_train_times_dense_sparse_and_encoder_and_writes_json(tmp_path):
     assert data["threads"] == 1
     assert data["meta"]["commit"] and data["meta"]["date"]
     assert max(data["validation_max_rel_error"].values()) < 1e-3
+    # The step part by part, beside its floors; the CPU's model and SIMD flags recorded with them.
+    if cpu_kernels.enabled():
+        parts = data["step_parts"]
+        assert set(parts["parts_ms"]) == {"encode_XW_plus_b", "select_decode_dZ", "update_W", "update_biases"}
+        assert set(parts["floors_ms"]) == {"XW_alone_blas", "stream_W_and_V", "sparse_arithmetic_4NkD"}
+        assert all(value > 0 for value in [*parts["parts_ms"].values(), *parts["floors_ms"].values()])
+        assert parts["step_ms"] == sum(parts["parts_ms"].values())
+        assert parts["step_over_XW"] == parts["step_ms"] / parts["floors_ms"]["XW_alone_blas"]
+    if "cpu_model" in data["meta"]:
+        assert isinstance(data["meta"]["simd"], list)
 
 
 def test_bench_train_rejects_k_above_hidden():
