@@ -32,6 +32,7 @@ def test_bench_train_times_dense_sparse_and_encoder_and_writes_json(tmp_path):
         assert all(value > 0 for value in [*parts["parts_ms"].values(), *parts["floors_ms"].values()])
         assert parts["step_ms"] == sum(parts["parts_ms"].values())
         assert parts["step_over_XW"] == parts["step_ms"] / parts["floors_ms"]["XW_alone_blas"]
+        assert parts["XW_from_nonzero_pixels_csr_ms"] > 0
     if "cpu_model" in data["meta"]:
         assert isinstance(data["meta"]["simd"], list)
 
