@@ -9,7 +9,9 @@
 It follows scikit-learn's conventions (see :mod:`ksae_cupy.training.sklearn_compat`):
 ``__init__`` only stores its arguments; ``fit`` starts from scratch unless ``warm_start``
 (a loaded checkpoint is warm, so ``fit`` resumes it); fitted attributes end in ``_``;
-input is checked with scikit-learn's ``validate_data``; pickling and ``clone`` work.
+input is checked with scikit-learn's ``validate_data``; every parameter's type and range is
+checked when ``fit`` starts (``_parameter_constraints``, in scikit-learn's words); pickling and
+``clone`` work.
 The ``ksae-train`` command is a thin layer over :meth:`KSparseAutoencoder.fit` with a
 :class:`~ksae_cupy.training.runs.RunFolder` for checkpoints and logs.
 """
@@ -21,14 +23,15 @@ import numpy as np
 
 from ksae_cupy import model
 from ksae_cupy.backend import CPU, array_module, resolve_device, to_host
-from ksae_cupy.datasets.dataset import check_float_input
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.schedules import resolve_k_start
 from ksae_cupy.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from ksae_cupy.training.learning_rate import auto_learning_rate, check_rate_moves_weights, round_significant
-from ksae_cupy.training.options import check_positive_finite
-from ksae_cupy.training.sklearn_compat import (BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin,
-                                               check_is_fitted, check_width, validate_data)
+from ksae_cupy.training.learning_rate import (auto_learning_rate, check_data_scale, check_rate_moves_weights,
+                                              round_significant)
+from ksae_cupy.training.options import check_positive_finite, check_training_memory
+from ksae_cupy.training.sklearn_compat import (BaseEstimator, ClassNamePrefixFeaturesOutMixin, Integral, Interval,
+                                               Real, StrOptions, TransformerMixin, check_is_fitted, check_parameters,
+                                               check_width, validate_data)
 from ksae_cupy.training.trainer import TrainConfig, Trainer, TrainingDiverged
 
 
@@ -51,8 +54,9 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     ``auto``, ``cpu`` or ``gpu[:N]``; ``batch_size`` larger than the data is cut to the data,
     as scikit-learn's MLP does; ``alpha`` is the default of :meth:`transform`'s (a parameter, so
     a grid search can tune it); ``warm_start=True`` makes ``fit`` go on from the current state;
-    ``input_scale``, when given, multiplies every input (integer input is refused without
-    it: ``input_scale=1/255`` takes 8-bit pixels as they are); ``verbose=1`` prints a line per
+    ``input_scale``, when given, multiplies every input (integer input is converted to float,
+    as scikit-learn does; ``fit`` refuses data whose scale would diverge at a fixed ``lr``, and
+    ``input_scale=1/255`` takes 8-bit pixels as they are); ``verbose=1`` prints a line per
     epoch of ``fit`` (loss, validation loss, speed, time left), as scikit-learn's estimators do;
     ``n_threads`` caps the CPU threads of ``fit`` (BLAS and the CPU kernels; ``None``: as
     ``ksae-train`` chooses: the count a command set, else ``OMP_NUM_THREADS`` and its kin, else
@@ -63,6 +67,31 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     :class:`Trainer` holding parameters, velocities and random state; ``None`` before fit),
     ``preprocess_`` (the data's preprocessing statistics, saved with the checkpoint).
     """
+
+    # Every parameter's type and range, checked when fit starts (scikit-learn's convention and
+    # words: "The 'k' parameter of KSparseAutoencoder must be an int in the range [1, inf). Got 2.5
+    # instead."); the constraints between parameters (k <= n_hidden, ...) are TrainConfig.validate's.
+    _parameter_constraints = {
+        "n_hidden": [Interval(Integral, 1, None, closed="left")],
+        "k": [Interval(Integral, 1, None, closed="left")],
+        "k_start": [Interval(Integral, 1, None, closed="left"), StrOptions({"auto"}), None],
+        "epochs": [Interval(Integral, 1, None, closed="left")],
+        "batch_size": [Interval(Integral, 1, None, closed="left")],
+        "lr": [Interval(Real, 0, None, closed="neither"), StrOptions({"auto"})],
+        "momentum": [Interval(Real, 0, 1, closed="left")],
+        "sigma": [Interval(Real, 0, None, closed="neither")],
+        "topk": [StrOptions({"sort", "threshold"})],
+        "seed": [Interval(Integral, 0, 2**32 - 1, closed="both")],
+        "dtype": [StrOptions({"float32", "float64"})],
+        "device": [str],
+        "activation": [StrOptions({"linear", "relu"})],
+        "step": [StrOptions({"auto", "dense", "sparse"})],
+        "alpha": [Interval(Real, 1, None, closed="left")],
+        "warm_start": ["boolean"],
+        "input_scale": [Interval(Real, 0, None, closed="neither"), None],
+        "verbose": [Interval(Integral, 0, None, closed="left"), "boolean"],
+        "n_threads": [Interval(Integral, 1, None, closed="left"), None],
+    }
 
     def __init__(self, n_hidden=1000, k=25, k_start="auto", epochs=5000, batch_size=128, lr=0.01,
                  momentum=0.9, sigma=0.01, topk="sort", seed=0, dtype="float32", device="auto",
@@ -142,6 +171,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         ``ValueError`` that says what was saved and the rate ``lr="auto"`` gives for ``X``.
         ``option_names(field)`` spells parameters in messages (``ksae-train`` passes flags).
         """
+        check_parameters(self)  # every parameter's type and range, in scikit-learn's words
         resume = self.warm_start and self.trainer_ is not None
         X_nd = self._check_X(X, reset=not resume)
         if not resume:
@@ -177,6 +207,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         """One pass over ``X`` (one epoch of the schedule), from the current state; returns ``self``.
 
         With ``lr="auto"`` the rate is derived from the first ``X`` and kept after it."""
+        check_parameters(self)
         X_nd = self._check_X(X, reset=self.trainer_ is None)
         if self.trainer_ is None:
             self._trainer = self._new_trainer(X_nd)
@@ -235,7 +266,12 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         if isinstance(config.batch_size, (int, np.integer)):
             config.batch_size = min(config.batch_size, X_nd.shape[0])
         config.validate(n_train=X_nd.shape[0], name=option_names)
-        trainer = Trainer(config, resolve_device(self.device), D=X_nd.shape[1])
+        backend = resolve_device(self.device)
+        # Before anything is allocated: as ksae-train does (10^9 hidden units would ask for 477 GiB).
+        check_training_memory(backend, X_nd.shape[1], config.hidden, config.batch_size, config.dtype,
+                              flag=option_names("hidden"))
+        check_data_scale(X_nd, config, option_names("lr"))  # data this scale would diverge: say so, not blame lr
+        trainer = Trainer(config, backend, D=X_nd.shape[1])
         check_rate_moves_weights(trainer, X_nd, option_names("lr"))  # a step of 0 would train for nothing
         return trainer
 
@@ -266,19 +302,17 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         return TrainingDiverged(message, exc.loss, exc.epoch, exc.step, exc.lr)
 
     def _check_X(self, X, reset: bool):
-        """``X`` checked as scikit-learn does (2-D, non-empty, real, finite, right width), integers
-        refused unless ``input_scale`` is set, then multiplied by ``input_scale``.
+        """``X`` checked as scikit-learn does (2-D, non-empty, real, finite, right width), numeric
+        integers converted to float as scikit-learn does (fit then checks the data's scale: see
+        :func:`~ksae_cupy.training.learning_rate.check_data_scale`), then multiplied by ``input_scale``.
 
         A CuPy array is already on a device: only its shape is checked, without a copy to the host.
         """
         if self.input_scale is not None:
             check_positive_finite("input_scale", self.input_scale, "factor (e.g. 1/255 for 8-bit pixels)")
-        elif not hasattr(X, "tocsr"):  # sparse input is refused by validate_data, with its own message
-            try:
-                check_float_input(X if hasattr(X, "dtype") else np.asarray(X), name="X")
-            except KsaeError as exc:
-                raise KsaeError(f"{exc}; or set input_scale (e.g. input_scale=1/255) to have the estimator "
-                                f"scale it") from None
+        dtype = getattr(X, "dtype", None) if hasattr(X, "dtype") else np.asarray(X).dtype if isinstance(X, list) else None
+        if getattr(dtype, "kind", None) == "c":  # scikit-learn's message would print the whole array
+            raise KsaeError(f"Complex data not supported: X has dtype {dtype}; use real numbers")
         if array_module(X) is np:
             X = validate_data(self, X, reset=reset, dtype=KEPT_DTYPES)
         else:

@@ -113,3 +113,41 @@ def check_rate_moves_weights(trainer, X_nd, flag: str = "lr") -> None:
         raise KsaeError(f"{flag} {config.lr} is not allowed for this data: in {config.dtype} a step at that rate "
                         f"is below the rounding of every weight, so training would leave them bit-identical; the "
                         f"smallest rate that moves a weight here is about {moving:g}")
+
+
+def check_data_scale(X_nd, config, flag: str = "lr") -> None:
+    """Refuse, before training, data whose scale makes training meaningless, naming the data (not
+    the rate) as the cause, on any dtype (integers are converted to float first):
+
+    * values so large that one example's squared error, summed over its D features, overflows
+      the model's dtype (``1e30`` in float32): the loss would be infinite at the first step;
+    * a fixed rate (not ``auto``) above the stability limit of momentum SGD at this scale:
+      lambda_max >= E||x||^2 / D (the largest eigenvalue is at least the mean one), and momentum
+      SGD diverges above (1 + momentum) / (2 lambda_max) (see the module's docstring), so
+      ``lr > (1 + momentum) D / (2 E||x||^2)`` diverges: 8-bit pixels (0..255) at the paper's 0.01.
+    """
+    from ksae_cupy.errors import KsaeError
+
+    xp = array_module(X_nd)
+    D = X_nd.shape[1]
+    with np.errstate(over="ignore"):
+        peak = float(xp.abs(X_nd).max()) if X_nd.size else 0.0
+        largest = float(np.finfo(config.dtype).max)
+        if peak * peak * D > largest / 4:  # 4: room for the reconstruction's own error
+            raise KsaeError(f"X's values reach {peak:.3g}: in {config.dtype} one example's squared error, summed over "
+                            f"its {D} features, would overflow (its largest number is {largest:.3g}); scale X down, "
+                            f"e.g. to [0, 1] (X / {peak:.3g})")
+    if config.lr_auto or isinstance(config.lr, str):
+        return
+    msq = mean_squared_norm(X_nd)
+    if msq <= 0:
+        return
+    limit = (1 + config.momentum) * D / (2 * msq)
+    if config.lr > limit:
+        command_line = flag.startswith("--")
+        auto = f"{flag} auto" if command_line else f"{flag}='auto'"
+        pixels = "divide by 255" if command_line else "divide by 255, or input_scale=1/255"
+        raise KsaeError(f"{flag} {config.lr} is too large for the scale of X (mean squared norm {msq:.4g} over {D} "
+                        f"features): momentum SGD diverges above (1 + momentum) D / (2 E||x||^2) = {limit:.3g} there; "
+                        f"scale X down (8-bit pixels: {pixels}), or use {auto} ({auto_learning_rate(X_nd)} for this "
+                        f"data)")

@@ -23,6 +23,15 @@ try:
 except ImportError:
     HAVE_SKLEARN = False
 
+# Parameter constraints as scikit-learn declares them (``_parameter_constraints``): its own
+# constraint classes when it is installed (so that its ``check_param_validation`` can read them),
+# else the stand-ins below, which print and test alike.
+try:
+    from sklearn.utils._param_validation import InvalidParameterError as _SklearnInvalidParameterError
+    from sklearn.utils._param_validation import Interval, StrOptions, make_constraint
+except ImportError:  # no scikit-learn, or a version whose private module moved
+    _SklearnInvalidParameterError = None
+
     class NotFittedError(KsaeError, AttributeError):
         """Like scikit-learn's: a method that needs a fitted model was called before ``fit``."""
 
@@ -86,3 +95,89 @@ def check_width(estimator, n_features: int, reset: bool) -> None:
     elif n_features != estimator.n_features_in_:
         raise KsaeError(f"X has {n_features} features, but {type(estimator).__name__} "
                         f"is expecting {estimator.n_features_in_} features as input")
+
+
+# -- parameter constraints ---------------------------------------------------------------------
+
+_BASES = (KsaeError, TypeError) if _SklearnInvalidParameterError is None else (KsaeError, _SklearnInvalidParameterError)
+
+
+class InvalidParameterError(*_BASES):
+    """A parameter of the wrong type or out of its range: scikit-learn's ``InvalidParameterError``
+    (a ``ValueError`` and a ``TypeError``) when it is installed, and always a :class:`KsaeError`."""
+
+
+if _SklearnInvalidParameterError is None:
+    from numbers import Integral, Real  # noqa: F401 (the constraints' types, as scikit-learn's)
+
+    class Interval:
+        """``type`` values from ``left`` to ``right`` (None: unbounded); ``closed``: left, right, both, neither."""
+
+        def __init__(self, type, left, right, *, closed):
+            self.type, self.left, self.right, self.closed = type, left, right, closed
+            self.hidden = False
+
+        def is_satisfied_by(self, value) -> bool:
+            if not isinstance(value, self.type) or isinstance(value, bool) and self.type is not bool:
+                return False
+            if value != value:  # NaN
+                return False
+            if self.left is not None and (value < self.left or value == self.left and self.closed in ("right", "neither")):
+                return False
+            if self.right is not None and (value > self.right or value == self.right and self.closed in ("left", "neither")):
+                return False
+            return True
+
+        def __str__(self):
+            kind = "an int" if self.type is Integral else "a float"
+            left = "-inf" if self.left is None else self.left
+            right = "inf" if self.right is None else self.right
+            opening = "[" if self.closed in ("left", "both") and self.left is not None else "("
+            closing = "]" if self.closed in ("right", "both") and self.right is not None else ")"
+            return f"{kind} in the range {opening}{left}, {right}{closing}"
+
+    class StrOptions:
+        def __init__(self, options):
+            self.options, self.hidden = set(options), False
+
+        def is_satisfied_by(self, value) -> bool:
+            return isinstance(value, str) and value in self.options
+
+        def __str__(self):
+            return f"a str among {{{', '.join(repr(o) for o in sorted(self.options))}}}"
+
+    class _Constant:
+        def __init__(self, name, test, hidden=False):
+            self.name, self.test, self.hidden = name, test, hidden
+
+        def is_satisfied_by(self, value) -> bool:
+            return self.test(value)
+
+        def __str__(self):
+            return self.name
+
+    def make_constraint(constraint):
+        if constraint is None:
+            return _Constant("None", lambda value: value is None)
+        if constraint == "boolean":
+            return _Constant("an instance of 'bool'", lambda value: isinstance(value, (bool, np.bool_)))
+        if isinstance(constraint, type):
+            return _Constant(f"an instance of {constraint.__qualname__!r}", lambda value: isinstance(value, constraint))
+        return constraint
+else:
+    from numbers import Integral, Real  # noqa: F401
+
+
+def check_parameters(estimator) -> None:
+    """Raise :class:`InvalidParameterError` for the first parameter of ``estimator`` that meets none
+    of its ``_parameter_constraints``, in scikit-learn's words: ``The 'k' parameter of
+    KSparseAutoencoder must be an int in the range [1, inf). Got 2.5 instead.``"""
+    for name, allowed in estimator._parameter_constraints.items():
+        value = getattr(estimator, name)
+        constraints = [make_constraint(c) for c in allowed]
+        if any(c.is_satisfied_by(value) for c in constraints):
+            continue
+        shown = [str(c) for c in constraints if not getattr(c, "hidden", False)]
+        text = shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
+        raise InvalidParameterError(f"The {name!r} parameter of {type(estimator).__name__} must be {text}. "
+                                    f"Got {value!r} instead.")

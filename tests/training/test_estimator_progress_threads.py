@@ -84,8 +84,13 @@ def test_a_count_ksae_train_chose_is_kept(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("params, fragment", [
-    ({"n_threads": 0}, "n_threads 0 is not allowed"), ({"n_threads": 1.5}, "n_threads 1.5 is not allowed"),
-    ({"verbose": -1}, "verbose=-1 is not allowed"), ({"verbose": "yes"}, "verbose='yes' is not allowed"),
+    # scikit-learn's words (the estimator's parameter constraints, checked when fit starts)
+    ({"n_threads": 0}, "The 'n_threads' parameter of KSparseAutoencoder must be an int in the range [1, inf) or None. "
+                       "Got 0 instead."),
+    ({"n_threads": 1.5}, "The 'n_threads' parameter of KSparseAutoencoder must be an int in the range [1, inf) or "
+                         "None. Got 1.5 instead."),
+    ({"verbose": -1}, "The 'verbose' parameter of KSparseAutoencoder must be an int in the range [0, inf)"),
+    ({"verbose": "yes"}, "Got 'yes' instead."),
 ])
 def test_bad_values_are_one_line_errors_naming_the_parameter(params, fragment):
     with pytest.raises(KsaeError, match=re.escape(fragment)):

@@ -41,26 +41,35 @@ def test_the_api_is_importable_from_the_package():
 @pytest.mark.parametrize("params, message", [
     (dict(n_hidden=10, k=25), r"^k 25 is not allowed; use 1 <= k <= n_hidden \(10\)$"),
     (dict(k_start=2), r"^k_start 2 is not allowed; use k_start >= k \(4\)$"),
-    (dict(lr=-1.0), r"^lr -1.0 is not allowed; use a positive learning rate"),
-    (dict(lr="fast"), r"^lr 'fast' is not allowed; use a positive learning rate or 'auto'$"),
-    (dict(momentum=1.5), r"^momentum 1.5 is not allowed"),
-    (dict(step="fast"), r"^step 'fast' is not allowed"),
+    # A value of the wrong type or range: scikit-learn's words (the parameter constraints)
+    (dict(lr=-1.0), r"^The 'lr' parameter of KSparseAutoencoder must be a float in the range \(0(\.0)?, inf\) or a "
+                    r"str among \{'auto'\}\. Got -1\.0 instead\.$"),
+    (dict(lr="fast"), r"^The 'lr' parameter .* Got 'fast' instead\.$"),
+    (dict(momentum=1.5), r"^The 'momentum' parameter of KSparseAutoencoder must be a float in the range "
+                         r"\[0(\.0)?, 1(\.0)?\)\. Got 1\.5 instead\.$"),
+    (dict(step="fast"), r"^The 'step' parameter of KSparseAutoencoder must be a str among .*'sparse'.*\. Got 'fast' "
+                        r"instead\.$"),
 ])
 def test_errors_name_the_parameter_not_a_flag(params, message):
     with pytest.raises(KsaeError, match=message):
         small(**params).fit(unit_scale())
 
 
-def test_integer_input_is_refused_with_a_hint_or_scaled_by_input_scale():
+def test_integer_input_is_converted_to_float_and_its_scale_checked():
+    """As scikit-learn does, numeric integers become floats; 8-bit pixels as they are would then
+    diverge at the paper's rate, which fit says up front, naming the data's scale (not the rate)."""
     pixels = (unit_scale() * 255).astype(np.uint8)
-    with pytest.raises(KsaeError, match=r"X holds integers \(dtype uint8, values 0 to 25\d\).*X / 25\d.*input_scale"):
+    with pytest.raises(KsaeError, match=r"^lr 0.01 is too large for the scale of X \(mean squared norm .* over 16 "
+                                        r"features\).*divide by 255, or input_scale=1/255\), or use lr='auto'"):
         small().fit(pixels)
+    binary = (unit_scale() > 0.5).astype(np.int64)  # integers on a unit scale train as their floats do
+    np.testing.assert_array_equal(small().fit(binary).components_, small().fit(binary.astype(np.float64)).components_)
     scaled = small(input_scale=1 / 255).fit(pixels)
     by_hand = small().fit(pixels.astype(np.float32) / np.float32(255))
     np.testing.assert_allclose(scaled.components_, by_hand.components_, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(scaled.transform(pixels), by_hand.transform(pixels / np.float32(255)), rtol=1e-5,
                                atol=1e-6)
-    with pytest.raises(KsaeError, match="input_scale -1 is not allowed"):
+    with pytest.raises(KsaeError, match=r"The 'input_scale' parameter .* Got -1 instead"):
         small(input_scale=-1).fit(pixels)
 
 
