@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ksae_cupy.cli.common import (GivenPath, CONTEXT, DATA_DIR, DEVICE, QUIET, RUN_DIR, check_run_outputs, data_options,
+from ksae_cupy.cli.common import (GivenPath, CONTEXT, DATA_DIR, DEVICE, QUIET, RUN_DIR, check_run_outputs, run_data_options,
                                    data_overrides, dataset_split, progress_printer, report_errors, write_json)
 from ksae_cupy.errors import KsaeError
 
@@ -39,10 +39,10 @@ def analyze_coherence(run_dir):
 @analyze_command.command("iti", context_settings=CONTEXT)
 @click.argument("run_dir", type=RUN_DIR)
 @click.option("--n-samples", type=int, default=1000, help="Rows of the split to analyse.")
-@click.option("--split", type=click.Choice(["test", "valid", "train"]), default="test")
+@click.option("--split", type=click.Choice(["test", "valid", "train"]), default="test", help="Split whose rows are analysed.")
 @click.option("--k", "k", type=int, default=None, help="Sparsity of ITI and of the encoder. [default: the run's k]")
 @click.option("--max-iter", type=int, default=100, help="ITI iterations at most.")
-@data_options
+@run_data_options
 @DEVICE
 @DATA_DIR
 @QUIET
@@ -86,7 +86,7 @@ def analyze_iti(run_dir, n_samples, split, k, max_iter, device, data_dir, quiet,
 @click.option("--atoms", "H", type=int, default=512, help="H, the number of atoms (gaussian only; incoherent has 2D).")
 @click.option("--k", "k", type=int, default=4, help="Non-zeros per code.")
 @click.option("--n", "n", type=int, default=1000, help="Codes drawn per case.")
-@click.option("--seed", type=int, default=0)
+@click.option("--seed", type=int, default=0, help="Seed of the drawn codes (and of a gaussian dictionary).")
 @click.option("-o", "--output", type=GivenPath(path_type=Path), default=None, help="Also write the report as JSON.")
 @report_errors
 def analyze_theorem(dictionary, D, H, k, n, seed, output):
@@ -132,7 +132,7 @@ def analyze_theorem(dictionary, D, H, k, n, seed, output):
 @click.option("--alphas", default="1,2,3,4", help="Comma-separated alpha grid of every variant.")
 @click.option("--l2", "l2_text", default="1e-3,1e-4,1e-5", help="Comma-separated L2 grid (not for early-stop-N).")
 @click.option("--max-iter", type=int, default=500, help="L-BFGS iterations at most (variants without early stopping).")
-@data_options
+@run_data_options
 @DEVICE
 @DATA_DIR
 @QUIET
@@ -164,7 +164,7 @@ def analyze_variants(run_dir, variants_text, alphas, l2_text, max_iter, device, 
 @click.option("--dict-seconds", default="none",
               help="Also learn a dictionary by sparse coding (scikit-learn) for this many seconds; "
                    "'auto' = the run's own training time; 'none' = skip.")
-@data_options
+@run_data_options
 @DATA_DIR
 @QUIET
 @report_errors

@@ -40,14 +40,15 @@ REFUSED = ("model", "hidden", "batch_size", "lr", "momentum", "weight_decay", "s
                    "dropout-denoising-ae (both).")
 @click.option("--hidden", type=int, default=1000, help="Hidden units (paper: 1000 on MNIST).")
 @click.option("--epochs", type=int, default=5000, help="Epochs (the paper's unsupervised length: 5000).")
-@click.option("--batch-size", type=int, default=128)
+@click.option("--batch-size", type=int, default=128, help="Minibatch size.")
 @click.option("--lr", type=float, default=None, help="Learning rate. [default: 0.05 (rbm), 0.003 (autoencoders)]")
 @click.option("--momentum", type=float, default=0.9, help="Momentum (paper: 0.9).")
 @click.option("--weight-decay", type=float, default=None,
               help="L2 weight decay on W. [default: 2e-4 (rbm), 0 (autoencoders)]")
 @click.option("--sigma", type=float, default=0.01, help="Std of the Gaussian initial weights (paper: 0.01).")
 @click.option("--seed", type=int, default=0, help="Seed of the initial weights, the batch order and the noise.")
-@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32")
+@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32",
+              help="Floating-point type of the parameters and the data on the device.")
 @click.option("--device", default="auto", help="auto, cpu, gpu or gpu:N.")
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None,
               help="Folder for checkpoint.h5, config.json, metrics.jsonl. [default: runs/<dataset>-<model>-h<H>-<time>]")
@@ -60,7 +61,8 @@ REFUSED = ("model", "hidden", "batch_size", "lr", "momentum", "weight_decay", "s
                    "--progress-seconds may be given, options that would change the run are refused by name.")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Data root. [default: $KSAE_DATA_DIR or ./data]")
 @click.option("--threads", type=int, default=None,
-              help="Threads on the CPU for BLAS. [default: one per free core; on --resume, the run's]")
+              help="Threads on the CPU for BLAS. [default: OMP_NUM_THREADS or its kin when set, else one per free "
+                   "core (the load average counts the busy ones); on --resume, the run's]")
 @click.option("--progress-seconds", type=float, default=30.0,
               help="When stderr is not a terminal, a progress line this often (a terminal gets a bar).")
 @click.option("--quiet", is_flag=True, help="Only the final line.")
@@ -209,10 +211,10 @@ def baseline_command(ctx, dataset, model, hidden, epochs, batch_size, lr, moment
         return
     trainer.save(folder.checkpoint)
     if not trainer.finished:
-        click.echo(f"interrupted at epoch {trainer.epoch + 1}, batch {trainer.batch_in_epoch}; checkpoint saved to "
+        click.echo(f"interrupted {resuming.position(trainer.epoch, trainer.batch_in_epoch)}; checkpoint saved to "
                    f"{folder.checkpoint}; continue with: ksae-baseline --resume {folder.path}", err=True)
         sys.exit(stop.exit_status)
-    click.echo(f"done: {trainer.epoch} epochs in {time.perf_counter() - started:.1f} s; checkpoint "
+    click.echo(f"done: {resuming.epochs_done(trainer.epoch)} in {time.perf_counter() - started:.1f} s; checkpoint "
                f"{folder.checkpoint}; evaluate with: ksae-eval {folder.path}")
 
 

@@ -239,6 +239,19 @@ def data_options(func):
     return func
 
 
+def run_data_options(func):
+    """``--labels``, ``--test`` and ``--test-labels`` only: the options of the commands that read a
+    trained run, whose splits are the run's (another split would test on rows it trained on), so
+    ``--valid-fraction``, ``--test-fraction`` and ``--split-seed`` are not offered there."""
+    func = click.option("--test-labels", default=None, help="Labels of --test's rows. [default: y in --test's .npz]")(func)
+    func = click.option("--test", default=None,
+                        help="Test examples, a file as the run's data is (an .npz brings its y). [default: the "
+                             "run's test set]")(func)
+    return click.option("--labels", default=None,
+                        help="Labels of the run's rows, one integer class per row: labels.npy, file.h5:y or "
+                             "file.npz:y. [default: the run's labels]")(func)
+
+
 def data_spec(dataset: str, **options):
     """The :class:`~ksae_cupy.datasets.user_files.DataSpec` of a new run: DATASET and the data
     options given (None: the default), checked, with absolute paths."""

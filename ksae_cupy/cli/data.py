@@ -16,7 +16,7 @@ def data_command():
 
 @data_command.command("fetch")
 @click.argument("name")
-@click.option("--data-dir", type=GivenPath(path_type=Path), default=None, help="Data root.")
+@click.option("--data-dir", type=GivenPath(path_type=Path), default=None, help="Data root. [default: $KSAE_DATA_DIR or ./data]")
 @report_errors
 def data_fetch(name, data_dir):
     """Download NAME's files, verify their SHA-256 and put them in place."""
@@ -30,7 +30,7 @@ def data_fetch(name, data_dir):
 
 
 @data_command.command("verify")
-@click.option("--data-dir", type=GivenPath(path_type=Path), default=None, help="Data root.")
+@click.option("--data-dir", type=GivenPath(path_type=Path), default=None, help="Data root. [default: $KSAE_DATA_DIR or ./data]")
 @report_errors
 def data_verify(data_dir):
     """Check every dataset file present under the data root; name the bad ones."""
@@ -51,7 +51,7 @@ def data_verify(data_dir):
 
 
 @data_command.command("list")
-@click.option("--data-dir", type=GivenPath(path_type=Path), default=None, help="Data root.")
+@click.option("--data-dir", type=GivenPath(path_type=Path), default=None, help="Data root. [default: $KSAE_DATA_DIR or ./data]")
 @report_errors
 def data_list(data_dir):
     """The built-in datasets and whether their files are present."""

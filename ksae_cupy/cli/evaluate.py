@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from ksae_cupy.cli.common import (CONTEXT, DATA_DIR, DEVICE, EXIT_INTERRUPTED, QUIET, RUN_DIR, check_run_outputs,
-                                   data_options, data_overrides, progress_printer, report_errors)
+                                   data_overrides, progress_printer, report_errors, run_data_options)
 from ksae_cupy.errors import KsaeError
 
 
@@ -31,7 +31,7 @@ from ksae_cupy.errors import KsaeError
 @click.option("--threads", type=int, default=None,
               help="Classifier fits run side by side on the CPU, one BLAS thread each. "
                    "[default: one per free core (the load average counts the busy ones)]")
-@data_options
+@run_data_options
 @DEVICE
 @DATA_DIR
 @QUIET

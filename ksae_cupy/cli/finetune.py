@@ -60,7 +60,7 @@ BASELINES = ("rbm", "dropout-ae", "denoising-ae", "dropout-denoising-ae")
 @click.option("--lr-end", type=float, default=0.001, help="Last learning rate, reached linearly (paper: 0.001).")
 @click.option("--rising-lr", is_flag=True, help="Allow --lr-end above --lr-start (a schedule that rises).")
 @click.option("--momentum", type=float, default=0.25, help="Momentum (paper, MNIST: 0.25; NORB: 0.9).")
-@click.option("--batch-size", type=int, default=128)
+@click.option("--batch-size", type=int, default=128, help="Minibatch size of the fine-tuning (and of --baseline's pretraining).")
 @click.option("--sigma", type=float, default=0.01, help="Std of the Gaussian initial softmax (and random) weights.")
 @click.option("--no-pretraining", is_flag=True, help="Random initial weights instead of pretrained runs.")
 @click.option("--baseline", type=click.Choice(BASELINES), default=None,
@@ -69,8 +69,10 @@ BASELINES = ("rbm", "dropout-ae", "denoising-ae", "dropout-denoising-ae")
 @click.option("--hidden", default="1000",
               help="With --no-pretraining or --baseline: hidden units per layer, e.g. 1000 or 1000,1000.")
 @click.option("--k", "k", type=int, default=25, help="With --no-pretraining: k of every layer (alpha*k are kept).")
-@click.option("--seed", type=int, default=0)
-@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32")
+@click.option("--seed", type=int, default=0, help="Seed of the new weights (the softmax; every layer with --no-pretraining), the batch "
+                   "order and dropout masks.")
+@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32",
+              help="Floating-point type of the parameters and the data on the device.")
 @click.option("--device", default="auto", help="auto, cpu, gpu or gpu:N.")
 @click.option("--step", default="auto",
               help="Training step: dense, sparse (only layer 1's X W1 dense; k-sparse layers, no dropout, CPU), or "
@@ -84,8 +86,8 @@ BASELINES = ("rbm", "dropout-ae", "denoising-ae", "dropout-denoising-ae")
 @click.option("--checkpoint-minutes", type=float, default=5.0,
               help="Also write one whenever this many minutes have passed (mid-epoch if need be; 0: by epochs only).")
 @click.option("--resume", type=GivenPath(path_type=Path), default=None, help="Continue the fine-tuning run in this folder.")
-@click.option("--data-dir", type=GivenPath(path_type=Path), default=None, help="Data root.")
-@click.option("--quiet", is_flag=True)
+@click.option("--data-dir", type=GivenPath(path_type=Path), default=None, help="Data root. [default: $KSAE_DATA_DIR or ./data]")
+@click.option("--quiet", is_flag=True, help="Only the final line.")
 @data_options
 @click.pass_context
 @report_errors

@@ -67,9 +67,9 @@ def plot_filters(run_dir, output, n_filters, cols, shape, channels, layout, scal
 @click.argument("run_dirs", type=RUN_DIR, nargs=-1, required=True)
 @click.option("-o", "--output", type=GivenPath(path_type=Path), default=Path("activity-histogram.png"), help="PNG file.")
 @click.option("--n-samples", type=int, default=1000, help="Rows of the split to encode per run.")
-@click.option("--split", type=click.Choice(["test", "valid", "train"]), default="test")
+@click.option("--split", type=click.Choice(["test", "valid", "train"]), default="test", help="Split whose rows are encoded.")
 @click.option("--alpha", type=float, default=1.0, help="Encode with the alpha*k largest units.")
-@click.option("--bins", type=int, default=100)
+@click.option("--bins", type=int, default=100, help="Histogram bins.")
 @DATA_DIR
 @QUIET
 @report_errors

@@ -38,9 +38,19 @@ def given(ctx) -> set:
     return {name for name in ctx.params if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
 
 
+def position(epoch: int, batch_in_epoch: int) -> str:
+    """Where a run stands, worded the same by the stop line and the resume line: ``after epoch 8,
+    batch 173`` (epochs finished, then batches of the next one), or ``after epoch 8``."""
+    return f"after epoch {epoch}, batch {batch_in_epoch}" if batch_in_epoch else f"after epoch {epoch}"
+
+
+def epochs_done(n: int) -> str:
+    """``1 epoch``, ``3 epochs``."""
+    return f"{n} epoch" if n == 1 else f"{n} epochs"
+
+
 def where_line(folder_path: Path, epoch: int, batch_in_epoch: int, step: int) -> str:
-    at = f"after epoch {epoch}, batch {batch_in_epoch}" if batch_in_epoch else f"after epoch {epoch}"
-    return f"resuming {folder_path} {at} (step {step})"
+    return f"resuming {folder_path} {position(epoch, batch_in_epoch)} (step {step})"
 
 
 def check_dataset(dataset: str | None, previous: dict) -> str:

@@ -48,13 +48,16 @@ def _floats(text: str, what: str) -> list[float]:
 @click.option("--hidden", "hiddens", default="1000", help="Comma-separated hidden sizes.")
 @click.option("--seeds", default="0", help="Comma-separated seeds.")
 @click.option("--epochs", "epochs", default="50", help="Comma-separated epoch counts.")
-@click.option("--batch-size", type=int, default=128)
-@click.option("--lr", type=float, default=0.01)
-@click.option("--no-k-schedule", is_flag=True)
+@click.option("--batch-size", type=int, default=128, help="Minibatch size of every training.")
+@click.option("--lr", type=float, default=0.01, help="Learning rate of every training (the paper's for MNIST).")
+@click.option("--no-k-schedule", is_flag=True,
+              help="Train with k from the first epoch. [default: the schedule from k 100 (or k if larger, at most "
+                   "the hidden size) down to k over the first half of the epochs]")
 @click.option("--scheduler", default=None, help="Dask scheduler address. [default: a LocalCluster]")
 @click.option("--workers", type=int, default=2, help="LocalCluster worker processes (one thread each).")
-@click.option("--data-dir", default=None)
-@click.option("--out", type=GivenPath(path_type=Path), default=Path("sweeps/latest"))
+@click.option("--data-dir", default=None, help="Data root. [default: $KSAE_DATA_DIR or ./data]")
+@click.option("--out", type=GivenPath(path_type=Path), default=Path("sweeps/latest"),
+              help="Folder for results.json and results.md.")
 @report_errors
 def sweep_command(dataset, ks, alphas, hiddens, seeds, epochs, batch_size, lr, no_k_schedule, scheduler, workers,
                   data_dir, out):

@@ -43,7 +43,8 @@ def describe_auto_lr(X_nd) -> str:
 @click.option("--topk", type=click.Choice(["sort", "threshold"]), default="sort",
               help="Top-k algorithm: selection by sorting, or iterative threshold.")
 @click.option("--seed", type=int, default=0, help="Seed of the initial weights and of the batch order.")
-@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32")
+@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32",
+              help="Floating-point type of the parameters and the data on the device.")
 @click.option("--activation", type=click.Choice(["linear", "relu"]), default="linear",
               help="Hidden units: linear (the paper) or relu (negative survivors of the top-k set to zero).")
 @click.option("--step", type=click.Choice(["dense", "sparse", "auto"]), default="auto",
@@ -61,7 +62,8 @@ def describe_auto_lr(X_nd) -> str:
                    "--checkpoint-*, --threads) or, if they would change the model, refused by name.")
 @click.option("--data-dir", type=GivenPath(path_type=Path), default=None, help="Data root. [default: $KSAE_DATA_DIR or ./data]")
 @click.option("--threads", type=int, default=None,
-              help="Threads on the CPU, for BLAS and the CPU kernels. [default: one per usable core]")
+              help="Threads on the CPU, for BLAS and the CPU kernels. [default: OMP_NUM_THREADS or its kin when "
+                   "set, else one per free core (the load average counts the busy ones); on --resume, the run's]")
 @click.option("--progress-seconds", type=float, default=30.0,
               help="When stderr is not a terminal, a progress line this often (a terminal gets a bar).")
 @click.option("--quiet", is_flag=True, help="Only the final line.")
@@ -237,14 +239,14 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
             progress.clear()
     trainer = model.trainer_
     if not trainer.finished:
-        click.echo(f"interrupted at epoch {trainer.epoch + 1}, batch {trainer.batch_in_epoch}; checkpoint saved to "
+        click.echo(f"interrupted {resuming.position(trainer.epoch, trainer.batch_in_epoch)}; checkpoint saved to "
                    f"{folder.checkpoint}; continue with: ksae-train --resume {folder.path}", err=True)
         sys.exit(stop.exit_status)
     if finished_before:  # "done: 3 epochs in 0.0 s" read as if it had trained them
         click.echo(f"nothing to train: the run had already trained all its {trainer.epoch} epochs (options given are "
                    f"recorded); to train longer, give --epochs N with N > {trainer.epoch}")
         return
-    click.echo(f"done: {trainer.epoch} epochs in {time.perf_counter() - started:.1f} s; "
+    click.echo(f"done: {resuming.epochs_done(trainer.epoch)} in {time.perf_counter() - started:.1f} s; "
                f"checkpoint {folder.checkpoint}")
 
 

@@ -349,7 +349,7 @@ def evaluate_run(run_dir, alphas=DEFAULT_ALPHAS, l2_grid=DEFAULT_L2, refit: str 
         run_dir / "checkpoint.h5", dataset.summary(), max_iter=max_iter, topk=topk_method, activation=activation))
     result = {
         "run_dir": str(run_dir), "dataset": dataset.name, "k": k, "hidden": H, "epoch": ckpt.epoch,
-        "device": backend.name, "alphas": list(alphas), "l2_grid": sorted(l2_grid, reverse=True),
+        "device": backend.name, "alphas": list(alphas), "l2_grid": sorted(l2_grid, reverse=True), "max_iter": max_iter,
         "features": select_and_test(encode, dataset, alphas, l2_grid, refit, max_iter, backend, log, workers, store),
     }
     if linear_svm:

@@ -95,7 +95,7 @@ def test_sigterm_saves_prints_the_resume_line_and_the_resume_ends_bit_identical(
     out, err = proc.communicate(timeout=300)  # closes stdin: the run goes on and stops
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "SIGTERM: stopping after this step and saving a checkpoint" in err
-    assert err.splitlines()[-1] == (f"interrupted at epoch 2, batch 0; checkpoint saved to {stopped / 'checkpoint.h5'}; "
+    assert err.splitlines()[-1] == (f"interrupted after epoch 1; checkpoint saved to {stopped / 'checkpoint.h5'}; "
                                     f"continue with: ksae-baseline --resume {stopped}")
     assert load_baseline_checkpoint(stopped / "checkpoint.h5").epoch == 1
     resumed = invoke(["--resume", stopped])

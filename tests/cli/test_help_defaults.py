@@ -1,0 +1,144 @@
+"""Help that is true: every option of every command says what it does, an option whose default is
+decided at run time says in words what that is, and the defaults the help shows are the values the
+command then uses (read back from what it records: config.json, eval.json, its printed lines)."""
+from __future__ import annotations
+
+import configparser
+import importlib
+import json
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from ksae_cupy.cli.evaluate import eval_command
+from ksae_cupy.cli.train import train_command
+from ksae_cupy.datasets.synthetic import make_sparse_signals
+from ksae_cupy.evaluation.features import parse_alphas, parse_l2
+from runfolder import make_run
+
+ROOT = Path(__file__).resolve().parents[2]
+# None as a default that means "not given: off" (or a choice a new run must make): nothing to state in words.
+OFF_WHEN_ABSENT = {("ksae-train", "resume"), ("ksae-finetune", "resume"), ("ksae-baseline", "resume"),
+                   ("ksae-analyze theorem", "output"), ("ksae-finetune", "baseline"), ("ksae-baseline", "model")}
+# ksae_cupy/cli/bench.py is the lead's file (benchmarks, not the user's path); several of its
+# options have no help yet, reported in issue 38 rather than edited here.
+NOT_CHECKED = ("ksae-bench",)
+
+
+def commands() -> dict[str, click.Command]:
+    """Every command and sub-command of the console scripts, by how a user types it."""
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    found = {}
+    for line in config["options.entry_points"]["console_scripts"].strip().splitlines():
+        name, target = (part.strip() for part in line.split("="))
+        module, attr = target.split(":")
+        command = getattr(importlib.import_module(module), attr)
+        if not isinstance(command, click.Command):  # ksae-sweep's main() wraps its click command
+            command = importlib.import_module(module).sweep_command
+        found[name] = command
+        for sub_name, sub in getattr(command, "commands", {}).items():
+            found[f"{name} {sub_name}"] = sub
+    return found
+
+
+def options(command: click.Command):
+    return [p for p in command.params if isinstance(p, click.Option) and p.name != "help"]
+
+
+ALL_OPTIONS = [(name, option.name) for name, command in commands().items() for option in options(command)
+               if name.split()[0] not in NOT_CHECKED]
+
+
+@pytest.mark.parametrize("command_name, option_name", ALL_OPTIONS)
+def test_every_option_has_help(command_name, option_name):
+    option = next(o for o in options(commands()[command_name]) if o.name == option_name)
+    assert option.help and option.help.strip(), f"{command_name} {option.opts[0]} has no help text"
+
+
+@pytest.mark.parametrize("command_name, option_name", ALL_OPTIONS)
+def test_a_default_decided_at_run_time_is_stated_in_words(command_name, option_name):
+    option = next(o for o in options(commands()[command_name]) if o.name == option_name)
+    if option.is_flag or option.default is not None or (command_name, option_name) in OFF_WHEN_ABSENT:
+        return  # click shows the default itself (flags: off)
+    assert "[default: " in option.help, f"{command_name} {option.opts[0]}: default None, and the help does not say what it means"
+
+
+def test_run_reading_commands_do_not_offer_split_options():
+    # The run's splits are the only ones its evaluation may use; an option that can only be refused is not offered.
+    for name, command in commands().items():
+        if name in ("ksae-eval", "ksae-analyze iti", "ksae-analyze variants", "ksae-analyze compare"):
+            offered = {o.name for o in options(command)}
+            assert not offered & {"valid_fraction", "test_fraction", "split_seed"}, name
+            assert {"labels", "test", "test_labels"} <= offered, name
+
+
+def shown_default(command: click.Command, name: str):
+    return next(o for o in options(command) if o.name == name).default
+
+
+def test_ksae_train_uses_the_defaults_its_help_shows(tmp_path, monkeypatch):
+    from ksae_cupy.cli.threads import THREAD_VARIABLES
+
+    for variable in THREAD_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    run = tmp_path / "run"
+    result = CliRunner().invoke(train_command, ["synthetic", "--epochs", "2", "--run-dir", str(run)])
+    assert result.exit_code == 0, result.output
+    config = json.loads((run / "config.json").read_text())
+    for name in ("hidden", "k", "batch_size", "momentum", "sigma", "topk", "seed", "dtype", "activation", "step"):
+        assert config["train"][name] == shown_default(train_command, name), name
+    for name in ("checkpoint_every", "checkpoint_minutes", "progress_seconds"):
+        assert config[name] == shown_default(train_command, name), name
+    help_of = {o.name: o.help for o in options(train_command)}
+    # Stated in words: "[default: 0.01 (the paper's) for the built-in datasets but fashion-mnist ...]".
+    assert "[default: 0.01 (the paper's) for the built-in datasets" in help_of["lr"] and config["train"]["lr"] == 0.01
+    # "[default: 100, or k if larger, at most hidden]", at k 25 and 1000 hidden units.
+    assert "[default: 100, or k if larger" in help_of["k_start"] and config["train"]["k_start"] == 100
+    # "[default: OMP_NUM_THREADS or its kin when set, else one per free core ...]".
+    assert "else one per free core" in help_of["threads"]
+    threads_line = next(line for line in result.stdout.splitlines() if line.startswith("BLAS threads: "))
+    assert "default: one per" in threads_line and "core" in threads_line, threads_line
+    assert "[default: $KSAE_DATA_DIR or ./data]" in help_of["data_dir"] and config["data_dir"] is None
+    assert f"[default: runs/<dataset>-h<H>-k<k>-<time>]" in help_of["run_dir"]
+
+
+def test_ksae_train_default_run_dir_is_the_one_its_help_names(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(train_command, ["synthetic", "--hidden", "32", "--k", "4", "--epochs", "2"])
+    assert result.exit_code == 0, result.output
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert folder.name.startswith("synthetic-h32-k4-")
+
+
+def test_ksae_eval_uses_the_defaults_its_help_shows(tmp_path, monkeypatch):
+    from ksae_cupy.cli.threads import THREAD_VARIABLES
+
+    for variable in THREAD_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    run = make_run(tmp_path / "run", make_sparse_signals(1)[2], k=5, dataset="synthetic")
+    result = CliRunner().invoke(eval_command, [str(run), "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    saved = json.loads((run / "eval.json").read_text())
+    assert saved["alphas"] == parse_alphas(shown_default(eval_command, "alphas"))
+    assert saved["l2_grid"] == sorted(parse_l2(shown_default(eval_command, "l2_text")), reverse=True)
+    assert saved["features"]["refit"] == shown_default(eval_command, "refit")
+    assert saved["max_iter"] == shown_default(eval_command, "max_iter")
+    assert "raw_baseline" not in saved and "linear_svm" not in saved  # flags: off
+    help_of = {o.name: o.help for o in options(eval_command)}
+    assert "[default: one per free core" in help_of["threads"]
+    assert "default: one per" in result.stderr.splitlines()[0], result.stderr
+
+
+def test_the_data_root_default_is_the_one_the_help_names(tmp_path, monkeypatch):
+    from ksae_cupy.cli.data import data_command
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KSAE_DATA_DIR", raising=False)
+    listed = CliRunner().invoke(data_command, ["list"])
+    assert listed.exit_code == 0 and "present in data/mnist" in listed.output, listed.output
+    monkeypatch.setenv("KSAE_DATA_DIR", str(tmp_path / "elsewhere"))
+    listed = CliRunner().invoke(data_command, ["list"])
+    assert listed.exit_code == 0 and f"present in {tmp_path / 'elsewhere' / 'mnist'}" in listed.output, listed.output
