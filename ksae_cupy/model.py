@@ -145,3 +145,77 @@ def alpha_k(k: int, alpha: float, H: int) -> int:
     if alpha * k > H + 0.5:  # before rounding: alpha * k may overflow to infinity
         raise KsaeError(f"alpha*k = {alpha}*{k} = {alpha * k:g} exceeds the {H} hidden units; use alpha <= {H / k:g}")
     return int(round(alpha * k))
+
+
+# ---- Beyond the paper: the auxiliary loss of Gao et al. (2024), "AuxK" (issue 35) ----
+# Units that no example kept for a while ("dead") get a gradient of their own: with the main
+# reconstruction's residual e_nd = X_nd - Xhat_nd held constant, the top ``aux_k`` of the dead
+# units' pre-activations reconstruct e through W alone (no decoder bias):
+#
+#     L_aux = aux_coef * 0.5/N * sum_n ||e_n - ehat_n||^2,   ehat_n = sum over the kept dead units j of Z_nj W_j
+#
+# the same 0.5/N scale as the main loss, so aux_coef (1/32 in Gao et al.'s code) weighs it against
+# that loss directly. With Ra_nd = aux_coef * (ehat_nd - e_nd) / N and Sa_nh the kept dead units:
+#     dZa_nh = (Ra_nd W_dh) * Sa_nh;  db_h += sum_n dZa_nh;  dW_dh += X_nd^T dZa_nh + Ra_nd^T Za_nh
+# (W is used twice again, as encoder and decoder); c gets nothing.
+
+def select_dead_units(Z_nh, dead_h, aux_k: int, topk_method: str = "sort", activation: str = "linear"):
+    """``(idx_na, val_na)``: each row's ``a = min(aux_k, dead units)`` largest pre-activations among
+    the units where ``dead_h`` is true (after ``activation``), columns of ``Z_nh``; None when no unit is dead.
+
+    Same set as the top a of ``Z_nh`` with every live unit masked out, ties to the lower column."""
+    xp = array_module(Z_nh)
+    dead_cols = xp.flatnonzero(dead_h)
+    a = min(int(aux_k), int(dead_cols.size))
+    if a == 0:
+        return None
+    local_na, val_na = select_units(xp.ascontiguousarray(Z_nh[:, dead_cols]), a, topk_method, activation)
+    return dead_cols[local_na].astype(np.int32), val_na
+
+
+def auxk_loss_and_grads(params, X_nd, R_nd, Z_nh, dead_h, aux_k: int, aux_coef: float, topk_method: str = "sort",
+                        activation: str = "linear"):
+    """``(aux_loss, grads)``: the auxiliary loss and its gradients (dense arrays, keys of :data:`PARAM_NAMES`).
+
+    ``R_nd`` is the main loss's ``(Xhat_nd - X_nd) / N`` (so ``e_nd = -N R_nd``), ``Z_nh`` the
+    pre-activations, ``dead_h`` a boolean mask of the dead units."""
+    xp = array_module(X_nd)
+    W_dh = params["W_dh"]
+    N, H = X_nd.shape[0], W_dh.shape[1]
+    grads = {name: xp.zeros_like(params[name]) for name in PARAM_NAMES}
+    selected = select_dead_units(Z_nh, dead_h, aux_k, topk_method, activation)
+    if selected is None:
+        return 0.0, grads
+    idx_na, val_na = selected
+    Za_nh = scatter_rows(idx_na, val_na, H)
+    # ehat - e = Za W^T + N R  (e = X - Xhat = -N R is a constant: no gradient flows into it)
+    Ra_nd = Za_nh @ W_dh.T + R_nd * X_nd.dtype.type(N)
+    aux_loss = float(aux_coef) * 0.5 * float(xp.vdot(Ra_nd, Ra_nd)) / N
+    Ra_nd *= X_nd.dtype.type(aux_coef / N)
+    dZa_na = xp.take_along_axis(Ra_nd @ W_dh, idx_na, axis=1)
+    if activation == "relu":  # a selected unit clipped to zero passes no gradient
+        dZa_na *= val_na > 0
+    dZa_nh = scatter_rows(idx_na, dZa_na, H)
+    grads["W_dh"] = xp.concatenate([X_nd, Ra_nd]).T @ xp.concatenate([dZa_nh, Za_nh])
+    grads["b_h"] = dZa_nh.sum(axis=0)
+    return aux_loss, grads
+
+
+def loss_and_grads_auxk(params, X_nd, k: int, dead_h, aux_k: int, aux_coef: float, topk_method: str = "sort",
+                        activation: str = "linear"):
+    """:func:`loss_and_grads` plus the auxiliary loss on the ``dead_h`` units: ``(loss, aux_loss, grads, cache)``.
+
+    ``loss`` is the main reconstruction loss alone (what the training log reports); ``grads`` are
+    those of ``loss + aux_loss``. The dense reference of :mod:`ksae_cupy.auxk_step`."""
+    Z_nh = hidden_preactivations(params, X_nd)
+    idx_nk, val_nk = select_units(Z_nh, k, topk_method, activation)
+    Zs_nh = scatter_rows(idx_nk, val_nk, Z_nh.shape[1])
+    Xhat_nd = Zs_nh @ params["W_dh"].T + params["c_d"]
+    cache = ForwardCache(X_nd=X_nd, idx_nk=idx_nk, Zs_nh=Zs_nh, activation=activation)
+    loss, R_nd = reconstruction_loss(Xhat_nd, X_nd)
+    grads = backward(params, R_nd, cache)
+    aux_loss, aux_grads = auxk_loss_and_grads(params, X_nd, R_nd, Z_nh, dead_h, aux_k, aux_coef, topk_method,
+                                              activation)
+    for name in PARAM_NAMES:
+        grads[name] += aux_grads[name]
+    return loss, aux_loss, grads, cache

@@ -96,3 +96,24 @@ def split_rows(n: int, valid_fraction: float, seed: int):
     order = np.random.default_rng(seed).permutation(n)
     n_valid = min(n - 1, max(1, int(round(valid_fraction * n))))
     return np.sort(order[n_valid:]), np.sort(order[:n_valid])
+
+
+# ---- Centred inputs (beyond the paper, issue 35: ksae-train --center-input) ----
+# The training rows' mean, kept in the checkpoint's preprocess dict under this name; a model trained
+# on centred inputs sees x - mean wherever it is used (the estimator subtracts it; ksae-eval and
+# fine-tuning, which read the parameters, take them through raw_input_params).
+INPUT_MEAN = "input_mean"
+
+
+def raw_input_params(params: dict, preprocess: dict) -> dict:
+    """Parameters that act on raw inputs as ``params`` act on centred ones: with the mean ``m`` in
+    ``preprocess``, ``b_h - m W_dh`` (so ``x W + b'`` = ``(x - m) W + b``) and ``c_d + m`` (the
+    reconstruction of x, not of x - m); ``params`` itself when the run was not centred."""
+    mean_d = preprocess.get(INPUT_MEAN) if preprocess else None
+    if mean_d is None:
+        return params
+    from ksae_cupy.backend import array_module
+
+    xp = array_module(params["W_dh"])
+    m_d = (xp.asarray(mean_d) if xp is not np else np.asarray(mean_d)).astype(params["W_dh"].dtype)
+    return {**params, "b_h": params["b_h"] - m_d @ params["W_dh"], "c_d": params["c_d"] + m_d}

@@ -71,10 +71,12 @@ def load_baseline_run(run_dir):
 
 
 def encoder_of(model: KSparseAutoencoder):
-    """``(W_dh, b_h)`` host arrays of a fitted autoencoder's encoder."""
+    """``(W_dh, b_h)`` host arrays of a fitted autoencoder's encoder, acting on raw inputs (a model
+    trained on centred ones has the mean folded into ``b_h``: :func:`~ksae_cupy.datasets.preprocess.raw_input_params`)."""
     from ksae_cupy.backend import to_host
+    from ksae_cupy.datasets.preprocess import raw_input_params
 
-    params = model.params_
+    params = raw_input_params(model.params_, model.preprocess_)
     return to_host(params["W_dh"]), to_host(params["b_h"])
 
 

@@ -11,6 +11,8 @@ Layout (``format = "ksae-cupy checkpoint"``, ``format_version = 2``):
 * ``rng/``: attribute ``state`` (JSON of NumPy's bit-generator state) and, mid-epoch,
   dataset ``epoch_perm`` (the order of the unfinished epoch);
 * ``preprocess/``: statistics of the data preprocessing (means, stds, ZCA matrix);
+* ``units/`` (absent in older files): per hidden unit, ``since_kept_h``, the examples trained on
+  since an example last kept it (the dead units of ``aux_k`` and the dead-window metric);
 * on every group and array, attribute ``sha256`` (see :mod:`ksae_cupy.training.checksums`).
 
 Loading checks the format version, every checksum, the presence, shapes and dtypes of the
@@ -52,6 +54,7 @@ class Checkpoint:
     epoch_perm: np.ndarray | None = None
     preprocess: dict = field(default_factory=dict)
     run_id: str | None = None  # the run folder's identity (None: saved outside one, or before identities)
+    units: dict = field(default_factory=dict)  # per-unit training state (since_kept_h); {} in older files
 
 
 def write_hdf5_atomically(path: Path, write_fn, verify_fn) -> None:
@@ -159,7 +162,10 @@ def save_checkpoint(path: Path, ckpt: Checkpoint, fmt: str = FORMAT) -> None:
         f.attrs["config"] = json.dumps(ckpt.config, sort_keys=True)
         if ckpt.run_id is not None:
             f.attrs["run_id"] = str(ckpt.run_id)
-        for group, arrays in (("params", ckpt.params), ("optim", ckpt.velocities), ("preprocess", ckpt.preprocess)):
+        groups = [("params", ckpt.params), ("optim", ckpt.velocities), ("preprocess", ckpt.preprocess)]
+        if ckpt.units:
+            groups.append(("units", ckpt.units))
+        for group, arrays in groups:
             g = f.create_group(group)
             for name, value in arrays.items():
                 g.create_dataset(name, data=np.asarray(value))
@@ -188,7 +194,8 @@ def load_checkpoint(path: Path, fmt: str = FORMAT, what: str = "checkpoint") -> 
                           rng_state=json.loads(state_text) if state_text else None,
                           epoch_perm=f["rng"]["epoch_perm"][()] if "epoch_perm" in f["rng"] else None,
                           preprocess=_read_group(f, "preprocess", path) if "preprocess" in f else {},
-                          run_id=_text_attribute(f, "run_id"))
+                          run_id=_text_attribute(f, "run_id"),
+                          units=_read_group(f, "units", path) if "units" in f else {})
 
     ckpt = read_hdf5_checked(path, what, fmt, FORMAT_VERSION, read, UNSEALED_VERSIONS if fmt == FORMAT else ())
     _check_shapes(ckpt, path)
@@ -220,6 +227,9 @@ def _check_shapes(ckpt: Checkpoint, path: Path) -> None:
             if group[name].shape != shape or group[name].dtype != dtype:
                 raise KsaeError(f"{path}: {group_name}/{name} has shape {group[name].shape} {group[name].dtype}, "
                                 f"expected {shape} {dtype}")
+    since = ckpt.units.get("since_kept_h")
+    if since is not None and (since.shape != (H,) or since.dtype.kind not in "iu"):
+        raise KsaeError(f"{path}: units/since_kept_h has shape {since.shape} {since.dtype}, expected ({H},) integers")
     hidden = ckpt.config.get("hidden")
     if hidden is not None and hidden != H:
         raise KsaeError(f"{path}: config says hidden={hidden} but W_dh has {H} columns")

@@ -23,6 +23,7 @@ import numpy as np
 
 from ksae_cupy import model
 from ksae_cupy.backend import CPU, array_module, resolve_device, to_host
+from ksae_cupy.datasets.preprocess import INPUT_MEAN, raw_input_params
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.schedules import resolve_k_start
 from ksae_cupy.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
@@ -91,18 +92,25 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         "input_scale": [Interval(Real, 0, None, closed="neither"), None],
         "verbose": [Interval(Integral, 0, None, closed="left"), "boolean"],
         "n_threads": [Interval(Integral, 1, None, closed="left"), None],
+        "aux_k": [Interval(Integral, 0, None, closed="left")],
+        "aux_coef": [Interval(Real, 0, None, closed="neither")],
+        "dead_window": [Interval(Integral, 1, None, closed="left")],
+        "center_input": ["boolean"],
     }
 
     def __init__(self, n_hidden=1000, k=25, k_start="auto", epochs=5000, batch_size=128, lr=0.01,
                  momentum=0.9, sigma=0.01, topk="sort", seed=0, dtype="float32", device="auto",
                  activation="linear", step="auto", alpha=1.0,
-                 warm_start=False, input_scale=None, verbose=0, n_threads=None):
+                 warm_start=False, input_scale=None, verbose=0, n_threads=None, aux_k=0, aux_coef=1 / 32,
+                 dead_window=10000, center_input=False):
         self.n_hidden, self.k, self.k_start, self.epochs = n_hidden, k, k_start, epochs
         self.batch_size, self.lr, self.momentum, self.sigma = batch_size, lr, momentum, sigma
         self.topk, self.seed, self.dtype, self.device = topk, seed, dtype, device
         self.activation, self.step, self.alpha, self.warm_start = activation, step, alpha, warm_start
         self.input_scale = input_scale
         self.verbose, self.n_threads = verbose, n_threads
+        # Beyond the paper (issue 35): the AuxK loss on dead units, and centred inputs (TrainConfig says how).
+        self.aux_k, self.aux_coef, self.dead_window, self.center_input = aux_k, aux_coef, dead_window, center_input
 
     # -- configuration -------------------------------------------------------------------
     def config(self, X_nd=None) -> TrainConfig:
@@ -115,7 +123,8 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         return TrainConfig(hidden=self.n_hidden, k=self.k, k_start=k_start, epochs=self.epochs,
                            batch_size=self.batch_size, lr=lr, momentum=self.momentum, sigma=self.sigma,
                            topk=self.topk, seed=self.seed, dtype=self.dtype, activation=self.activation,
-                           step=self.step, lr_auto=lr_auto)
+                           step=self.step, lr_auto=lr_auto, aux_k=self.aux_k, aux_coef=self.aux_coef,
+                           dead_window=self.dead_window, center_input=self.center_input)
 
     @property
     def trainer_(self) -> Trainer | None:
@@ -175,11 +184,14 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         resume = self.warm_start and self.trainer_ is not None
         X_nd = self._check_X(X, reset=not resume)
         if not resume:
+            self._record_input_mean(X_nd)
+        X_nd = self._centred(X_nd)
+        if not resume:
             self._trainer = self._new_trainer(X_nd, option_names)
         trainer = self.trainer_
         trainer.config.epochs = self.epochs  # a warm fit may have been given more epochs
         trainer.config.validate(name=option_names)
-        X_valid_nd = self._check_X(X_valid, reset=False) if X_valid is not None else None
+        X_valid_nd = self._centred(self._check_X(X_valid, reset=False)) if X_valid is not None else None
         X_dev, X_valid_dev = self._to_device(X_nd), self._to_device(X_valid_nd)
         step_before = trainer.step
         self._saved_at = None
@@ -210,7 +222,11 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         check_parameters(self)
         X_nd = self._check_X(X, reset=self.trainer_ is None)
         if self.trainer_ is None:
+            self._record_input_mean(X_nd)  # the first batch's mean: the one partial_fit sees first
+            X_nd = self._centred(X_nd)
             self._trainer = self._new_trainer(X_nd)
+        else:
+            X_nd = self._centred(X_nd)
         trainer = self.trainer_
         if trainer.finished:
             trainer.config.epochs += 1  # partial_fit may go on past the configured epochs
@@ -325,6 +341,23 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
             X = X * X.dtype.type(self.input_scale)
         return X
 
+    def _record_input_mean(self, X_nd) -> None:
+        """With ``center_input``: the training rows' mean into ``preprocess_["input_mean"]`` (kept with the
+        model, in its checkpoints), in the model's dtype, summed in float64; without: none kept."""
+        preprocess = dict(self.preprocess_)
+        preprocess.pop(INPUT_MEAN, None)
+        if self.center_input:
+            preprocess[INPUT_MEAN] = to_host(X_nd.mean(axis=0, dtype=np.float64)).astype(self.dtype)
+        self.preprocess_ = preprocess
+
+    def _centred(self, X_nd):
+        """``X_nd`` minus the training mean when the model was trained on centred inputs, else as it is."""
+        mean_d = self.preprocess_.get(INPUT_MEAN)
+        if mean_d is None or X_nd is None:
+            return X_nd
+        xp = array_module(X_nd)
+        return X_nd - (xp.asarray(mean_d) if xp is not np else mean_d).astype(X_nd.dtype)
+
     def _to_device(self, X_nd):
         if X_nd is None:
             return None
@@ -351,7 +384,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         dtype (computed in the model's ``dtype``).
         """
         check_is_fitted(self)
-        X = self._check_X(X, reset=False)
+        X = self._centred(self._check_X(X, reset=False))
         alpha = self.alpha if alpha is None else alpha
         params, backend = self.params_, self.trainer_.backend
         is_host = array_module(X) is np
@@ -375,7 +408,8 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
             raise KsaeError(f"codes of shape {tuple(X.shape)} do not fit this model; expected N x {H}")
         backend = self.trainer_.backend
         with backend.use():
-            Xhat = model.decode(self.params_, backend.asarray(X, dtype=self.trainer_.dtype))
+            Xhat = model.decode(raw_input_params(self.params_, self.preprocess_),
+                                backend.asarray(X, dtype=self.trainer_.dtype))
         out_dtype = X.dtype if X.dtype.kind == "f" else self.trainer_.dtype
         return (to_host(Xhat) if array_module(X) is np else Xhat).astype(out_dtype, copy=False)
 
@@ -389,7 +423,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         ``valid`` column for the validation set).
         """
         check_is_fitted(self)
-        X = self._check_X(X, reset=False)
+        X = self._centred(self._check_X(X, reset=False))
         with self.trainer_.backend.use():
             return -self.trainer_.evaluate_loss(self._to_device(X))
 
@@ -417,7 +451,8 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         est = cls(n_hidden=config.hidden, k=config.k, k_start=config.k_start, epochs=config.epochs,
                   batch_size=config.batch_size, lr=config.lr, momentum=config.momentum, sigma=config.sigma,
                   topk=config.topk, seed=config.seed, dtype=config.dtype, device=device,
-                  activation=config.activation, step=config.step, warm_start=True)
+                  activation=config.activation, step=config.step, warm_start=True, aux_k=config.aux_k,
+                  aux_coef=config.aux_coef, dead_window=config.dead_window, center_input=config.center_input)
         est._restore(ckpt, resolve_device(device))
         est.preprocess_ = dict(ckpt.preprocess)
         est.run_id_ = ckpt.run_id

@@ -61,6 +61,15 @@ class TrainConfig:
     step: str = "auto"
     # Whether lr was derived from the data (lr "auto", see learning_rate.py); lr holds the rate.
     lr_auto: bool = False
+    # Beyond the paper (issue 35), all off by default. aux_k > 0: the auxiliary loss of Gao et al.
+    # (2024) on the dead units (model.loss_and_grads_auxk), weighted by aux_coef (1/32, as theirs).
+    # A unit is dead when no example of the last dead_window examples kept it (also what the
+    # dead_window_fraction metric counts, whatever aux_k). center_input: the training mean is
+    # subtracted from every input (the estimator does it, and keeps the mean with the model).
+    aux_k: int = 0
+    aux_coef: float = 1 / 32
+    dead_window: int = 10000
+    center_input: bool = False
 
     def validate(self, n_train: int | None = None, name=cli_name) -> None:
         """Raise :class:`KsaeError` naming the first bad option and what is allowed.
@@ -96,6 +105,12 @@ class TrainConfig:
         # (lr is checked against the data: learning_rate.check_rate_moves_weights)
         check_in_dtype(self.dtype, **{name("sigma"): ("sigma", self.sigma), name("momentum"): ("momentum", self.momentum)})
         choose_step(self.step, self.k, self.hidden, flag=name("step"))
+        if isinstance(self.aux_k, bool) or not isinstance(self.aux_k, (int, np.integer)) or not 0 <= self.aux_k <= self.hidden:
+            raise KsaeError(f"{name('aux_k')} {self.aux_k} is not allowed; use 0 (off) to {name('hidden').lstrip('-')} "
+                            f"({self.hidden}) dead units per example")
+        if self.aux_k:
+            check_positive_finite(name("aux_coef"), self.aux_coef, "weight of the auxiliary loss")
+        check_positive_count(name("dead_window"), self.dead_window, "examples")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -122,6 +137,11 @@ class EpochReport:
     # Seconds of the epoch's parts: "shuffle" (the permutation), "batches" (gathering each batch's
     # rows), "steps" (forward and backward), "updates" (momentum SGD), "validation".
     parts: dict = dataclasses.field(default_factory=dict)
+    # Units no example kept in the last dead_window examples, at the end of the epoch (counted
+    # since the run started, so 0 until dead_window examples have been trained on).
+    dead_window_fraction: float | None = None
+    # With aux_k: the mean auxiliary loss of the epoch's batches (after a resume mid-epoch, of those since).
+    aux_loss: float | None = None
 
 
 class Trainer:
@@ -130,6 +150,9 @@ class Trainer:
     # Whether this trainer's _batch_gradients takes the sparse step when --step resolves to it
     # (then W is stored in Fortran order for it). The distributed trainers take the dense step.
     takes_sparse_step = True
+    # Whether this trainer counts, per unit, the examples since one last kept it (the dead-window
+    # metric and AuxK's dead units); the distributed trainers hold blocks of units or of examples: not yet.
+    tracks_dead_units = True
 
     def __init__(self, config: TrainConfig, backend: Backend, D: int, checkpoint: Checkpoint | None = None):
         config.validate()
@@ -145,6 +168,7 @@ class Trainer:
             self.params = self._resident(host_params)
             self.optimizer = MomentumSGD(self.params, config.momentum, xp)
             self.epoch, self.step, self.batch_in_epoch, self.epoch_perm = 0, 0, 0, None
+            since_kept_h = np.zeros(config.hidden, dtype=np.int64)
         else:
             self.rng = np.random.default_rng()
             self.rng.bit_generator.state = checkpoint.rng_state
@@ -154,6 +178,11 @@ class Trainer:
                 self.optimizer.velocities[name][...] = backend.asarray(value)
             self.epoch, self.step = checkpoint.epoch, checkpoint.step
             self.batch_in_epoch, self.epoch_perm = checkpoint.batch_in_epoch, checkpoint.epoch_perm
+            # Checkpoints from before the dead-unit state: as at the start of a run.
+            since_kept_h = checkpoint.units.get("since_kept_h", np.zeros(config.hidden, dtype=np.int64))
+        # Per hidden unit: examples trained on since an example last kept it (dead at dead_window).
+        self.since_kept_h = backend.asarray(np.asarray(since_kept_h, dtype=np.int64))
+        self._aux_loss_sum, self._aux_batches = 0.0, 0  # with aux_k: this session's batches of the epoch
         self.stop_requested = False  # set (e.g. by a SIGINT handler) to stop after the current step
 
     def _resident(self, host_params):
@@ -222,13 +251,14 @@ class Trainer:
         # One count per hidden unit held here (all of them, or this rank's block).
         kept_count_h = xp.zeros(self.params["b_h"].shape[0], dtype=np.int64)
         loss_sum, loss_batches = 0.0, 0
+        self._aux_loss_sum, self._aux_batches = 0.0, 0  # with aux_k: this session's batches of the epoch
         first_batch = self.batch_in_epoch
         parts["shuffle"] = clock() - start
         for b in range(first_batch, n_batches):
             t0 = clock()
             X_nd = X_train_nd[order[b * cfg.batch_size:(b + 1) * cfg.batch_size]]  # a copy of this batch's rows only
             t1 = clock()
-            loss, grads, kept_h = self._batch_gradients(X_nd, k)
+            loss, grads, kept_h = self._gradients(X_nd, k)
             if not math.isfinite(loss):
                 raise TrainingDiverged(f"the loss became {loss} at epoch {self.epoch + 1}, step {self.step + 1} with "
                                        f"learning rate {cfg.lr}", loss, self.epoch + 1, self.step + 1, cfg.lr)
@@ -238,6 +268,7 @@ class Trainer:
             parts["steps"] += t2 - t1
             parts["updates"] += clock() - t2  # on a GPU the parts are launch times until the synchronize below
             kept_count_h += kept_h
+            self._note_kept(kept_h, X_nd.shape[0])
             loss_sum += loss
             loss_batches += 1
             self.step += 1
@@ -264,6 +295,8 @@ class Trainer:
             samples_per_s=samples / seconds if seconds > 0 else float("inf"),
             seconds=seconds,
             parts={name: round(value, 4) for name, value in parts.items()},
+            dead_window_fraction=self.dead_window_fraction() if self.tracks_dead_units else None,
+            aux_loss=self._aux_loss_sum / max(self._aux_batches, 1) if self.config.aux_k else None,
         )
 
     def _check_health(self, loss_sum: float, valid_loss: float | None) -> None:
@@ -297,6 +330,46 @@ class Trainer:
         loss, grads, cache = step(self.params, X_nd, k, self.config.topk, self.config.activation, **options)
         kept_h = self.backend.xp.bincount(cache.idx_nk.ravel(), minlength=self.config.hidden)
         return loss, grads, kept_h
+
+    def _gradients(self, X_nd, k: int):
+        """``(loss, grads, kept_h)``: :meth:`_batch_gradients` (the paper's step), or with ``aux_k`` the
+        AuxK step (beyond the paper, :mod:`ksae_cupy.auxk_step`), its auxiliary loss added to the epoch's."""
+        if not self.config.aux_k:
+            return self._batch_gradients(X_nd, k)
+        if not self.tracks_dead_units:
+            raise KsaeError(f"aux_k {self.config.aux_k}: the auxiliary loss is not available in the distributed "
+                            f"trainers yet; train with one process, or without it")
+        loss, aux_loss, grads, kept_h = self.auxk_batch_gradients(X_nd, k)
+        self._aux_loss_sum += aux_loss
+        self._aux_batches += 1
+        return loss, grads, kept_h
+
+    def auxk_batch_gradients(self, X_nd, k: int, params=None):
+        """``(loss, aux_loss, grads, kept_h)`` of one minibatch with the auxiliary loss on the units dead now."""
+        from ksae_cupy.auxk_step import loss_and_grads_auxk_for, loss_and_grads_sparse_auxk
+
+        cfg = self.config
+        step = loss_and_grads_auxk_for(cfg.step, k, cfg.hidden)
+        options = {"defer_weight_gradient": True, "lanes": self._lanes(k)} if step is loss_and_grads_sparse_auxk else {}
+        loss, aux_loss, grads, cache = step(self.params if params is None else params, X_nd, k, self.dead_h(),
+                                            cfg.aux_k, cfg.aux_coef, cfg.topk, cfg.activation, **options)
+        kept_h = self.backend.xp.bincount(cache.idx_nk.ravel(), minlength=cfg.hidden)
+        return loss, aux_loss, grads, kept_h
+
+    def _note_kept(self, kept_h, n_examples: int) -> None:
+        """Count ``n_examples`` more for every unit this batch kept in no example; reset those it kept."""
+        if not self.tracks_dead_units:
+            return
+        self.since_kept_h += n_examples
+        self.since_kept_h[kept_h > 0] = 0
+
+    def dead_h(self):
+        """Mask of the units no example kept in the last ``dead_window`` examples."""
+        return self.since_kept_h >= self.config.dead_window
+
+    def dead_window_fraction(self) -> float:
+        """The fraction of units dead over the last ``dead_window`` examples (:meth:`dead_h`)."""
+        return float(to_host(self.dead_h().mean()))
 
     def step_seconds(self, X_nd, k: int, steps: int = 5) -> float:
         """Median seconds of one training step (gradients and momentum update) at ``k`` on the
@@ -353,4 +426,5 @@ class Trainer:
             batch_in_epoch=self.batch_in_epoch, rng_state=self.rng.bit_generator.state,
             epoch_perm=self.epoch_perm if self.batch_in_epoch else None,
             preprocess=dict(preprocess or {}),
+            units={"since_kept_h": to_host(self.since_kept_h)},
         )
