@@ -156,8 +156,17 @@ def save_activity_histograms(activities: dict, path, bins: int = 100, size=(800,
 
 
 def save_training_curves(metrics: list[dict], path, title: str = "", size=(900, 500), dpi: int = 100) -> tuple[int, int]:
+    """:func:`training_curves_figure` written to ``path``; returns (width, height)."""
+    fig = training_curves_figure(metrics, title, size, dpi)
+    fig.savefig(str(path), dpi=dpi)
+    return size[0], size[1]
+
+
+def training_curves_figure(metrics: list[dict], title: str = "", size=(900, 500), dpi: int = 100):
     """Training and validation loss (log scale, left axis) and k (right axis) over epochs, from a
-    run's ``metrics.jsonl`` records. Returns (width, height)."""
+    run's ``metrics.jsonl`` records; below them the dead units: the fraction no example kept during
+    each epoch, and (where logged) the fraction kept in none of the last ``dead_window`` examples at
+    its end. Returns the matplotlib figure."""
     require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -167,13 +176,13 @@ def save_training_curves(metrics: list[dict], path, title: str = "", size=(900, 
     epochs = [m["epoch"] for m in metrics]
     fig = Figure(figsize=(size[0] / dpi, size[1] / dpi), dpi=dpi)
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
+    grid = fig.add_gridspec(2, 1, height_ratios=(3, 1))
+    ax = fig.add_subplot(grid[0])
     ax.plot(epochs, [m["train_loss"] for m in metrics], label="training loss", linewidth=1.2)
     valid = [(m["epoch"], m["valid_loss"]) for m in metrics if m.get("valid_loss") is not None]
     if valid:
         ax.plot(*zip(*valid), label="validation loss", linewidth=1.2)
     ax.set_yscale("log")
-    ax.set_xlabel("epoch")
     ax.set_ylabel("0.5 ||x - xhat||^2 per example")
     k_axis = ax.twinx()
     k_axis.plot(epochs, [m["k"] for m in metrics], color="grey", linestyle="--", linewidth=1, label="k")
@@ -183,9 +192,17 @@ def save_training_curves(metrics: list[dict], path, title: str = "", size=(900, 
     more_lines, more_labels = k_axis.get_legend_handles_labels()
     ax.legend(lines + more_lines, labels + more_labels, fontsize="small", loc="upper right")
     ax.set_title(title or f"{len(epochs)} epochs")
+    dead_ax = fig.add_subplot(grid[1], sharex=ax)
+    dead_ax.plot(epochs, [100 * m["dead_fraction"] for m in metrics], linewidth=1, label="dead over the epoch")
+    window = [(m["epoch"], 100 * m["dead_window_fraction"]) for m in metrics if m.get("dead_window_fraction") is not None]
+    if window:
+        dead_ax.plot(*zip(*window), linewidth=1, label="dead over the last dead_window examples")
+    dead_ax.set_ylabel("dead units (%)")
+    dead_ax.set_ylim(bottom=0)
+    dead_ax.set_xlabel("epoch")
+    dead_ax.legend(fontsize="small", loc="upper right")
     fig.tight_layout()
-    fig.savefig(str(path), dpi=dpi)
-    return size[0], size[1]
+    return fig
 
 
 def png_size(path) -> tuple[int, int]:

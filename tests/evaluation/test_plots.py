@@ -92,3 +92,20 @@ def test_plot_curves_draws_loss_and_k_of_a_run_and_refuses_an_empty_one(tmp_path
     assert plots.png_size(tmp_path / "c.png") == (900, 500)
     (run / "metrics.jsonl").write_text("")
     assert_one_line_error(CliRunner().invoke(plot_command, ["curves", str(run)]), "no epochs logged")
+
+
+def test_curves_show_the_dead_units_over_the_epoch_and_over_the_window():
+    records = [{"epoch": e, "k": 25, "train_loss": 1.0 / e, "valid_loss": None, "dead_fraction": 0.2 / e,
+                "dead_window_fraction": 0.3 / e if e > 1 else None} for e in range(1, 5)]
+    fig = plots.training_curves_figure(records)
+    dead_ax = fig.axes[-1]
+    assert dead_ax.get_ylabel() == "dead units (%)"
+    lines = {line.get_label(): line for line in dead_ax.get_lines()}
+    np.testing.assert_allclose(lines["dead over the epoch"].get_ydata(), [20, 10, 20 / 3, 5])
+    window = lines["dead over the last dead_window examples"]  # epochs that logged it only
+    np.testing.assert_allclose(window.get_xdata(), [2, 3, 4])
+    np.testing.assert_allclose(window.get_ydata(), [15, 10, 7.5])
+    # A run logged before the window metric: the epoch's curve alone.
+    older = [{key: value for key, value in r.items() if key != "dead_window_fraction"} for r in records]
+    assert [line.get_label() for line in plots.training_curves_figure(older).axes[-1].get_lines()] == [
+        "dead over the epoch"]
