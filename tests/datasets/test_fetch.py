@@ -269,3 +269,24 @@ def test_the_official_fashion_mnist_files_match_their_digests():
     if not folder.is_dir():
         pytest.skip(f"Debian's dataset-fashion-mnist is not installed ({folder} is absent)")
     assert [verify_file(folder, spec)[0] for spec in fashion_mnist.FILES] == ["ok"] * 4
+
+
+def test_ksae_data_fetch_prints_one_line_per_file_and_failures_only_when_all_failed(server, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from ksae_cupy.cli.data import data_command
+
+    specs = [FileSpec("f.bin", SHA), FileSpec("g.bin", SHA)]
+    monkeypatch.setitem(_Handler.routes, "/good/g.bin", (PAYLOAD, None))
+    mirrors = [src(server, "missing"), src(server, "wrong"), src(server, "good")]  # two fail for each file
+    monkeypatch.setitem(catalog.DATASET_FILES, "demo", ("demo", specs, mirrors))
+    fetched = CliRunner().invoke(data_command, ["fetch", "demo", "--data-dir", str(tmp_path)])
+    assert fetched.exit_code == 0, fetched.output
+    assert fetched.stderr.splitlines() == [f"fetched {name} from {server}/good/" for name in ("f.bin", "g.bin")]
+    # Every source failing: one error line naming each failure, the only time failures are shown.
+    monkeypatch.setitem(_Handler.routes, "/wrong/h.bin", (PAYLOAD[::-1], None))
+    monkeypatch.setitem(catalog.DATASET_FILES, "demo", ("demo", [FileSpec("h.bin", SHA)], mirrors[:2]))
+    failed = CliRunner().invoke(data_command, ["fetch", "demo", "--data-dir", str(tmp_path)])
+    assert failed.exit_code == 2 and len(failed.stderr.splitlines()) == 1, failed.output
+    assert failed.stderr.startswith("error: could not fetch h.bin")
+    assert f"{server}/missing/: HTTPError: HTTP Error 404" in failed.stderr and f"{server}/wrong/: h.bin sha256" in failed.stderr
