@@ -78,10 +78,11 @@ BASELINES = ("rbm", "dropout-ae", "denoising-ae", "dropout-denoising-ae")
               help="Training step: dense, sparse (only layer 1's X W1 dense; k-sparse layers, no dropout, CPU), or "
                    "auto (sparse where it applies, else dense). Allowed with --resume.")
 @click.option("--threads", type=int, default=None,
-              help="Threads on the CPU, for BLAS and the CPU kernels. [default: one per free core; on --resume, "
-                   "the run's]")
+              help="Threads on the CPU, for BLAS and the CPU kernels. [default: OMP_NUM_THREADS or its kin when "
+                   "set, else one per free core (the load average counts the busy ones); on --resume, the run's]")
 @click.option("--run-dir", type=GivenPath(path_type=Path), default=None,
-              help="[default: runs/finetune-<dataset>-<time>]")
+              help="Folder for checkpoint.h5, config.json, metrics.jsonl and finetune.json. "
+                   "[default: runs/finetune-<dataset>-<time>]")
 @click.option("--checkpoint-every", type=int, default=10, help="Write a checkpoint every N epochs (and at the end).")
 @click.option("--checkpoint-minutes", type=float, default=5.0,
               help="Also write one whenever this many minutes have passed (mid-epoch if need be; 0: by epochs only).")

@@ -142,3 +142,43 @@ def test_the_data_root_default_is_the_one_the_help_names(tmp_path, monkeypatch):
     monkeypatch.setenv("KSAE_DATA_DIR", str(tmp_path / "elsewhere"))
     listed = CliRunner().invoke(data_command, ["list"])
     assert listed.exit_code == 0 and f"present in {tmp_path / 'elsewhere' / 'mnist'}" in listed.output, listed.output
+
+
+def test_ksae_baseline_uses_the_defaults_its_help_shows(tmp_path):
+    from ksae_cupy.cli.baseline import baseline_command
+
+    run = tmp_path / "run"
+    result = CliRunner().invoke(baseline_command, ["synthetic", "--model", "dropout-ae", "--hidden", "16",
+                                                   "--epochs", "1", "--run-dir", str(run)])
+    assert result.exit_code == 0, result.output
+    config = json.loads((run / "config.json").read_text())
+    for name in ("batch_size", "momentum", "sigma", "seed", "dtype"):
+        assert config["baseline"][name] == shown_default(baseline_command, name), name
+    for name in ("checkpoint_every", "checkpoint_minutes", "progress_seconds"):
+        assert config[name] == shown_default(baseline_command, name), name
+    help_of = {o.name: o.help for o in options(baseline_command)}
+    # "[default: 0.05 (rbm), 0.003 (autoencoders)]" and "[default: 2e-4 (rbm), 0 (autoencoders)]".
+    assert "0.003 (autoencoders)" in help_of["lr"] and config["baseline"]["lr"] == 0.003
+    assert "0 (autoencoders)" in help_of["weight_decay"] and config["baseline"]["weight_decay"] == 0
+
+
+def test_ksae_finetune_uses_the_defaults_its_help_shows(tmp_path):
+    from ksae_cupy.cli.finetune import finetune_command
+
+    run = tmp_path / "run"
+    result = CliRunner().invoke(finetune_command, ["--dataset", "synthetic", "--no-pretraining", "--hidden", "16",
+                                                   "--k", "4", "--epochs", "1", "--run-dir", str(run)])
+    assert result.exit_code == 0, result.output
+    config = json.loads((run / "config.json").read_text())
+    for name in ("batch_size", "momentum", "sigma", "seed", "dtype", "step", "lr_start", "lr_end"):
+        assert config["finetune"][name] == shown_default(finetune_command, name), name
+    for name in ("alpha", "checkpoint_every", "checkpoint_minutes"):
+        assert config[name] == shown_default(finetune_command, name), name
+    help_of = {o.name: o.help for o in options(finetune_command)}
+    # "[default: all (shallow); softmax,top,all (deep)]": one layer here.
+    assert "[default: all (shallow)" in help_of["phases"] and config["finetune"]["phases"] == ["all"]
+    # The split options' words: "[default: 0.1]", "[default: 0]", "[default: 0]".
+    assert (config["data"]["valid_fraction"], config["data"]["test_fraction"], config["data"]["split_seed"]) == (
+        0.1, 0.0, 0)
+    assert all(f"[default: {v}]" in help_of[n] for n, v in
+               (("valid_fraction", "0.1"), ("test_fraction", "0"), ("split_seed", "0")))
