@@ -176,10 +176,11 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
         if resolved_config.lr_auto:
             say(f"--lr auto: {resolved_config.lr} for this data ({describe_auto_lr(data.X_train)})")
         check_training_memory(backend, data.dim, config.hidden, config.batch_size, config.dtype)
-        from ksae_cupy.training.learning_rate import check_rate_moves_weights
+        from ksae_cupy.training.learning_rate import check_data_scale, check_rate_moves_weights
         from ksae_cupy.training.trainer import Trainer
 
-        # fit checks it too, but only after the run folder is made: say it before anything is written
+        # fit checks them too, but only after the run folder is made: say it before anything is written
+        check_data_scale(data.X_train, resolved_config, "--lr")
         check_rate_moves_weights(Trainer(resolved_config, backend, D=data.dim), data.X_train, "--lr")
         model.preprocess_ = dict(data.preprocess)
     elif model.trainer_.params["W_dh"].shape[0] != data.dim:

@@ -147,7 +147,7 @@ def check_data_scale(X_nd, config, flag: str = "lr") -> None:
         command_line = flag.startswith("--")
         auto = f"{flag} auto" if command_line else f"{flag}='auto'"
         pixels = "divide by 255" if command_line else "divide by 255, or input_scale=1/255"
-        raise KsaeError(f"{flag} {config.lr} is too large for the scale of X (mean squared norm {msq:.4g} over {D} "
-                        f"features): momentum SGD diverges above (1 + momentum) D / (2 E||x||^2) = {limit:.3g} there; "
-                        f"scale X down (8-bit pixels: {pixels}), or use {auto} ({auto_learning_rate(X_nd)} for this "
-                        f"data)")
+        raise KsaeError(f"{flag} {config.lr} is above the rate at which momentum SGD can train this data: X's mean "
+                        f"squared norm is {msq:.4g} over {D} features, and above (1 + momentum) D / (2 E||x||^2) = "
+                        f"{limit:.3g} it diverges; use a smaller rate or {auto} ({auto_learning_rate(X_nd)} for this "
+                        f"data), or scale X down (8-bit pixels: {pixels})")

@@ -59,8 +59,9 @@ def test_integer_input_is_converted_to_float_and_its_scale_checked():
     """As scikit-learn does, numeric integers become floats; 8-bit pixels as they are would then
     diverge at the paper's rate, which fit says up front, naming the data's scale (not the rate)."""
     pixels = (unit_scale() * 255).astype(np.uint8)
-    with pytest.raises(KsaeError, match=r"^lr 0.01 is too large for the scale of X \(mean squared norm .* over 16 "
-                                        r"features\).*divide by 255, or input_scale=1/255\), or use lr='auto'"):
+    with pytest.raises(KsaeError, match=r"^lr 0.01 is above the rate at which momentum SGD can train this data: X's "
+                                        r"mean squared norm is .* over 16 features.*lr='auto'.*divide by 255, or "
+                                        r"input_scale=1/255"):
         small().fit(pixels)
     binary = (unit_scale() > 0.5).astype(np.int64)  # integers on a unit scale train as their floats do
     np.testing.assert_array_equal(small().fit(binary).components_, small().fit(binary.astype(np.float64)).components_)
