@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from ksae_cupy import model
-from ksae_cupy.auxk_step import TwoRowScatterGradient, loss_and_grads_sparse_auxk
+from ksae_cupy.auxk_step import GradientWithDeadRows, loss_and_grads_sparse_auxk
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.sparse_step import loss_and_grads_sparse, sparse_layout
 from gradcheck import KinkError, numerical_gradient, relative_error
@@ -111,7 +111,7 @@ def test_deferred_update_by_two_scatters_equals_the_dense_update():
                 results[0][1][name]
         v0 = {name: v.copy() for name, v in opt.velocities.items()}
         _, _, grads, _ = loss_and_grads_sparse_auxk(p, X_nd, k, dead_h, 7, 0.5, defer_weight_gradient=defer)
-        assert isinstance(grads["W_dh"], TwoRowScatterGradient) == defer
+        assert isinstance(grads["W_dh"], GradientWithDeadRows) == defer
         opt.step(p, grads, 0.05)
         results.append((p, v0))
     for name in model.PARAM_NAMES:
