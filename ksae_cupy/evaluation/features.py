@@ -130,7 +130,7 @@ def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid"
                     features = encode(alpha, dataset.X_train), encode(alpha, dataset.X_valid)
                 F_train, F_valid = features
                 model = classifier.fit(F_train, y_train, n_classes, l2, max_iter=max_iter, init=previous,
-                                       should_stop=stop.is_set)
+                                       should_stop=progress.watch(f"alpha={_fmt_alpha(alpha)} l2={l2:g}", stop))
                 trial = Trial(alpha=alpha, l2=float(l2), valid_error=classifier.error_rate(model, F_valid, y_valid),
                               train_error=classifier.error_rate(model, F_train, y_train), n_iter=model.n_iter,
                               converged=model.converged, seconds=round(model.seconds, 3))

@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ import numpy as np
 from ksae_cupy.evaluation.classifier import SoftmaxModel
 
 FITS_FILE = "eval-fits.npz"
+HEARTBEAT_S = 60.0  # a fit running longer than this says so, once a minute
 
 
 class EvaluationInterrupted(Exception):
@@ -129,6 +131,23 @@ class GridProgress:
     def say(self, line: str) -> None:
         with self._lock:
             self.log(line)
+
+    def watch(self, label: str, stop: threading.Event):
+        """A fit's ``should_stop``: true once ``stop`` is set; meanwhile, a line every
+        ``HEARTBEAT_S`` seconds, so a slow fit (minutes on a loaded machine) is seen to be working."""
+        started = last = time.perf_counter()
+        passes = 0
+
+        def should_stop() -> bool:
+            nonlocal last, passes
+            now = time.perf_counter()
+            if passes and now - last >= HEARTBEAT_S:
+                last = now
+                self.say(f"  ... {label}: still fitting, {passes} passes over the data in {format_seconds(now - started)}")
+            passes += 1
+            return stop.is_set()
+
+        return should_stop
 
 
 def format_seconds(seconds: float) -> str:

@@ -189,3 +189,18 @@ def test_sigterm_mid_grid_exits_143_and_keeps_the_fits(synthetic_run, threads):
     stored = np.load(synthetic_run / grid.FITS_FILE)
     assert len(json.loads(str(stored["meta"]))["fits"]) >= 1
     assert not (synthetic_run / "eval.json").exists()
+
+
+def test_a_long_fit_says_it_is_still_working(run_and_data, monkeypatch):
+    run, data = run_and_data
+    monkeypatch.setattr(grid, "HEARTBEAT_S", 0.0)  # every pass after the first counts as long
+    lines = []
+    evaluate.evaluate_run(run, alphas=[1], l2_grid=[1e-2], dataset=data, log=lines.append)
+    still = [line for line in lines if "still fitting" in line]
+    assert still and all("alpha=1 l2=0.01: still fitting" in line for line in still)
+    counts = [int(line.split("still fitting, ")[1].split()[0]) for line in still]
+    assert counts == list(range(1, len(counts) + 1))  # the passes made so far, one more each time
+    quiet = []
+    monkeypatch.setattr(grid, "HEARTBEAT_S", 1e9)
+    evaluate.evaluate_run(run, alphas=[1], l2_grid=[1e-2], dataset=data, log=quiet.append)
+    assert not any("still fitting" in line for line in quiet)  # control: a fit shorter than the beat is silent
