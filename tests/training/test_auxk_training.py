@@ -142,3 +142,32 @@ def test_cli_records_the_options_and_resume_refuses_other_values(tmp_path):
     refused = CliRunner().invoke(train_command, ["--resume", str(run_dir), "--aux-k", "6", "--epochs", "3"])
     assert refused.exit_code != 0
     assert "--aux-k 6 (the run has 5)" in refused.output and "Traceback" not in refused.output
+
+
+def test_ksae_eval_encodes_a_centred_run_as_its_estimator_does(tmp_path, monkeypatch):
+    from ksae_cupy.evaluation import features
+
+    data = tmp_path / "d.npz"
+    y = np.arange(len(X_nd)) % 3
+    np.savez(data, X=X_nd + 2.0, y=y)
+    run_dir = tmp_path / "run"
+    args = [str(data), "--hidden", "40", "--k", "3", "--no-k-schedule", "--epochs", "1", "--batch-size", "50",
+            "--center-input", "--run-dir", str(run_dir), "--quiet", "--lr", "0.01"]
+    result = CliRunner().invoke(train_command, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    seen = {}
+
+    class Seen(Exception):
+        pass
+
+    def capture(encode, dataset, *args, **kwargs):  # ksae-eval's features, then stop before any classifier
+        seen["codes"], seen["X"] = encode(1.0, dataset.X_train[:20]), dataset.X_train[:20]
+        raise Seen
+
+    monkeypatch.setattr(features, "select_and_test", capture)
+    with pytest.raises(Seen):
+        features.evaluate_run(run_dir, alphas=[1.0])
+    estimator = KSparseAutoencoder.load(run_dir / "checkpoint.h5", device="cpu")
+    codes = seen["codes"].toarray() if hasattr(seen["codes"], "toarray") else np.asarray(seen["codes"])
+    np.testing.assert_allclose(codes, estimator.transform(seen["X"]), rtol=1e-4, atol=1e-5)
+    assert np.abs(codes).sum() > 0
