@@ -346,7 +346,7 @@ def evaluate_run(run_dir, alphas=DEFAULT_ALPHAS, l2_grid=DEFAULT_L2, refit: str 
         return sparse_features(ckpt.params, X_nd, k, alpha, topk_method, backend, activation=activation)
 
     store = grid.FitStore(run_dir / grid.FITS_FILE, grid.fingerprint(
-        run_dir / "checkpoint.h5", dataset.summary(), max_iter=max_iter, topk=topk_method, activation=activation))
+        run_dir / "checkpoint.h5", dataset, max_iter=max_iter, topk=topk_method, activation=activation))
     result = {
         "run_dir": str(run_dir), "dataset": dataset.name, "k": k, "hidden": H, "epoch": ckpt.epoch,
         "device": backend.name, "alphas": list(alphas), "l2_grid": sorted(l2_grid, reverse=True), "max_iter": max_iter,

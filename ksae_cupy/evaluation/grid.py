@@ -39,13 +39,19 @@ class EvaluationInterrupted(Exception):
         self.kept, self.path = kept, path
 
 
-def fingerprint(checkpoint_path: Path, dataset_summary: str, **settings) -> str:
-    """What a stored fit depends on: the checkpoint's bytes, the data and the fit settings."""
+def fingerprint(checkpoint_path: Path, dataset, **settings) -> str:
+    """What a stored fit depends on: the checkpoint's bytes, the training and validation data
+    (their labels whole, every thousandth row of their examples) and the fit settings."""
     digest = hashlib.sha256()
     with open(checkpoint_path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
-    digest.update(json.dumps({"data": dataset_summary, **settings}, sort_keys=True).encode())
+    for array in (dataset.X_train, dataset.y_train, dataset.X_valid, dataset.y_valid):
+        array = np.asarray(array)
+        digest.update(repr((array.shape, array.dtype.str)).encode())
+        sample = array[:: max(1, len(array) // 1000)] if array.ndim > 1 else array
+        digest.update(np.ascontiguousarray(sample).tobytes())
+    digest.update(json.dumps({"data": dataset.summary(), **settings}, sort_keys=True).encode())
     return digest.hexdigest()
 
 

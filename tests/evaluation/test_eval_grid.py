@@ -204,3 +204,15 @@ def test_a_long_fit_says_it_is_still_working(run_and_data, monkeypatch):
     monkeypatch.setattr(grid, "HEARTBEAT_S", 1e9)
     evaluate.evaluate_run(run, alphas=[1], l2_grid=[1e-2], dataset=data, log=quiet.append)
     assert not any("still fitting" in line for line in quiet)  # control: a fit shorter than the beat is silent
+
+
+def test_fits_made_with_other_labels_are_not_reused(run_and_data, monkeypatch):
+    run, data = run_and_data
+    grid_args = dict(alphas=[1], l2_grid=[1e-2, 1e-3], log=lambda *_: None)
+    counting_fits(monkeypatch, stop_after=1)
+    with pytest.raises(grid.EvaluationInterrupted):
+        evaluate.evaluate_run(run, dataset=data, **grid_args)
+    data.y_train = (data.y_train + 1) % 4  # e.g. another --labels file, same shapes
+    calls = counting_fits(monkeypatch)
+    evaluate.evaluate_run(run, dataset=data, **grid_args)
+    assert len(calls) == 3
