@@ -193,14 +193,16 @@ def training_curves_figure(metrics: list[dict], title: str = "", size=(900, 500)
     ax.legend(lines + more_lines, labels + more_labels, fontsize="small", loc="upper right")
     ax.set_title(title or f"{len(epochs)} epochs")
     dead_ax = fig.add_subplot(grid[1], sharex=ax)
-    dead_ax.plot(epochs, [100 * m["dead_fraction"] for m in metrics], linewidth=1, label="dead over the epoch")
-    window = [(m["epoch"], 100 * m["dead_window_fraction"]) for m in metrics if m.get("dead_window_fraction") is not None]
-    if window:
-        dead_ax.plot(*zip(*window), linewidth=1, label="dead over the last dead_window examples")
+    for key, label in (("dead_fraction", "dead over the epoch"),
+                       ("dead_window_fraction", "dead over the last dead_window examples")):
+        points = [(m["epoch"], 100 * m[key]) for m in metrics if m.get(key) is not None]  # epochs that logged it
+        if points:
+            dead_ax.plot(*zip(*points), linewidth=1, label=label)
     dead_ax.set_ylabel("dead units (%)")
     dead_ax.set_ylim(bottom=0)
     dead_ax.set_xlabel("epoch")
-    dead_ax.legend(fontsize="small", loc="upper right")
+    if dead_ax.get_lines():
+        dead_ax.legend(fontsize="small", loc="upper right")
     fig.tight_layout()
     return fig
 
