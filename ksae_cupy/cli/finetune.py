@@ -105,6 +105,7 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
     from ksae_cupy.training.runs import FINETUNE, RunFolder
 
     say = (lambda *a, **kw: None) if quiet else click.echo
+    from ksae_cupy.training.checkpoint import CheckpointWriteError
     from ksae_cupy.training.checkpoint_policy import CheckpointPolicy
 
     policy = CheckpointPolicy(checkpoint_every, checkpoint_minutes)  # checks both before any work
@@ -280,11 +281,16 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
     stop = StopOnSignals(SimpleNamespace(trainer_=trainer), say)
     started = time.perf_counter()
     try:
-        policy.restart()  # the minutes count from the first step, not from loading
-        trainer.fit(X_train, y_train, X_valid, y_valid, on_epoch=on_epoch, on_batch=on_batch)
-    finally:
-        stop.restore()
-    save()
+        try:
+            policy.restart()  # the minutes count from the first step, not from loading
+            trainer.fit(X_train, y_train, X_valid, y_valid, on_epoch=on_epoch, on_batch=on_batch)
+        finally:
+            stop.restore()
+        save()
+    except CheckpointWriteError as exc:  # what to do next depends on whether a checkpoint is there to resume
+        raise exc.advise(f"continue the run with: ksae-finetune --resume {folder.path}" if exc.kept else
+                         f"start it again in another --run-dir (or after removing {folder.path}: it holds no "
+                         f"checkpoint)") from None
     if not trainer.finished:
         click.echo(f"interrupted in phase {trainer.phase}, epoch {trainer.epoch + 1}; checkpoint saved to "
                    f"{folder.checkpoint}; continue with: ksae-finetune --resume {folder.path}", err=True)

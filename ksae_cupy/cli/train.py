@@ -94,6 +94,7 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
     from ksae_cupy.cli.progress import RunProgress
     from ksae_cupy.cli.threads import set_blas_threads
     from ksae_cupy.datasets import load_dataset
+    from ksae_cupy.training.checkpoint import CheckpointWriteError
     from ksae_cupy.training.checkpoint_policy import CheckpointPolicy
     from ksae_cupy.training.estimator import KSparseAutoencoder
     from ksae_cupy.training.runs import RunFolder, dataset_record, default_run_dir
@@ -191,9 +192,9 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
     folder.create(log=lambda msg: say(msg, err=True), new=resume is None, overwrite=overwrite)
     model.run_id_ = folder.run_id  # every checkpoint carries the folder's identity
     if model.trainer_ is not None:
-        dropped = folder.truncate_metrics(model.trainer_.step)
+        dropped = folder.drop_metrics_after(model.trainer_.step, model.trainer_.epoch, model.trainer_.config.epochs)
         if dropped:
-            say(f"metrics.jsonl: dropped {dropped} line(s) logged after the checkpoint (those epochs run again)")
+            say(dropped)
     resolved = {**record, "train": resolved_config.to_dict()
                 if model.trainer_ is None else model.trainer_.config.to_dict(),
                 **every, "device": backend.name, "data_dir": str(data_dir) if data_dir else None,
@@ -234,6 +235,9 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
     try:
         model.fit(data.X_train, X_valid=data.X_valid, on_epoch=on_epoch, on_batch=on_batch,
                   checkpoint_path=folder.checkpoint, should_checkpoint=policy.after_epoch, option_names=cli_name)
+    except CheckpointWriteError as exc:  # what to do next depends on whether a checkpoint is there to resume
+        raise exc.advise(f"continue the run with: ksae-train --resume {folder.path}" if exc.kept else
+                         f"start the run again with --overwrite (no checkpoint was written to resume from)") from None
     finally:
         stop.restore()
         if progress is not None:

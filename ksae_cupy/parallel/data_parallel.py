@@ -167,7 +167,18 @@ def _host_allreducer(backend, allreduce):
 
 # -- command line ----------------------------------------------------------------------
 
-LAUNCH = "mpiexec -n {size} python -m mpi4py -m ksae_cupy.cli.mpi_train train"
+def _launch() -> str:
+    """How to start the MPI trainer again, with this interpreter (``python`` may be another one, or
+    none) and the ``mpiexec`` installed beside it (the mpi extra's MPICH) when there is one."""
+    import shlex
+    import sys
+
+    beside = Path(sys.executable).with_name("mpiexec")
+    mpiexec = shlex.quote(str(beside)) if beside.exists() else "mpiexec"
+    return f"{mpiexec} -n {{size}} {shlex.quote(sys.executable)} -m mpi4py -m ksae_cupy.cli.mpi_train train"
+
+
+LAUNCH = _launch()
 
 
 @dataclasses.dataclass
@@ -346,7 +357,7 @@ def _train(comm, MPI, dataset, config, settings, ckpt, folder, changes, record, 
         folder.create(log=lambda msg: say(msg, err=True), new=ckpt is None, overwrite=overwrite)  # locked until the end
         if ckpt is not None:
             folder.check_checkpoint(ckpt.run_id, ckpt.config)  # sets the run's identity (checked in _plan)
-        dropped = folder.truncate_metrics(ckpt.step) if ckpt is not None else 0
+        dropped = folder.drop_metrics_after(ckpt.step, ckpt.epoch, config.epochs) if ckpt is not None else None
         # A user file by absolute path and SHA-256 (a resume checks it); a resume keeps the run's record.
         folder.write_config({**(record if record is not None else dataset_record(dataset)), "train": config.to_dict(), **dataclasses.asdict(settings),
                              "run_dir": str(folder.path), "world_size": size})
@@ -357,7 +368,7 @@ def _train(comm, MPI, dataset, config, settings, ckpt, folder, changes, record, 
         at = f"after epoch {ckpt.epoch}, batch {ckpt.batch_in_epoch}" if ckpt.batch_in_epoch else f"after epoch {ckpt.epoch}"
         say(f"resuming {folder.path} {at} (step {ckpt.step})" + (f"; applied: {', '.join(changes)}" if changes else ""))
         if dropped:
-            say(f"metrics.jsonl: dropped {dropped} line(s) logged after the checkpoint (those epochs run again)")
+            say(dropped)
     say("config: " + json.dumps(config.to_dict(), sort_keys=True))
     say(f"run folder: {folder.path}")
     if trainer.finished:  # "done: 3 epochs in 0.0 s" would read as if it had trained them

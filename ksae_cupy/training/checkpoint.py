@@ -6,7 +6,8 @@ Layout (``format = "ksae-cupy checkpoint"``, ``format_version = 2``):
   (optimiser steps taken), ``batch_in_epoch`` (batches done in the unfinished epoch, 0 at
   an epoch boundary), ``config`` (JSON of every option that shaped the run), and ``run_id``
   (the run folder's identity, see :mod:`ksae_cupy.training.runs`; absent in older files and in
-  files the Python API saved outside a run folder);
+  files the Python API saved outside a run folder); mid-epoch, ``epoch_loss_sum`` and
+  ``epoch_loss_batches`` (the loss of the unfinished epoch's batches so far);
 * ``params/``: ``W_dh``, ``b_h``, ``c_d``;  ``optim/``: their velocities (same names);
 * ``rng/``: attribute ``state`` (JSON of NumPy's bit-generator state) and, mid-epoch,
   dataset ``epoch_perm`` (the order of the unfinished epoch);
@@ -40,6 +41,20 @@ UNSEALED_VERSIONS = (1,)
 PARAM_NAMES = ("W_dh", "b_h", "c_d")
 
 
+class CheckpointWriteError(KsaeError):
+    """A checkpoint (or model file) that could not be written; ``kept`` says whether an earlier
+    one is still at its path. Its message ends with generic advice; a command replaces it with
+    :meth:`advise`, naming what the folder's state allows (resume from the kept checkpoint, or
+    start again when none was ever written)."""
+
+    def __init__(self, what: str, kept: bool):
+        super().__init__(f"{what}; free space or fix the folder, then try again")
+        self.what, self.kept = what, kept
+
+    def advise(self, then: str) -> KsaeError:
+        return KsaeError(f"{self.what}; free space or fix the folder, then {then}")
+
+
 @dataclass
 class Checkpoint:
     """Everything needed to resume a run or use its model (all host arrays)."""
@@ -54,6 +69,10 @@ class Checkpoint:
     epoch_perm: np.ndarray | None = None
     preprocess: dict = field(default_factory=dict)
     run_id: str | None = None  # the run folder's identity (None: saved outside one, or before identities)
+    # Mid-epoch: the summed loss and the count of the batches already run in the unfinished epoch,
+    # so that the epoch's logged loss covers all its batches after a resume (0 in older files).
+    epoch_loss_sum: float = 0.0
+    epoch_loss_batches: int = 0
     units: dict = field(default_factory=dict)  # per-unit training state (since_kept_h); {} in older files
 
 
@@ -92,8 +111,7 @@ def write_hdf5_atomically(path: Path, write_fn, verify_fn) -> None:
         tmp.unlink(missing_ok=True)
         kept = f"the previous {path.name} is intact" if path.exists() else f"no {path.name} was written"
         reason = _failure_reason(_write_failure(exc))
-        raise KsaeError(f"could not write {path} ({reason}); {kept}; free space or fix the folder, "
-                        f"then continue the run with --resume") from None
+        raise CheckpointWriteError(f"could not write {path} ({reason}); {kept}", path.exists()) from None
 
 
 def _write_failure(exc: BaseException) -> OSError:
@@ -145,8 +163,28 @@ def read_hdf5_checked(path: Path, what: str, fmt: str, version: int, read_fn, un
             return read_fn(f)
     except KsaeError:
         raise
-    except (OSError, KeyError, ValueError, TypeError) as exc:
+    except OSError as exc:
+        cause = _system_cause(exc)
+        if cause is not None:  # the file could not be read at all: say why, not that it is damaged
+            raise KsaeError(one_line(f"cannot read {what} {path}: {cause}")) from None
         raise KsaeError(one_line(f"{path} is corrupt or truncated ({type(exc).__name__}: {exc})")) from None
+    except (KeyError, ValueError, TypeError) as exc:
+        raise KsaeError(one_line(f"{path} is corrupt or truncated ({type(exc).__name__}: {exc})")) from None
+
+
+def _system_cause(exc: OSError) -> str | None:
+    """The operating system's reason behind an HDF5 open or read failure (permission denied, an I/O
+    error, ...), or None when HDF5 itself found the file damaged. h5py keeps the errno on the
+    exception or inside its message (``errno = 13, error message = 'Permission denied'``)."""
+    import errno as errnos
+
+    number = exc.errno
+    if not number:
+        found = re.search(r"errno = (\d+)", str(exc))
+        number = int(found.group(1)) if found else 0
+    if not number or number == errnos.ENOENT and "errno" not in str(exc):
+        return None
+    return f"{os.strerror(number)} (errno {number}); check the file's permissions and the disk"
 
 
 def save_checkpoint(path: Path, ckpt: Checkpoint, fmt: str = FORMAT) -> None:
@@ -162,6 +200,9 @@ def save_checkpoint(path: Path, ckpt: Checkpoint, fmt: str = FORMAT) -> None:
         f.attrs["config"] = json.dumps(ckpt.config, sort_keys=True)
         if ckpt.run_id is not None:
             f.attrs["run_id"] = str(ckpt.run_id)
+        if ckpt.batch_in_epoch:
+            f.attrs["epoch_loss_sum"] = float(ckpt.epoch_loss_sum)
+            f.attrs["epoch_loss_batches"] = int(ckpt.epoch_loss_batches)
         groups = [("params", ckpt.params), ("optim", ckpt.velocities), ("preprocess", ckpt.preprocess)]
         if ckpt.units:
             groups.append(("units", ckpt.units))
@@ -195,6 +236,8 @@ def load_checkpoint(path: Path, fmt: str = FORMAT, what: str = "checkpoint") -> 
                           epoch_perm=f["rng"]["epoch_perm"][()] if "epoch_perm" in f["rng"] else None,
                           preprocess=_read_group(f, "preprocess", path) if "preprocess" in f else {},
                           run_id=_text_attribute(f, "run_id"),
+                          epoch_loss_sum=float(f.attrs.get("epoch_loss_sum", 0.0)),
+                          epoch_loss_batches=int(f.attrs.get("epoch_loss_batches", 0)),
                           units=_read_group(f, "units", path) if "units" in f else {})
 
     ckpt = read_hdf5_checked(path, what, fmt, FORMAT_VERSION, read, UNSEALED_VERSIONS if fmt == FORMAT else ())

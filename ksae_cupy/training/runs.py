@@ -223,6 +223,35 @@ class RunFolder:
             os.replace(tmp, path)
         return len(records) - len(kept) + cut
 
+    def drop_metrics_after(self, step: int, epoch: int, epochs: int) -> str | None:
+        """:meth:`truncate_metrics` for a run resumed from a checkpoint at optimiser step ``step``
+        (after epoch ``epoch``) that now ends at epoch ``epochs``; returns the line that says what
+        was dropped and whether those epochs run again (None when nothing was)."""
+        path = self.path / METRICS
+        if not path.exists():
+            return None
+        records, cut = parse_metrics(path)
+        after = [record.get("epoch") for record in records if record.get("step", 0) > step]
+        dropped = self.truncate_metrics(step)
+        if not dropped:
+            return None
+        parts = []
+        if after:
+            again = [e for e in after if isinstance(e, int) and e <= epochs]
+            beyond = [e for e in after if not (isinstance(e, int) and e <= epochs)]
+            said = f"{_epochs_text(after)}, logged after the checkpoint (epoch {epoch})"
+            if again and not beyond:
+                said += ", which run again"
+            elif again:
+                said += (f"; {_epochs_text(again)} {_run(again)} again, {_epochs_text(beyond)} {_run(beyond, 'not')} "
+                         f"(the run now ends at epoch {epochs})")
+            else:
+                said += f", which do not run again (the run now ends at epoch {epochs})"
+            parts.append(said)
+        if cut:
+            parts.append("a last line cut short by a kill (an epoch's record never completed)")
+        return f"metrics.jsonl: dropped {dropped} line(s): {' and '.join(parts)}"
+
     def read_metrics(self) -> list[dict]:
         """The epochs logged so far; a last line cut short (a run killed as it wrote it) is left out, with a note."""
         path = self.path / METRICS
@@ -232,6 +261,24 @@ class RunFolder:
         if cut:
             note(f"{path}: its last line was cut short (the run stopped while writing it) and is left out")
         return records
+
+
+def _run(epochs: list, negated: str = "") -> str:
+    single = len(epochs) == 1
+    if negated:
+        return "does not" if single else "do not"
+    return "runs" if single else "run"
+
+
+def _epochs_text(epochs: list) -> str:
+    numbers = [e for e in epochs if isinstance(e, int)]
+    if len(numbers) != len(epochs) or not numbers:
+        return f"{len(epochs)} record(s)"
+    if len(numbers) == 1:
+        return f"epoch {numbers[0]}"
+    if numbers == list(range(numbers[0], numbers[-1] + 1)):
+        return f"epochs {numbers[0]}-{numbers[-1]}"
+    return "epochs " + ", ".join(map(str, numbers))
 
 
 def parse_metrics(path: Path) -> tuple[list[dict], bool]:

@@ -183,6 +183,10 @@ class Trainer:
         # Per hidden unit: examples trained on since an example last kept it (dead at dead_window).
         self.since_kept_h = backend.asarray(np.asarray(since_kept_h, dtype=np.int64))
         self._aux_loss_sum, self._aux_batches = 0.0, 0  # with aux_k: this session's batches of the epoch
+        # The unfinished epoch's loss so far (a mid-epoch checkpoint's): its report then covers every batch.
+        resumed_mid_epoch = checkpoint is not None and checkpoint.batch_in_epoch
+        self.epoch_loss_sum = checkpoint.epoch_loss_sum if resumed_mid_epoch else 0.0
+        self.epoch_loss_batches = checkpoint.epoch_loss_batches if resumed_mid_epoch else 0
         self.stop_requested = False  # set (e.g. by a SIGINT handler) to stop after the current step
 
     def _resident(self, host_params):
@@ -250,7 +254,8 @@ class Trainer:
         n_batches = -(-N // cfg.batch_size)  # the last, smaller batch is trained on too
         # One count per hidden unit held here (all of them, or this rank's block).
         kept_count_h = xp.zeros(self.params["b_h"].shape[0], dtype=np.int64)
-        loss_sum, loss_batches = 0.0, 0
+        # Resumed mid-epoch: the batches before the interruption count too (their sum was checkpointed).
+        loss_sum, loss_batches = (self.epoch_loss_sum, self.epoch_loss_batches) if self.batch_in_epoch else (0.0, 0)
         self._aux_loss_sum, self._aux_batches = 0.0, 0  # with aux_k: this session's batches of the epoch
         first_batch = self.batch_in_epoch
         parts["shuffle"] = clock() - start
@@ -271,6 +276,7 @@ class Trainer:
             self._note_kept(kept_h, X_nd.shape[0])
             loss_sum += loss
             loss_batches += 1
+            self.epoch_loss_sum, self.epoch_loss_batches = loss_sum, loss_batches
             self.step += 1
             self.batch_in_epoch = b + 1
             if on_batch is not None:
@@ -286,6 +292,7 @@ class Trainer:
         self._check_health(loss_sum, valid_loss)
         self.epoch += 1
         self.batch_in_epoch, self.epoch_perm = 0, None
+        self.epoch_loss_sum, self.epoch_loss_batches = 0.0, 0
         return EpochReport(
             epoch=self.epoch, step=self.step, k=k, lr=cfg.lr,
             train_loss=loss_sum / max(loss_batches, 1),
@@ -426,5 +433,7 @@ class Trainer:
             batch_in_epoch=self.batch_in_epoch, rng_state=self.rng.bit_generator.state,
             epoch_perm=self.epoch_perm if self.batch_in_epoch else None,
             preprocess=dict(preprocess or {}),
+            epoch_loss_sum=self.epoch_loss_sum if self.batch_in_epoch else 0.0,
+            epoch_loss_batches=self.epoch_loss_batches if self.batch_in_epoch else 0,
             units={"since_kept_h": to_host(self.since_kept_h)},
         )

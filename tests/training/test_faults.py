@@ -125,7 +125,7 @@ def test_a_real_full_disk_is_one_line_and_keeps_the_previous_checkpoint(tmp_path
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [f"error: could not write {run_dir / 'checkpoint.h5'} (No space left on "
                                         f"device); the previous checkpoint.h5 is intact; free space or fix the "
-                                        f"folder, then continue the run with --resume"], proc.stderr
+                                        f"folder, then continue the run with: ksae-train --resume {run_dir}"], proc.stderr
     assert 1 <= load_checkpoint(run_dir / "checkpoint.h5").epoch < 5
     assert not (run_dir / "checkpoint.h5.tmp").exists()
 
