@@ -171,8 +171,9 @@ eval_command()
 """
 
 
-@pytest.mark.parametrize("threads", ["1", "2"])
-def test_sigterm_mid_grid_exits_143_and_keeps_the_fits(synthetic_run, threads):
+@pytest.mark.parametrize("threads, signum", [("1", signal.SIGTERM), ("2", signal.SIGTERM), ("1", signal.SIGINT),
+                                             ("2", signal.SIGINT)])
+def test_a_stop_signal_mid_grid_exits_128_plus_it_and_keeps_the_fits(synthetic_run, threads, signum):
     # The evaluation holds after its first stored fit; the signal lands then, however loaded the machine.
     args = [str(synthetic_run), "--alphas", "1,2", "--l2", "1e-2,1e-3", "--device", "cpu", "--threads", threads]
     proc = subprocess.Popen([sys.executable, "-c", HELD_EVAL, *args], stdin=subprocess.PIPE,
@@ -182,9 +183,9 @@ def test_sigterm_mid_grid_exits_143_and_keeps_the_fits(synthetic_run, threads):
             break
     else:
         raise AssertionError(f"ended without holding: {proc.wait()} {proc.stderr.read()}")
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     _, err = proc.communicate(input="", timeout=600)  # releases the hold; the timeout is a hang guard only
-    assert proc.returncode == 143, err
+    assert proc.returncode == 128 + signum, err
     assert "interrupted: " in err and "run the same command again" in err and "Traceback" not in err
     stored = np.load(synthetic_run / grid.FITS_FILE)
     assert len(json.loads(str(stored["meta"]))["fits"]) >= 1
