@@ -62,3 +62,68 @@ def wait_until_held(proc, timeout: float | None = None) -> int:
     proc.wait(timeout=timeout)
     why = f": {proc.stderr.read()}" if proc.stderr else ""
     raise AssertionError(f"the run ended (status {proc.returncode}) without reaching the epoch it was to hold at{why}")
+
+
+# A run held INSIDE a checkpoint write: the nth write of a ``*.h5.tmp`` file (the temporary name every
+# checkpoint is written under, see ksae_cupy.training.checkpoint.write_hdf5_atomically) writes the first
+# half of its bytes, flushes them to the disk, prints ``held in checkpoint write N`` and waits until its
+# stdin is closed (then writes the rest), so that a kill sent then lands in the write, not near it.
+_HOLD_WRITE = """\
+import os
+import sys
+import builtins
+from ksae_cupy.training import checkpoint
+
+nth, real_open, writes = int(sys.argv.pop(1)), builtins.open, []
+
+
+class HalfThenHold:
+    def __init__(self, f):
+        self.f = f
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+    def write(self, data):
+        data = memoryview(data).cast("B")
+        self.f.write(data[:len(data) // 2])
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        print(f"held in checkpoint write {len(writes)}", flush=True)
+        sys.stdin.read()  # until the test closes this process's stdin (or kills it)
+        return self.f.write(data[len(data) // 2:]) + len(data) // 2
+
+
+def opening(path, mode="r", *args, **kwargs):
+    f = real_open(path, mode, *args, **kwargs)
+    if str(path).endswith(".h5.tmp") and "w" in mode:
+        writes.append(path)
+        if len(writes) == nth:
+            return HalfThenHold(f)
+    return f
+
+
+checkpoint.open = opening  # the module's name for the builtin: only checkpoint writes see it
+from ksae_cupy.cli.COMMAND import COMMAND_command
+
+COMMAND_command()
+"""
+
+
+def held_in_checkpoint_write(nth: int, command: str = "train") -> list[str]:
+    """The command line (before the command's own arguments) of a ``ksae-train`` (or ``ksae-finetune``) run
+    that holds halfway through writing its ``nth`` checkpoint; :func:`wait_until_held_in_write` waits for it."""
+    return [sys.executable, "-c", _HOLD_WRITE.replace("COMMAND", command), str(nth)]
+
+
+def wait_until_held_in_write(proc, timeout: float | None = None) -> int:
+    """Read the run's stdout up to its ``held in checkpoint write N`` line; N, or an AssertionError."""
+    for line in proc.stdout:
+        if line.startswith("held in checkpoint write "):
+            return int(line.split()[-1])
+    proc.wait(timeout=timeout)
+    why = f": {proc.stderr.read()}" if proc.stderr else ""
+    raise AssertionError(f"the run ended (status {proc.returncode}) without reaching the write it was to hold in{why}")
