@@ -167,7 +167,7 @@ def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid"
             y_fit = np.concatenate([dataset.y_train, dataset.y_valid])
         try:
             final = classifier.fit(F_fit, backend.asarray(y_fit), n_classes, best.l2, max_iter=max_iter,
-                                   init=best_model)
+                                   init=best_model, should_stop=progress.watch(f"refit on {refit}", stop))
         except KeyboardInterrupt:
             raise grid.EvaluationInterrupted(*_kept(store)) from None
         del F_fit
