@@ -22,7 +22,7 @@ from ksae_cupy.training.runs import dataset_record, file_sha256
 # The data options choose the rows a run trains on: refused when they differ from the run's.
 DATA = ("labels", "test", "test_labels", "valid_fraction", "test_fraction", "split_seed")
 REFUSED = ("hidden", "k", "k_start", "no_k_schedule", "batch_size", "lr", "momentum", "sigma", "seed", "dtype",
-           "activation")
+           "activation", "aux_k", "aux_coef", "dead_window", "center_input")
 APPLIED = ("epochs", "topk", "step", "device", "checkpoint_every", "checkpoint_minutes", "threads", "data_dir", "quiet",
            "progress_seconds")
 # Run-level options kept in config.json; on resume, one not given takes the run's value.

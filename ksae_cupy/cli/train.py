@@ -49,6 +49,14 @@ def describe_auto_lr(X_nd) -> str:
               help="Hidden units: linear (the paper) or relu (negative survivors of the top-k set to zero).")
 @click.option("--step", type=click.Choice(["dense", "sparse", "auto"]), default="auto",
               help="Training step: dense products, or only the encoder dense (sparse); auto picks by k/H.")
+@click.option("--aux-k", type=int, default=0,
+              help="Beyond the paper: the auxiliary loss of Gao et al. 2024 on this many dead units per example "
+                   "(0: off).")
+@click.option("--aux-coef", type=float, default=1 / 32, help="Weight of the --aux-k loss (Gao et al.'s 1/32).")
+@click.option("--dead-window", type=int, default=10000,
+              help="A unit kept in none of the last N examples is dead (--aux-k, and the dead-window metric).")
+@click.option("--center-input", is_flag=True,
+              help="Beyond the paper: subtract the training mean from every input (kept with the model).")
 @click.option("--device", default="auto", help="auto, cpu, gpu or gpu:N.")
 @click.option("--run-dir", type=GivenPath(path_type=Path), default=None,
               help="Folder for checkpoint.h5, config.json, metrics.jsonl. [default: runs/<dataset>-h<H>-k<k>-<time>]")
@@ -71,7 +79,8 @@ def describe_auto_lr(X_nd) -> str:
 @click.pass_context
 @report_errors
 def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch_size, lr, momentum, sigma, topk,
-                  seed, dtype, activation, step, device, run_dir, checkpoint_every, checkpoint_minutes, overwrite,
+                  seed, dtype, activation, step, aux_k, aux_coef, dead_window, center_input, device, run_dir,
+                  checkpoint_every, checkpoint_minutes, overwrite,
                   resume, data_dir, threads, progress_seconds, quiet, **data_given):
     """Train a k-sparse autoencoder on DATASET.
 
@@ -142,6 +151,7 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
         lr = parse_lr(lr, default="auto" if spec.is_user_file or dataset in AUTO_LR_DATASETS else 0.01)
         config = TrainConfig(hidden=hidden, k=k, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum,
                              sigma=sigma, topk=topk, seed=seed, dtype=dtype, activation=activation, step=step,
+                             aux_k=aux_k, aux_coef=aux_coef, dead_window=dead_window, center_input=center_input,
                              k_start=None if no_k_schedule else resolve_k_start(k_start if k_start is not None else "auto", k, hidden))
         config.validate()
         check_progress_seconds(progress_seconds)
@@ -171,18 +181,21 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
         model = KSparseAutoencoder(n_hidden=config.hidden, k=config.k, k_start=config.k_start, epochs=config.epochs,
                                    batch_size=config.batch_size, lr=config.lr, momentum=config.momentum,
                                    sigma=config.sigma, topk=config.topk, seed=config.seed, dtype=config.dtype,
-                                   device=backend.name, activation=config.activation, step=config.step)
-        resolved_config = model.config(data.X_train)  # --lr auto: the rate derived from the training rows
+                                   device=backend.name, activation=config.activation, step=config.step,
+                                   aux_k=config.aux_k, aux_coef=config.aux_coef, dead_window=config.dead_window,
+                                   center_input=config.center_input)
+        X_fit = model.training_rows(data.X_train)  # what fit trains on (--center-input: minus their mean)
+        resolved_config = model.config(X_fit)  # --lr auto: the rate derived from the training rows
         resolved_config.validate(n_train=len(data.X_train))
         if resolved_config.lr_auto:
-            say(f"--lr auto: {resolved_config.lr} for this data ({describe_auto_lr(data.X_train)})")
+            say(f"--lr auto: {resolved_config.lr} for this data ({describe_auto_lr(X_fit)})")
         check_training_memory(backend, data.dim, config.hidden, config.batch_size, config.dtype)
         from ksae_cupy.training.learning_rate import check_data_scale, check_rate_moves_weights
         from ksae_cupy.training.trainer import Trainer
 
         # fit checks them too, but only after the run folder is made: say it before anything is written
-        check_data_scale(data.X_train, resolved_config, "--lr")
-        check_rate_moves_weights(Trainer(resolved_config, backend, D=data.dim), data.X_train, "--lr")
+        check_data_scale(X_fit, resolved_config, "--lr")
+        check_rate_moves_weights(Trainer(resolved_config, backend, D=data.dim), X_fit, "--lr")
         model.preprocess_ = dict(data.preprocess)
     elif model.trainer_.params["W_dh"].shape[0] != data.dim:
         raise KsaeError(f"the checkpoint's model takes {model.trainer_.params['W_dh'].shape[0]} dimensions, "

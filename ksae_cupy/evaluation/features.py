@@ -323,6 +323,7 @@ def evaluate_run(run_dir, alphas=DEFAULT_ALPHAS, l2_grid=DEFAULT_L2, refit: str 
     ``RUN_DIR/eval-fits.npz`` until the report is written, so an interrupted evaluation
     (:class:`~ksae_cupy.evaluation.grid.EvaluationInterrupted`) continues where it stopped.
     """
+    from ksae_cupy.datasets.preprocess import raw_input_params
     from ksae_cupy.evaluation import baseline_eval
 
     if baseline_eval.is_baseline_run(run_dir):  # a ksae-baseline run: its own features, the same classifier
@@ -342,8 +343,10 @@ def evaluate_run(run_dir, alphas=DEFAULT_ALPHAS, l2_grid=DEFAULT_L2, refit: str 
     start = time.perf_counter()
     log(f"evaluating {run_dir} (k={k}, H={H}, epoch {ckpt.epoch}) on {dataset.summary()}; {backend.description}")
 
+    params = raw_input_params(ckpt.params, ckpt.preprocess)  # a --center-input run: the mean in b (issue 35)
+
     def encode(alpha, X_nd):
-        return sparse_features(ckpt.params, X_nd, k, alpha, topk_method, backend, activation=activation)
+        return sparse_features(params, X_nd, k, alpha, topk_method, backend, activation=activation)
 
     store = grid.FitStore(run_dir / grid.FITS_FILE, grid.fingerprint(
         run_dir / "checkpoint.h5", dataset, max_iter=max_iter, topk=topk_method, activation=activation))

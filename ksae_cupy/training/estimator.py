@@ -341,6 +341,13 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
             X = X * X.dtype.type(self.input_scale)
         return X
 
+    def training_rows(self, X_nd):
+        """The rows a fresh ``fit(X_nd)`` trains on: ``X_nd`` itself, or with ``center_input`` minus its mean
+        (what ``ksae-train`` derives ``--lr auto`` and its checks from before fitting)."""
+        if not self.center_input:
+            return X_nd
+        return X_nd - to_host(X_nd.mean(axis=0, dtype=np.float64)).astype(self.dtype).astype(X_nd.dtype)
+
     def _record_input_mean(self, X_nd) -> None:
         """With ``center_input``: the training rows' mean into ``preprocess_["input_mean"]`` (kept with the
         model, in its checkpoints), in the model's dtype, summed in float64; without: none kept."""
