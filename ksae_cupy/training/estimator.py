@@ -304,7 +304,10 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         else:
             kept = "nothing was saved (no checkpoint had been written yet)"
         auto = auto_learning_rate(X_nd)
-        if exc.lr is not None and exc.lr > auto:
+        if exc.step == 1 and exc.loss is not None:  # the first batch's loss, before any update
+            advice = (f"that is the initial model's loss on the first batch, before any step (the rate played no "
+                      f"part yet): use a smaller {option_names('sigma')} (now {self.sigma}) or scale the data down")
+        elif exc.lr is not None and exc.lr > auto:
             advice = (f"{lr} auto gives {auto} for this data (derived from its scale: 0.01 on MNIST; see the "
                       f"README's learning-rate section); use it, or a smaller rate")
         else:

@@ -57,6 +57,10 @@ def check_in_dtype(dtype: str, **options) -> None:
             below = float(np.nextafter(np.asarray(1, dtype), np.asarray(0, dtype)))
             raise KsaeError(f"{flag} {value} is not allowed in {dtype}: it rounds to 1 there (the velocity would "
                             f"never decay); use 0 <= momentum <= {below!r}")
+        if kind == "sigma" and value * value > float(info.max):  # W W^T x, the first reconstruction, overflows
+            raise KsaeError(f"{flag} {value} is not allowed in {dtype}: its square overflows there (the first "
+                            f"reconstruction, W W^T x, would be infinite); use a standard deviation below "
+                            f"{float(np.sqrt(info.max)):.3g} (the paper's is 0.01)")
         if kind in ("rate", "sigma") and 0 < value and rounded < info.tiny:
             what = "every step would be 0" if kind == "rate" else "the initial weights would all be 0, every unit alike"
             raise KsaeError(f"{flag} {value} is not allowed in {dtype}: it is below its smallest normal number, "

@@ -86,11 +86,21 @@ def test_sigma_and_momentum_that_round_away_in_float32_are_refused(tmp_path, opt
     assert not (tmp_path / "r").exists()
 
 
-@pytest.mark.parametrize("option, value", [("--lr-end", "1e-300"), ("--sigma", "1e-50"),
+def test_a_sigma_whose_square_overflows_is_refused_and_a_large_one_is_blamed_not_the_rate(tmp_path):
+    assert_one_line_error(invoke(train_command, *QUICK, "--run-dir", tmp_path / "a", "--sigma", "1e30"),
+                          "--sigma 1e+30 is not allowed in float32: its square overflows", status=2)
+    result = invoke(train_command, *QUICK, "--run-dir", tmp_path / "b", "--sigma", "1e10")
+    assert_one_line_error(result, "at epoch 1, step 1", "the initial model's loss on the first batch",
+                          "use a smaller --sigma (now 10000000000.0)", status=1)
+    assert "smaller rate" not in result.stderr
+
+
+@pytest.mark.parametrize("option, value", [("--lr-end", "1e-300"), ("--sigma", "1e-50"), ("--sigma", "1e30"),
                                            ("--momentum", "0.99999999999")])
 def test_finetune_values_that_round_away_in_float32_are_refused(run, tmp_path, option, value):
     args = [run, *FT, "--run-dir", tmp_path / "ft", option, value]
-    assert_one_line_error(invoke(finetune_command, *args), f"{option} {value} is not allowed in float32", status=2)
+    assert_one_line_error(invoke(finetune_command, *args), f"{option} {float(value)} is not allowed in float32",
+                          status=2)
 
 
 # -- a rising schedule, options that do not apply ----------------------------------------------------
