@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import click
 
-from ksae_cupy.cli.common import StopOnSignals, data_options, data_spec, report_errors
+from ksae_cupy.cli.common import GivenPath, StopOnSignals, data_options, data_spec, report_errors
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.training.options import check_seed
 
@@ -50,16 +50,16 @@ REFUSED = ("model", "hidden", "batch_size", "lr", "momentum", "weight_decay", "s
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32",
               help="Floating-point type of the parameters and the data on the device.")
 @click.option("--device", default="auto", help="auto, cpu, gpu or gpu:N.")
-@click.option("--run-dir", type=click.Path(path_type=Path), default=None,
+@click.option("--run-dir", type=GivenPath(path_type=Path), default=None,
               help="Folder for checkpoint.h5, config.json, metrics.jsonl. [default: runs/<dataset>-<model>-h<H>-<time>]")
 @click.option("--checkpoint-every", type=int, default=10, help="Write a checkpoint every N epochs (and at the end).")
 @click.option("--checkpoint-minutes", type=float, default=5.0,
               help="Also write one whenever this many minutes have passed, mid-epoch if need be (0: by epochs only).")
 @click.option("--overwrite", is_flag=True, help="Start afresh in a --run-dir that holds another run.")
-@click.option("--resume", type=click.Path(path_type=Path), default=None,
+@click.option("--resume", type=GivenPath(path_type=Path), default=None,
               help="Continue the run in this folder; --epochs, --device, --checkpoint-*, --threads, --data-dir and "
                    "--progress-seconds may be given, options that would change the run are refused by name.")
-@click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Data root. [default: $KSAE_DATA_DIR or ./data]")
+@click.option("--data-dir", type=GivenPath(path_type=Path), default=None, help="Data root. [default: $KSAE_DATA_DIR or ./data]")
 @click.option("--threads", type=int, default=None,
               help="Threads on the CPU for BLAS. [default: OMP_NUM_THREADS or its kin when set, else one per free "
                    "core (the load average counts the busy ones); on --resume, the run's]")

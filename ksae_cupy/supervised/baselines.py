@@ -55,7 +55,8 @@ import numpy as np
 
 from ksae_cupy.backend import CPU, Backend, array_module, to_host
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.training.options import check_batch_size, check_dtype, check_momentum, check_positive_count, check_positive_finite
+from ksae_cupy.training.options import (check_batch_size, check_dtype, check_in_dtype, check_momentum,
+                                        check_positive_count, check_positive_finite)
 from ksae_cupy.model import reconstruction_loss
 from ksae_cupy.supervised.units import check_dropout_rate, sigmoid
 
@@ -256,6 +257,13 @@ def _check_common(cfg, n_train) -> None:
     check_momentum("momentum", cfg.momentum)
     check_positive_finite("sigma", cfg.sigma, "standard deviation")
     check_dtype("dtype", cfg.dtype)
+    # legal numbers that lose their meaning in the model's dtype (a step of 0, all-zero weights, no decay)
+    check_in_dtype(cfg.dtype, lr=("rate", cfg.lr), sigma=("sigma", cfg.sigma), momentum=("momentum", cfg.momentum))
+    decay = getattr(cfg, "weight_decay", 0) or 0
+    if cfg.lr * decay >= 1:  # W <- (1 - lr weight_decay) W - lr g: each step would flip every weight's sign
+        raise KsaeError(f"weight_decay {decay} is not allowed with lr {cfg.lr}: lr * weight_decay = "
+                        f"{cfg.lr * decay:.3g} >= 1 would shrink every weight past zero each step; use weight_decay "
+                        f"< {1 / cfg.lr:.3g}")
 
 
 def fit_autoencoder(X_nd, config: AutoencoderConfig, backend: Backend = CPU, on_epoch=None) -> dict:

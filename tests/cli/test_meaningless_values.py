@@ -147,3 +147,20 @@ def test_figures_past_their_meaningful_size_are_refused(run, args, fragments):
 
 def test_a_negative_seed_is_one_line_in_analyze():
     assert_one_line_error(invoke(analyze_command, "theorem", "--seed", "-1"), "--seed -1 is not allowed", status=2)
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--run-dir", ""], ["--run-dir '' is not allowed: an empty path"]),
+    (["--lr", "1e-300"], ["lr 1e-300 is not allowed in float32"]),
+    (["--sigma", "1e-50"], ["sigma 1e-50 is not allowed in float32"]),
+    (["--momentum", "0.99999999999"], ["it rounds to 1 there"]),
+    (["--weight-decay", "1e308"], ["lr * weight_decay", ">= 1 would shrink every weight past zero"]),
+])
+def test_ksae_baseline_refuses_the_same_meaningless_values(tmp_path, monkeypatch, args, fragments):
+    from ksae_cupy.cli.baseline import baseline_command
+
+    monkeypatch.chdir(tmp_path)
+    result = invoke(baseline_command, "synthetic", "--model", "dropout-ae", "--hidden", "16", "--epochs", "1",
+                    "--device", "cpu", *(["--run-dir", tmp_path / "r"] if args[0] != "--run-dir" else []), *args)
+    assert_one_line_error(result, *fragments, status=2)
+    assert list(tmp_path.iterdir()) == []
