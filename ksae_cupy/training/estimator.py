@@ -61,7 +61,10 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     epoch of ``fit`` (loss, validation loss, speed, time left), as scikit-learn's estimators do;
     ``n_threads`` caps the CPU threads of ``fit`` (BLAS and the CPU kernels; ``None``: as
     ``ksae-train`` chooses: the count a command set, else ``OMP_NUM_THREADS`` and its kin, else
-    one per core that other jobs leave free).
+    one per core that other jobs leave free). Beyond the paper (issue 35), off by default:
+    ``aux_k > 0`` adds the auxiliary loss of Gao et al. (2024) on the units kept in none of the last
+    ``dead_window`` examples, weighted by ``aux_coef``; ``center_input=True`` subtracts the training
+    mean from every input (kept in ``preprocess_["input_mean"]``, subtracted by ``transform`` and ``score``).
 
     Fitted attributes: ``components_`` (the dictionary ``W_dh`` transposed, H x D, as in
     scikit-learn's decomposition estimators), ``n_features_in_``, ``trainer_`` (the
