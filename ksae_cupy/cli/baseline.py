@@ -164,9 +164,9 @@ def baseline_command(ctx, dataset, model, hidden, epochs, batch_size, lr, moment
     ctx.call_on_close(folder.release)
     folder.create(log=lambda msg: say(msg, err=True), new=resume is None, overwrite=overwrite)
     trainer.run_id = folder.run_id  # every checkpoint carries the folder's identity
-    dropped = folder.truncate_metrics(trainer.step) if resume is not None else 0
+    dropped = folder.drop_metrics_after(trainer.step, trainer.epoch, trainer.config.epochs) if resume is not None else None
     if dropped:
-        say(f"metrics.jsonl: dropped {dropped} line(s) logged after the checkpoint (those epochs run again)")
+        say(dropped)  # which epochs, and whether each runs again
     # "baseline", not "train": the learner's options are not a ksae-train run's (which reads "train")
     resolved = {**record, "model": model, "baseline": bt.config_to_dict(trainer.config), **every,
                 "device": backend.name, "data_dir": str(data_dir) if data_dir else None, "run_dir": str(folder.path)}

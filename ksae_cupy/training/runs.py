@@ -241,12 +241,12 @@ class RunFolder:
             beyond = [e for e in after if not (isinstance(e, int) and e <= epochs)]
             said = f"{_epochs_text(after)}, logged after the checkpoint (epoch {epoch})"
             if again and not beyond:
-                said += ", which run again"
+                said += f", which {_run(again)} again"
             elif again:
                 said += (f"; {_epochs_text(again)} {_run(again)} again, {_epochs_text(beyond)} {_run(beyond, 'not')} "
                          f"(the run now ends at epoch {epochs})")
             else:
-                said += f", which do not run again (the run now ends at epoch {epochs})"
+                said += f", which {_run(beyond, 'not')} run again (the run now ends at epoch {epochs})"
             parts.append(said)
         if cut:
             parts.append("a last line cut short by a kill (an epoch's record never completed)")

@@ -122,7 +122,8 @@ def test_kill_9_after_a_mid_epoch_checkpoint_then_resume_ends_bit_identical(data
     assert saved.epoch == 0 and saved.batch_in_epoch > 0 and saved.epoch_perm is not None
     resumed = invoke(["--resume", killed])
     assert f"resuming {killed} after epoch 0, batch {saved.batch_in_epoch}" in resumed.output
-    assert "metrics.jsonl: dropped 1 line(s) logged after the checkpoint" in resumed.output
+    assert "metrics.jsonl: dropped 1 line(s): epoch 1, logged after the checkpoint (epoch 0), which runs again" \
+        in resumed.output
     same_state(killed, whole)
     assert [r["epoch"] for r in RunFolder(killed).read_metrics()] == [1, 2, 3]
 

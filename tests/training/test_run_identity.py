@@ -97,6 +97,17 @@ def test_a_legacy_checkpoint_of_another_shape_is_refused_by_its_options(two_runs
     assert config(run) == legacy
 
 
+def test_the_repositorys_run_folders_written_before_ids_still_open():
+    from pathlib import Path
+
+    from ksae_cupy.evaluation.features import open_run
+
+    folders = sorted(p.parent for p in (Path(__file__).resolve().parents[2] / "docs" / "runs").glob("*/checkpoint.h5"))
+    assert folders  # docs/runs holds the paper-length MNIST runs
+    for folder in folders:
+        assert "run_id" not in config(folder) and open_run(folder).k >= 1
+
+
 def test_the_documented_legacy_runs_still_evaluate_from_their_folder(tmp_path):
     run = make_run(tmp_path / "old", [[1.0, 0.0], [0.0, 1.0]], k=1)  # the helper writes no ids
     assert "run_id" not in config(run)
