@@ -109,8 +109,10 @@ def dead_block_gradients(W_hd, X_nd, R_nd, Z_nh, dead_h, aux_k: int, aux_coef: f
     dZa_nm = Ra_nd @ Wd_md.T
     if passes_nm is not None:
         dZa_nm *= passes_nm
-    # Both uses of W (encoder and decoder) in one product: [dZa; Za]^T [X; Ra].
-    dWd_md = xp.concatenate([dZa_nm, Za_nm]).T @ xp.concatenate([X_nd, Ra_nd])
+    # Both uses of W (encoder and decoder). Two products, not one of the stacked [dZa; Za]^T [X; Ra]:
+    # the copies cost more than the products when M is small (0.14 ms against 0.035 ms at M = 5, measured).
+    dWd_md = dZa_nm.T @ X_nd
+    dWd_md += Za_nm.T @ Ra_nd
     return aux_loss, dead_m, dWd_md, dZa_nm.sum(axis=0)
 
 
