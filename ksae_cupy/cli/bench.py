@@ -20,14 +20,16 @@ def bench_command():
 
 @bench_command.command("train")
 @click.option("--device", default="cpu", help="cpu, or gpu / gpu:N (then: seconds per MNIST epoch, ours vs PyTorch).")
-@click.option("--hidden", type=int, default=1000)
-@click.option("--dim", type=int, default=784)
-@click.option("--k", "k", type=int, default=25)
-@click.option("--batch-size", type=int, default=128)
-@click.option("--topk", type=click.Choice(["sort", "threshold"]), default="sort")
+@click.option("--hidden", type=int, default=1000, show_default=True, help="Hidden units H (the paper's MNIST net: 1000).")
+@click.option("--dim", type=int, default=784, show_default=True, help="Input dimensions D (MNIST: 784).")
+@click.option("--k", "k", type=int, default=25, show_default=True, help="Units kept per example (the paper's best MNIST k).")
+@click.option("--batch-size", type=int, default=128, show_default=True, help="Examples per step (the authors' code: 128).")
+@click.option("--topk", type=click.Choice(["sort", "threshold"]), default="sort", show_default=True,
+              help="Top-k method: selection by sorting, or the iterative threshold (section 4.3.3).")
 @click.option("--repeats", type=int, default=7, help="Timed repeats; the median is reported.")
 @click.option("--steps", type=int, default=50, help="Steps per timed repeat.")
-@click.option("--threads", type=int, default=1, help="BLAS and torch threads for every contender (CPU).")
+@click.option("--threads", type=int, default=1, show_default=True,
+              help="BLAS, kernel and torch threads for every contender (CPU); 2 or more runs the sparse step in lanes.")
 @click.option("--k-sweep", default="", help="Comma-separated k values to time too, e.g. 10,25,40,70,100,250 (CPU).")
 @click.option("--no-torch", is_flag=True, help="Leave the PyTorch step out even when torch imports.")
 @click.option("--epoch-k", default="",
@@ -70,12 +72,13 @@ def bench_train(device, hidden, dim, k, batch_size, topk, repeats, steps, thread
 
 @bench_command.command("finetune")
 @click.option("--hidden", type=int, default=1000, help="Units of every hidden layer.")
-@click.option("--dim", type=int, default=784)
-@click.option("--classes", type=int, default=10)
+@click.option("--dim", type=int, default=784, show_default=True, help="Input dimensions D (MNIST: 784).")
+@click.option("--classes", type=int, default=10, show_default=True, help="Output classes (MNIST: 10).")
 @click.option("--kept", type=int, default=75, help="Units kept per hidden layer, alpha*k (paper, MNIST: 3 x 25).")
 @click.option("--layers", default="1,2", help="Comma-separated hidden-layer counts: one net of each is timed.")
-@click.option("--batch-size", type=int, default=128)
-@click.option("--topk", type=click.Choice(["sort", "threshold"]), default="sort")
+@click.option("--batch-size", type=int, default=128, show_default=True, help="Examples per step (the authors' code: 128).")
+@click.option("--topk", type=click.Choice(["sort", "threshold"]), default="sort", show_default=True,
+              help="Top-k method: selection by sorting, or the iterative threshold (section 4.3.3).")
 @click.option("--repeats", type=int, default=7, help="Timed repeats; the median is reported.")
 @click.option("--steps", type=int, default=20, help="Steps per timed repeat.")
 @click.option("--threads", type=int, default=1, help="BLAS and CPU kernel threads.")
@@ -111,9 +114,9 @@ def bench_finetune(hidden, dim, classes, kept, layers, batch_size, topk, repeats
 @click.option("--threads", type=int, default=1, help="BLAS threads per rank.")
 @click.option("--baseline-threads", type=int, default=None,
               help="Also time one rank with this many BLAS threads (0: no). [default: the CPU count]")
-@click.option("--hidden", type=int, default=1000)
-@click.option("--dim", type=int, default=784)
-@click.option("--k", "k", type=int, default=25)
+@click.option("--hidden", type=int, default=1000, show_default=True, help="Hidden units H (the paper's MNIST net: 1000).")
+@click.option("--dim", type=int, default=784, show_default=True, help="Input dimensions D (MNIST: 784).")
+@click.option("--k", "k", type=int, default=25, show_default=True, help="Units kept per example (the paper's best MNIST k).")
 @click.option("--batch-size", type=int, default=128, help="The GLOBAL minibatch, split over the ranks.")
 @click.option("--topk-k", "topk_ks", default="25,250", help="Comma-separated k values for the sharded top-k.")
 @click.option("--formula-ranks", default="1,2,4,8,16", help="Rank counts of the computed traffic table.")
@@ -157,7 +160,7 @@ def bench_dist_command(ranks, threads, baseline_threads, hidden, dim, k, batch_s
 @click.option("--N", "Ns", default="128,4096,65536", help="Comma-separated batch sizes.")
 @click.option("--H", "Hs", default="1000,4000,16384", help="Comma-separated row lengths.")
 @click.option("--k", "ks", default="25,150,512", help="Comma-separated k values (k <= H).")
-@click.option("--repeats", type=int, default=50)
+@click.option("--repeats", type=int, default=50, show_default=True, help="Timed repeats; the median is reported.")
 @click.option("--no-torch", is_flag=True, help="Leave torch.topk out even when torch imports.")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Results folder. [default: benchmarks/results]")
 @report_errors
