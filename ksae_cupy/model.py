@@ -1,5 +1,20 @@
 """The k-sparse autoencoder of Makhzani & Frey (2014), section 2.2, with hand-written gradients.
 
+Names carry their shapes (the whole package follows this): the letters after the underscore
+name the axes in order, so ``X_nd`` is N x D, ``W_dh`` is D x H, ``W_hd`` is H x D, ``b_h`` is a
+vector of H. The letters:
+
+    n   examples: the rows of a minibatch (N) or of a dataset
+    d   input dimensions (D; 784 on MNIST)
+    h   hidden units (H; 1000 in the paper)
+    k   the units kept in each row (k, or alpha*k when encoding): idx_nk, val_nk
+    c   classes (the softmax of the classifier and of fine-tuning: W_hc, P_nc)
+    m   dead units (the AuxK loss of auxk_step.py: Za_nm, Wd_md)
+
+``idx_nk`` holds the column (0 .. H-1) of each kept unit and ``val_nk`` its value; a prefix says
+what an array is: ``d`` a gradient (``dW_dh``), ``V`` a velocity, ``Zs`` the code with only the
+kept units, ``Xhat`` the reconstruction.
+
 Tied weights ``W_dh`` (D inputs, H hidden units), encoder bias ``b_h``, decoder bias ``c_d``.
 The paper's algorithm box, for a minibatch ``X_nd``:
 
