@@ -25,9 +25,9 @@ import click
 
 from ksae_cupy.cli.common import GivenPath, StopOnSignals, data_options, data_spec, report_errors
 from ksae_cupy.errors import KsaeError
+from ksae_cupy.supervised.baseline_trainer import KIND  # the run folders' kind
 from ksae_cupy.training.options import check_seed
 
-KIND = "ksae-baseline"  # the run folders' kind (training/runs.py): other commands refuse them by name
 MODELS = ("rbm", "dropout-ae", "denoising-ae", "dropout-denoising-ae")  # baselines.REGULARISATION's keys
 # Options that shape the model or its sequence of batches: on --resume, one that differs is refused.
 REFUSED = ("model", "hidden", "batch_size", "lr", "momentum", "weight_decay", "sigma", "seed", "dtype")
@@ -86,7 +86,7 @@ def baseline_command(ctx, dataset, model, hidden, epochs, batch_size, lr, moment
     from ksae_cupy.backend import resolve_device
     from ksae_cupy.cli import resume as resuming
     from ksae_cupy.cli.progress import RunProgress
-    from ksae_cupy.cli.threads import set_blas_threads
+    from ksae_cupy.training.threads import set_blas_threads
     from ksae_cupy.cli.train import check_progress_seconds
     from ksae_cupy.datasets import load_dataset
     from ksae_cupy.supervised import baseline_trainer as bt

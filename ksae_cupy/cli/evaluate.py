@@ -57,8 +57,9 @@ def eval_command(run_dir, alphas, l2_text, refit, raw_baseline, max_iter, linear
       ksae-eval runs/mydata-h1000-k25-... --labels labels.npy --test test.npz
     """
     from ksae_cupy.backend import resolve_device
-    from ksae_cupy.cli.threads import set_blas_threads, usable_cores
+    from ksae_cupy.training.threads import set_blas_threads, usable_cores
     from ksae_cupy.evaluation.features import evaluate_run, markdown_report, parse_alphas, parse_l2
+    from ksae_cupy.supervised import baseline_eval
     from ksae_cupy.evaluation.grid import FITS_FILE, EvaluationInterrupted
 
     alpha_list, l2_list = parse_alphas(alphas), parse_l2(l2_text)
@@ -76,9 +77,13 @@ def eval_command(run_dir, alphas, l2_text, refit, raw_baseline, max_iter, linear
         log(f"classifier fits: up to {workers} side by side; {threads_line}")
     with stop_signals_interrupt() as received:
         try:
-            result = evaluate_run(run_dir, alpha_list, l2_list, refit=refit, raw_baseline=raw_baseline,
-                                  backend=backend, data_root=data_dir, max_iter=max_iter, linear_svm=linear_svm,
-                                  log=log, data_overrides=data_overrides(data), workers=workers)
+            if baseline_eval.is_baseline_run(run_dir):  # a ksae-baseline run: its own features, the same classifier
+                result = baseline_eval.evaluate_baseline_run(run_dir, l2_list, refit, raw_baseline, backend, None,
+                                                             data_dir, max_iter, linear_svm, log, data_overrides(data))
+            else:
+                result = evaluate_run(run_dir, alpha_list, l2_list, refit=refit, raw_baseline=raw_baseline,
+                                      backend=backend, data_root=data_dir, max_iter=max_iter, linear_svm=linear_svm,
+                                      log=log, data_overrides=data_overrides(data), workers=workers)
         except (EvaluationInterrupted, KeyboardInterrupt) as exc:
             kept = Path(run_dir) / FITS_FILE
             message = str(exc) if isinstance(exc, EvaluationInterrupted) else (
@@ -86,7 +91,8 @@ def eval_command(run_dir, alphas, l2_text, refit, raw_baseline, max_iter, linear
                 f"continue from them" if kept.is_file() else "interrupted before any classifier fit finished")
             click.echo(f"\n{message}", err=True)
             sys.exit(128 + received[0] if received else EXIT_INTERRUPTED)
-    click.echo(markdown_report(result), nl=False)
+    report = baseline_eval.markdown_report if "model" in result else markdown_report
+    click.echo(report(result), nl=False)
     click.echo(f"wrote {Path(run_dir) / 'eval.json'} and {Path(run_dir) / 'eval.md'}", err=True)
 
 

@@ -98,7 +98,7 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
     """Fine-tune a softmax network initialised from PRETRAINED_RUN_DIR [PRETRAINED_RUN_DIR_2] (ksae-train runs)."""
     from ksae_cupy.supervised import finetune
     from ksae_cupy.backend import resolve_device
-    from ksae_cupy.cli.threads import set_blas_threads
+    from ksae_cupy.training.threads import set_blas_threads
     from ksae_cupy.datasets import load_dataset
     from ksae_cupy.datasets.user_files import DataSpec
     from ksae_cupy.supervised.checkpoint import load_finetune_checkpoint
@@ -200,7 +200,7 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
             ks = [k] * len(sizes)
             host_params = finetune.init_random(data.dim, sizes, data.n_classes, sigma, rng, np.dtype(dtype))
         elif baseline:
-            from ksae_cupy.supervised import baselines
+            from ksae_cupy.supervised import baseline_fit, baselines
 
             sizes = _parse_hidden(hidden)
             ks = [None] * len(sizes)  # sigmoid layers keep every unit
@@ -212,7 +212,7 @@ def finetune_command(ctx, pretrained, dataset, alpha, epochs, phases, lr_start, 
                 say(f"pretrain layer {layer} epoch {r.epoch}/{pretrain_epochs}  loss {r.train_loss:.4f}  "
                     f"{r.seconds:.1f} s")
 
-            stack = baselines.pretrain_baseline(baseline, data.X_train, sizes, pretrain_epochs, seed, backend,
+            stack = baseline_fit.pretrain_baseline(baseline, data.X_train, sizes, pretrain_epochs, seed, backend,
                                                 on_epoch=pretrain_epoch)
             host_params = finetune.init_from_encoders([baselines.encoder(p) for p in stack], data.n_classes, sigma,
                                                       rng, np.dtype(dtype))

@@ -22,28 +22,7 @@ import time
 import click
 
 from ksae_cupy.schedules import sparsity_at_epoch
-
-
-def format_duration(seconds: float) -> str:
-    """``45s``, ``3m 05s``, ``7h 12m``, ``2d 04h``: two units at most, for a person."""
-    seconds = max(0, int(round(seconds)))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d {hours:02d}h"
-    if hours:
-        return f"{hours}h {minutes:02d}m"
-    if minutes:
-        return f"{minutes}m {secs:02d}s"
-    return f"{secs}s"
-
-
-def epoch_line(report, epochs: int, eta: str = "") -> str:
-    valid = f"  valid {report.valid_loss:.4f}" if report.valid_loss is not None else ""
-    tail = f"  ETA {eta}" if eta else ""
-    return (f"epoch {report.epoch}/{epochs}  k {report.k}  lr {report.lr:g}  loss {report.train_loss:.4f}{valid}  "
-            f"dead {100 * report.dead_fraction:.1f}%  {report.samples_per_s:,.0f} samples/s  {report.seconds:.1f} s{tail}")
+from ksae_cupy.training.wording import epoch_line, format_duration  # noqa: F401 (used here and by the commands)
 
 
 class RunProgress:

@@ -18,6 +18,7 @@ import click
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.training.options import check_positive_count
 from ksae_cupy.training.runs import dataset_record, file_sha256
+from ksae_cupy.training.wording import epochs_done, position  # noqa: F401 (used here and by the commands)
 
 # The data options choose the rows a run trains on: refused when they differ from the run's.
 DATA = ("labels", "test", "test_labels", "valid_fraction", "test_fraction", "split_seed")
@@ -36,17 +37,6 @@ SESSION = ("quiet",)
 def given(ctx) -> set:
     """The options the user typed on this command line."""
     return {name for name in ctx.params if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
-
-
-def position(epoch: int, batch_in_epoch: int) -> str:
-    """Where a run stands, worded the same by the stop line and the resume line: ``after epoch 8,
-    batch 173`` (epochs finished, then batches of the next one), or ``after epoch 8``."""
-    return f"after epoch {epoch}, batch {batch_in_epoch}" if batch_in_epoch else f"after epoch {epoch}"
-
-
-def epochs_done(n: int) -> str:
-    """``1 epoch``, ``3 epochs``."""
-    return f"{n} epoch" if n == 1 else f"{n} epochs"
 
 
 def where_line(folder_path: Path, epoch: int, batch_in_epoch: int, step: int) -> str:

@@ -101,7 +101,7 @@ def train_command(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch
     from ksae_cupy.backend import resolve_device
     from ksae_cupy.cli import resume as resuming
     from ksae_cupy.cli.progress import RunProgress
-    from ksae_cupy.cli.threads import set_blas_threads
+    from ksae_cupy.training.threads import set_blas_threads
     from ksae_cupy.datasets import load_dataset
     from ksae_cupy.training.checkpoint import CheckpointWriteError
     from ksae_cupy.training.checkpoint_policy import CheckpointPolicy

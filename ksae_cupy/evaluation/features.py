@@ -324,11 +324,7 @@ def evaluate_run(run_dir, alphas=DEFAULT_ALPHAS, l2_grid=DEFAULT_L2, refit: str 
     (:class:`~ksae_cupy.evaluation.grid.EvaluationInterrupted`) continues where it stopped.
     """
     from ksae_cupy.datasets.preprocess import raw_input_params
-    from ksae_cupy.evaluation import baseline_eval
 
-    if baseline_eval.is_baseline_run(run_dir):  # a ksae-baseline run: its own features, the same classifier
-        return baseline_eval.evaluate_baseline_run(run_dir, l2_grid, refit, raw_baseline, backend, dataset, data_root,
-                                                   max_iter, linear_svm, log, data_overrides)
     run = open_run(run_dir)
     run_dir, ckpt, k, H = run.path, run.ckpt, run.k, run.H
     for alpha in alphas:
@@ -379,10 +375,6 @@ def write_report(run_dir: Path, result: dict) -> None:
 
 def markdown_report(result: dict) -> str:
     """A short Markdown summary: the chosen setting, test errors, and every trial."""
-    if "model" in result:  # a baseline run's (see baseline_eval)
-        from ksae_cupy.evaluation.baseline_eval import markdown_report as baseline_report
-
-        return baseline_report(result)
     feats = result["features"]
     sel = feats["selected"]
     lines = [f"# Evaluation of {result['run_dir']}", "",

@@ -416,12 +416,12 @@ def _train(comm, MPI, dataset, config, settings, ckpt, folder, changes, record, 
     if not trainer.finished:
         stopped = comm.allreduce(signals.received or 0, op=MPI.MAX) or int(signal.SIGTERM)
         if rank == 0:
-            from ksae_cupy.cli.resume import position
+            from ksae_cupy.training.wording import position
             log(f"interrupted {position(trainer.epoch, trainer.batch_in_epoch)}; checkpoint saved to "
                 f"{folder.checkpoint}; continue with: {LAUNCH.format(size=size)} --resume {folder.path}", err=True)
         raise SystemExit(128 + stopped)  # every rank, together: see abort_on_error
     if rank == 0:
-        from ksae_cupy.cli.resume import epochs_done
+        from ksae_cupy.training.wording import epochs_done
         log(f"done: {epochs_done(trainer.epoch)} on {size} ranks in {time.perf_counter() - started:.1f} s; "
             f"checkpoint {folder.checkpoint}")
     return trainer

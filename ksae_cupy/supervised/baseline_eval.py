@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ksae_cupy.backend import CPU, Backend
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.supervised.baseline_trainer import is_baseline_run, load_baseline_checkpoint  # noqa: F401 (re-export)
+from ksae_cupy.supervised.baseline_trainer import KIND, is_baseline_run, load_baseline_checkpoint  # noqa: F401 (re-export)
 from ksae_cupy.supervised.baselines import PAPER_ERR_MNIST, encode
 
 NAMES = {"rbm": "RBM", "dropout-ae": "dropout autoencoder (50% hidden)",
@@ -28,7 +28,6 @@ NAMES = {"rbm": "RBM", "dropout-ae": "dropout autoencoder (50% hidden)",
 def open_baseline_run(run_dir):
     """``(Run, model)``: the checkpoint and data record of a baseline run folder, as
     :func:`ksae_cupy.evaluation.features.open_run` gives them for a k-sparse one."""
-    from ksae_cupy.cli.baseline import KIND
     from ksae_cupy.evaluation.features import Run
     from ksae_cupy.training.runs import RunFolder
 

@@ -3,7 +3,7 @@
 :class:`BaselineTrainer` owns one baseline's parameters, momentum velocities and random state
 on one backend (as :class:`ksae_cupy.training.trainer.Trainer` does for the k-sparse
 autoencoder) and runs epochs of :mod:`ksae_cupy.supervised.baselines`' steps. It never prints:
-each epoch goes to a callback. ``fit_autoencoder``, ``fit_rbm`` and ``ksae-baseline`` all train
+each epoch goes to a callback. ``baseline_fit.fit_autoencoder``, ``fit_rbm`` and ``ksae-baseline`` all train
 through it.
 
 Determinism: one host NumPy generator draws the initial weights, each epoch's order and every
@@ -32,6 +32,9 @@ from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.supervised import baselines
 from ksae_cupy.supervised.units import dropout_mask, sigmoid
 from ksae_cupy.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+
+
+KIND = "ksae-baseline"  # the run folders' kind (training/runs.py): other commands refuse them by name
 
 FORMAT = "ksae-cupy baseline checkpoint"
 

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ksae_cupy.backend import CPU, Backend, array_module, to_host
+from ksae_cupy.backend import array_module, to_host
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.training.options import (check_batch_size, check_dtype, check_in_dtype, check_momentum,
                                         check_positive_count, check_positive_finite)
@@ -266,19 +266,6 @@ def _check_common(cfg, n_train) -> None:
                         f"< {1 / cfg.lr:.3g}")
 
 
-def fit_autoencoder(X_nd, config: AutoencoderConfig, backend: Backend = CPU, on_epoch=None) -> dict:
-    """Train one dropout / denoising autoencoder on the rows of ``X_nd``; host parameters.
-
-    ``on_epoch`` gets each epoch's :class:`~ksae_cupy.supervised.baseline_trainer.BaselineReport`.
-    """
-    return _fit(_checked_input(X_nd, config, "the autoencoder's input"), config, backend, on_epoch)
-
-
-def fit_rbm(X_nd, config: RBMConfig, backend: Backend = CPU, on_epoch=None) -> dict:
-    """Train one Bernoulli RBM by CD-1 on ``X_nd`` (values in [0, 1]); host parameters."""
-    return _fit(check_rbm_input(_checked_input(X_nd, config, "the RBM's input")), config, backend, on_epoch)
-
-
 def check_rbm_input(X_nd):
     """``X_nd`` itself, or a one-line error when it holds values outside [0, 1]."""
     lo, hi = float(to_host(X_nd.min())), float(to_host(X_nd.max()))
@@ -286,48 +273,6 @@ def check_rbm_input(X_nd):
         raise KsaeError(f"the RBM's input holds values in [{lo:g}, {hi:g}]; its visible units are probabilities, "
                         f"so only values in [0, 1] are allowed")
     return X_nd
-
-
-def _fit(X_nd, config, backend: Backend, on_epoch) -> dict:
-    """Every epoch of ``config`` through the one training loop (the resumable one ksae-baseline runs)."""
-    from ksae_cupy.supervised.baseline_trainer import BaselineTrainer
-
-    return BaselineTrainer(config, backend, X_nd.shape[1]).fit(X_nd, on_epoch=on_epoch)
-
-
-def fit_stack(X_nd, configs: list, backend: Backend = CPU, on_epoch=None) -> list:
-    """Greedy layer-wise pretraining (section 4.6): layer l+1 learns on layer l's features.
-
-    ``configs`` holds one :class:`AutoencoderConfig` or :class:`RBMConfig` per layer. The
-    features are :func:`encode` -- every hidden unit of the uncorrupted input, as the paper
-    uses them. ``on_epoch(layer, report)`` with ``layer`` 1-based. Host parameters per layer.
-    """
-    stack, inputs = [], X_nd
-    for layer, config in enumerate(configs, start=1):
-        report = None if on_epoch is None else (lambda r, layer=layer: on_epoch(layer, r))
-        fit = fit_rbm if isinstance(config, RBMConfig) else fit_autoencoder
-        params = fit(inputs, config, backend, report)
-        stack.append(params)
-        with backend.use():
-            inputs = encode({n: backend.asarray(v) for n, v in params.items()},
-                            backend.asarray(inputs, dtype=np.dtype(config.dtype)))
-    return stack
-
-
-def pretrain_baseline(kind: str, X_nd, sizes: list[int], epochs: int, seed: int = 0, backend: Backend = CPU,
-                      on_epoch=None) -> list:
-    """:func:`fit_stack` of ``len(sizes)`` layers of a baseline named in :data:`REGULARISATION`.
-
-    Options not named here take their config class's defaults; layer l is seeded ``seed + l - 1``.
-    """
-    if kind not in REGULARISATION:
-        raise KsaeError(f"baseline {kind!r} is not allowed; use one of {', '.join(REGULARISATION)}")
-    if kind == "rbm":
-        configs = [RBMConfig(hidden=H, epochs=epochs, seed=seed + i) for i, H in enumerate(sizes)]
-    else:
-        configs = [AutoencoderConfig(hidden=H, epochs=epochs, seed=seed + i, **REGULARISATION[kind])
-                   for i, H in enumerate(sizes)]
-    return fit_stack(X_nd, configs, backend, on_epoch)
 
 
 def _checked_input(X_nd, config, what: str):

@@ -244,7 +244,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         """The CPU thread counts for the ``with`` block (``n_threads``); said when ``verbose``."""
         from contextlib import contextmanager
 
-        from ksae_cupy.cli.threads import estimator_threads
+        from ksae_cupy.training.threads import estimator_threads
 
         @contextmanager
         def limits():
@@ -266,7 +266,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
             return on_epoch
         import time
 
-        from ksae_cupy.cli.progress import epoch_line, format_duration
+        from ksae_cupy.training.wording import epoch_line, format_duration
 
         started, first_epoch = time.perf_counter(), trainer.epoch
 

@@ -4,7 +4,7 @@ import itertools
 import numpy as np
 import pytest
 
-from ksae_cupy.supervised import baselines
+from ksae_cupy.supervised import baseline_fit, baselines
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.supervised.units import dropout_mask, sigmoid
@@ -107,7 +107,7 @@ def test_denoising_autoencoder_lowers_clean_reconstruction_error():
     initial = baselines.init_params(20, 16, 0.1, np.random.default_rng(1), np.float64)
     before = baselines.ae_reconstruction_error(initial, X)
     reports = []
-    params = baselines.fit_autoencoder(X, config, on_epoch=reports.append)
+    params = baseline_fit.fit_autoencoder(X, config, on_epoch=reports.append)
     after = baselines.ae_reconstruction_error(params, X)
     assert [r.epoch for r in reports] == list(range(1, 41)) and reports[-1].step == 40 * 20
     assert after < 0.05 * before, (before, after)
@@ -119,12 +119,12 @@ def test_stack_learns_each_layer_on_the_features_of_the_layer_below():
                                            sigma=0.1, seed=1),
                baselines.RBMConfig(hidden=7, epochs=2, batch_size=50, seed=2)]
     seen = []
-    stack = baselines.fit_stack(X, configs, on_epoch=lambda l, r: seen.append(l))
+    stack = baseline_fit.fit_stack(X, configs, on_epoch=lambda l, r: seen.append(l))
     assert seen == [1, 1, 1, 2, 2]
     assert stack[0]["W_dh"].shape == (20, 12) and stack[1]["W_dh"].shape == (12, 7)
     assert stack[1]["W_dh"].dtype == np.float32
     # Layer 2 is what fitting an RBM on layer 1's sigmoid features gives.
-    alone = baselines.fit_rbm(baselines.encode(stack[0], X), configs[1])
+    alone = baseline_fit.fit_rbm(baselines.encode(stack[0], X), configs[1])
     np.testing.assert_array_equal(alone["W_dh"], stack[1]["W_dh"])
 
 
@@ -132,16 +132,16 @@ def test_stack_learns_each_layer_on_the_features_of_the_layer_below():
                                              ("dropout-denoising-ae", 0.2, 0.5)])
 def test_pretrain_baseline_uses_the_papers_dropout(kind, p_in, p_hid, monkeypatch):
     seen = []
-    real = baselines.fit_autoencoder
-    monkeypatch.setattr(baselines, "fit_autoencoder", lambda X, c, *a: seen.append(c) or real(X, c, *a))
-    baselines.pretrain_baseline(kind, low_rank_images(N=200), [6, 4], epochs=1, seed=3)
+    real = baseline_fit.fit_autoencoder
+    monkeypatch.setattr(baseline_fit, "fit_autoencoder", lambda X, c, *a: seen.append(c) or real(X, c, *a))
+    baseline_fit.pretrain_baseline(kind, low_rank_images(N=200), [6, 4], epochs=1, seed=3)
     assert [(c.hidden, c.input_dropout, c.hidden_dropout, c.seed) for c in seen] == [(6, p_in, p_hid, 3),
                                                                                     (4, p_in, p_hid, 4)]
 
 
 def test_unknown_baseline_is_a_one_line_error():
     with pytest.raises(KsaeError, match="baseline 'sae' is not allowed; use one of rbm, dropout-ae, denoising-ae, dropout-denoising-ae"):
-        baselines.pretrain_baseline("sae", np.zeros((4, 3)), [2], epochs=1)
+        baseline_fit.pretrain_baseline("sae", np.zeros((4, 3)), [2], epochs=1)
 
 
 # -- the RBM ------------------------------------------------------------------------------------
@@ -201,7 +201,7 @@ def test_cd1_training_raises_the_exact_log_likelihood_of_a_tiny_rbm():
                                  sigma=0.01, seed=2, dtype="float64")
     initial = baselines.init_params(6, 4, 0.01, np.random.default_rng(2), np.float64)
     before = exact_mean_log_likelihood(initial, V)
-    params = baselines.fit_rbm(V, config)
+    params = baseline_fit.fit_rbm(V, config)
     after = exact_mean_log_likelihood(params, V)
     assert before == pytest.approx(6 * np.log(0.5), abs=0.01)  # near-zero weights: uniform over 64 states
     # The data's own entropy bounds the best mean log-likelihood from above (about -2.5 nats).
@@ -229,7 +229,7 @@ def test_rbm_features_are_its_sigmoid_encoder():
 ])
 def test_bad_options_are_one_line_errors(make, fragments):
     X = np.random.default_rng(0).random((100, 4))
-    fit = baselines.fit_rbm if isinstance(make(), baselines.RBMConfig) else baselines.fit_autoencoder
+    fit = baseline_fit.fit_rbm if isinstance(make(), baselines.RBMConfig) else baseline_fit.fit_autoencoder
     with pytest.raises(KsaeError) as info:
         fit(X, make())
     message = str(info.value)
@@ -241,9 +241,9 @@ def test_bad_options_are_one_line_errors(make, fragments):
 def test_rbm_refuses_values_outside_zero_one():
     X = np.random.default_rng(0).standard_normal((50, 4))
     with pytest.raises(KsaeError, match=r"values in \[-.*only values in \[0, 1\] are allowed"):
-        baselines.fit_rbm(X, baselines.RBMConfig(hidden=3, epochs=1, batch_size=10))
+        baseline_fit.fit_rbm(X, baselines.RBMConfig(hidden=3, epochs=1, batch_size=10))
 
 
 def test_input_that_is_not_a_matrix_is_refused():
     with pytest.raises(KsaeError, match=r"shape \(10,\); only an N x D array"):
-        baselines.fit_autoencoder(np.zeros(10), baselines.AutoencoderConfig(epochs=1, batch_size=5))
+        baseline_fit.fit_autoencoder(np.zeros(10), baselines.AutoencoderConfig(epochs=1, batch_size=5))

@@ -271,7 +271,7 @@ def test_threads_option_sets_and_reports_the_blas_threads(data_file, tmp_path):
 
 @pytest.mark.parametrize("variable", ["OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"])
 def test_a_thread_count_from_the_environment_is_kept_and_named(data_file, tmp_path, variable):
-    from ksae_cupy.cli.threads import THREAD_VARIABLES
+    from ksae_cupy.training.threads import THREAD_VARIABLES
 
     env = {key: value for key, value in ENV.items() if key not in THREAD_VARIABLES}
     result = subprocess.run(TRAIN + [str(data_file), *SMALL, "--epochs", "1", "--run-dir", str(tmp_path / "run")],
@@ -284,9 +284,9 @@ def test_a_thread_count_from_the_environment_is_kept_and_named(data_file, tmp_pa
 @pytest.mark.parametrize("load, expected", [(0.2, 4), (1.2, 3), (2.6, 1), (9.0, 1)])
 def test_the_default_thread_count_leaves_the_cores_other_jobs_use(monkeypatch, load, expected):
     pytest.importorskip("threadpoolctl", reason="the count is set through threadpoolctl")
-    from ksae_cupy.cli import threads as threads_module
+    from ksae_cupy.training import threads as threads_module
     from ksae_cupy.cpu import kernels as cpu_kernels
-    from ksae_cupy.cli.threads import THREAD_VARIABLES
+    from ksae_cupy.training.threads import THREAD_VARIABLES
 
     for name in THREAD_VARIABLES:
         monkeypatch.delenv(name, raising=False)
@@ -306,7 +306,7 @@ def test_the_thread_count_a_run_used_is_kept_on_resume(data_file, tmp_path):
     """Without --threads the count chosen (from the environment here) is recorded, so a resume in
     another environment uses it: BLAS products differ in their last bits on another count."""
     pytest.importorskip("threadpoolctl", reason="the count is set through threadpoolctl")
-    from ksae_cupy.cli.threads import THREAD_VARIABLES
+    from ksae_cupy.training.threads import THREAD_VARIABLES
 
     env = {key: value for key, value in ENV.items() if key not in THREAD_VARIABLES}
     run = tmp_path / "run"

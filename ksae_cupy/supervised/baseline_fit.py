@@ -1,0 +1,69 @@
+"""Training the paper's baselines to completion in one call (the Python API and ``ksae-finetune
+--baseline``): each through :class:`~ksae_cupy.supervised.baseline_trainer.BaselineTrainer`, the
+resumable loop ``ksae-baseline`` runs; and greedy layer-wise stacks of them (section 4.6).
+
+The models and their gradients are in :mod:`ksae_cupy.supervised.baselines`; this module sits
+above both it and the trainer, so that neither imports the other's caller.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ksae_cupy.backend import CPU, Backend
+from ksae_cupy.errors import KsaeError
+from ksae_cupy.supervised.baseline_trainer import BaselineTrainer
+from ksae_cupy.supervised.baselines import (REGULARISATION, AutoencoderConfig, RBMConfig, _checked_input,
+                                            check_rbm_input, encode)
+
+
+def fit_autoencoder(X_nd, config: AutoencoderConfig, backend: Backend = CPU, on_epoch=None) -> dict:
+    """Train one dropout / denoising autoencoder on the rows of ``X_nd``; host parameters.
+
+    ``on_epoch`` gets each epoch's :class:`~ksae_cupy.supervised.baseline_trainer.BaselineReport`.
+    """
+    return _fit(_checked_input(X_nd, config, "the autoencoder's input"), config, backend, on_epoch)
+
+
+def fit_rbm(X_nd, config: RBMConfig, backend: Backend = CPU, on_epoch=None) -> dict:
+    """Train one Bernoulli RBM by CD-1 on ``X_nd`` (values in [0, 1]); host parameters."""
+    return _fit(check_rbm_input(_checked_input(X_nd, config, "the RBM's input")), config, backend, on_epoch)
+
+
+def _fit(X_nd, config, backend: Backend, on_epoch) -> dict:
+    """Every epoch of ``config`` through the one training loop (the resumable one ksae-baseline runs)."""
+    return BaselineTrainer(config, backend, X_nd.shape[1]).fit(X_nd, on_epoch=on_epoch)
+
+
+def fit_stack(X_nd, configs: list, backend: Backend = CPU, on_epoch=None) -> list:
+    """Greedy layer-wise pretraining (section 4.6): layer l+1 learns on layer l's features.
+
+    ``configs`` holds one :class:`AutoencoderConfig` or :class:`RBMConfig` per layer. The
+    features are :func:`encode` -- every hidden unit of the uncorrupted input, as the paper
+    uses them. ``on_epoch(layer, report)`` with ``layer`` 1-based. Host parameters per layer.
+    """
+    stack, inputs = [], X_nd
+    for layer, config in enumerate(configs, start=1):
+        report = None if on_epoch is None else (lambda r, layer=layer: on_epoch(layer, r))
+        fit = fit_rbm if isinstance(config, RBMConfig) else fit_autoencoder
+        params = fit(inputs, config, backend, report)
+        stack.append(params)
+        with backend.use():
+            inputs = encode({n: backend.asarray(v) for n, v in params.items()},
+                            backend.asarray(inputs, dtype=np.dtype(config.dtype)))
+    return stack
+
+
+def pretrain_baseline(kind: str, X_nd, sizes: list[int], epochs: int, seed: int = 0, backend: Backend = CPU,
+                      on_epoch=None) -> list:
+    """:func:`fit_stack` of ``len(sizes)`` layers of a baseline named in :data:`REGULARISATION`.
+
+    Options not named here take their config class's defaults; layer l is seeded ``seed + l - 1``.
+    """
+    if kind not in REGULARISATION:
+        raise KsaeError(f"baseline {kind!r} is not allowed; use one of {', '.join(REGULARISATION)}")
+    if kind == "rbm":
+        configs = [RBMConfig(hidden=H, epochs=epochs, seed=seed + i) for i, H in enumerate(sizes)]
+    else:
+        configs = [AutoencoderConfig(hidden=H, epochs=epochs, seed=seed + i, **REGULARISATION[kind])
+                   for i, H in enumerate(sizes)]
+    return fit_stack(X_nd, configs, backend, on_epoch)

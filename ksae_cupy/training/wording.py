@@ -1,0 +1,37 @@
+"""How a run's progress is worded, the same by every command and the Python API: durations, the
+epoch line, the point a run stands at (its stop and resume lines name it alike)."""
+from __future__ import annotations
+
+
+def format_duration(seconds: float) -> str:
+    """``45s``, ``3m 05s``, ``7h 12m``, ``2d 04h``: two units at most, for a person."""
+    seconds = max(0, int(round(seconds)))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours:02d}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    if minutes:
+        return f"{minutes}m {secs:02d}s"
+    return f"{secs}s"
+
+
+def epoch_line(report, epochs: int, eta: str = "") -> str:
+    """One epoch's line: its k, learning rate, losses, dead units and speed (an :class:`EpochReport`)."""
+    valid = f"  valid {report.valid_loss:.4f}" if report.valid_loss is not None else ""
+    tail = f"  ETA {eta}" if eta else ""
+    return (f"epoch {report.epoch}/{epochs}  k {report.k}  lr {report.lr:g}  loss {report.train_loss:.4f}{valid}  "
+            f"dead {100 * report.dead_fraction:.1f}%  {report.samples_per_s:,.0f} samples/s  {report.seconds:.1f} s{tail}")
+
+
+def position(epoch: int, batch_in_epoch: int) -> str:
+    """Where a run stands, worded the same by the stop line and the resume line: ``after epoch 8,
+    batch 173`` (epochs finished, then batches of the next one), or ``after epoch 8``."""
+    return f"after epoch {epoch}, batch {batch_in_epoch}" if batch_in_epoch else f"after epoch {epoch}"
+
+
+def epochs_done(n: int) -> str:
+    """``1 epoch``, ``3 epochs``."""
+    return f"{n} epoch" if n == 1 else f"{n} epochs"
