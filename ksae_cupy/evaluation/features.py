@@ -259,7 +259,11 @@ class Run:
 
     @property
     def params(self) -> dict:
-        return self.ckpt.params
+        """The parameters as they act on the dataset's raw rows: a ``--center-input`` run's have the
+        training mean folded into ``b`` and ``c`` (:func:`~ksae_cupy.datasets.preprocess.raw_input_params`)."""
+        from ksae_cupy.datasets.preprocess import raw_input_params
+
+        return raw_input_params(self.ckpt.params, self.ckpt.preprocess)
 
 
 def open_run(run_dir) -> Run:

@@ -171,3 +171,22 @@ def test_ksae_eval_encodes_a_centred_run_as_its_estimator_does(tmp_path, monkeyp
     codes = seen["codes"].toarray() if hasattr(seen["codes"], "toarray") else np.asarray(seen["codes"])
     np.testing.assert_allclose(codes, estimator.transform(seen["X"]), rtol=1e-4, atol=1e-5)
     assert np.abs(codes).sum() > 0
+
+
+def test_a_centred_runs_parameters_act_on_raw_rows_in_analyze_plot_and_finetune(tmp_path):
+    from ksae_cupy.evaluation.features import open_run
+    from ksae_cupy.supervised.pretrain import encoder_of
+
+    data = tmp_path / "d.npy"
+    np.save(data, X_nd + 2.0)
+    run_dir = tmp_path / "run"
+    args = [str(data), "--hidden", "40", "--k", "3", "--no-k-schedule", "--epochs", "1", "--batch-size", "50",
+            "--center-input", "--run-dir", str(run_dir), "--quiet", "--lr", "0.01"]
+    assert CliRunner().invoke(train_command, args, catch_exceptions=False).exit_code == 0
+    estimator = KSparseAutoencoder.load(run_dir / "checkpoint.h5", device="cpu")
+    X = (X_nd[:30] + 2.0).astype(np.float32)
+    expected = estimator.transform(X)
+    # ksae-analyze and ksae-plot read Run.params; ksae-finetune starts from encoder_of.
+    np.testing.assert_allclose(model.encode(open_run(run_dir).params, X, 3), expected, rtol=1e-4, atol=1e-5)
+    W_dh, b_h = encoder_of(estimator)
+    np.testing.assert_allclose(model.encode({"W_dh": W_dh, "b_h": b_h}, X, 3), expected, rtol=1e-4, atol=1e-5)
