@@ -87,6 +87,7 @@ class DataParallelTrainer(StopAgreedOverRanks, Trainer):
     """
 
     takes_sparse_step = False  # its gradients come from the dense step, summed over ranks
+    tracks_dead_units = False  # each rank holds a block of units or of examples: no per-unit window yet
 
     def __init__(self, config, backend, D, comm, allreduce, checkpoint=None):
         super().__init__(config, backend, D, checkpoint)
@@ -385,8 +386,9 @@ def _train(comm, MPI, dataset, config, settings, ckpt, folder, changes, record, 
             trainer.check_replicas_agree()  # raises on every rank alike (an all-gather)
         except KsaeError as exc:
             raise RanksFailed([(0, describe(exc)[0], 1)], size, job_wide=True) from None
-        ckpt_now = trainer.checkpoint(preprocess)  # collective when hidden units are sharded
-        ckpt_now.run_id = folder.run_id  # rank 0's (the one that writes): set by open_folder
+        ckpt_now = trainer.checkpoint(preprocess)  # collective when hidden units are sharded (None off rank 0)
+        if ckpt_now is not None:
+            ckpt_now.run_id = folder.run_id  # rank 0's (the one that writes): set by open_folder
         agree(comm, save_checkpoint, folder.checkpoint, ckpt_now, rank0_only=True)  # nobody runs ahead of it
         saved = (trainer.epoch, trainer.step)
 

@@ -34,6 +34,7 @@ class ShardedHiddenTrainer(StopAgreedOverRanks, Trainer):
     """A Trainer whose parameters are this rank's block of hidden units."""
 
     takes_sparse_step = False  # its gradients come from the dense step, summed over ranks
+    tracks_dead_units = False  # each rank holds a block of units or of examples: no per-unit window yet
 
     def __init__(self, config, backend, D, comm, allreduce, checkpoint=None, topk_dist="threshold"):
         super().__init__(config, backend, D, checkpoint)  # full arrays, then keep our block

@@ -277,7 +277,10 @@ def test_cli_step_and_threads_are_recorded_and_may_change_on_resume(tmp_path):
 def test_cli_bad_step_or_threads_is_one_line(tmp_path, args, fragments):
     from clicheck import assert_one_line_error
 
-    quick = [a for a in QUICK if a != "--no-pretraining"] if "--baseline" in args else QUICK
+    quick = QUICK
+    if "--baseline" in args:  # a baseline pretrains its own sigmoid layers: no --no-pretraining, no --k
+        at = QUICK.index("--k")
+        quick = [a for a in QUICK[:at] + QUICK[at + 2:] if a != "--no-pretraining"]
     result = finetune_cli([*quick, "--run-dir", tmp_path / "ft", *args])
     assert_one_line_error(result, *fragments, status=2)
     assert not (tmp_path / "ft" / "checkpoint.h5").exists()
