@@ -312,7 +312,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
                       f"part yet): use a smaller {option_names('sigma')} (now {self.sigma}) or scale the data down")
         elif exc.lr is not None and exc.lr > auto:
             advice = (f"{lr} auto gives {auto} for this data (derived from its scale: 0.01 on MNIST; see the "
-                      f"README's learning-rate section); use it, or a smaller rate")
+                      f"learning rate in docs/guide/your-data.md); use it, or a smaller rate")
         else:
             smaller = round_significant((exc.lr or auto) / 4, 2)
             advice = (f"that is at or below the {auto} that {lr} auto gives for this data; use a smaller rate, "

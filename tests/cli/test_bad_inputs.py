@@ -2,7 +2,7 @@
 exit status 2, no traceback, and nothing is written.
 
 These are the mistakes that once ended in a Python traceback, where the program meets the
-file system or a number nobody checked. BAD_INPUTS in the README counts the cases here.
+file system or a number nobody checked. docs/guide/reliability.md counts the cases here (BAD_INPUTS).
 """
 import os
 from pathlib import Path

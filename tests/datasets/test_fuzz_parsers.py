@@ -7,7 +7,7 @@ could hold or raise :class:`KsaeError`: no other exception, no runaway parse (a 
 CPU time, which a loaded machine does not stretch as it does a wall-clock deadline) and no
 allocation from an unchecked size field (tracemalloc's peak stays within a bound set by the
 file's length). Examples are derandomised so CI runs the same cases each
-time; FUZZ_CASES in the README is the sum of the max_examples below.
+time; the fuzz-case count in docs/guide/reliability.md is the sum of the max_examples below.
 """
 import gzip
 import io
