@@ -36,7 +36,7 @@ from ksae_cupy.topk import TOPK_METHODS
 STEPS = ("dense", "sparse", "auto")
 
 # ``auto`` takes the sparse step when k / H is at most this. Measured on the CPU with
-# `ksae-bench train --k-sweep 10,40,70,100,250,500` (README, benchmark section), H = 1000:
+# `ksae-bench train --k-sweep 10,40,70,100,250,500` (docs/benchmarks-history-2026-11-23.md), H = 1000:
 # with the Numba kernels the sparse step is 1.35x the dense one's speed at k = 250 and 0.88x at
 # k = 500; without them about even at k = 100 and 0.57x at k = 250.
 AUTO_MAX_K_OVER_H = {"cpu kernels": 0.25, "otherwise": 0.1}

@@ -350,7 +350,7 @@ def step_parts(D: int, H: int, k: int, batch_size: int, topk_method: str, thread
         floor_xw = _median_seconds(lambda i: batches[i % 8] @ W_dh, _NoSync, 7, 50)
     # Input sparsity (MNIST: ~81% zero pixels): X W from the non-zero pixels only, SciPy's CSR product
     # (one thread), building the CSR included, with W in the row order that product wants (a copy,
-    # made once here: its best case). Adopted only where it beats BLAS; it has not here (README).
+    # made once here: its best case). Adopted only where it beats BLAS; it has not here (docs/results/benchmarks.md).
     import scipy.sparse
     W_rows = np.ascontiguousarray(W_dh)
     input_sparse = _median_seconds(lambda i: scipy.sparse.csr_matrix(batches[i % 8]) @ W_rows, _NoSync, 7, 50)
