@@ -7,6 +7,7 @@ diverges exits with status 1; Ctrl-C, SIGTERM and SIGHUP save a checkpoint and e
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import signal
@@ -143,6 +144,31 @@ class StopOnSignals:
         for number, handler in self.previous.items():
             signal.signal(number, handler)
         self.previous = {}
+
+
+@contextlib.contextmanager
+def signals_interrupt(names, on_signal=None):
+    """While the block runs, the signals ``names`` (e.g. ``("SIGTERM", "SIGHUP")``) stop it as Ctrl-C
+    does: ``on_signal(signum)``, then a ``KeyboardInterrupt`` in the main thread. The previous
+    handlers come back after it. Off the main thread (a test runner's worker) nothing is installed."""
+    def interrupt(signum, frame):
+        if on_signal is not None:
+            on_signal(signum)
+        raise KeyboardInterrupt
+
+    previous = {}
+    for name in names:
+        number = getattr(signal, name, None)
+        if number is not None:
+            try:
+                previous[number] = signal.signal(number, interrupt)
+            except ValueError:  # not the main thread
+                break
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def positive_ints(text: str, flag: str):

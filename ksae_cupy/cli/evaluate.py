@@ -6,13 +6,12 @@ Results go to stdout and the run folder; progress goes to stderr.
 from __future__ import annotations
 
 import contextlib
-import signal
 import sys
 from pathlib import Path
 
 import click
 
-from ksae_cupy.cli.common import (CONTEXT, DATA_DIR, DEVICE, EXIT_INTERRUPTED, QUIET, RUN_DIR, check_run_outputs,
+from ksae_cupy.cli.common import (signals_interrupt, CONTEXT, DATA_DIR, DEVICE, EXIT_INTERRUPTED, QUIET, RUN_DIR, check_run_outputs,
                                    data_overrides, progress_printer, report_errors, run_data_options)
 from ksae_cupy.errors import KsaeError
 
@@ -101,21 +100,5 @@ def stop_signals_interrupt():
     """SIGTERM and SIGHUP stop the evaluation as Ctrl-C does (the finished fits are kept);
     yields a list that receives the signal's number (exit status 128 + it)."""
     received = []
-
-    def interrupt(signum, frame):
-        received.append(signum)
-        raise KeyboardInterrupt
-
-    previous = {}
-    for name in ("SIGTERM", "SIGHUP"):
-        number = getattr(signal, name, None)
-        if number is not None:
-            try:
-                previous[number] = signal.signal(number, interrupt)
-            except ValueError:  # not the main thread (a test runner's worker)
-                break
-    try:
+    with signals_interrupt(("SIGTERM", "SIGHUP"), received.append):
         yield received
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)

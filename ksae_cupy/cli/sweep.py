@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from ksae_cupy.cli.common import GivenPath, STOP_SIGNALS, report_errors
+from ksae_cupy.cli.common import GivenPath, STOP_SIGNALS, report_errors, signals_interrupt
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.parallel.sweep import check_data, check_specs, grid, run_sweep, write_results
 from ksae_cupy.paths import check_writable_folder
@@ -96,7 +96,7 @@ def stopped_by_signals():
     closes). Yields a one-item list: the signal received."""
     received = [signal.SIGINT]
 
-    def stop(signum, frame):
+    def stop(signum):
         received[0] = signum
         for logger in ("asyncio", "distributed"):
             logging.getLogger(logger).setLevel(logging.CRITICAL)
@@ -104,21 +104,9 @@ def stopped_by_signals():
         # that object's __del__ then fails as the process ends, and Python prints "Exception ignored
         # in ..." and a traceback under our one line. The process is stopping: nothing there is news.
         sys.unraisablehook = _ignore_unraisable
-        raise KeyboardInterrupt
 
-    previous = {}
-    for name in STOP_SIGNALS:
-        number = getattr(signal, name, None)
-        if number is not None:
-            try:
-                previous[number] = signal.signal(number, stop)
-            except ValueError:  # not the main thread (a test runner's worker)
-                break
-    try:
+    with signals_interrupt(STOP_SIGNALS, stop):
         yield received
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
 
 
 def main(argv=None):
