@@ -314,6 +314,11 @@ def _train(comm, MPI, dataset, config, settings, ckpt, folder, changes, record, 
         data = load_dataset(dataset, root=Path(settings.data_dir) if settings.data_dir else None,
                             log=lambda msg: say(msg, err=True))
         config.validate(n_train=len(data.X_train))
+        if ckpt is None:  # a rate whose first step moves no weight: on a one-process model of the same seed
+            from ksae_cupy.training.learning_rate import check_rate_moves_weights
+            from ksae_cupy.training.trainer import Trainer
+
+            check_rate_moves_weights(Trainer(config, backend, data.dim), data.X_train, "--lr")
         if ckpt is not None and ckpt.params["W_dh"].shape[0] != data.dim:
             raise KsaeError(f"the checkpoint's model takes {ckpt.params['W_dh'].shape[0]} dimensions, "
                             f"{dataset} has {data.dim}")

@@ -56,6 +56,10 @@ def two_epoch_run(folder, *extra):
     (["x.npy", *SMALL, "--comm", "nccl"], "--comm nccl needs --device gpu"),
     (["x.npy", *SMALL, "--topk-dist", "gather"], "--topk-dist gather is not allowed without --shard-hidden"),
     (["x.npy", *SMALL, "--checkpoint-every", "0"], "--checkpoint-every 0 is not allowed"),
+    # issue 37: values legal to the parser but meaningless, refused before any work as ksae-train does
+    (["x.npy", *SMALL, "--run-dir", ""], "--run-dir '' is not allowed: an empty path"),
+    (["x.npy", *SMALL, "--lr", "1e-20"], "--lr 1e-20 is not allowed for this data: in float32 a step at that rate"),
+    (["x.npy", *SMALL, "--sigma", "1e-50"], "--sigma 1e-50 is not allowed in float32"),
     (["mnist", *SMALL, "--data-dir", "text.txt"], "text.txt is a file, not a folder"),
     (["--resume", "nothere"], "--resume nothere: no such run folder"),
 ])
