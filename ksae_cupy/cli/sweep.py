@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from ksae_cupy.cli.common import GivenPath, STOP_SIGNALS, report_errors, signals_interrupt
+from ksae_cupy.cli.common import GivenPath, STOP_SIGNALS, parse_lr, report_errors, signals_interrupt
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.parallel.sweep import check_data, check_specs, grid, run_sweep, write_results
 from ksae_cupy.paths import check_writable_folder
@@ -49,7 +49,11 @@ def _floats(text: str, what: str) -> list[float]:
 @click.option("--seeds", default="0", help="Comma-separated seeds.")
 @click.option("--epochs", "epochs", default="50", help="Comma-separated epoch counts.")
 @click.option("--batch-size", type=int, default=128, help="Minibatch size of every training.")
-@click.option("--lr", type=float, default=0.01, help="Learning rate of every training (the paper's for MNIST).")
+@click.option("--lr", default="0.01",
+              help="Learning rate of every training: a number (0.01 is the paper's for MNIST), or auto: derived "
+                   "from the training data's scale on each worker, as ksae-train --lr auto does.")
+@click.option("--threads", type=int, default=1,
+              help="BLAS and CPU-kernel threads of each training (a worker runs one training at a time).")
 @click.option("--no-k-schedule", is_flag=True,
               help="Train with k from the first epoch. [default: the schedule from k 100 (or k if larger, at most "
                    "the hidden size) down to k over the first half of the epochs]")
@@ -59,12 +63,15 @@ def _floats(text: str, what: str) -> list[float]:
 @click.option("--out", type=GivenPath(path_type=Path), default=Path("sweeps/latest"),
               help="Folder for results.json and results.md.")
 @report_errors
-def sweep_command(dataset, ks, alphas, hiddens, seeds, epochs, batch_size, lr, no_k_schedule, scheduler, workers,
-                  data_dir, out):
+def sweep_command(dataset, ks, alphas, hiddens, seeds, epochs, batch_size, lr, threads, no_k_schedule, scheduler,
+                  workers, data_dir, out):
     """Train a grid of k-sparse autoencoders on DATASET in parallel; write one results table."""
     if workers <= 0:
         raise KsaeError(f"--workers {workers} is not allowed; use a positive number")
-    base = {"batch_size": batch_size, "lr": lr, "k_start": None if no_k_schedule else "auto"}
+    if threads <= 0:
+        raise KsaeError(f"--threads {threads} is not allowed; use a positive number of threads per training")
+    base = {"batch_size": batch_size, "lr": parse_lr(lr, 0.01), "threads": threads,
+            "k_start": None if no_k_schedule else "auto"}
     specs = grid(_ints(ks, "k"), _floats(alphas, "alpha"), _ints(hiddens, "hidden"), _ints(seeds, "seeds"),
                  _ints(epochs, "epochs"), base)
     check_specs(specs)  # here, in one line, not on a worker after a remote traceback

@@ -5,9 +5,9 @@
 
 The grid is the product of ``k x hidden x seeds x epochs``; ``alpha`` (the encoding-time
 multiple of k, section 2.2) does not change training, so each trained model is scored for
-every alpha. Each configuration trains on one worker (a single-threaded
-:class:`~ksae_cupy.training.trainer.Trainer` on the CPU: ``OMP_NUM_THREADS=1`` so workers do not
-fight over cores), and reports its final validation loss with k and with alpha*k kept
+every alpha. Each configuration trains on one worker (a
+:class:`~ksae_cupy.training.trainer.Trainer` on the CPU with ``--threads`` threads, one by default,
+so workers do not fight over cores; ``--lr auto`` resolved there from the data), and reports its final validation loss with k and with alpha*k kept
 units. Without ``--scheduler`` a :class:`distributed.LocalCluster` is started; with it
 the runs go to that scheduler. Results: ``OUT/results.json`` and ``OUT/results.md``. The command is :mod:`ksae_cupy.cli.sweep`.
 When :mod:`ksae_cupy.evaluation.features` exists its metrics can be added per row; this module only
@@ -85,21 +85,28 @@ def run_one(spec: dict, dataset: str, data_dir: str | None = None) -> list[dict]
     from ksae_cupy import model
     from ksae_cupy.backend import CPU
     from ksae_cupy.datasets import load_dataset
+    from ksae_cupy.training.learning_rate import auto_learning_rate
+    from ksae_cupy.training.threads import estimator_threads
     from ksae_cupy.training.trainer import Trainer
 
-    for name, value in SINGLE_THREAD_ENV.items():  # for anything that starts threads later
-        os.environ.setdefault(name, value)
+    threads = int(spec.get("threads", 1))
+    for name in SINGLE_THREAD_ENV:  # for anything that starts threads later
+        os.environ.setdefault(name, str(threads))
     data = load_dataset(dataset, root=data_dir, log=lambda msg: None)
     config = _config_of(spec)
-    options = {**{key: value for key, value in spec.items() if key != "alphas"}, "k_start": config.k_start}
     config.validate(n_train=len(data.X_train))
+    if config.lr == "auto":  # derived from this worker's copy of the training rows, as ksae-train does
+        config.lr, config.lr_auto = auto_learning_rate(data.X_train), True
+    options = {**{key: value for key, value in spec.items() if key != "alphas"}, "k_start": config.k_start,
+               "lr": config.lr}
     trainer = Trainer(config, CPU, D=data.dim)
     X_train = data.X_train.astype(config.dtype)
     X_valid = data.X_valid.astype(config.dtype)
     started = time.perf_counter()
     report = None
-    while not trainer.finished:
-        report = trainer.run_epoch(X_train, X_valid)
+    with estimator_threads(threads):  # BLAS and the CPU kernels of this training, for it only
+        while not trainer.finished:
+            report = trainer.run_epoch(X_train, X_valid)
     seconds = time.perf_counter() - started
     rows = []
     for alpha in spec["alphas"]:

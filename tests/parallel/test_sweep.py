@@ -26,3 +26,31 @@ def test_sweep_rows_equal_single_runs(tmp_path):
     json_path, md_path = write_results(rows, tmp_path / "out")
     assert len(json.loads(json_path.read_text())) == 4
     assert md_path.read_text().count("\n") == 2 + 4
+
+
+def test_lr_auto_is_resolved_from_the_data_on_the_worker_and_recorded(tmp_path):
+    from ksae_cupy.training.learning_rate import auto_learning_rate
+
+    X = np.random.default_rng(1).standard_normal((200, 8)).astype(np.float32) * 3
+    np.save(tmp_path / "x.npy", X)
+    (spec,) = grid([2], [1], [16], [0], [2], base={"batch_size": 50, "k_start": None, "lr": "auto", "threads": 2})
+    (row,) = run_one(spec, str(tmp_path / "x.npy"))
+    from ksae_cupy.datasets import load_dataset
+
+    train = load_dataset(str(tmp_path / "x.npy"), log=lambda *a: None).X_train
+    assert row["lr"] == auto_learning_rate(train) and row["threads"] == 2
+    assert np.isfinite(row["final_valid_loss"])
+
+
+@pytest.mark.parametrize("args, fragment", [(["--lr", "fast"], "--lr 'fast' is not allowed"),
+                                            (["--threads", "0"], "--threads 0 is not allowed")])
+def test_bad_lr_or_threads_is_one_line_before_any_cluster(tmp_path, args, fragment):
+    from click.testing import CliRunner
+
+    from clicheck import assert_one_line_error
+    from ksae_cupy.cli.sweep import sweep_command
+
+    np.save(tmp_path / "x.npy", np.zeros((50, 4), dtype=np.float32))
+    result = CliRunner().invoke(sweep_command, [str(tmp_path / "x.npy"), "--out", str(tmp_path / "o"), *args])
+    assert_one_line_error(result, fragment)
+    assert not (tmp_path / "o").exists()
