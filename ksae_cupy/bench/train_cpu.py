@@ -315,10 +315,8 @@ def step_parts(D: int, H: int, k: int, batch_size: int, topk_method: str, thread
             t0 = clock()
             Z_nh = cpu_kernels.encode(W_dh, params["b_h"], X_nd, lanes)
             t1 = clock()
-            idx_nk = np.empty((batch_size, k), dtype=np.int32)
-            val_nk = np.empty((batch_size, k), dtype=np.float32)
-            R_nd, dZ_nk, _ = cpu_kernels._run_decoder(W_hd, params["c_d"], X_nd, idx_nk, val_nk, False, Z_nh,
-                                                      descending, lanes=lanes)
+            _, idx_nk, val_nk, R_nd, dZ_nk = cpu_kernels.select_decode_and_backprop(
+                Z_nh, k, descending, W_hd, params["c_d"], X_nd, False, lanes)
             t2 = clock()
             cpu_kernels.momentum_update_rows(W_hd, V_hd, X_nd, R_nd, idx_nk, dZ_nk, val_nk, 0.9, 0.0, lanes)
             t3 = clock()

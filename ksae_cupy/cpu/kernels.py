@@ -282,7 +282,7 @@ def decode_and_backprop(W_hd, c_d, X_nd, idx_nk, val_nk, relu: bool):
     return 0.5 * _sum_in_order(row_error_n) / X_nd.shape[0], R_nd, dZ_nk
 
 
-def select_decode_and_backprop(Z_nh, k: int, descending: bool, W_hd, c_d, X_nd, relu: bool):
+def select_decode_and_backprop(Z_nh, k: int, descending: bool, W_hd, c_d, X_nd, relu: bool, lanes: int = 1):
     """:func:`decode_and_backprop` with the top-k selection of ``Z_nh`` in the same pass over examples:
     ``(loss, idx_nk, val_nk, R_nd, dZ_nk)``. ``idx_nk``/``val_nk`` are exactly those of
     :func:`ksae_cupy.topk.topk_sort` (``descending``) or ``topk_threshold`` (not), after ``relu``."""
@@ -291,7 +291,7 @@ def select_decode_and_backprop(Z_nh, k: int, descending: bool, W_hd, c_d, X_nd, 
     check_topk_args(Z_nh, k)
     idx_nk = np.empty((Z_nh.shape[0], k), dtype=np.int32)
     val_nk = np.empty((Z_nh.shape[0], k), dtype=Z_nh.dtype)
-    R_nd, dZ_nk, row_error_n = _run_decoder(W_hd, c_d, X_nd, idx_nk, val_nk, relu, Z_nh, descending)
+    R_nd, dZ_nk, row_error_n = _run_decoder(W_hd, c_d, X_nd, idx_nk, val_nk, relu, Z_nh, descending, lanes=lanes)
     return 0.5 * _sum_in_order(row_error_n) / X_nd.shape[0], idx_nk, val_nk, R_nd, dZ_nk
 
 
