@@ -11,6 +11,25 @@ class KsaeError(ValueError):
     """
 
 
+class OptionError(KsaeError):
+    """A bad value of one parameter, named as the Python API spells it (``field``: ``n_hidden``,
+    ``k``, ``lr``): the library speaks Python, and each front end spells the name its own way.
+
+    ``template`` is the one-line message with ``{name}`` where the parameter's name goes:
+    ``OptionError("k", "{name} 0 is not allowed; use 1 <= k <= n_hidden")``. ``str()`` reads it
+    with the field's name; the CLI prints :meth:`spelled` with its flag (``--k``), from the one
+    field -> flag table in :mod:`ksae_cupy.cli.common`.
+    """
+
+    def __init__(self, field: str, template: str):
+        self.field, self.template = field, template
+        super().__init__(template.format(name=field))
+
+    def spelled(self, name: str) -> str:
+        """The message with the parameter called ``name`` (e.g. a command line's flag)."""
+        return self.template.format(name=name)
+
+
 class TrainingDiverged(KsaeError):
     """The loss became NaN or infinite; the last good checkpoint is left untouched (exit status 1).
 

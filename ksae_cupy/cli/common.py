@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from ksae_cupy.errors import KsaeError, KsaeNote, TrainingDiverged, one_line
+from ksae_cupy.errors import KsaeError, KsaeNote, OptionError, TrainingDiverged, one_line
 
 EXIT_USAGE, EXIT_DIVERGED, EXIT_INTERRUPTED = 2, 1, 130
 
@@ -92,7 +92,20 @@ def _show_note(message, category, filename, lineno, file=None, line=None):
         sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
+# The library names parameters as Python does (OptionError.field); where a command's option is
+# called otherwise than the field, the flag is here. Every other field is the option of the same
+# name on the running command (``batch_size`` -> ``--batch-size``).
+FIELD_FLAGS = {"n_hidden": "--hidden"}
+
+
+def flag_of(field: str) -> str:
+    """How the running command spells the library's parameter ``field``."""
+    return FIELD_FLAGS.get(field) or _flag(field)
+
+
 def _one_line(exc: Exception) -> str:
+    if isinstance(exc, OptionError):
+        return one_line(exc.spelled(flag_of(exc.field)))
     return one_line(exc) or type(exc).__name__
 
 
