@@ -1,5 +1,5 @@
-"""Every relative link in README.md and the handbook (docs/**/*.md) points to a file or folder that
-exists, and every link to a heading (``page.md#heading``, ``#heading``) to a heading that exists.
+"""Every relative link in README.md, the handbook (docs/**/*.md) and results/**/*.md points to a file
+or folder that exists, and every link to a heading (``page.md#heading``, ``#heading``) to a heading that exists.
 
 A cheap stand-in for ``mkdocs build --strict`` (which CI runs, and which checks the handbook's links
 too): this needs no mkdocs, covers the README, which the site does not build, and runs in the
@@ -19,7 +19,7 @@ CODE_SPAN = re.compile(r"`[^`\n]*`")
 
 
 def markdown_files() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "results").rglob("*.md"))]
 
 
 def prose(text: str) -> str:

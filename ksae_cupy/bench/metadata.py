@@ -1,6 +1,7 @@
 """What every benchmark figure is recorded with: device, versions, commit, date; and where.
 
-Results are JSON files under ``benchmarks/results/`` (or ``--out``), written atomically.
+Results are JSON files under ``results/benchmarks/`` (or ``--out``), written atomically: the
+repository keeps every measurement (run folders, figures, benchmark JSON) in one ``results/`` folder.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-RESULTS_DIR = Path("benchmarks") / "results"
+RESULTS_DIR = Path("results") / "benchmarks"
 
 
 def git_commit() -> str:

@@ -102,7 +102,7 @@ def test_the_repositorys_run_folders_written_before_ids_still_open():
 
     from ksae_cupy.evaluation.features import open_run
 
-    folders = sorted(p.parent for p in (Path(__file__).resolve().parents[2] / "docs" / "runs").glob("*/checkpoint.h5"))
+    folders = sorted(p.parent for p in (Path(__file__).resolve().parents[2] / "results" / "runs").glob("*/checkpoint.h5"))
     # The paper-length MNIST runs were written before ids; runs carried since (baselines) have theirs.
     legacy = [folder for folder in folders if "run_id" not in config(folder)]
     assert {folder.name for folder in legacy} >= {"mnist-k10-5000", "mnist-k25-5000", "mnist-k40-5000"}
