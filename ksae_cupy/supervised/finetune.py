@@ -6,6 +6,7 @@ The discriminative network, for a minibatch ``X_nd`` with labels ``y_n``:
     Z_l   = A_{l-1} W_l + b_l
     H_l   = Z_l on its alpha*k largest entries per row, 0 elsewhere    ("ksparse" layer)
           | sigmoid(Z_l)                                               ("sigmoid" layer)
+          | max(Z_l, 0)                                                ("relu" layer: a plain net)
     A_l   = H_l * M_l                             (hidden dropout mask, or none; l = 1..L)
     S_nc  = A_L W_hc + b_c ;  P_nc = softmax(S_nc)
     E     = -1/N sum_n log P[n, y_n]              (cross-entropy averaged over the batch)
@@ -15,8 +16,9 @@ autoencoder (or, "no pretraining", from Gaussian weights) and keeps its ``alpha*
 linear units (section 4.5: "we used the alpha k largest hidden units"); the error flows back
 through those kept units only, exactly as in :func:`ksae_cupy.model.backward`. A "sigmoid"
 layer starts from a baseline of :mod:`ksae_cupy.supervised.baselines` (dropout or denoising
-autoencoder, RBM), whose features are sigmoid units. The softmax layer starts from Gaussian
-weights.
+autoencoder, RBM), whose features are sigmoid units. A "relu" layer (Gaussian weights) makes the
+plain 784-1000-10 network that Table fn_mnist's "without pre-training" row may mean: no k-sparsity
+at all. The softmax layer starts from Gaussian weights.
 
 Dropout during fine-tuning (section 4.5: "we fine-tuned the weights obtained from dropout
 autoencoder with dropout regularization or in denoising autoencoder, we fine-tuned the
@@ -29,6 +31,7 @@ Gradients, with G_nc = (P_nc - onehot(y)_nc) / N:
     dH_l  = dA_l * M_l
     dZ_l  = dH_l on the kept units of layer l, 0 elsewhere     ("ksparse")
           | dH_l * H_l (1 - H_l)                                ("sigmoid")
+          | dH_l * [Z_l > 0]                                    ("relu")
     dW_l  = A_{l-1}^T dZ_l ;  db_l = sum_n dZ_l ;  dA_{l-1} = dZ_l W_l^T
 
 Layer-wise fine-tuning of the deep net (section 4.6) runs phases in order:
@@ -69,7 +72,7 @@ from ksae_cupy.supervised.sparse_finetune import loss_and_grads_sparse
 from ksae_cupy.sparse_step import sparse_layout
 
 PHASES = ("softmax", "top", "all")
-ACTIVATIONS = ("ksparse", "sigmoid")
+ACTIVATIONS = ("ksparse", "sigmoid", "relu")
 STEPS = ("dense", "sparse", "auto")  # the training step: FinetuneConfig.step, ksae-finetune --step
 
 
@@ -127,7 +130,8 @@ class NetCache:
 
     inputs: list = field(default_factory=list)  # A_{l-1} for l = 1..L (the masked input for l = 1)
     idx: list = field(default_factory=list)  # idx_nk of a ksparse layer, None for a sigmoid one
-    S: list = field(default_factory=list)  # H_l of a sigmoid layer, None for a ksparse one
+    S: list = field(default_factory=list)  # H_l of a sigmoid or relu layer, None for a ksparse one
+    kinds: list = field(default_factory=list)  # the activation of each layer
     masks: list = field(default_factory=list)  # M_l, or None without hidden dropout
     A_top: object = None  # A_L
     P_nc: object = None
@@ -143,6 +147,7 @@ def forward(params, X_nd, kept: list, topk_method: str = "sort", activations=Non
     """
     activations = activations or ["ksparse"] * len(kept)
     masks = masks or [None] * (len(kept) + 1)
+    xp = array_module(X_nd)
     A, cache = (X_nd if masks[0] is None else X_nd * masks[0]), NetCache()
     for l, (k, activation) in enumerate(zip(kept, activations), start=1):
         w_name, b_name = layer_names(l)
@@ -154,9 +159,10 @@ def forward(params, X_nd, kept: list, topk_method: str = "sort", activations=Non
             cache.idx.append(idx_nk)
             cache.S.append(None)
         else:
-            H_nh = sigmoid(Z_nh)
+            H_nh = sigmoid(Z_nh) if activation == "sigmoid" else xp.maximum(Z_nh, 0)
             cache.idx.append(None)
             cache.S.append(H_nh)
+        cache.kinds.append(activation)
         cache.masks.append(masks[l])
         A = H_nh if masks[l] is None else H_nh * masks[l]
     cache.A_top = A
@@ -187,6 +193,8 @@ def backward(params, P_nc, y_n, cache: NetCache, trainable) -> dict:
         if idx_nk is not None:
             # Gradient reaches Z only at the kept units of this layer.
             dZ = scatter_rows(idx_nk, xp.take_along_axis(dH, idx_nk, axis=1), dH.shape[1])
+        elif cache.kinds[l - 1] == "relu":
+            dZ = dH * (S_nh > 0)  # H = max(Z, 0): gradient where Z > 0 (0 at Z = 0, as autograd takes it)
         else:
             dZ = dH * S_nh * (1 - S_nh)
         if w_name in trainable:
@@ -301,9 +309,9 @@ class FinetuneConfig:
             if activation not in ACTIVATIONS:
                 raise KsaeError(f"activation {activation!r} of layer {l} is not allowed; use one of "
                                 f"{', '.join(ACTIVATIONS)}")
-            if activation == "sigmoid" and k is not None:
-                raise KsaeError(f"alpha*k = {k} units kept in sigmoid layer {l} is not allowed; a sigmoid layer "
-                                f"keeps every unit, use None")
+            if activation != "ksparse" and k is not None:
+                raise KsaeError(f"alpha*k = {k} units kept in {activation} layer {l} is not allowed; a {activation} "
+                                f"layer keeps every unit, use None")
             if activation == "ksparse" and (not isinstance(k, (int, np.integer)) or k < 1
                                             or (H is not None and k > H)):
                 raise KsaeError(f"alpha*k = {k} units kept in layer {l} is not allowed; use an integer "

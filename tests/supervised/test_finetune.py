@@ -181,6 +181,9 @@ SIGMOID_NETS = [
     (7, [10, 6], [None, None], ["sigmoid", "sigmoid"], 3, 0.3, 0.5),
     (7, [10, 6], [4, None], ["ksparse", "sigmoid"], 3, 0.2, 0.5),
     (7, [10, 6], [None, 3], ["sigmoid", "ksparse"], 3, 0.0, 0.4),
+    (6, [9], [None], ["relu"], 4, 0.0, 0.0),  # the plain net of Table fn_mnist's "without pre-training"
+    (7, [10, 6], [None, None], ["relu", "relu"], 3, 0.2, 0.5),
+    (7, [10, 6], [4, None], ["ksparse", "relu"], 3, 0.0, 0.0),
 ]
 
 
@@ -244,6 +247,16 @@ def test_sigmoid_net_with_dropout_learns_a_small_labelled_problem():
     assert after < 0.35 and after < before - 0.2, (before, after)  # chance: 2/3
 
 
+def test_relu_net_learns_a_small_labelled_problem_and_zeroes_negative_units():
+    trainer = make_trainer(["all"], epochs=15, hidden=(40,), kept=(None,), activations=["relu"])
+    _, cache = finetune.forward(trainer.params, X_te, [None], "sort", ["relu"])
+    assert cache.S[0].min() == 0 and (cache.S[0] == 0).any() and (cache.S[0] > 0).any()
+    before = trainer.error(X_te, y_te)
+    trainer.fit(X_tr, y_tr)
+    after = trainer.error(X_te, y_te)
+    assert after < 0.35 and after < before - 0.2, (before, after)  # chance: 2/3
+
+
 def test_config_round_trips_and_old_configs_load_with_defaults(tmp_path):
     import json
 
@@ -261,7 +274,8 @@ def test_config_round_trips_and_old_configs_load_with_defaults(tmp_path):
 @pytest.mark.parametrize("changes,fragments", [
     (dict(input_dropout=1.0), ["--input-dropout 1.0", "0 <= rate < 1"]),
     (dict(hidden_dropout=-0.5), ["--hidden-dropout -0.5", "0 <= rate < 1"]),
-    (dict(activations=["relu"]), ["activation 'relu' of layer 1", "ksparse, sigmoid"]),
+    (dict(activations=["tanh"]), ["activation 'tanh' of layer 1", "ksparse, sigmoid, relu"]),
+    (dict(activations=["relu"]), ["alpha*k = 4 units kept in relu layer 1", "use None"]),
     (dict(activations=["sigmoid"]), ["alpha*k = 4 units kept in sigmoid layer 1", "use None"]),
     (dict(kept=[None]), ["alpha*k = None units kept in layer 1", "1 <= alpha*k <= 8"]),
     (dict(activations=["ksparse", "sigmoid"]), ["name 2 layers", "has 1"]),
