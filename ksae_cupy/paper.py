@@ -1,0 +1,68 @@
+"""The paper's MNIST tables as data, typed once (Makhzani & Frey 2014, section 5).
+
+Every figure the package and the scripts compare against comes from here: ``ksae-eval``'s
+``paper_test_error``, the baselines' evaluation, ``bin/paper-tables``, ``bin/reproduce-mnist``,
+``bin/reproduce-finetune`` and ``bin/gpu-campaign``. Errors are fractions (0.0135 is 1.35%).
+
+* :data:`ERR_MNIST`, Table err_mnist: logistic regression on the features of an unsupervised
+  learner with 1000 hidden units (no fine-tuning). Keys: ``raw``, the baselines' model names
+  (as ``ksae-baseline --model`` spells them) and ``k40`` / ``k25`` / ``k10`` for the k-sparse rows.
+* :data:`FN_MNIST`, Table fn_mnist: the pretrained network fine-tuned (sections 4.5 and 4.6).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PaperRow:
+    """One row of a paper table: ``key`` (how the code names it), ``label`` (as the paper
+    prints it) and ``error`` (the test error, a fraction)."""
+
+    key: str
+    label: str
+    error: float
+
+
+ERR_MNIST = (
+    PaperRow("raw", "Raw pixels", 0.0720),
+    PaperRow("rbm", "RBM", 0.0181),
+    PaperRow("dropout-ae", "Dropout autoencoder (50% hidden)", 0.0180),
+    PaperRow("denoising-ae", "Denoising autoencoder (20% input dropout)", 0.0195),
+    PaperRow("dropout-denoising-ae", "Dropout + denoising autoencoder (20% input, 50% hidden)", 0.0160),
+    PaperRow("k40", "k-sparse autoencoder, k = 40", 0.0154),
+    PaperRow("k25", "k-sparse autoencoder, k = 25", 0.0135),
+    PaperRow("k10", "k-sparse autoencoder, k = 10", 0.0210),
+)
+
+FN_MNIST = (
+    PaperRow("no-pretraining", "Without pre-training", 0.0160),
+    PaperRow("rbm", "RBM + F.T.", 0.0124),
+    PaperRow("dropout-ae", "Shallow dropout AE + F.T. (50% hidden)", 0.0105),
+    PaperRow("denoising-ae", "Denoising AE + F.T. (20% input dropout)", 0.0120),
+    PaperRow("deep-dropout-ae", "Deep dropout AE + F.T. (layer-wise pre-training, 50% hidden)", 0.0085),
+    PaperRow("ksparse", "k-sparse AE + F.T. (k = 25)", 0.0108),
+    PaperRow("deep-ksparse", "Deep k-sparse AE + F.T. (k = 25, layer-wise pre-training)", 0.0097),
+)
+
+# The tables' shared setting: MNIST with 1000 hidden units (per layer); other settings have no paper figure.
+DATASET, HIDDEN = "mnist", 1000
+KSPARSE_KS = (40, 25, 10)  # the k of Table err_mnist's k-sparse rows
+
+
+def ksparse_key(k: int) -> str:
+    """The key of Table err_mnist's k-sparse row for ``k`` (``k25``)."""
+    return f"k{k}"
+
+
+def errors(table) -> dict[str, float]:
+    """``{key: test error}`` of a table (:data:`ERR_MNIST` or :data:`FN_MNIST`)."""
+    return {row.key: row.error for row in table}
+
+
+def err_mnist_error(key: str, dataset: str, hidden: int) -> float | None:
+    """Table err_mnist's figure for ``key`` where the setting is the paper's (MNIST, 1000 hidden
+    units); None elsewhere or for a row the table lacks."""
+    if dataset != DATASET or hidden != HIDDEN:
+        return None
+    return errors(ERR_MNIST).get(key)

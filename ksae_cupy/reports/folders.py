@@ -1,0 +1,135 @@
+"""A run folder's state, read without changing anything: what the reports and scripts ask of it.
+
+Every command writes ``config.json`` first and one ``metrics.jsonl`` line per finished epoch
+(:mod:`ksae_cupy.training.runs`); ``ksae-eval`` adds ``eval.json`` and ``ksae-finetune``
+``finetune.json`` when they end. From those files alone: which command made the folder, how many
+epochs it asked for and has done, the seconds they took, and whether its evaluation is current.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ksae_cupy.training.runs import CHECKPOINT, CONFIG, FINETUNE, METRICS, TRAIN, config_kind, parse_metrics
+
+BASELINE = "ksae-baseline"
+EVAL, FINETUNE_RESULTS = "eval.json", "finetune.json"
+
+
+def read_json(path: Path):
+    """The JSON in ``path``, or None when it is missing or unreadable (a file being written, say)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def read_metrics(folder: Path) -> list[dict]:
+    """The epochs ``folder``'s run logged; [] before the first. A last line cut short by a kill
+    is left out (:func:`ksae_cupy.training.runs.parse_metrics`)."""
+    path = Path(folder) / METRICS
+    return parse_metrics(path)[0] if path.is_file() else []
+
+
+def progress(folder: Path) -> tuple[int, float]:
+    """``(epochs done, training seconds)`` from metrics.jsonl: its last epoch and the sum of every
+    epoch's seconds (every session of a resumed run counts once: a resume drops the lines after
+    its checkpoint)."""
+    records = read_metrics(folder)
+    return (records[-1].get("epoch", 0) if records else 0), float(sum(r.get("seconds", 0.0) for r in records))
+
+
+def epochs_asked(config: dict) -> int | None:
+    """The epochs a run's config.json asks for (a fine-tuning run: per phase times phases)."""
+    kind = config_kind(config)
+    if kind == TRAIN:
+        return (config.get("train") or {}).get("epochs")
+    if kind == BASELINE:
+        return (config.get("baseline") or {}).get("epochs")
+    if kind == FINETUNE:
+        finetune = config.get("finetune") or {}
+        if finetune.get("epochs") is None:
+            return None
+        return finetune["epochs"] * len(finetune.get("phases") or ["all"])
+    return None
+
+
+@dataclass
+class RunState:
+    """What one run folder holds. ``epochs_done`` counts metrics.jsonl's lines (a fine-tuning run
+    logs one per epoch of every phase); ``results`` is eval.json or finetune.json, when written."""
+
+    path: Path
+    kind: str | None
+    config: dict = field(repr=False)
+    epochs_asked: int | None
+    epochs_done: int
+    seconds: float
+    has_checkpoint: bool
+    results: dict | None = field(repr=False)
+
+    @property
+    def trained(self) -> bool:
+        return self.epochs_asked is not None and self.epochs_done >= self.epochs_asked
+
+    @property
+    def done(self) -> bool:
+        """Nothing left to run: fine-tuning wrote finetune.json; training is evaluated at its last epoch."""
+        if self.results is None:
+            return False
+        if self.kind == FINETUNE:
+            return True
+        return self.epochs_asked is not None and (self.results.get("epoch") or 0) >= self.epochs_asked
+
+    def describe(self) -> str:
+        """A few words on where the run stands."""
+        if self.done:
+            return "done"
+        if self.trained:
+            return f"trained ({self.epochs_done} epochs), not evaluated"
+        if self.epochs_done or self.has_checkpoint:
+            return f"stopped at epoch {self.epochs_done} of {self.epochs_asked}"
+        return "not started"
+
+
+def run_state(folder: Path) -> RunState:
+    """The state of the run folder ``folder`` (one that has a config.json)."""
+    folder = Path(folder)
+    config = read_json(folder / CONFIG) or {}
+    kind = config_kind(config)
+    records = read_metrics(folder)
+    results = read_json(folder / (FINETUNE_RESULTS if kind == FINETUNE else EVAL))
+    return RunState(path=folder, kind=kind, config=config, epochs_asked=epochs_asked(config),
+                    epochs_done=len(records) if kind == FINETUNE else (records[-1].get("epoch", 0) if records else 0),
+                    seconds=float(sum(r.get("seconds", 0.0) for r in records)),
+                    has_checkpoint=(folder / CHECKPOINT).is_file(), results=results)
+
+
+def find_runs(root: Path) -> list[RunState]:
+    """Every run folder under ``root`` (a folder holding a config.json), sorted by path."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return [run_state(path.parent) for path in sorted(root.rglob(CONFIG)) if path.is_file()]
+
+
+def evaluation_is_current(folder: Path, alphas=None, l2_grid=None, raw_baseline: bool = False) -> bool:
+    """eval.json was written after the checkpoint (and, where given, with these alphas and L2
+    grid, and with the raw-pixel baseline), so the classifiers need not be fit again."""
+    folder = Path(folder)
+    evaluation, checkpoint = folder / EVAL, folder / CHECKPOINT
+    if not evaluation.is_file() or not checkpoint.is_file() or \
+            evaluation.stat().st_mtime < checkpoint.stat().st_mtime:
+        return False
+    result = read_json(evaluation) or {}
+    if alphas is not None and result.get("alphas") != [float(a) for a in alphas]:
+        return False
+    if l2_grid is not None and result.get("l2_grid") != sorted((float(v) for v in l2_grid), reverse=True):
+        return False
+    return not raw_baseline or "raw_baseline" in result
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,430 @@
+"""Tables err_mnist and fn_mnist from run folders, beside the paper's figures (issue 34).
+
+Each run folder under a root is read (config.json, metrics.jsonl, eval.json / finetune.json,
+never the checkpoint) and placed in the table row it is, by what its config.json says:
+
+* err_mnist: a ``ksae-train`` run on MNIST with 1000 units, the paper's recipe (linear units, no
+  AuxK, inputs not centred) and k = 10, 25 or 40; a ``ksae-baseline`` run (RBM, dropout, denoising,
+  dropout + denoising AE) on MNIST with 1000 units; raw pixels from a ksae-eval ``--raw-baseline``;
+* fn_mnist: a ``ksae-finetune`` run on MNIST: ``--no-pretraining``; ``--baseline`` (one layer, or two
+  for the deep dropout AE); a ``ksae-baseline`` run fine-tuned; one or two k-sparse runs (k = 25).
+
+Runs of one row at one length (epochs; for fine-tuning, pretraining + fine-tuning) are one line,
+their seeds as mean ± standard deviation. :func:`plan` says, for each row at the asked length and
+seeds, what is left to run (a new run, a resume, an evaluation), as the commands that do it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ksae_cupy import paper
+from ksae_cupy.reports.folders import BASELINE, RunState, find_runs, read_json
+from ksae_cupy.reports.markdown import percent, percent_spread, table
+from ksae_cupy.training.runs import FINETUNE, TRAIN
+
+ERR, FN = "err_mnist", "fn_mnist"
+TABLES = {ERR: paper.ERR_MNIST, FN: paper.FN_MNIST}
+# Our choice of the baselines' learning rate and weight decay: the validation grid of bin/baseline-grid
+# (5 epochs a point; the paper gives none), written down in the handbook's baselines page.
+BASELINE_SETTINGS = {"rbm": ("0.01", "2e-4"), "dropout-ae": ("0.01", "0"), "denoising-ae": ("0.01", "0"),
+                     "dropout-denoising-ae": ("0.01", "0")}
+FN_OF_BASELINE_RUN = ("rbm", "dropout-ae", "denoising-ae")  # fn_mnist rows that fine-tune a ksae-baseline run
+
+
+@dataclass(frozen=True)
+class Length:
+    """How long a row's runs trained: ``pretrain`` epochs (of the first layer, for a fine-tuning
+    row; None without pretraining) and ``finetune`` epochs per phase times ``phases``."""
+
+    pretrain: int | None
+    finetune: int | None = None
+    phases: int = 1
+
+    def __str__(self) -> str:
+        if self.finetune is None:
+            return str(self.pretrain)
+        tuned = f"{self.finetune}" + (f" x {self.phases}" if self.phases > 1 else "")
+        return tuned if self.pretrain is None else f"{self.pretrain} + {tuned}"
+
+
+@dataclass
+class Found:
+    """One run folder that is a row of a table."""
+
+    table: str
+    key: str
+    length: Length
+    seed: int | None
+    state: RunState
+
+    @property
+    def test_error(self):
+        return _errors(self)[0]
+
+    @property
+    def valid_error(self):
+        return _errors(self)[1]
+
+
+def _errors(found: Found):
+    results = found.state.results or {}
+    if not found.state.done:
+        return None, None
+    if found.table == FN:
+        return results.get("test_error"), results.get("valid_error")
+    features = results.get("features") or {}
+    return features.get("test_error"), (features.get("selected") or {}).get("valid_error")
+
+
+# -- which row a folder is -----------------------------------------------------------------------
+
+def classify(state: RunState) -> Found | None:
+    """The table row ``state``'s folder is, or None (another dataset, size or recipe)."""
+    config = state.config
+    if config.get("dataset") != paper.DATASET:
+        return None
+    if state.kind == TRAIN:
+        train = config.get("train") or {}
+        recipe = train.get("activation", "linear") == "linear" and not train.get("aux_k") and \
+            not train.get("center_input")
+        if train.get("hidden") != paper.HIDDEN or not recipe or train.get("k") not in paper.KSPARSE_KS:
+            return None
+        return Found(ERR, paper.ksparse_key(train["k"]), Length(train.get("epochs")), train.get("seed"), state)
+    if state.kind == BASELINE:
+        baseline = config.get("baseline") or {}
+        model = config.get("model") or baseline.get("model")
+        if baseline.get("hidden") != paper.HIDDEN or model not in paper.errors(paper.ERR_MNIST):
+            return None
+        return Found(ERR, model, Length(baseline.get("epochs")), baseline.get("seed"), state)
+    if state.kind == FINETUNE:
+        return _classify_finetune(state)
+    return None
+
+
+def _classify_finetune(state: RunState) -> Found | None:
+    config = state.config
+    tuned = config.get("finetune") or {}
+    layers = len(tuned.get("kept") or [])
+    sources = config.get("pretrained") or []
+    pretrain = None
+    if config.get("no_pretraining"):
+        key = "no-pretraining" if layers == 1 else None
+    elif config.get("baseline"):
+        baseline, pretrain = config["baseline"], config.get("pretrain_epochs")
+        key = {(1, "rbm"): "rbm", (1, "dropout-ae"): "dropout-ae", (1, "denoising-ae"): "denoising-ae",
+               (2, "dropout-ae"): "deep-dropout-ae"}.get((layers, baseline))
+    elif sources and all(source.get("model") for source in sources):  # a ksae-baseline run, fine-tuned
+        model = sources[0]["model"]
+        key = model if len(sources) == 1 and model in FN_OF_BASELINE_RUN else None
+        pretrain = _source_epochs(sources[0], state.path)
+    elif sources and all(source.get("k") == 25 and source.get("hidden") == paper.HIDDEN for source in sources):
+        key = {1: "ksparse", 2: "deep-ksparse"}.get(len(sources))
+        pretrain = _source_epochs(sources[0], state.path)
+    else:
+        key = None
+    if key is None:
+        return None
+    phases = len(tuned.get("phases") or ["all"])
+    return Found(FN, key, Length(pretrain, tuned.get("epochs"), phases), tuned.get("seed"), state)
+
+
+def _source_epochs(source: dict, folder: Path) -> int | None:
+    """The epochs of a pretrained run when the fine-tuning read it; for a folder written before
+    that was recorded, the epochs its own config.json asks for: the run of that name beside
+    ``folder`` (run folders are moved together), else at the path recorded."""
+    if source.get("epochs_trained") is not None:
+        return source["epochs_trained"]
+    recorded = Path(source.get("run_dir", ""))
+    for place in (folder.parent / recorded.name, recorded):
+        config = read_json(place / "config.json")
+        if config:
+            return (config.get("train") or config.get("baseline") or {}).get("epochs")
+    return None
+
+
+def collect(root: Path) -> list[Found]:
+    """Every run folder under ``root`` that is a row of Table err_mnist or fn_mnist."""
+    return [found for found in map(classify, find_runs(root)) if found is not None]
+
+
+def raw_pixels(root: Path) -> RunState | None:
+    """A k-sparse MNIST run whose evaluation has the raw-pixel baseline (the err_mnist row)."""
+    for state in find_runs(root):
+        if state.kind == TRAIN and state.config.get("dataset") == paper.DATASET and \
+                (state.results or {}).get("raw_baseline"):
+            return state
+    return None
+
+
+# -- what is left to run -----------------------------------------------------------------------------
+
+@dataclass
+class Target:
+    """One run the tables ask for: a row at a length and seed, its folder (found or to make) and
+    the commands still to run, each ``(command, args)``; none when it is done."""
+
+    table: str
+    key: str
+    length: Length
+    seed: int
+    folder: Path
+    found: Found | None
+    steps: list = field(default_factory=list)
+
+
+@dataclass
+class Settings:
+    """The lengths and seeds the tables ask for, and the threads of every command."""
+
+    ksparse_epochs: int = 5000
+    baseline_epochs: int = 500
+    finetune_epochs: int = 200
+    seeds: tuple = (0,)
+    threads: int = 1
+
+
+def plan(root: Path, rows: list[tuple[str, str]], settings: Settings, found: list[Found] | None = None,
+         deep_ksparse_script: str = "bin/reproduce-finetune") -> list[Target]:
+    """The targets of ``rows`` (``(table, key)`` pairs) at the lengths and seeds of ``settings``, in
+    the order they can run (a fine-tuning row after the run it starts from, which it adds when
+    ``rows`` lacks it)."""
+    found = collect(root) if found is None else found
+    targets: dict[tuple, Target] = {}
+
+    def add(table_name, key, seed):
+        length = _length(table_name, key, settings)
+        if (table_name, key, str(length), seed) in targets:
+            return targets[(table_name, key, str(length), seed)]
+        if table_name == FN and key in ("rbm", "dropout-ae", "denoising-ae", "ksparse", "deep-ksparse"):
+            add(ERR, "k25" if "ksparse" in key else key, 0)  # the run it starts from: seed 0
+        match = _match(found, table_name, key, length, seed)
+        folder = match.state.path if match else Path(root) / _folder_name(table_name, key, length, seed)
+        if match is None and key == "deep-ksparse":  # where the script that makes it puts the fine-tuning
+            folder = folder / "finetune" / "deep_ksparse"
+        target = Target(table_name, key, length, seed, folder, match)
+        target.steps = _steps(target, root, settings, found, deep_ksparse_script)
+        targets[(table_name, key, str(length), seed)] = target
+        return target
+
+    for table_name, key in rows:
+        for seed in settings.seeds:
+            add(table_name, key, seed)
+    return list(targets.values())
+
+
+def _length(table_name: str, key: str, s: Settings) -> Length:
+    if table_name == ERR:
+        return Length(s.ksparse_epochs if key.startswith("k") else s.baseline_epochs)
+    phases = 3 if key.startswith("deep") else 1
+    pretrain = None if key == "no-pretraining" else s.ksparse_epochs if "ksparse" in key else s.baseline_epochs
+    return Length(pretrain, s.finetune_epochs, phases)
+
+
+def _match(found: list[Found], table_name, key, length, seed) -> Found | None:
+    matches = [f for f in found if (f.table, f.key, f.length, f.seed) == (table_name, key, length, seed)]
+    return max(matches, key=lambda f: (f.state.done, f.state.epochs_done), default=None)
+
+
+def _folder_name(table_name: str, key: str, length: Length, seed: int) -> str:
+    suffix = f"-seed{seed}" if seed else ""
+    if table_name == ERR:
+        return f"mnist-{key}-{length.pretrain}{suffix}"
+    pretrain = f"-{length.pretrain}" if length.pretrain is not None else ""
+    return f"fn-{key}{pretrain}-{length.finetune}{suffix}"
+
+
+def _steps(t: Target, root: Path, s: Settings, found: list[Found], script: str) -> list:
+    threads = ["--threads", s.threads]
+    state = t.found.state if t.found else None
+    if state is not None and state.done:
+        return []
+    if t.table == ERR:
+        evaluate = ("ksae-eval", [t.folder, *threads, *(["--raw-baseline"] if t.key == "k25" and t.seed == 0 else
+                                                       ["--max-iter", 1000] if not t.key.startswith("k") else [])])
+        if state is not None and state.trained:
+            return [evaluate]
+        if state is not None and (state.has_checkpoint or state.epochs_done):
+            command = "ksae-train" if t.key.startswith("k") else "ksae-baseline"
+            return [(command, ["--resume", t.folder]), evaluate]
+        if t.key.startswith("k"):
+            train = ("ksae-train", [paper.DATASET, "--hidden", paper.HIDDEN, "--k", t.key[1:], "--epochs",
+                                    t.length.pretrain, "--seed", t.seed, *threads, "--run-dir", t.folder])
+        else:
+            lr, decay = BASELINE_SETTINGS[t.key]
+            train = ("ksae-baseline", [paper.DATASET, "--model", t.key, "--hidden", paper.HIDDEN, "--lr", lr,
+                                       "--weight-decay", decay, "--epochs", t.length.pretrain, "--seed", t.seed,
+                                       *threads, "--run-dir", t.folder])
+        return [train, evaluate]
+    if state is not None and state.has_checkpoint:
+        return [("ksae-finetune", ["--resume", t.folder])]
+    tune = ["--epochs", t.length.finetune, "--seed", t.seed, *threads]
+    if t.key == "no-pretraining":
+        return [("ksae-finetune", ["--no-pretraining", "--hidden", paper.HIDDEN, "--k", 25, "--dataset", paper.DATASET,
+                                   *tune, "--run-dir", t.folder])]
+    if t.key == "deep-dropout-ae":
+        return [("ksae-finetune", ["--baseline", "dropout-ae", "--hidden", f"{paper.HIDDEN},{paper.HIDDEN}",
+                                   "--pretrain-epochs", t.length.pretrain, "--dataset", paper.DATASET, *tune,
+                                   "--run-dir", t.folder])]
+    first = _match(found, ERR, "k25" if "ksparse" in t.key else t.key, Length(t.length.pretrain), 0)
+    first_folder = first.state.path if first else Path(root) / _folder_name(
+        ERR, "k25" if "ksparse" in t.key else t.key, Length(t.length.pretrain), 0)
+    if t.key == "deep-ksparse":  # layer 2 trains on layer 1's codes: the script that writes them does it all
+        return [(script, ["--rows", "deep_ksparse", "--ksparse1", first_folder, "--pretrain-epochs",
+                          t.length.pretrain, "--epochs", t.length.finetune, "--seed", t.seed, *threads,
+                          "--out", t.folder.parents[1]])]
+    return [("ksae-finetune", [first_folder, *(["--alpha", 3] if t.key == "ksparse" else []), *tune,
+                               "--run-dir", t.folder])]
+
+
+# -- the markdown ------------------------------------------------------------------------------------
+
+HEADER = ["Row", "Paper", "Ours (test)", "Ours (valid)", "Gap (points)", "Epochs", "Seeds", "Command", "Folder"]
+ALIGN = "lrrrrllll"
+
+
+def render(root: Path, found: list[Found], targets: list[Target], command_text) -> str:
+    """Both tables and the list of what is left, as Markdown. ``command_text(command, args)`` shows
+    a command (paths relative to where the reader runs it)."""
+    parts = []
+    for table_name, rows in TABLES.items():
+        lines = []
+        for row in rows:
+            lines += _row_lines(root, table_name, row, found, targets, command_text)
+        title = {ERR: "Table err_mnist: logistic regression on the features, 1000 hidden units",
+                 FN: "Table fn_mnist: pretrained and fine-tuned"}[table_name]
+        parts.append(f"## {title}\n\n" + table(HEADER, lines, ALIGN))
+    left = [(t, step) for t in targets for step in t.steps]
+    todo = "\n".join(f"- {t.table} {t.key} ({t.length} epochs, seed {t.seed}): `{command_text(*step)}`"
+                     for t, step in left) or "Nothing: every asked row is done."
+    parts.append("## Left to run, in this order\n\n" + todo)
+    return "\n\n".join(parts) + "\n"
+
+
+def _row_lines(root, table_name, row, found, targets, command_text) -> list[list]:
+    if table_name == ERR and row.key == "raw":
+        state = raw_pixels(root)
+        if state is None:
+            return [[row.label, percent(row.error), "missing", "", "", "-", "-",
+                     "`ksae-eval K25_RUN --raw-baseline`", ""]]
+        raw = state.results["raw_baseline"]
+        return [[row.label, percent(row.error), percent(raw["test_error"]),
+                 percent(raw["selected"]["valid_error"]), _gap([raw["test_error"]], row.error), "-", "-",
+                 f"`{command_text('ksae-eval', [state.path, '--raw-baseline'])}`", _relative(root, state.path)]]
+    mine = [f for f in found if (f.table, f.key) == (table_name, row.key)]
+    lengths = sorted({f.length for f in mine}, key=lambda length: (length.pretrain or 0, length.finetune or 0),
+                     reverse=True)
+    lines = []
+    for length in lengths:
+        group = sorted((f for f in mine if f.length == length), key=lambda f: (f.seed is None, f.seed))
+        done = [f for f in group if f.test_error is not None]
+        tests = [f.test_error for f in done]
+        valids = [f.valid_error for f in done if f.valid_error is not None]
+        waiting = [f for f in group if f not in done]
+        ours = percent_spread(tests) if tests else waiting[0].state.describe()
+        seeds = ", ".join(str(f.seed) for f in done) or "-"
+        if waiting and done:
+            seeds += "; " + ", ".join(f"{f.seed}: {f.state.describe()}" for f in waiting)
+        target = next((t for t in targets if t.found is not None and t.found.state.path == group[0].state.path), None)
+        command = _made_by(group[0], command_text, target)
+        lines.append([row.label, percent(row.error), ours, percent_spread(valids) if valids else "",
+                      _gap(tests, row.error) if tests else "", str(length), seeds, command,
+                      ", ".join(_relative(root, f.state.path) for f in group)])
+    if not lines:
+        asked = [t for t in targets if (t.table, t.key) == (table_name, row.key)]
+        command = f"`{command_text(*asked[0].steps[0])}`" if asked and asked[0].steps else "not asked (--rows)"
+        lines.append([row.label, percent(row.error), "missing", "", "", str(asked[0].length) if asked else "-",
+                      "-", command, ""])
+    return lines
+
+
+def _made_by(found: Found, command_text, target: Target | None) -> str:
+    """What is left to run for the line's first run, or the command that made it (from its config.json)."""
+    if target is not None and target.steps:
+        return "left: " + ", then ".join(f"`{command_text(*step)}`" for step in target.steps)
+    state, config = found.state, found.state.config
+    if state.kind == TRAIN:
+        train = config["train"]
+        made = ("ksae-train", [paper.DATASET, "--hidden", train["hidden"], "--k", train["k"], "--epochs",
+                               train["epochs"], "--seed", train.get("seed", 0), "--run-dir", state.path])
+    elif state.kind == BASELINE:
+        baseline = config["baseline"]
+        made = ("ksae-baseline", [paper.DATASET, "--model", found.key, "--lr", baseline.get("lr"), "--weight-decay",
+                                  baseline.get("weight_decay"), "--epochs", baseline["epochs"], "--seed",
+                                  baseline.get("seed", 0), "--run-dir", state.path])
+    else:
+        tuned = config["finetune"]
+        if config.get("no_pretraining"):
+            how = ["--no-pretraining", "--hidden", paper.HIDDEN, "--k", 25, "--dataset", paper.DATASET]
+        elif config.get("baseline"):
+            how = ["--baseline", config["baseline"], "--hidden", ",".join([str(paper.HIDDEN)] * len(tuned["kept"])),
+                   "--pretrain-epochs", config.get("pretrain_epochs"), "--dataset", paper.DATASET]
+        else:
+            how = [source["run_dir"] for source in config.get("pretrained") or []]
+        made = ("ksae-finetune", [*how, "--epochs", tuned["epochs"], "--seed", tuned.get("seed", 0), "--run-dir",
+                                  state.path])
+        return f"`{command_text(*made)}`"
+    return f"`{command_text(*made)}`, then `{command_text('ksae-eval', [state.path])}`"
+
+
+def _gap(tests: list[float], paper_error: float) -> str:
+    return f"{100 * (sum(tests) / len(tests) - paper_error):+.2f}"
+
+
+def _relative(root: Path, path: Path) -> str:
+    try:
+        return str(Path(path).relative_to(root))
+    except ValueError:
+        return str(path)
+
+
+# -- the command: report, and with run=True, run what is left ------------------------------------------
+
+ROW_NAMES = {**{key: (ERR, key) for key in paper.errors(paper.ERR_MNIST) if key != "raw"},
+             **{f"fn-{key}": (FN, key) for key in paper.errors(paper.FN_MNIST)}}
+
+
+class StepFailed(Exception):
+    """A command of the plan ended with a status other than 0 (the tables so far are written)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+def write_tables(root: Path, out: Path, rows, settings: Settings, command_text, script: str) -> list[Target]:
+    """Read the run folders under ``root``, write the tables to ``out`` (atomically); return the plan."""
+    from ksae_cupy.atomic import write_text_atomic
+    from ksae_cupy.reports.folders import utc_now
+
+    found = collect(root)
+    targets = plan(root, rows, settings, found, script)
+    intro = (f"# The paper's MNIST tables beside ours\n\nWritten {utc_now()} from the run folders under `{root}`. "
+             f"Ours: the test error (mean ± standard deviation over seeds, in points, where there are several) and "
+             f"the validation error; gap: ours minus the paper's, in points. Epochs: a fine-tuning row's "
+             f"pretraining + fine-tuning epochs (per phase x phases).\n\n")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(Path(out), intro + render(root, found, targets, command_text))
+    return targets
+
+
+def build(root: Path, out: Path, rows, settings: Settings, command_text, script: str, children=None) -> list[Target]:
+    """Write the tables; with ``children`` (a :class:`~ksae_cupy.reports.children.Children`), run
+    what is left one step at a time, rewriting the tables after each. Returns the plan left."""
+    targets = write_tables(root, out, rows, settings, command_text, script)
+    if children is None:
+        return targets
+    while True:
+        step = next(((t, s) for t in targets for s in t.steps), None)
+        if step is None:
+            return targets
+        target, (command, args) = step
+        name = f"{target.table}-{target.key}-seed{target.seed}-{Path(str(command)).name}"
+        status, tail = children.run(name, command, args)
+        targets = write_tables(root, out, rows, settings, command_text, script)
+        children.check_stop()
+        if status != 0:
+            raise StepFailed(f"{command_text(command, args)} exited with status {status}: "
+                             f"{tail[-1] if tail else 'no output'}", status)
+        if any(t.steps and t.steps[0] == (command, args) for t in targets):  # would loop forever
+            raise StepFailed(f"{command_text(command, args)} ended (status 0) but its run is still not done", 1)

@@ -1,0 +1,280 @@
+"""bin/paper-tables: Tables err_mnist and fn_mnist from run folders the test writes itself, in the formats
+ksae-train, ksae-baseline, ksae-eval and ksae-finetune write (config.json, metrics.jsonl, eval.json,
+finetune.json); what is left to run, and --run's order of work through a stand-in for the child processes."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from clicheck import assert_one_line_error
+from ksae_cupy.reports import paper_tables as tables
+from ksae_cupy.reports.children import STOP_SIGNALS, Children
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "bin" / "paper-tables"
+
+
+# -- run folders as the commands write them ---------------------------------------------------------
+
+def _write(folder: Path, config: dict, epochs_done: int, checkpoint: bool = True) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "metrics.jsonl").write_text("".join(json.dumps({"epoch": e, "step": 391 * e, "seconds": 5.0}) + "\n"
+                                                  for e in range(1, epochs_done + 1)))
+    if checkpoint:
+        (folder / "checkpoint.h5").write_bytes(b"not read by the tables")
+    return folder
+
+
+def train_run(folder, k, epochs, seed=0, done=None, test=None, valid=0.02, raw=None, dataset="mnist", **train):
+    """A ksae-train folder; with ``test``, ksae-eval's eval.json at its last epoch."""
+    done = epochs if done is None else done
+    config = {"kind": "ksae-train", "dataset": dataset, "device": "cpu", "run_id": "x",
+              "train": {"hidden": 1000, "k": k, "epochs": epochs, "seed": seed, "activation": "linear", **train}}
+    _write(folder, config, done)
+    if test is not None:
+        result = {"epoch": done, "k": k, "hidden": 1000, "dataset": dataset, "alphas": [1.0, 2.0, 3.0, 4.0],
+                  "l2_grid": [1e-3, 1e-4, 1e-5],
+                  "features": {"test_error": test, "selected": {"alpha": 3.0, "l2": 1e-4, "valid_error": valid}}}
+        if raw is not None:
+            result["raw_baseline"] = {"test_error": raw, "selected": {"alpha": None, "l2": 1e-4, "valid_error": 0.08}}
+        (folder / "eval.json").write_text(json.dumps(result))
+    return folder
+
+
+def baseline_run(folder, model, epochs, seed=0, done=None, test=None):
+    done = epochs if done is None else done
+    config = {"kind": "ksae-baseline", "dataset": "mnist", "model": model, "threads": 1,
+              "baseline": {"model": model, "hidden": 1000, "epochs": epochs, "seed": seed, "lr": 0.01,
+                           "weight_decay": 0.0002}}
+    _write(folder, config, done)
+    if test is not None:
+        (folder / "eval.json").write_text(json.dumps({"epoch": done, "model": model, "hidden": 1000, "features": {
+            "test_error": test, "selected": {"alpha": None, "l2": 1e-5, "valid_error": 0.03}}}))
+    return folder
+
+
+def finetune_run(folder, pretrained=(), seed=0, epochs=200, phases=("all",), done=None, test=None, **config):
+    """A ksae-finetune folder (``pretrained``: the sources config.json records)."""
+    total = epochs * len(phases)
+    kept = [75] * max(1, len(pretrained)) if not config.get("baseline") else [None] * config.pop("layers", 1)
+    full = {"kind": "ksae-finetune", "dataset": "mnist", "alpha": 3.0, "pretrained": list(pretrained),
+            "no_pretraining": False, "baseline": None, "pretrain_epochs": None,
+            "finetune": {"epochs": epochs, "phases": list(phases), "kept": kept, "seed": seed}, **config}
+    _write(folder, full, total if done is None else done)
+    if test is not None:
+        (folder / "finetune.json").write_text(json.dumps({"test_error": test, "valid_error": test + 0.001,
+                                                          "epochs_per_phase": epochs, "phases": list(phases)}))
+    return folder
+
+
+def ksparse_source(run: Path, epochs: int) -> dict:
+    return {"run_dir": str(run), "dataset": "mnist", "k": 25, "hidden": 1000, "epochs_trained": epochs}
+
+
+def line_of(markdown: str, label: str, epochs: str) -> list[str]:
+    """The cells of the table line of row ``label`` at ``epochs``."""
+    for line in markdown.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == len(tables.HEADER) and cells[0] == label and cells[5] == epochs:
+            return cells
+    raise AssertionError(f"no line {label!r} at {epochs} epochs in:\n{markdown}")
+
+
+def paper_tables(*args: str, cwd: Path):
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1")
+    proc = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)  # against a hang only
+    return SimpleNamespace(exit_code=proc.returncode, returncode=proc.returncode, stdout=proc.stdout,
+                           stderr=proc.stderr, output=proc.stdout + proc.stderr)
+
+
+@pytest.fixture
+def root(tmp_path):
+    """Run folders of every kind: done, stopped, trained but not evaluated, several seeds, variants."""
+    runs = tmp_path / "runs"
+    for seed, test in ((0, 0.0180), (1, 0.0190), (2, 0.0200)):  # one row, three seeds
+        train_run(runs / f"k25-seed{seed}", 25, 5000, seed=seed, test=test, raw=0.0738 if seed == 0 else None)
+    train_run(runs / "k25-short", 25, 500, test=0.0159)  # the same row at another length: its own line
+    train_run(runs / "k40", 40, 5000, done=1200)  # stopped
+    train_run(runs / "k10", 10, 5000)  # trained, not evaluated
+    train_run(runs / "k25-auxk", 25, 5000, test=0.0166, aux_k=256)  # a variant: no row of the paper's
+    train_run(runs / "fashion", 25, 5000, test=0.15, dataset="fashion-mnist")  # another dataset
+    baseline_run(runs / "rbm", "rbm", 500, test=0.0200)
+    baseline_run(runs / "dropout", "dropout-ae", 500, done=90)
+    finetune_run(runs / "ft-ksparse", [ksparse_source(runs / "k25-seed0", 5000)], test=0.0156)
+    finetune_run(runs / "ft-deep", [ksparse_source(runs / "k25-seed0", 5000), ksparse_source(runs / "x", 5000)],
+                 phases=("softmax", "top", "all"), done=250)
+    finetune_run(runs / "ft-rbm", [{"run_dir": str(runs / "rbm"), "model": "rbm", "hidden": 1000,
+                                    "epochs_trained": 500}], test=0.0130)
+    finetune_run(runs / "ft-none", no_pretraining=True, test=0.0195)
+    return runs
+
+
+# -- which row each folder is ----------------------------------------------------------------------------
+
+def test_each_folder_is_placed_in_its_row_by_its_config(root):
+    placed = {f.state.path.name: (f.table, f.key, str(f.length), f.seed) for f in tables.collect(root)}
+    assert placed == {
+        "k25-seed0": ("err_mnist", "k25", "5000", 0), "k25-seed1": ("err_mnist", "k25", "5000", 1),
+        "k25-seed2": ("err_mnist", "k25", "5000", 2), "k25-short": ("err_mnist", "k25", "500", 0),
+        "k40": ("err_mnist", "k40", "5000", 0), "k10": ("err_mnist", "k10", "5000", 0),
+        "rbm": ("err_mnist", "rbm", "500", 0), "dropout": ("err_mnist", "dropout-ae", "500", 0),
+        "ft-ksparse": ("fn_mnist", "ksparse", "5000 + 200", 0),
+        "ft-deep": ("fn_mnist", "deep-ksparse", "5000 + 200 x 3", 0),
+        "ft-rbm": ("fn_mnist", "rbm", "500 + 200", 0), "ft-none": ("fn_mnist", "no-pretraining", "200", 0)}
+
+
+def test_a_fine_tuning_written_before_epochs_were_recorded_reads_them_from_its_pretrained_run(root):
+    source = ksparse_source(root / "k25-seed0", 5000)
+    del source["epochs_trained"]
+    source["run_dir"] = "/elsewhere/k25-seed0"  # moved here with its pretrained run, beside it
+    finetune_run(root / "ft-legacy", [source], seed=7, test=0.0160)
+    found = {f.state.path.name: f for f in tables.collect(root)}
+    assert str(found["ft-legacy"].length) == "5000 + 200"
+
+
+# -- the tables ----------------------------------------------------------------------------------------
+
+def test_the_report_shows_each_row_beside_the_paper_with_seeds_as_mean_and_spread(root, tmp_path):
+    out = tmp_path / "tables.md"
+    result = paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    text = out.read_text()
+    k25 = line_of(text, "k-sparse autoencoder, k = 25", "5000")
+    # 1.80, 1.90, 2.00%: mean 1.90%, standard deviation 0.10 points; the paper's 1.35%: 0.55 points above
+    assert k25[1:7] == ["1.35%", "1.90% ± 0.10", "2.00% ± 0.00", "+0.55", "5000", "0, 1, 2"]
+    assert k25[8] == "k25-seed0, k25-seed1, k25-seed2"
+    assert line_of(text, "k-sparse autoencoder, k = 25", "500")[1:7] == ["1.35%", "1.59%", "2.00%", "+0.24", "500", "0"]
+    assert line_of(text, "Raw pixels", "-")[1:5] == ["7.20%", "7.38%", "8.00%", "+0.18"]
+    assert line_of(text, "RBM", "500")[1:5] == ["1.81%", "2.00%", "3.00%", "+0.19"]
+    assert line_of(text, "k-sparse AE + F.T. (k = 25)", "5000 + 200")[1:5] == ["1.08%", "1.56%", "1.66%", "+0.48"]
+    assert line_of(text, "RBM + F.T.", "500 + 200")[1:4] == ["1.24%", "1.30%", "1.40%"]
+    assert line_of(text, "Without pre-training", "200")[1:3] == ["1.60%", "1.95%"]
+    # where a row stands when it is not done, and what is missing
+    assert line_of(text, "k-sparse autoencoder, k = 40", "5000")[2] == "stopped at epoch 1200 of 5000"
+    assert line_of(text, "k-sparse autoencoder, k = 10", "5000")[2] == "trained (5000 epochs), not evaluated"
+    assert line_of(text, "Deep k-sparse AE + F.T. (k = 25, layer-wise pre-training)", "5000 + 200 x 3")[2] == \
+        "stopped at epoch 250 of 600"
+    assert line_of(text, "Denoising autoencoder (20% input dropout)", "500")[2] == "missing"
+    assert "auxk" not in text and "fashion" not in text  # neither is a row of the paper's tables
+    assert result.stdout.splitlines()[0] == f"tables: {out}"
+
+
+def test_without_run_each_missing_row_says_the_command_that_makes_it(root, tmp_path):
+    result = paper_tables("--runs-root", str(root), "--out", str(tmp_path / "t.md"), cwd=root)
+    left = [line[len("left: "):] for line in result.stdout.splitlines() if line.startswith("left: ")]
+    assert "ksae-train --resume k40" in left  # stopped: resumed
+    assert left.index("ksae-train --resume k40") + 1 == left.index("ksae-eval k40 --threads 1")
+    assert "ksae-eval k10 --threads 1" in left  # trained: evaluated only
+    assert "ksae-baseline --resume dropout" in left
+    assert ("ksae-baseline mnist --model denoising-ae --hidden 1000 --lr 0.01 --weight-decay 0 --epochs 500 "
+            "--seed 0 --threads 1 --run-dir mnist-denoising-ae-500") in left
+    # a fine-tuning row waits for the run it starts from, and starts from it
+    assert left.index("ksae-eval mnist-denoising-ae-500 --threads 1 --max-iter 1000") < left.index(
+        "ksae-finetune mnist-denoising-ae-500 --epochs 200 --seed 0 --threads 1 --run-dir fn-denoising-ae-500-200")
+    assert "ksae-finetune --resume ft-deep" in left
+    assert not any("k25-seed" in line or "ft-ksparse" in line or "ft-rbm" in line for line in left)  # done
+
+
+def test_several_seeds_are_asked_for_and_only_the_missing_ones_planned(root, tmp_path):
+    settings = tables.Settings(seeds=(0, 1, 2, 3))
+    targets = tables.plan(root, [("err_mnist", "k25")], settings)
+    assert [(t.seed, t.folder.name, [c for c, _ in t.steps]) for t in targets] == [
+        (0, "k25-seed0", []), (1, "k25-seed1", []), (2, "k25-seed2", []),
+        (3, "mnist-k25-5000-seed3", ["ksae-train", "ksae-eval"])]
+    assert "--seed" in targets[3].steps[0][1] and targets[3].steps[0][1][targets[3].steps[0][1].index("--seed") + 1] == 3
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--rows", "k25,k99"], ["--rows", "k99", "k25"]),
+    (["--seeds", "0,x"], ["--seeds", "0,x", "whole numbers"]),
+    (["--ksparse-epochs", "0"], ["--ksparse-epochs 0", "positive"]),
+])
+def test_bad_options_are_one_line_errors_and_write_nothing(root, tmp_path, args, fragments):
+    out = tmp_path / "t.md"
+    result = paper_tables("--runs-root", str(root), "--out", str(out), *args, cwd=tmp_path)
+    assert_one_line_error(result, *fragments, status=2)
+    assert not out.exists()
+
+
+def test_a_missing_runs_root_is_an_error_without_run(tmp_path):
+    result = paper_tables("--runs-root", str(tmp_path / "nowhere"), cwd=tmp_path)
+    assert_one_line_error(result, "--runs-root", "nowhere", "no such folder", status=2)
+
+
+# -- --run: the order of work, through a stand-in for the child processes -------------------------------------
+
+class FakeChildren:
+    """Does what each command would do to the run folders, at once; records the commands."""
+
+    def __init__(self, fail_on: str | None = None):
+        self.commands, self.fail_on = [], fail_on
+
+    def check_stop(self):
+        pass
+
+    def run(self, step, command, options):
+        self.commands.append((command, [str(o) for o in options]))
+        if command == self.fail_on:
+            return 1, ["error: the loss became nan"]
+        options = list(options)
+        if command == "ksae-train" and options[0] == "--resume":
+            folder = Path(options[1])
+            config = json.loads((folder / "config.json").read_text())
+            _write(folder, config, config["train"]["epochs"])
+        elif command == "ksae-train":
+            folder = Path(options[options.index("--run-dir") + 1])
+            train_run(folder, int(options[options.index("--k") + 1]), int(options[options.index("--epochs") + 1]),
+                      seed=int(options[options.index("--seed") + 1]))
+        elif command == "ksae-eval":
+            folder = Path(options[0])
+            k = json.loads((folder / "config.json").read_text())["train"]
+            train_run(folder, k["k"], k["epochs"], seed=k["seed"], test=0.02)
+        return 0, ["done"]
+
+
+def test_run_resumes_what_stopped_starts_what_is_missing_and_skips_what_is_done(root, tmp_path):
+    out, children = tmp_path / "t.md", FakeChildren()
+    rows = [("err_mnist", "k25"), ("err_mnist", "k40")]
+    left = tables.build(root, out, rows, tables.Settings(seeds=(0, 3)), lambda c, a: c, "script", children)
+    assert [(c, o[:2]) for c, o in children.commands] == [
+        ("ksae-train", ["mnist", "--hidden"]), ("ksae-eval", [str(root / "mnist-k25-5000-seed3"), "--threads"]),
+        ("ksae-train", ["--resume", str(root / "k40")]), ("ksae-eval", [str(root / "k40"), "--threads"]),
+        ("ksae-train", ["mnist", "--hidden"]), ("ksae-eval", [str(root / "mnist-k40-5000-seed3"), "--threads"])]
+    assert [t.steps for t in left] == [[]] * 4
+    text = out.read_text()
+    assert line_of(text, "k-sparse autoencoder, k = 25", "5000")[6] == "0, 1, 2, 3"  # rewritten after each step
+    assert line_of(text, "k-sparse autoencoder, k = 40", "5000")[2] == "2.00% ± 0.00"
+    children.commands.clear()  # the same command again: nothing left to run
+    tables.build(root, out, rows, tables.Settings(seeds=(0, 3)), lambda c, a: c, "script", children)
+    assert children.commands == []
+
+
+def test_run_stops_at_a_failed_command_with_its_status_and_the_tables_so_far(root, tmp_path):
+    out = tmp_path / "t.md"
+    with pytest.raises(tables.StepFailed) as failed:
+        tables.build(root, out, [("err_mnist", "k40")], tables.Settings(), lambda c, a: c, "script",
+                     FakeChildren(fail_on="ksae-train"))
+    assert failed.value.status == 1 and "error: the loss became nan" in str(failed.value)
+    assert line_of(out.read_text(), "k-sparse autoencoder, k = 40", "5000")[2] == "stopped at epoch 1200 of 5000"
+
+
+def test_children_run_a_real_command_and_return_its_status_and_last_lines(tmp_path, capsys):
+    handlers = {number: signal.getsignal(number) for number in STOP_SIGNALS}
+    try:  # Children passes this process's stop signals on: pytest's own handlers come back after
+        children = Children(tmp_path / "logs", pythonpath=REPO)
+        status, tail = children.run("eval", "ksae-eval", [tmp_path / "no-such-run"])
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    assert status == 2 and tail[-1].startswith("error:") and "no-such-run" in tail[-1]
+    log = (tmp_path / "logs" / "eval.log").read_text()
+    assert "$ ksae-eval " in log and "exit status 2" in log
