@@ -13,7 +13,7 @@ from types import ModuleType
 
 import numpy as np
 
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import OptionError, literal
 
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|gpu(:\d+)?)$")
 
@@ -102,11 +102,12 @@ def resolve_device(spec: str = "auto") -> Backend:
 
     ``auto`` takes GPU 0 when cupy imports and a device answers, else the CPU (also when
     cupy is installed on a machine without a usable GPU). Asking for a GPU explicitly when
-    none is usable raises :class:`KsaeError` instead of falling back.
+    none is usable raises :class:`KsaeError` instead of falling back. Errors name the
+    parameter ``device`` (:class:`~ksae_cupy.errors.OptionError`; a command prints ``--device``).
     """
     spec = spec.strip().lower()
     if not DEVICE_PATTERN.match(spec):
-        raise KsaeError(f"--device {spec!r} is not allowed; use auto, cpu, gpu or gpu:N")
+        raise OptionError("device", f"{{name}} {literal(repr(spec))} is not allowed; use auto, cpu, gpu or gpu:N")
     if spec == "cpu":
         return CPU
     index = int(spec.split(":")[1]) if ":" in spec else 0
@@ -114,7 +115,7 @@ def resolve_device(spec: str = "auto") -> Backend:
     if cupy is None:
         if spec == "auto":
             return Backend(name="cpu", xp=np, description=f"device: cpu (numpy; no GPU: {description})")
-        raise KsaeError(f"--device {spec}: no usable GPU ({description}); use --device cpu or auto")
+        raise OptionError("device", f"{{name}} {spec}: no usable GPU ({literal(description)}); use {{name}} cpu or auto")
     return Backend(name=f"gpu:{index}", xp=cupy, description=description, gpu_index=index)
 
 

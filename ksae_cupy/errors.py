@@ -30,6 +30,12 @@ class OptionError(KsaeError):
         return self.template.format(name=name)
 
 
+def literal(value) -> str:
+    """``str(value)`` ready to go inside an :class:`OptionError` template: its braces doubled, so
+    that a value the user typed (``--device '{'``) reads as typed and cannot break the template."""
+    return str(value).replace("{", "{{").replace("}", "}}")
+
+
 class TrainingDiverged(KsaeError):
     """The loss became NaN or infinite; the last good checkpoint is left untouched (exit status 1).
 

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import KsaeError, OptionError, literal
 
 DP_TOLERANCE = 1e-5  # float32 gradient, relative to its largest entry (see tests/test_distributed.py)
 
@@ -226,13 +226,13 @@ def find_mpiexec(given: str | None = None) -> str:
     """``mpiexec``: the given path, the one beside this Python (mpich wheel), or on PATH."""
     if given:
         if not Path(given).exists():
-            raise KsaeError(f"--mpiexec {given}: no such file; give the path of mpiexec")
+            raise OptionError("mpiexec", f"{{name}} {literal(given)}: no such file; give the path of mpiexec")
         return given
     beside = Path(sys.executable).parent / "mpiexec"
     found = str(beside) if beside.exists() else shutil.which("mpiexec")
     if found is None:
-        raise KsaeError("ksae-bench dist needs mpiexec and mpi4py; install them with pip install 'ksae-cupy[mpi]' "
-                        "or give --mpiexec PATH")
+        raise OptionError("mpiexec", "ksae-bench dist needs mpiexec and mpi4py; install them with "
+                                     "pip install 'ksae-cupy[mpi]' or give {name} PATH")
     return found
 
 
@@ -250,7 +250,7 @@ def launch_job(mpiexec: str, ranks: int, threads: int, spec: dict, timeout: floa
         try:
             proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise KsaeError(f"the {ranks}-rank benchmark job ran past --timeout {timeout:g} s") from None
+            raise OptionError("timeout", f"the {ranks}-rank benchmark job ran past {{name}} {timeout:g} s") from None
         if proc.returncode != 0 or not result_path.exists():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
             raise KsaeError(f"the {ranks}-rank benchmark job failed ({proc.returncode}): " + " | ".join(tail))

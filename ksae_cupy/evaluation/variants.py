@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from ksae_cupy.backend import CPU, Backend
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import KsaeError, OptionError
 from ksae_cupy.model import alpha_k
 from ksae_cupy.evaluation.features import _fmt_alpha, _pct, _write_atomic, load_run_dataset, open_run, select_and_test, sparse_features
 
@@ -42,7 +42,7 @@ def parse_variants(text: str) -> list[str]:
             continue
         raise KsaeError(f"variant {name!r} is not allowed; use {', '.join(BASE_VARIANTS)} or early-stop-N (N > 0)")
     if not names:
-        raise KsaeError("--variants is empty; name at least one variant")
+        raise OptionError("variants", "{name} is empty; name at least one variant")
     return names
 
 

@@ -11,6 +11,10 @@ all-gather tells every rank whether it failed anywhere; if so every rank raises 
 same status without ``MPI_Abort``. An error one rank meets alone mid-run (the others are inside a
 collective) still needs ``MPI_Abort``: one line, written whole, then MPICH's line silenced.
 
+A bad parameter is an :class:`~ksae_cupy.errors.OptionError`, named as Python spells it; a command
+that wants its own spelling (``--threads`` for ``n_threads``) gives :func:`abort_on_error` its
+``spell``, and the lines it prints name the flag, as the single-process commands' do.
+
 mpi4py is imported only inside functions.
 """
 from __future__ import annotations
@@ -20,15 +24,18 @@ import os
 import sys
 import warnings
 
-from ksae_cupy.errors import KsaeError, KsaeNote, TrainingDiverged, one_line
+from ksae_cupy.errors import KsaeError, KsaeNote, OptionError, TrainingDiverged, one_line
 
 EXIT_DIVERGED, EXIT_USAGE = 1, 2
 
 
-def describe(exc: BaseException) -> tuple[str, int]:
+def describe(exc: BaseException, spell=None) -> tuple[str, int]:
     """``(line, exit status)`` for an error, as the single-process commands print it: a
     :class:`KsaeError` by its message (status 2; a divergence 1), an ``OSError`` by its file and
-    reason (2), anything else with its type's name (1)."""
+    reason (2), anything else with its type's name (1). ``spell(field)``, when given, names an
+    :class:`OptionError`'s parameter (a command's flag)."""
+    if isinstance(exc, OptionError) and spell is not None:
+        return one_line(exc.spelled(spell(exc.field))), EXIT_USAGE
     if isinstance(exc, TrainingDiverged):
         return one_line(exc) or type(exc).__name__, EXIT_DIVERGED
     if isinstance(exc, KsaeError):
@@ -42,9 +49,10 @@ def describe(exc: BaseException) -> tuple[str, int]:
 class RanksFailed(KsaeError):
     """Raised alike on every rank after :func:`agree` found a failure on one or more ranks.
 
-    ``failures`` is ``[(rank, line, status), ...]``; ``lines()`` the text to print once: one line
-    per distinct message, prefixed with the ranks that met it unless every rank did (or the
-    check ran on rank 0 alone, for the job as a whole).
+    ``failures`` is ``[(rank, line, status), ...]``, or ``(rank, line, status, (field, template))``
+    for an :class:`OptionError`; ``lines()`` the text to print once: one line per distinct message,
+    prefixed with the ranks that met it unless every rank did (or the check ran on rank 0 alone,
+    for the job as a whole), each parameter named by ``spell(field)`` when ``spell`` is given.
     """
 
     def __init__(self, failures: list, size: int, job_wide: bool = False):
@@ -52,9 +60,12 @@ class RanksFailed(KsaeError):
         self.status = failures[0][2]
         super().__init__("; ".join(self.lines()))
 
-    def lines(self) -> list[str]:
+    def lines(self, spell=None) -> list[str]:
         groups: dict[str, list[int]] = {}
-        for rank, line, _ in self.failures:
+        for rank, line, _, *option in self.failures:
+            if option and option[0] is not None and spell is not None:
+                field, template = option[0]
+                line = one_line(OptionError(field, template).spelled(spell(field)))
             groups.setdefault(line, []).append(rank)
         out = []
         for line, ranks in groups.items():
@@ -77,7 +88,8 @@ def agree(comm, fn, *args, rank0_only: bool = False, **kwargs):
         try:
             result = fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - every error is reported, once, by rank 0
-            failure = describe(exc)
+            # an OptionError travels with its field, for the command to spell (RanksFailed.lines)
+            failure = (*describe(exc), (exc.field, exc.template) if isinstance(exc, OptionError) else None)
     failures = comm.allgather(failure)
     failed = [(rank, *f) for rank, f in enumerate(failures) if f is not None]
     if failed:
@@ -85,8 +97,10 @@ def agree(comm, fn, *args, rank0_only: bool = False, **kwargs):
     return result
 
 
-def abort_on_error(func):
+def abort_on_error(func=None, *, spell=None):
     """Run ``func`` (one MPI job's body, on every rank); whatever it raises ends the whole job.
+    ``@abort_on_error`` or ``@abort_on_error(spell=...)``: ``spell(field)`` names a bad parameter
+    in the lines printed (a command's flag; by default its Python name).
 
     * :class:`RanksFailed` (every rank raised it alike): rank 0 prints ``error: <line>``; every
       rank leaves with its status, together, without ``MPI_Abort``.
@@ -96,6 +110,8 @@ def abort_on_error(func):
 
     :class:`~ksae_cupy.errors.KsaeNote` warnings are printed as ``note: <line>`` (rank 0's).
     """
+    if func is None:
+        return functools.partial(abort_on_error, spell=spell)
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
@@ -105,7 +121,7 @@ def abort_on_error(func):
                 return func(*args, **kwargs)
         except RanksFailed as exc:
             if _rank() in (0, "?"):
-                _write("".join(f"error: {line}\n" for line in exc.lines()))
+                _write("".join(f"error: {line}\n" for line in exc.lines(spell)))
             _exit_together(exc.status)
         except SystemExit as exc:
             if exc.code in (0, None):
@@ -114,7 +130,7 @@ def abort_on_error(func):
                 _exit_together(exc.code)
             _abort(int(exc.code) if isinstance(exc.code, int) else 1, None)
         except BaseException as exc:  # noqa: BLE001 - anything else: report, abort everyone
-            _abort(describe(exc)[1] if isinstance(exc, Exception) else 1, exc)
+            _abort(describe(exc)[1] if isinstance(exc, Exception) else 1, exc, spell)
 
     return wrapper
 
@@ -183,10 +199,10 @@ def _wait_until_read(fd: int, limit_s: float = 10.0) -> None:
         return
 
 
-def _abort(status: int, exc) -> None:
+def _abort(status: int, exc, spell=None) -> None:
     rank = _rank()
     if exc is not None:
-        line, _ = describe(exc)
+        line, _ = describe(exc, spell)
         _write(f"error: [rank {rank}] {line}\n" if isinstance(rank, int) and _size() > 1 else f"error: {line}\n")
     try:
         from mpi4py import MPI

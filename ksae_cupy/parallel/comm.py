@@ -106,14 +106,14 @@ class NCCLAllreducer:
 
 
 def make_allreducer(comm, kind: str):
-    """``mpi`` or ``nccl`` (the latter needs CuPy and a GPU per rank)."""
-    from ksae_cupy.errors import KsaeError
+    """``mpi`` or ``nccl`` (the latter needs CuPy and a GPU per rank): the run setting ``comm``."""
+    from ksae_cupy.errors import OptionError, literal
 
     if kind == "mpi":
         return MPIAllreducer(comm)
     if kind == "nccl":
         return NCCLAllreducer(comm)
-    raise KsaeError(f"--comm {kind!r} is not allowed; use mpi or nccl")
+    raise OptionError("comm", f"{{name}} {literal(repr(kind))} is not allowed; use mpi or nccl")
 
 
 def shard_bounds(n: int, size: int, rank: int) -> tuple[int, int]:

@@ -26,7 +26,7 @@ from ksae_cupy.backend import to_host
 from ksae_cupy.training.checkpoint import Checkpoint
 from ksae_cupy.parallel.sharded_topk import sharded_topk
 from ksae_cupy.parallel.comm import StopAgreedOverRanks, shard_bounds
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import KsaeError, OptionError, literal
 from ksae_cupy.training.trainer import Trainer
 
 
@@ -40,9 +40,11 @@ class ShardedHiddenTrainer(StopAgreedOverRanks, Trainer):
         super().__init__(config, backend, D, checkpoint)  # full arrays, then keep our block
         self.comm, self.rank, self.size = comm, comm.rank, comm.size
         if config.activation != "linear":  # the sharded forward below selects linear units only
-            raise KsaeError(f"--shard-hidden trains linear hidden units; activation {config.activation!r} is not supported")
+            raise OptionError("shard_hidden", f"{{name}} trains linear hidden units; activation "
+                                              f"{literal(repr(config.activation))} is not supported")
         if config.hidden < comm.size:
-            raise KsaeError(f"--shard-hidden: {config.hidden} hidden units cannot be split over {comm.size} ranks")
+            raise OptionError("shard_hidden", f"{{name}}: {config.hidden} hidden units cannot be split over "
+                                              f"{comm.size} ranks")
         self.allreduce, self.topk_dist = allreduce, topk_dist
         self.col_lo, self.col_hi = shard_bounds(config.hidden, comm.size, comm.rank)
         for store in (self.params, self.optimizer.velocities):

@@ -45,7 +45,7 @@ from __future__ import annotations
 import numpy as np
 
 from ksae_cupy.backend import array_module, to_host
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import KsaeError, OptionError, literal
 from ksae_cupy.topk import order_keys, topk_sort
 
 DIST_TOPK_METHODS = ("threshold", "gather")
@@ -73,7 +73,8 @@ def sharded_topk(Z_local_nh, k: int, comm, col_offset: int, method: str = "thres
     elif method == "gather":
         keep = _gather(Z, k, comm, col_offset, H_r)
     else:
-        raise KsaeError(f"--topk-dist {method!r} is not allowed; use one of {', '.join(DIST_TOPK_METHODS)}")
+        raise OptionError("topk_dist", f"{{name}} {literal(repr(method))} is not allowed; use one of "
+                                       f"{', '.join(DIST_TOPK_METHODS)}")
     return keep if xp is np else xp.asarray(keep)
 
 

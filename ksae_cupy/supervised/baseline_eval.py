@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ksae_cupy.backend import CPU, Backend
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import KsaeError, OptionError
 from ksae_cupy.supervised.baseline_trainer import KIND, is_baseline_run, load_baseline_checkpoint  # noqa: F401 (re-export)
 from ksae_cupy.supervised.baselines import PAPER_ERR_MNIST, encode
 
@@ -54,7 +54,7 @@ def evaluate_baseline_run(run_dir, l2_grid, refit: str = "train+valid", raw_base
     from ksae_cupy.evaluation.features import _write_atomic, load_run_dataset, select_and_test
 
     if linear_svm:
-        raise KsaeError("--linear-svm is not offered for baseline runs; leave it out")
+        raise OptionError("linear_svm", "{name} is not offered for baseline runs; leave it out")
     run, model = open_baseline_run(run_dir)
     if dataset is None:
         dataset = load_run_dataset(run, data_root, log, data_overrides)
