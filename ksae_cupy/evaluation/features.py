@@ -27,7 +27,7 @@ import numpy as np
 
 from ksae_cupy.evaluation import classifier, grid
 from ksae_cupy.backend import CPU, Backend
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import KsaeError, OptionError, literal
 from ksae_cupy.model import alpha_k, hidden_preactivations, select_units
 from ksae_cupy.atomic import write_text_atomic
 from ksae_cupy.paper import DATASET, HIDDEN, err_mnist_error, ksparse_key
@@ -95,8 +95,8 @@ def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid"
     if refit not in REFIT_CHOICES:
         raise KsaeError(f"refit={refit!r} is not allowed; use one of {', '.join(REFIT_CHOICES)}")
     if dataset.y_train is None or dataset.y_valid is None:
-        raise KsaeError(f"dataset {dataset.name} has no labels; the classifier needs labelled data: give "
-                        f"--labels (an .npy, file.h5:y or file.npz:y), or an .npz holding y")
+        raise OptionError("labels", f"dataset {literal(dataset.name)} has no labels; the classifier needs labelled "
+                                    f"data: give {{name}} (an .npy, file.h5:y or file.npz:y), or an .npz holding y")
     if dataset.X_test is None or dataset.y_test is None:
         raise KsaeError(f"dataset {dataset.name} has no labelled test set; give --test (with --test-labels unless "
                         f"it is an .npz holding y), or train with --test-fraction")
@@ -196,7 +196,7 @@ def _warn_unconverged(model, what: str, max_iter: int, log) -> None:
     if model.converged:
         return
     if model.n_iter >= max_iter:
-        why = f"reached --max-iter {max_iter} (raise it to fit further)"
+        why = f"reached max_iter {max_iter} (raise it to fit further)"
     else:
         why = f"stopped after {model.n_iter} iterations: {model.message}"
     log(f"  warning: {what}: L-BFGS did not converge; it {why}")
@@ -218,31 +218,34 @@ def _fmt_alpha(alpha) -> str:
 
 
 def parse_alphas(text: str) -> list[float]:
-    """``"1,2,3,4"`` -> [1.0, 2.0, 3.0, 4.0]; every alpha must be a number >= 1."""
-    values = _parse_floats(text, "--alphas")
+    """``"1,2,3,4"`` -> [1.0, 2.0, 3.0, 4.0] (``alphas``); every alpha must be a number >= 1."""
+    values = _parse_floats(text, "alphas")
     bad = [v for v in values if not 1 <= v < float("inf")]
     if bad:
-        raise KsaeError(f"--alphas {text!r}: alpha={bad[0]:g} is not allowed; use a finite alpha >= 1 (section 2.2)")
+        raise OptionError("alphas", f"{{name}} {literal(repr(text))}: alpha={bad[0]:g} is not allowed; use a finite "
+                                    f"alpha >= 1 (section 2.2)")
     return values
 
 
 def parse_l2(text: str) -> list[float]:
-    """``"1e-3,1e-4"`` -> [0.001, 0.0001]; every value must be >= 0."""
-    values = _parse_floats(text, "--l2")
+    """``"1e-3,1e-4"`` -> [0.001, 0.0001] (``l2_grid``); every value must be >= 0."""
+    values = _parse_floats(text, "l2_grid")
     bad = [v for v in values if not 0 <= v < float("inf")]
     if bad:
-        raise KsaeError(f"--l2 {text!r}: l2={bad[0]:g} is not allowed; use a finite l2 >= 0")
+        raise OptionError("l2_grid", f"{{name}} {literal(repr(text))}: l2={bad[0]:g} is not allowed; use a finite "
+                                     f"l2 >= 0")
     return values
 
 
-def _parse_floats(text: str, option: str) -> list[float]:
+def _parse_floats(text: str, field: str) -> list[float]:
+    """Comma-separated numbers given for the parameter ``field``."""
     parts = [p.strip() for p in str(text).split(",") if p.strip()]
     if not parts:
-        raise KsaeError(f"{option} is empty; give comma-separated numbers, e.g. 1,2,3")
+        raise OptionError(field, "{name} is empty; give comma-separated numbers, e.g. 1,2,3")
     try:
         return [float(p) for p in parts]
     except ValueError:
-        raise KsaeError(f"{option} {text!r}: not a comma-separated list of numbers") from None
+        raise OptionError(field, f"{{name}} {literal(repr(text))}: not a comma-separated list of numbers") from None
 
 
 @dataclass

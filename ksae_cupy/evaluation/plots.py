@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ksae_cupy.backend import to_host
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import KsaeError, OptionError
 
 LAYOUTS = ("hwc", "chw")
 # The largest filter image written: 100 megapixels (past this, an image library refuses to open it
@@ -41,8 +41,8 @@ def filter_shape(D: int, image_shape=None, channels: int = 1) -> tuple[int, int]
         return h, w
     side = math.isqrt(D // channels)
     if side * side * channels != D:
-        raise KsaeError(f"filters of {D} values are not square images with {channels} channel(s); "
-                        "give the image shape, e.g. --shape 28x28")
+        raise OptionError("image_shape", f"filters of {D} values are not square images with {channels} channel(s); "
+                                         "give the image shape, e.g. {name} 28x28")
     return side, side
 
 

@@ -11,6 +11,10 @@ The BLAS count is set at run time with ``threadpoolctl`` (installed with the pac
 the environment set before Python started (``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS``,
 ``BLIS_NUM_THREADS``, ``OMP_NUM_THREADS``) is left as it is unless ``--threads`` is given, and
 the printed line names the variable.
+
+A bad count is an :class:`~ksae_cupy.errors.OptionError` on the estimator's parameter ``n_threads``
+(a command prints its ``--threads``). The lines that say how the count was chosen name the knob as
+the caller's user knows it (``--threads`` for a command, ``n_threads`` for the estimator).
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import os
 
 import numpy as np
 
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import OptionError, literal
 
 
 def usable_cores() -> int:
@@ -51,9 +55,9 @@ def set_blas_threads(threads: int | None) -> tuple[str, int | None]:
         from threadpoolctl import threadpool_info, threadpool_limits
     except ImportError:
         if threads is not None:
-            raise KsaeError(f"--threads {threads} needs threadpoolctl (pip install threadpoolctl); without it, "
-                            f"start the run with OMP_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} "
-                            f"MKL_NUM_THREADS={threads}") from None
+            raise OptionError("n_threads", f"{{name}} {threads} needs threadpoolctl (pip install threadpoolctl); "
+                              f"without it, start the run with OMP_NUM_THREADS={threads} "
+                              f"OPENBLAS_NUM_THREADS={threads} MKL_NUM_THREADS={threads}") from None
         return (f"BLAS threads: the library's default (threadpoolctl not installed; set OMP_NUM_THREADS before "
                 f"starting to change it); {cores} usable cores"), None
     if from_environment is None:
@@ -69,12 +73,12 @@ def set_blas_threads(threads: int | None) -> tuple[str, int | None]:
 def choose_threads(threads: int | None, flag: str = "--threads") -> tuple[int | None, str, str | None]:
     """``(wanted, how, from_environment)``: the count ``threads`` asks for, else the one the
     environment set, else one per free core; ``wanted`` is None when the environment's value is
-    not a count (it is then left to the library)."""
+    not a count (it is then left to the library). ``how`` names the knob as ``flag``."""
     cores = usable_cores()
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer))
                                 or threads <= 0):
-        raise KsaeError(f"{flag} {threads!r} is not allowed; use a positive number of threads (this machine has "
-                        f"{cores} cores)")
+        raise OptionError("n_threads", f"{{name}} {literal(repr(threads))} is not allowed; use a positive number "
+                          f"of threads (this machine has {cores} cores)")
     from_environment = environment_threads()
     if threads is not None:
         return int(threads), flag, None  # given: it wins over the environment's count

@@ -75,7 +75,7 @@ def test_an_unconverged_fit_is_a_warning_line(run_and_data):
     assert not result["features"]["trials"][0]["converged"]
     warnings = [line for line in lines if "warning:" in line]
     assert len(warnings) == 2, lines  # the fit and the refit
-    assert "alpha=1 l2=1e-05" in warnings[0] and "reached --max-iter 2" in warnings[0]
+    assert "alpha=1 l2=1e-05" in warnings[0] and "reached max_iter 2" in warnings[0]
     converged = []
     evaluate.evaluate_run(run, alphas=[1], l2_grid=[1e-2], dataset=data, log=converged.append)
     assert not any("warning:" in line for line in converged)  # control: a converged fit says nothing
@@ -147,6 +147,16 @@ def test_command_ctrl_c_then_the_same_command_continues(synthetic_run, monkeypat
 def test_command_refuses_zero_threads(synthetic_run):
     result = CliRunner().invoke(eval_command, [str(synthetic_run), "--threads", "0"])
     assert_one_line_error(result, "--threads 0 is not allowed", status=2)
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--l2", "1e-3,-1"], "--l2 '1e-3,-1': l2=-1 is not allowed; use a finite l2 >= 0"),  # l2_grid in Python
+    (["--alphas", "0.5"], "--alphas '0.5': alpha=0.5 is not allowed; use a finite alpha >= 1"),
+    (["--alphas", ","], "--alphas is empty; give comma-separated numbers"),
+])
+def test_command_names_its_flags_where_the_library_names_parameters(synthetic_run, args, expected):
+    result = CliRunner().invoke(eval_command, [str(synthetic_run), *args, "--device", "cpu"])
+    assert_one_line_error(result, expected, status=2)
 
 
 HELD_EVAL = """\

@@ -48,10 +48,24 @@ def test_histogram_png_has_the_requested_size(tmp_path):
 
 
 def test_non_square_filters_need_a_shape():
-    with pytest.raises(KsaeError, match="not square"):
+    with pytest.raises(KsaeError, match="not square") as refused:
         plots.filter_mosaic(np.ones((10, 3)))
+    assert str(refused.value).endswith("give the image shape, e.g. image_shape 28x28")  # the Python parameter
     with pytest.raises(KsaeError, match="cannot be shown"):
         plots.filter_mosaic(np.ones((10, 3)), image_shape=(3, 3))
+
+
+def test_the_command_names_its_shape_flag(tmp_path):
+    from click.testing import CliRunner
+
+    from clicheck import assert_one_line_error
+    from ksae_cupy.cli.plot import plot_command
+    from runfolder import make_run
+
+    run = make_run(tmp_path / "run", np.ones((10, 3)), k=1)
+    result = CliRunner().invoke(plot_command, ["filters", str(run), "-o", str(tmp_path / "f.png")])
+    assert_one_line_error(result, "filters of 10 values are not square images with 1 channel(s); give the image "
+                                  "shape, e.g. --shape 28x28", status=2)
 
 
 def test_png_size_rejects_other_files(tmp_path):

@@ -97,6 +97,17 @@ def test_bad_values_are_one_line_errors_naming_the_parameter(params, fragment):
         small(**params).fit(data())
 
 
+@pytest.mark.parametrize("count", [0, -2, True, "{1}"])
+def test_a_bad_thread_count_names_the_parameter_n_threads(count):
+    # The library's name; every command prints its --threads (tests/evaluation/test_eval_grid.py, tests/parallel/...).
+    from ksae_cupy.errors import OptionError
+
+    with pytest.raises(OptionError) as refused:
+        threads_module.choose_threads(count)
+    assert refused.value.field == "n_threads"
+    assert str(refused.value).startswith(f"n_threads {count!r} is not allowed; use a positive number of threads")
+
+
 def test_the_new_parameters_are_parameters():
     est = small(verbose=1, n_threads=2)
     assert est.get_params()["verbose"] == 1 and est.get_params()["n_threads"] == 2
