@@ -18,16 +18,29 @@ class OptionError(KsaeError):
     ``template`` is the one-line message with ``{name}`` where the parameter's name goes:
     ``OptionError("k", "{name} 0 is not allowed; use 1 <= k <= n_hidden")``. ``str()`` reads it
     with the field's name; the CLI prints :meth:`spelled` with its flag (``--k``), from the one
-    field -> flag table in :mod:`ksae_cupy.cli.common`.
+    field -> flag table in :mod:`ksae_cupy.cli.common`. Another parameter the message names is a
+    ``{field}`` of its own (``"{name} y.npy is not allowed without {test}"``), spelled alike.
     """
 
     def __init__(self, field: str, template: str):
         self.field, self.template = field, template
-        super().__init__(template.format(name=field))
+        super().__init__(self.spelled(field))
 
-    def spelled(self, name: str) -> str:
-        """The message with the parameter called ``name`` (e.g. a command line's flag)."""
-        return self.template.format(name=name)
+    def spelled(self, name: str, spell=None) -> str:
+        """The message with the parameter called ``name`` (e.g. a command line's flag), and any
+        other parameter it names called ``spell(field)`` (by default, as Python spells it)."""
+        return self.template.format_map(_Names(name, spell or str))
+
+
+class _Names(dict):
+    """``{name}`` and the other parameters' ``{field}`` of an :class:`OptionError` template."""
+
+    def __init__(self, name: str, spell):
+        super().__init__(name=name)
+        self.spell = spell
+
+    def __missing__(self, field: str) -> str:
+        return self.spell(field)
 
 
 def literal(value) -> str:

@@ -14,7 +14,7 @@ import numpy as np
 
 from ksae_cupy.datasets.dataset import Dataset, check_finite, check_magnitude
 from ksae_cupy.datasets.user_files import DataSpec, is_user_file, load_user_data  # noqa: F401 (is_user_file: re-exported)
-from ksae_cupy.errors import KsaeError, python_name
+from ksae_cupy.errors import KsaeError
 
 
 
@@ -107,7 +107,7 @@ def load_dataset(name, root: Path | None = None, log=print, *, labels: str | Non
         spec = name
     else:
         spec = DataSpec(str(name), labels=labels, test=test, test_labels=test_labels, valid_fraction=valid_fraction,
-                        test_fraction=test_fraction, split_seed=split_seed).validate(python_name)
+                        test_fraction=test_fraction, split_seed=split_seed).validate()
     if spec.is_user_file:
         return load_user_data(spec)
     name = spec.data

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ksae_cupy.datasets.dataset import Dataset, check_finite, check_float_input, check_magnitude
-from ksae_cupy.errors import KsaeError, cli_name
+from ksae_cupy.errors import KsaeError, OptionError, literal
 
 SUFFIXES = (".npy", ".npz", ".h5", ".hdf5")
 MEMBER_SUFFIXES = (".npz", ".h5", ".hdf5")  # files that hold named arrays: file.npz:name
@@ -67,31 +67,32 @@ class DataSpec:
     def is_user_file(self) -> bool:
         return is_user_file(self.data)
 
-    def validate(self, name=cli_name) -> "DataSpec":
-        """Raise a one-line :class:`KsaeError` on a bad option, naming it by ``name(field)``
-        (``--valid-fraction`` on the command line, ``valid_fraction`` in Python); return self."""
+    def validate(self) -> "DataSpec":
+        """Raise a one-line :class:`~ksae_cupy.errors.OptionError` on a bad option, naming it as
+        Python does (``valid_fraction``; a command prints ``--valid-fraction``); return self."""
         if not self.is_user_file:
             given = [f for f in ("labels", "test", "test_labels") if getattr(self, f) is not None]
             given += [f for f, default in (("valid_fraction", 0.1), ("test_fraction", 0.0), ("split_seed", 0))
                       if getattr(self, f) != default]
             if given:
-                raise KsaeError(f"{name(given[0])} is not allowed with the built-in dataset {self.data!r}, which has "
-                                f"its own labels and splits; it applies to your own files (.npy, .npz, .h5)")
+                raise OptionError(given[0], f"{{name}} is not allowed with the built-in dataset "
+                                            f"{literal(repr(self.data))}, which has its own labels and splits; it "
+                                            f"applies to your own files (.npy, .npz, .h5)")
             return self
         if self.test_labels is not None and self.test is None:
-            raise KsaeError(f"{name('test_labels')} {self.test_labels} is not allowed without {name('test')}; "
-                            f"name the test examples' file too")
+            raise OptionError("test_labels", f"{{name}} {literal(self.test_labels)} is not allowed without {{test}}; "
+                                             f"name the test examples' file too")
         if self.test is not None and self.test_fraction:
-            raise KsaeError(f"{name('test_fraction')} {self.test_fraction} is not allowed with {name('test')}; "
-                            f"take the test set from the file or from a fraction of the data, not both")
+            raise OptionError("test_fraction", f"{{name}} {self.test_fraction} is not allowed with {{test}}; take "
+                                               f"the test set from the file or from a fraction of the data, not both")
         if not 0 < self.valid_fraction < 1:
-            raise KsaeError(f"{name('valid_fraction')} {self.valid_fraction} is not allowed; use 0 < fraction < 1")
+            raise OptionError("valid_fraction", f"{{name}} {self.valid_fraction} is not allowed; use 0 < fraction < 1")
         if not 0 <= self.test_fraction < 1 or self.valid_fraction + self.test_fraction >= 1:
-            raise KsaeError(f"{name('test_fraction')} {self.test_fraction} is not allowed; use 0 <= fraction < 1 "
-                            f"- {name('valid_fraction')} ({self.valid_fraction}), leaving rows to train on")
+            raise OptionError("test_fraction", f"{{name}} {self.test_fraction} is not allowed; use 0 <= fraction < 1 "
+                                               f"- {{valid_fraction}} ({self.valid_fraction}), leaving rows to train on")
         if not 0 <= self.split_seed <= 2**32 - 1:
-            raise KsaeError(f"{name('split_seed')} {self.split_seed} is not allowed; use an integer from 0 to "
-                            f"{2**32 - 1}")
+            raise OptionError("split_seed", f"{{name}} {self.split_seed} is not allowed; use an integer from 0 to "
+                                            f"{2**32 - 1}")
         return self
 
     def resolved(self) -> "DataSpec":
@@ -122,19 +123,19 @@ class DataSpec:
                   if key in ("labels", "test", "test_labels", "valid_fraction", "test_fraction", "split_seed")}
         return cls(data=dataset, **fields)
 
-    def for_run(self, name=cli_name, **given) -> "DataSpec":
+    def for_run(self, **given) -> "DataSpec":
         """This spec (a run's, from its config.json) with the options a later command gave
         (those not None): labels and a test set may be added or replaced; the splits may not
         change, since the run trained on the rows they leave."""
         given = {key: value for key, value in given.items() if value is not None}
         for key in ("valid_fraction", "test_fraction", "split_seed"):
             if key in given and given[key] != getattr(self, key):
-                raise KsaeError(f"{name(key)} {given[key]} is not allowed: the run was trained with "
-                                f"{getattr(self, key)}, and another split would test on rows it trained on")
+                raise OptionError(key, f"{{name}} {literal(given[key])} is not allowed: the run was trained with "
+                                       f"{getattr(self, key)}, and another split would test on rows it trained on")
         spec = replace(self, **given)
         if "test" in given and "test_labels" not in given:
             spec = replace(spec, test_labels=None)  # a new test file brings its own labels
-        return spec.validate(name).resolved()
+        return spec.validate().resolved()
 
     def files(self) -> list[Path]:
         """Every file the spec reads."""
@@ -166,7 +167,8 @@ def load_user_data(spec: DataSpec) -> Dataset:
     if X_test is not None and (y_test is None) != (y_n is None):
         which = "the data has labels but the test set has none" if y_test is None else \
             "the test set has labels but the data has none"
-        raise KsaeError(f"{which}; give both (--labels / --test-labels, or y / y_test in an .npz) or neither")
+        raise OptionError("labels", f"{which}; give both ({{name}} / {{test_labels}}, or y / y_test in an .npz) "
+                                    f"or neither")
 
     n = len(X_nd)
     n_valid = max(1, int(round(spec.valid_fraction * n)))

@@ -98,8 +98,8 @@ def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid"
         raise OptionError("labels", f"dataset {literal(dataset.name)} has no labels; the classifier needs labelled "
                                     f"data: give {{name}} (an .npy, file.h5:y or file.npz:y), or an .npz holding y")
     if dataset.X_test is None or dataset.y_test is None:
-        raise KsaeError(f"dataset {dataset.name} has no labelled test set; give --test (with --test-labels unless "
-                        f"it is an .npz holding y), or train with --test-fraction")
+        raise OptionError("test", f"dataset {literal(dataset.name)} has no labelled test set; give {{name}} (with "
+                                  f"{{test_labels}} unless it is an .npz holding y), or train with {{test_fraction}}")
     n_classes = dataset.n_classes or int(max(dataset.y_train.max(), dataset.y_valid.max())) + 1
     l2_grid = sorted(l2_grid, reverse=True)  # strongest first: each fit warm-starts the next
     y_train, y_valid = backend.asarray(dataset.y_train), backend.asarray(dataset.y_valid)

@@ -35,7 +35,7 @@ def describe(exc: BaseException, spell=None) -> tuple[str, int]:
     reason (2), anything else with its type's name (1). ``spell(field)``, when given, names an
     :class:`OptionError`'s parameter (a command's flag)."""
     if isinstance(exc, OptionError) and spell is not None:
-        return one_line(exc.spelled(spell(exc.field))), EXIT_USAGE
+        return one_line(exc.spelled(spell(exc.field), spell)), EXIT_USAGE
     if isinstance(exc, TrainingDiverged):
         return one_line(exc) or type(exc).__name__, EXIT_DIVERGED
     if isinstance(exc, KsaeError):
@@ -65,7 +65,7 @@ class RanksFailed(KsaeError):
         for rank, line, _, *option in self.failures:
             if option and option[0] is not None and spell is not None:
                 field, template = option[0]
-                line = one_line(OptionError(field, template).spelled(spell(field)))
+                line = one_line(OptionError(field, template).spelled(spell(field), spell))
             groups.setdefault(line, []).append(rank)
         out = []
         for line, ranks in groups.items():

@@ -95,11 +95,27 @@ def test_labels_that_do_not_fit_are_one_line_errors(tmp_path, labels, fragments)
 @pytest.mark.parametrize("kwargs, fragment", [
     ({"valid_fraction": 1.5}, "valid_fraction 1.5 is not allowed; use 0 < fraction < 1"),
     ({"valid_fraction": 0.5, "test_fraction": 0.5}, "test_fraction 0.5 is not allowed"),
-    ({"test_labels": "y.npy"}, "test_labels y.npy is not allowed without test"),
+    ({"test_labels": "y.npy"}, "test_labels y.npy is not allowed without test;"),
+    ({"test": "T.npy", "test_fraction": 0.2}, "test_fraction 0.2 is not allowed with test;"),
+    ({"valid_fraction": 0.6, "test_fraction": 0.5}, "use 0 <= fraction < 1 - valid_fraction \\(0.6\\)"),
 ])
 def test_bad_split_arguments_name_the_python_argument(npz, kwargs, fragment):
     with pytest.raises(KsaeError, match=fragment):
         load_dataset(str(npz[0]), **kwargs)
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--test-labels", "y.npy"], "--test-labels y.npy is not allowed without --test; name the test examples' file too"),
+    (["--test", "T.npy", "--test-fraction", "0.2"], "--test-fraction 0.2 is not allowed with --test"),
+    (["--valid-fraction", "0.6", "--test-fraction", "0.5"],
+     "--test-fraction 0.5 is not allowed; use 0 <= fraction < 1 - --valid-fraction (0.6)"),
+])
+def test_a_command_names_every_option_of_a_split_mistake_by_its_flag(npz, args, line):
+    # The same mistakes as above, in Python terms there; each parameter the message names is a flag here.
+    from ksae_cupy.cli.train import train_command
+
+    result = CliRunner().invoke(train_command, [str(npz[0]), *args, *SMALL])
+    assert_one_line_error(result, line, status=2)
 
 
 def test_options_of_own_files_are_refused_for_a_builtin_dataset():
@@ -154,6 +170,21 @@ def test_eval_takes_labels_for_a_run_trained_without_them(tmp_path):
                                            "--l2", "1e-3", "--quiet"], catch_exceptions=False)
     assert ok.exit_code == 0, ok.output
     assert json.loads((run / "eval.json").read_text())["features"]["test_error"] < 0.2
+
+
+def test_eval_of_a_run_without_a_test_set_names_the_options_that_give_one(tmp_path):
+    from ksae_cupy.cli.evaluate import eval_command
+    from ksae_cupy.cli.train import train_command
+
+    X, y = labelled(200)
+    np.save(tmp_path / "X.npy", X)
+    np.save(tmp_path / "y.npy", y)
+    run = tmp_path / "run"
+    args = [str(tmp_path / "X.npy"), "--labels", str(tmp_path / "y.npy"), *SMALL, "--run-dir", str(run)]
+    assert CliRunner().invoke(train_command, args, catch_exceptions=False).exit_code == 0
+    result = CliRunner().invoke(eval_command, [str(run), "--alphas", "1", "--l2", "1e-3"])
+    assert_one_line_error(result, "has no labelled test set; give --test (with --test-labels unless it is an .npz "
+                                  "holding y), or train with --test-fraction", status=2)
 
 
 def test_train_refuses_mismatched_labels_before_creating_the_run(tmp_path):
