@@ -41,7 +41,7 @@ def loss_and_grads_sparse_auxk(params, X_nd, k: int, dead_h, aux_k: int, aux_coe
 
     Same contract as :func:`ksae_cupy.model.loss_and_grads_auxk` (``loss`` the main loss alone,
     ``grads`` those of both); ``grads["W_dh"]`` as :func:`~ksae_cupy.sparse_step.loss_and_grads_sparse`
-    returns it (with ``defer_weight_gradient`` on the CPU kernels, an object the optimizer applies)."""
+    returns it (with ``defer_weight_gradient`` on the CPU kernels, parts the CPU kernels' update applies)."""
     xp = array_module(X_nd)
     W_dh, c_d = params["W_dh"], params["c_d"]
     H = W_dh.shape[1]
@@ -116,28 +116,20 @@ def dead_block_gradients(W_hd, X_nd, R_nd, Z_nh, dead_h, aux_k: int, aux_coef: f
     return aux_loss, dead_m, dWd_md, dZa_nm.sum(axis=0)
 
 
-class GradientWithDeadRows:
+class GradientWithDeadRows(RowScatterGradient):
     """``dW_dh`` as the main loss's :class:`RowScatterGradient` plus dense rows ``dWd_md`` for the dead
     units ``dead_m``. The momentum update applies the first row by row, then ``-lr dWd_md`` to those
-    rows of ``W`` and of its velocity; ``numpy.asarray`` builds the whole gradient."""
+    rows of ``W`` and of its velocity (:func:`ksae_cupy.cpu.momentum.update_weight_rows`);
+    ``numpy.asarray`` builds the whole gradient."""
 
     def __init__(self, main: RowScatterGradient, dead_m, dWd_md):
-        self.main, self.dead_m, self.dWd_md = main, dead_m, dWd_md
-        self.shape, self.dtype = main.shape, main.dtype
+        super().__init__(main.X_nd, main.R_nd, main.idx_nk, main.dZ_nk, main.val_nk, main.shape[1], main.lanes)
+        self.dead_m, self.dWd_md = dead_m, dWd_md
 
     def __array__(self, dtype=None, copy=None):
-        dW_dh = np.array(np.asarray(self.main), order="F")
+        dW_dh = np.array(super().__array__(), order="F")
         dW_dh[:, self.dead_m] += self.dWd_md.T
         return dW_dh if dtype is None else dW_dh.astype(dtype)
-
-    def momentum_update(self, W_dh, V_dh, momentum: float, lr: float) -> bool:
-        """``V <- m V - lr dW; W <- W + V`` in place, or False (nothing done) unless both are Fortran-ordered."""
-        if not self.main.momentum_update(W_dh, V_dh, momentum, lr):
-            return False
-        step_md = W_dh.dtype.type(lr) * self.dWd_md
-        W_dh.T[self.dead_m] -= step_md
-        V_dh.T[self.dead_m] -= step_md
-        return True
 
 
 def loss_and_grads_auxk_for(step: str, k: int, H: int):

@@ -7,19 +7,19 @@ The paper prints ``x_{k+1} = x_k + v_k``; we read it as the standard form above 
 velocity is applied at once), which is what momentum SGD means in every implementation
 the paper cites, the authors' gnumpy code included. The update is in place, on the
 parameters' own array module (NumPy or CuPy).
+
+This is the update on plain arrays. On the CPU with the Numba kernels the trainers choose
+the same update fused into one pass, and for the sparse step's weight gradient row by row
+(:mod:`ksae_cupy.cpu.momentum`).
 """
 from __future__ import annotations
-
-import numpy as np
-
-from ksae_cupy.cpu import kernels as cpu_kernels
 
 
 class MomentumSGD:
     """In-place momentum SGD over a dict of named parameter arrays.
 
-    ``velocities`` holds one array per parameter, zero at the start; it is saved in
-    checkpoints so a resumed run takes the very same next step.
+    ``velocities`` holds one array per parameter, zero at the start (in the parameter's memory
+    order); it is saved in checkpoints so a resumed run takes the very same next step.
     """
 
     def __init__(self, params, momentum: float, xp):
@@ -27,24 +27,13 @@ class MomentumSGD:
         self.velocities = {name: xp.zeros_like(value) for name, value in params.items()}
 
     def step(self, params, grads, lr: float) -> None:
-        """One update of every parameter with learning rate ``lr``.
-
-        NumPy arrays of one memory layout take the one-pass Numba kernel
-        (:func:`ksae_cupy.cpu.kernels.momentum_update`), bit for bit the same update; a
-        gradient with a ``momentum_update`` method (the sparse step's ``W`` gradient, kept
-        in parts) applies itself, or is made an array when it declines.
-        """
-        fused = cpu_kernels.momentum_update if cpu_kernels.enabled() else None
+        """One update of every parameter with learning rate ``lr``."""
         for name, value in params.items():
-            v, grad = self.velocities[name], grads[name]
-            # A gradient kept in parts (the sparse step's RowScatterGradient) applies itself.
-            if hasattr(grad, "momentum_update"):
-                if grad.momentum_update(value, v, self.momentum, lr):
-                    continue
-                grad = np.asarray(grad)
-            if fused is not None and isinstance(value, np.ndarray) and fused(value, v, grad, self.momentum, lr):
-                continue
-            v *= value.dtype.type(self.momentum)
-            v -= value.dtype.type(lr) * grad
-            value += v
+            momentum_update(value, self.velocities[name], grads[name], self.momentum, lr)
 
+
+def momentum_update(theta, v, grad, momentum: float, lr: float) -> None:
+    """``v <- m v - lr grad; theta <- theta + v`` in place, in ``theta``'s float type."""
+    v *= theta.dtype.type(momentum)
+    v -= theta.dtype.type(lr) * grad
+    theta += v

@@ -16,7 +16,7 @@ Three ways to run it, one contract:
 
 * NumPy with Numba (the ``fast`` extra): the loops of :mod:`ksae_cupy.cpu.kernels`. The
   decoder and ``dZ`` are one pass per example; with ``defer_weight_gradient`` the trainer's
-  momentum update applies ``dW`` row by row and the ``(D, H)`` gradient is never built.
+  momentum update (:mod:`ksae_cupy.cpu.momentum`) applies ``dW`` row by row and the ``(D, H)`` gradient is never built.
 * NumPy without Numba: SciPy CSR products (decoder, ``dW``) and a batched gather for ``dZ``.
 * CuPy: the same products through cupyx.scipy.sparse (cuSPARSE). Not yet run on a GPU.
 
@@ -77,8 +77,8 @@ def loss_and_grads_sparse(params, X_nd, k: int, topk_method: str = "sort", activ
     contiguous ``W_hd`` every sparse product wants, and the gradient is a view of ``dW_hd``.
 
     ``defer_weight_gradient`` (the trainer's setting): where the CPU kernels run and ``W_dh``
-    is in Fortran order, ``grads["W_dh"]`` is a :class:`RowScatterGradient` that
-    :class:`~ksae_cupy.optim.MomentumSGD` applies without ever building the ``(D, H)`` array.
+    is in Fortran order, ``grads["W_dh"]`` is a :class:`RowScatterGradient` that the CPU kernels'
+    momentum update (:mod:`ksae_cupy.cpu.momentum`) applies without ever building the ``(D, H)`` array.
 
     ``lanes`` (CPU kernels only): split the examples, and the update's hidden units, over that many
     threads (:mod:`ksae_cupy.cpu.lanes`), each running its share of ``X W`` too; the caller runs
@@ -123,9 +123,13 @@ def _in_layout_of(W_dh, dW_hd):
 class RowScatterGradient:
     """``dW_dh`` kept as its parts: unit ``idx_nk[n, j]`` gets ``dZ_nk[n, j] X_n + val_nk[n, j] R_n``.
 
-    The momentum update applies it row by row (:func:`ksae_cupy.cpu.kernels.momentum_update_rows`);
-    ``numpy.asarray`` builds the dense ``(D, H)`` gradient for anything else.
+    The trainer's momentum update on the CPU kernels applies it row by row
+    (:func:`ksae_cupy.cpu.momentum.update_weight_rows`); ``numpy.asarray`` builds the dense
+    ``(D, H)`` gradient for anything else. ``dead_m``/``dWd_md``: dense rows of the AuxK dead units
+    to add (:class:`ksae_cupy.auxk_step.GradientWithDeadRows` sets them), else None.
     """
+
+    dead_m = dWd_md = None
 
     def __init__(self, X_nd, R_nd, idx_nk, dZ_nk, val_nk, H: int, lanes: int = 1):
         self.X_nd, self.R_nd, self.idx_nk, self.dZ_nk, self.val_nk = X_nd, R_nd, idx_nk, dZ_nk, val_nk
@@ -136,14 +140,6 @@ class RowScatterGradient:
     def __array__(self, dtype=None, copy=None):
         dW_hd = cpu_kernels.weight_gradient(self.X_nd, self.R_nd, self.idx_nk, self.dZ_nk, self.val_nk, self.shape[1])
         return dW_hd.T if dtype is None else dW_hd.T.astype(dtype)
-
-    def momentum_update(self, W_dh, V_dh, momentum: float, lr: float) -> bool:
-        """``V <- m V - lr dW; W <- W + V`` in place, or False (nothing done) unless both are Fortran-ordered."""
-        if not (W_dh.flags.f_contiguous and V_dh.flags.f_contiguous and W_dh.dtype == V_dh.dtype == self.dtype):
-            return False
-        cpu_kernels.momentum_update_rows(W_dh.T, V_dh.T, self.X_nd, self.R_nd, self.idx_nk, self.dZ_nk,
-                                         self.val_nk, momentum, lr, self.lanes)
-        return True
 
 
 def _backprop_sparse_products(xp, W_hd, c_d, X_nd, idx_nk, val_nk, activation: str):

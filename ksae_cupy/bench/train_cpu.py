@@ -25,6 +25,7 @@ import numpy as np
 from ksae_cupy import model
 from ksae_cupy.bench.metadata import run_metadata
 from ksae_cupy.cpu import kernels as cpu_kernels
+from ksae_cupy.cpu import momentum as cpu_momentum
 from ksae_cupy.cpu.kernels import _compiled, _kernel
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.optim import MomentumSGD
@@ -223,12 +224,17 @@ def _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, thread
         if fn is loss_and_grads_sparse:  # stored as the trainer stores it for the sparse step
             params["W_dh"] = sparse_layout(params["W_dh"])
         optimizer = MomentumSGD(params, 0.9, xp)
+        # The update the trainer chooses (ksae_cupy.training.steps): on the CPU kernels fused, and for the
+        # sparse step W's gradient applied row by row.
+        kernels = not backend.is_gpu and kernels_setting != "0" and cpu_kernels.enabled()
+        update = (MomentumSGD.step if not kernels else
+                  cpu_momentum.rows_step if options.get("defer_weight_gradient") else cpu_momentum.fused_step)
 
-        def step(i, fn=fn, params=params, optimizer=optimizer, options=options):
+        def step(i, fn=fn, params=params, optimizer=optimizer, options=options, update=update):
             _, grads, _ = fn(params, batches[i % 8], k, topk_method, **options)
             # lr = 0 does the update's arithmetic while keeping the weights (and the
             # timing) from drifting over thousands of steps on random data.
-            optimizer.step(params, grads, 0.0)
+            update(optimizer, params, grads, 0.0)
 
         # The sparse step in lanes runs BLAS on one thread beside them, as the trainer does.
         blas = _blas_threads(1) if options.get("lanes", 1) > 1 else contextlib.nullcontext()

@@ -2,7 +2,8 @@
 
 ``kernels.py`` launches the top-k, gather, scatter and mask kernels (same contract as the NumPy
 functions in :mod:`ksae_cupy.topk`, which dispatch CuPy arrays here); ``fused_step.py`` is a
-training step built on them. Nothing here imports cupy at module load.
+training step built on them, timed by ``ksae-bench gpu`` only (no trainer takes it). Nothing
+here imports cupy at module load.
 
 May import: the top-level algorithm modules (errors, backend, model, topk). Imported by the
 top-level :mod:`ksae_cupy.topk` (lazily, for CuPy arrays) and by everything above.

@@ -1,5 +1,11 @@
-"""A training step built on the CUDA kernels: the alternative to :func:`ksae_cupy.model.loss_and_grads`'s
-generic array code on CuPy arrays, with fewer passes over memory. Same contract, same results.
+"""Benchmark only: a training step built on the CUDA kernels, which no trainer takes.
+
+The alternative to :func:`ksae_cupy.model.loss_and_grads`'s generic array code on CuPy arrays,
+with fewer passes over memory; same contract, the same results to rounding (tests/gpu). It is
+here for ``ksae-bench gpu`` (:mod:`ksae_cupy.bench.gpu`), which times it beside the dense step:
+it has neither the ReLU activation nor the AuxK loss, and no ``--step`` choice selects it, so the
+training package never imports it. Making it a step would mean a ``step`` value the trainer
+resolves (:mod:`ksae_cupy.training.steps`) once it covers what the dense step does.
 """
 from __future__ import annotations
 

@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from ksae_cupy.backend import Backend, to_host
+from ksae_cupy.cpu import kernels as cpu_kernels
+from ksae_cupy.cpu import momentum as cpu_momentum
 from ksae_cupy.errors import KsaeError, TrainingDiverged
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.supervised import baselines
@@ -106,6 +108,8 @@ class BaselineTrainer:
         with backend.use():
             self.params = {name: backend.asarray(value, dtype=self.dtype) for name, value in host_params.items()}
             self.optimizer = MomentumSGD(self.params, config.momentum, backend.xp)
+            # On the CPU kernels the same update in one pass per array (ksae_cupy.cpu.momentum), chosen once.
+            self._update = cpu_momentum.fused_step if backend.xp is np and cpu_kernels.enabled() else MomentumSGD.step
             for name, value in (velocities or {}).items():
                 self.optimizer.velocities[name][...] = backend.asarray(value)
         self.stop_requested = False  # set (e.g. by a SIGTERM handler) to stop after the current step
@@ -159,7 +163,7 @@ class BaselineTrainer:
             if not math.isfinite(loss):
                 raise TrainingDiverged(f"the loss became {loss} at epoch {self.epoch + 1}, step {self.step + 1}; "
                                        f"try a smaller lr (now {cfg.lr})", loss, self.epoch + 1, self.step + 1, cfg.lr)
-            self.optimizer.step(self.params, grads, cfg.lr)
+            self._update(self.optimizer, self.params, grads, cfg.lr)
             loss_sum, loss_batches = loss_sum + loss, loss_batches + 1
             self.step, self.batch_in_epoch = self.step + 1, b + 1
             if on_batch is not None:

@@ -59,6 +59,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ksae_cupy.backend import Backend, array_module, to_host
+from ksae_cupy.cpu import kernels as cpu_kernels
+from ksae_cupy.cpu import momentum as cpu_momentum
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.training.options import (check_batch_size, check_dtype, check_in_dtype, check_momentum,
                                         check_positive_count, check_positive_finite)
@@ -379,6 +381,8 @@ class FinetuneTrainer:
             self.params["W1_dh"] = sparse_layout(self.params["W1_dh"])
         self.phase_index, self.epoch, self.step, self.batch_in_epoch, self.epoch_perm = 0, 0, 0, 0, None
         self.optimizer = MomentumSGD(self.params, config.momentum, backend.xp)
+        # The update, chosen once: on the CPU kernels fused, the sparse step's weight gradients applied in parts.
+        self._update = cpu_momentum.parts_step if backend.xp is np and cpu_kernels.enabled() else MomentumSGD.step
         self.stop_requested = False
 
     @property
@@ -434,7 +438,7 @@ class FinetuneTrainer:
 
                 raise TrainingDiverged(f"the cross-entropy became {loss} in phase {self.phase}, epoch "
                                        f"{self.epoch + 1}; try a smaller --lr-start (now {cfg.lr_start})")
-            self.optimizer.step(live, grads, lr)
+            self._update(self.optimizer, live, grads, lr)
             loss_sum, loss_batches = loss_sum + loss, loss_batches + 1
             self.step += 1
             self.batch_in_epoch = b + 1

@@ -22,15 +22,15 @@ import numpy as np
 
 from ksae_cupy import model
 from ksae_cupy.backend import Backend, to_host
-from ksae_cupy.cpu import kernels as cpu_kernels
 from ksae_cupy.training.checkpoint import Checkpoint
 from ksae_cupy.errors import KsaeError, TrainingDiverged, cli_name  # TrainingDiverged is re-exported here
 from ksae_cupy.training.options import (check_batch_size, check_dtype, check_in_dtype, check_momentum,
                                         check_positive_count, check_positive_finite)
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.schedules import sparsity_at_epoch
-from ksae_cupy.sparse_step import choose_step, loss_and_grads_for, loss_and_grads_sparse, sparse_layout
+from ksae_cupy.sparse_step import choose_step, sparse_layout
 from ksae_cupy.topk import TOPK_METHODS
+from ksae_cupy.training.steps import resolve_evaluation, resolve_steps, step_kind
 
 
 @dataclass
@@ -188,6 +188,12 @@ class Trainer:
         self.epoch_loss_sum = checkpoint.epoch_loss_sum if resumed_mid_epoch else 0.0
         self.epoch_loss_batches = checkpoint.epoch_loss_batches if resumed_mid_epoch else 0
         self.stop_requested = False  # set (e.g. by a SIGINT handler) to stop after the current step
+        # The functions each batch calls, chosen once here (ksae_cupy.training.steps); an epoch picks
+        # the step of its k, and reads the lanes it runs in when it starts.
+        self._steps = resolve_steps(config, xp, W_in_rows=bool(self.params["W_dh"].flags.f_contiguous),
+                                    sparse=self.takes_sparse_step)
+        self._evaluation = resolve_evaluation(config, xp)
+        self._epoch_step = None  # (k, Step, lanes) of the epoch running
 
     def _resident(self, host_params):
         """The parameters on the backend; ``W_dh`` in the memory order of the step at the target k
@@ -218,20 +224,34 @@ class Trainer:
         pages of them before its one line, and every one of them is caught anyway, since a
         non-finite loss or parameter stops the run as diverged (:class:`TrainingDiverged`).
         """
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"), self._blas_beside_lanes(self.current_k()):
-            return self._run_epoch(X_train_nd, X_valid_nd, on_batch)
+        self._epoch_step = self._step_and_lanes(self.current_k())
+        try:
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"), self._blas_for(self._epoch_step[2]):
+                return self._run_epoch(X_train_nd, X_valid_nd, on_batch)
+        finally:
+            self._epoch_step = None
 
-    def _lanes(self, k: int) -> int:
-        """Lanes of the sparse step at ``k`` (:mod:`ksae_cupy.cpu.lanes`): the kernels' thread count
-        where it runs on the CPU kernels, else 1 (Numba's or the GPU's own parallelism)."""
-        if not (self.takes_sparse_step and self.backend.xp is np and cpu_kernels.enabled()
-                and choose_step(self.config.step, k, self.config.hidden) == "sparse"):
-            return 1
-        return cpu_kernels.threads()
+    def _step_and_lanes(self, k: int):
+        """``(k, Step, lanes)``: the step this trainer takes at ``k`` and the lanes it runs in now
+        (:mod:`ksae_cupy.cpu.lanes`: the kernels' thread count for the sparse step on the CPU kernels,
+        else 1, Numba's or the GPU's own parallelism)."""
+        step = self._steps[step_kind(self.config, k, self.takes_sparse_step)]
+        return k, step, step.lanes()
+
+    def _at(self, k: int):
+        """``(Step, lanes)`` at ``k``: the running epoch's, else resolved now (a caller outside an epoch)."""
+        _, step, lanes = self._epoch_step if self._epoch_step is not None and self._epoch_step[0] == k \
+            else self._step_and_lanes(k)
+        return step, lanes
+
+    def update_for(self, k: int):
+        """The momentum update this trainer applies after a step at ``k``: ``update(optimizer, params, grads, lr)``
+        (on the CPU kernels it takes the step's gradients as they come, ``W``'s in parts for the sparse step)."""
+        return self._at(k)[0].update
 
     def _blas_beside_lanes(self, k: int):
         """BLAS on one thread while lanes run (each lane computes its own rows of ``X W``); else nothing."""
-        return self._blas_for(self._lanes(k))
+        return self._blas_for(self._at(k)[1])
 
     @staticmethod
     def _blas_for(lanes: int):
@@ -246,7 +266,7 @@ class Trainer:
         parts = dict.fromkeys(("shuffle", "batches", "steps", "updates", "validation"), 0.0)
         start = clock()
         N = X_train_nd.shape[0]
-        k = self.current_k()
+        k, step, _ = self._epoch_step
         if self.epoch_perm is None:
             self.epoch_perm = self.rng.permutation(N)  # on every rank the same generator state
             self.batch_in_epoch = 0
@@ -268,7 +288,7 @@ class Trainer:
                 raise TrainingDiverged(f"the loss became {loss} at epoch {self.epoch + 1}, step {self.step + 1} with "
                                        f"learning rate {cfg.lr}", loss, self.epoch + 1, self.step + 1, cfg.lr)
             t2 = clock()
-            self.optimizer.step(self.params, grads, cfg.lr)
+            step.update(self.optimizer, self.params, grads, cfg.lr)
             parts["batches"] += t1 - t0
             parts["steps"] += t2 - t1
             parts["updates"] += clock() - t2  # on a GPU the parts are launch times until the synchronize below
@@ -331,10 +351,9 @@ class Trainer:
     def _batch_gradients(self, X_nd, k: int):
         """``(loss, grads, kept_h)`` for one minibatch: the loss, the gradients to step with,
         and how many examples kept each hidden unit. The one hook where subclasses communicate."""
-        step = loss_and_grads_for(self.config.step, k, self.config.hidden)
-        # The sparse step may hand W's gradient over in parts, for the optimizer to apply row by row.
-        options = {"defer_weight_gradient": True, "lanes": self._lanes(k)} if step is loss_and_grads_sparse else {}
-        loss, grads, cache = step(self.params, X_nd, k, self.config.topk, self.config.activation, **options)
+        step, lanes = self._at(k)
+        # On the CPU kernels the sparse step may hand W's gradient over in parts, for step.update to apply.
+        loss, grads, cache = step.loss_and_grads(self.params, X_nd, k, lanes)
         kept_h = self.backend.xp.bincount(cache.idx_nk.ravel(), minlength=self.config.hidden)
         return loss, grads, kept_h
 
@@ -353,14 +372,10 @@ class Trainer:
 
     def auxk_batch_gradients(self, X_nd, k: int, params=None):
         """``(loss, aux_loss, grads, kept_h)`` of one minibatch with the auxiliary loss on the units dead now."""
-        from ksae_cupy.auxk_step import loss_and_grads_auxk_for, loss_and_grads_sparse_auxk
-
-        cfg = self.config
-        step = loss_and_grads_auxk_for(cfg.step, k, cfg.hidden)
-        options = {"defer_weight_gradient": True, "lanes": self._lanes(k)} if step is loss_and_grads_sparse_auxk else {}
-        loss, aux_loss, grads, cache = step(self.params if params is None else params, X_nd, k, self.dead_h(),
-                                            cfg.aux_k, cfg.aux_coef, cfg.topk, cfg.activation, **options)
-        kept_h = self.backend.xp.bincount(cache.idx_nk.ravel(), minlength=cfg.hidden)
+        step, lanes = self._at(k)
+        loss, aux_loss, grads, cache = step.loss_and_grads_auxk(self.params if params is None else params, X_nd, k,
+                                                                self.dead_h(), lanes)
+        kept_h = self.backend.xp.bincount(cache.idx_nk.ravel(), minlength=self.config.hidden)
         return loss, aux_loss, grads, kept_h
 
     def _note_kept(self, kept_h, n_examples: int) -> None:
@@ -384,14 +399,13 @@ class Trainer:
         The progress estimate calls it to learn how a step's cost changes with k."""
         params = {name: value.copy(order="K") for name, value in self.params.items()}
         optimizer = MomentumSGD(params, self.config.momentum, self.backend.xp)
-        step = loss_and_grads_for(self.config.step, k, self.config.hidden)
-        options = {"defer_weight_gradient": True, "lanes": self._lanes(k)} if step is loss_and_grads_sparse else {}
+        step, lanes = self._at(k)
         times = []
-        with self._blas_beside_lanes(k):
+        with self._blas_for(lanes):
             for _ in range(steps + 1):  # the first call may compile or warm caches: not counted
                 start = time.perf_counter()
-                _, grads, _ = step(params, X_nd, k, self.config.topk, self.config.activation, **options)
-                optimizer.step(params, grads, self.config.lr)
+                _, grads, _ = step.loss_and_grads(params, X_nd, k, lanes)
+                step.update(optimizer, params, grads, self.config.lr)
                 self.backend.synchronize()
                 times.append(time.perf_counter() - start)
         return float(np.median(times[1:]))
@@ -405,23 +419,11 @@ class Trainer:
 
         ``chunk`` rows at a time: the ``(chunk, H)`` code is the one temporary (4 MB at H = 1000)."""
         k = self.config.k if k is None else k
-        xp = self.backend.xp
-        # On the CPU kernels, select and decode through the k kept rows of W only, in one pass (as the
-        # sparse step does): the dense decoder would cost as much as the encoder product again.
-        sparse_decoder = xp is np and cpu_kernels.enabled()
-        lanes = cpu_kernels.threads() if sparse_decoder else 1
+        lanes = self._evaluation.lanes()  # on the CPU kernels, the sparse decoder in lanes (steps.resolve_evaluation)
         total = 0.0
         with self._blas_for(lanes):
             for start in range(0, X_nd.shape[0], chunk):
-                X_chunk = X_nd[start:start + chunk]
-                if sparse_decoder:
-                    total += 0.5 * cpu_kernels.encode_and_reconstruction_error(
-                        self.params["W_dh"], self.params["b_h"], self.params["c_d"], X_chunk, k,
-                        self.config.topk == "sort", self.config.activation == "relu", lanes)
-                    continue
-                Xhat, _ = model.forward(self.params, X_chunk, k, self.config.topk, self.config.activation)
-                R = Xhat - X_chunk
-                total += 0.5 * float(xp.vdot(R, R))
+                total += 0.5 * self._evaluation.squared_error(self.params, X_nd[start:start + chunk], k, lanes)
         return total / X_nd.shape[0]
 
     def checkpoint(self, preprocess: dict | None = None) -> Checkpoint:

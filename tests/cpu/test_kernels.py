@@ -4,6 +4,7 @@ import pytest
 
 from ksae_cupy import model
 from ksae_cupy.cpu import kernels
+from ksae_cupy.cpu import momentum as cpu_momentum
 from ksae_cupy.optim import MomentumSGD
 
 pytestmark = pytest.mark.skipif(not kernels.available(),
@@ -29,20 +30,19 @@ def test_momentum_kernel_is_bit_for_bit_the_numpy_update(dtype, order):
     np.testing.assert_array_equal(velocity, expected_velocity)
 
 
-def test_momentum_kernel_declines_mixed_layouts_and_the_optimizer_falls_back(monkeypatch):
+def test_momentum_kernel_declines_mixed_layouts_and_the_fused_update_falls_back():
     rng = np.random.default_rng(1)
     params = {"W": np.asfortranarray(rng.standard_normal((5, 4)).astype(np.float32))}
     grads = {"W": np.ascontiguousarray(rng.standard_normal((5, 4)).astype(np.float32))}  # C order: mixed
     assert not kernels.momentum_update(params["W"].copy(order="K"), np.zeros_like(params["W"]), grads["W"], 0.9, 0.1)
     results = {}
-    for setting in ("1", "0"):
-        monkeypatch.setenv("KSAE_CPU_KERNELS", setting)
+    for update in (cpu_momentum.fused_step, MomentumSGD.step):  # the kernels' update, the optimizer's
         run = {"W": params["W"].copy(order="K")}
         optimizer = MomentumSGD(run, 0.9, np)
         for _ in range(3):
-            optimizer.step(run, grads, 0.1)
-        results[setting] = run["W"]
-    np.testing.assert_array_equal(results["1"], results["0"])
+            update(optimizer, run, grads, 0.1)
+        results[update] = run["W"]
+    np.testing.assert_array_equal(results[cpu_momentum.fused_step], results[MomentumSGD.step])
 
 
 def _problem(N, D, H, k, seed, dtype=np.float64):
@@ -117,7 +117,8 @@ def test_the_trainer_path_with_the_gradient_in_parts_equals_the_array_path():
         for X_nd in batches:
             _, grads, _ = loss_and_grads_sparse(run, X_nd, 5, defer_weight_gradient=defer)
             assert isinstance(grads["W_dh"], RowScatterGradient) == defer
-            optimizer.step(run, grads, 0.05)
+            # The update the trainer chooses for each (ksae_cupy.training.steps).
+            (cpu_momentum.rows_step if defer else cpu_momentum.fused_step)(optimizer, run, grads, 0.05)
         runs[defer] = run
     for name in model.PARAM_NAMES:
         np.testing.assert_allclose(runs[True][name], runs[False][name], rtol=1e-5, atol=1e-7, err_msg=name)

@@ -1,0 +1,119 @@
+"""The step a trainer takes, resolved once: the functions it calls for every batch.
+
+Which functions run depends on the backend (NumPy with or without the Numba kernels, or CuPy),
+the ``step`` option (dense, sparse, or auto by k / H), the top-k method, the activation and
+``aux_k``. None of these changes during a run, only k (the sparsity schedule), and with ``auto``
+the step depends on k. So a trainer resolves, when it is built, each step it may take
+(:func:`resolve_steps`), and each epoch picks one of them by its k; no batch asks again.
+
+A :class:`Step` is three functions:
+
+    loss_and_grads(params, X_nd, k, lanes)               -> (loss, grads, cache)
+    loss_and_grads_auxk(params, X_nd, k, dead_h, lanes)  -> (loss, aux_loss, grads, cache)
+    update(optimizer, params, grads, lr)                 the momentum update, in place
+
+and :class:`Evaluation` the validation loss's sum of squared errors. ``lanes`` is read when an
+epoch starts (:meth:`Step.lanes`): the thread count may be set after the trainer is built (the
+estimator scopes it to each ``fit``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ksae_cupy import model
+from ksae_cupy.auxk_step import loss_and_grads_sparse_auxk
+from ksae_cupy.cpu import kernels as cpu_kernels
+from ksae_cupy.cpu import momentum as cpu_momentum
+from ksae_cupy.optim import MomentumSGD
+from ksae_cupy.sparse_step import choose_step, loss_and_grads_sparse
+
+
+@dataclass(frozen=True)
+class Step:
+    """The functions one trainer calls for each batch of an epoch (see the module's docstring)."""
+
+    kind: str  # "dense" or "sparse"
+    in_lanes: bool  # whether it splits its examples over the kernels' threads (the sparse step on the CPU kernels)
+    loss_and_grads: Callable
+    loss_and_grads_auxk: Callable
+    update: Callable
+
+    def lanes(self) -> int:
+        """The lanes of this step now (:mod:`ksae_cupy.cpu.lanes`): the kernels' thread count, or 1."""
+        return cpu_kernels.threads() if self.in_lanes else 1
+
+
+def resolve_steps(config, xp, W_in_rows: bool, sparse: bool = True) -> dict:
+    """``{"dense": Step, "sparse": Step}`` for a trainer with ``config`` on the array module ``xp``.
+
+    ``W_in_rows``: the trainer stores ``W_dh`` in Fortran order (one contiguous row per unit of
+    ``W_dh.T``): on the CPU kernels the sparse step then hands ``W``'s gradient over in parts,
+    applied row by row. ``sparse`` False (the distributed trainers): the dense step only.
+    """
+    kernels = xp is np and cpu_kernels.enabled()
+    topk, activation, aux_k, aux_coef = config.topk, config.activation, config.aux_k, config.aux_coef
+    # One pass per array on the CPU kernels (bit for bit NumPy's update); the optimizer's own elsewhere.
+    fused = cpu_momentum.fused_step if kernels else MomentumSGD.step
+
+    def dense(params, X_nd, k, lanes):
+        return model.loss_and_grads(params, X_nd, k, topk, activation)
+
+    def dense_auxk(params, X_nd, k, dead_h, lanes):
+        return model.loss_and_grads_auxk(params, X_nd, k, dead_h, aux_k, aux_coef, topk, activation)
+
+    steps = {"dense": Step("dense", False, dense, dense_auxk, fused)}
+    if not sparse:
+        return steps
+    in_parts = kernels and W_in_rows  # W's gradient in parts, applied row by row
+
+    def sparse_step(params, X_nd, k, lanes):
+        return loss_and_grads_sparse(params, X_nd, k, topk, activation, defer_weight_gradient=in_parts, lanes=lanes)
+
+    def sparse_auxk(params, X_nd, k, dead_h, lanes):
+        return loss_and_grads_sparse_auxk(params, X_nd, k, dead_h, aux_k, aux_coef, topk, activation,
+                                          defer_weight_gradient=in_parts, lanes=lanes)
+
+    steps["sparse"] = Step("sparse", kernels, sparse_step, sparse_auxk,
+                           cpu_momentum.rows_step if in_parts else fused)
+    return steps
+
+
+def step_kind(config, k: int, sparse: bool = True) -> str:
+    """``dense`` or ``sparse``: the step a trainer takes at ``k`` (``auto`` resolved by k / H)."""
+    return choose_step(config.step, k, config.hidden) if sparse else "dense"
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """``squared_error(params, X_nd, k, lanes)``: ``sum_n ||xhat_n - x_n||^2`` through the k kept units."""
+
+    in_lanes: bool
+    squared_error: Callable
+
+    def lanes(self) -> int:
+        return cpu_kernels.threads() if self.in_lanes else 1
+
+
+def resolve_evaluation(config, xp) -> Evaluation:
+    """On the CPU kernels: select and decode through the k kept rows of ``W`` only, in one pass (as the
+    sparse step does; the dense decoder would cost as much as the encoder product again). Else the
+    dense forward pass."""
+    topk, activation = config.topk, config.activation
+    if xp is np and cpu_kernels.enabled():
+        descending, relu = topk == "sort", activation == "relu"
+
+        def kernels_error(params, X_nd, k, lanes):
+            return cpu_kernels.encode_and_reconstruction_error(params["W_dh"], params["b_h"], params["c_d"], X_nd, k,
+                                                               descending, relu, lanes)
+
+        return Evaluation(True, kernels_error)
+
+    def dense_error(params, X_nd, k, lanes):
+        Xhat, _ = model.forward(params, X_nd, k, topk, activation)
+        R = Xhat - X_nd
+        return float(xp.vdot(R, R))
+
+    return Evaluation(False, dense_error)
