@@ -95,7 +95,7 @@ def _show_note(message, category, filename, lineno, file=None, line=None):
 # The library names parameters as Python does (OptionError.field); where a command's option is
 # called otherwise than the field, the flag is here. Every other field is the option of the same
 # name on the running command (``batch_size`` -> ``--batch-size``).
-FIELD_FLAGS = {"n_hidden": "--hidden"}
+FIELD_FLAGS = {"n_hidden": "--hidden", "n_threads": "--threads", "l2_grid": "--l2", "image_shape": "--shape"}
 
 
 def flag_of(field: str) -> str:
@@ -105,58 +105,12 @@ def flag_of(field: str) -> str:
 
 def _one_line(exc: Exception) -> str:
     if isinstance(exc, OptionError):
-        return one_line(exc.spelled(flag_of(exc.field)))
+        return one_line(exc.spelled(flag_of(exc.field), flag_of))
     return one_line(exc) or type(exc).__name__
 
 
-# What stops a long command cleanly: Ctrl-C, and what docker, SLURM, systemd and `timeout`
-# send (SIGTERM) or a closed terminal sends (SIGHUP).
-STOP_SIGNALS = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM", "SIGHUP": "SIGHUP"}
-
-
-class StopOnSignals:
-    """First Ctrl-C, SIGTERM or SIGHUP: finish the current step, save, exit ``128 + signal``
-    (130, 143, 129). The same signal again: stop at once, without saving.
-
-    ``model.trainer_`` is what gets ``stop_requested``; :meth:`restore` puts the previous
-    handlers back; :attr:`exit_status` is the status to exit with once the run has stopped.
-    """
-
-    def __init__(self, model, say):
-        self.model, self.say = model, say
-        self.received: int | None = None
-        self.previous = {}
-        for name in STOP_SIGNALS:
-            number = getattr(signal, name, None)
-            if number is None:
-                continue  # SIGHUP does not exist on Windows
-            try:
-                self.previous[number] = signal.signal(number, self._handler)
-            except ValueError:  # not the main thread (e.g. inside a test runner's worker)
-                break
-
-    @property
-    def exit_status(self) -> int:
-        return 128 + self.received if self.received is not None else EXIT_INTERRUPTED
-
-    def _handler(self, signum, frame):
-        name = STOP_SIGNALS[signal.Signals(signum).name]
-        trainer = self.model.trainer_
-        if trainer is not None and not trainer.stop_requested:
-            self.received = signum
-            trainer.stop_requested = True
-            self.say(f"\n{name}: stopping after this step and saving a checkpoint ({name} again to stop at once "
-                     f"without saving)", err=True)
-            return
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        click.echo(f"\n{name}: stopped at once, nothing saved", err=True)
-        sys.exit(128 + signum)
-
-    def restore(self) -> None:
-        for number, handler in self.previous.items():
-            signal.signal(number, handler)
-        self.previous = {}
+# The stop-signal handler of the training commands lives with the run's lifecycle (no click there).
+from ksae_cupy.training.lifecycle import STOP_SIGNALS, StopOnSignals  # noqa: E402,F401
 
 
 @contextlib.contextmanager
@@ -238,16 +192,7 @@ def dataset_split(dataset, split: str):
     return X, y
 
 
-def parse_lr(text: str | None, default):
-    """``--lr``: a positive number or ``auto``; ``default`` when not given."""
-    if text is None:
-        return default
-    if text.strip().lower() == "auto":
-        return "auto"
-    try:
-        return float(text)
-    except ValueError:
-        raise KsaeError(f"--lr {text!r} is not allowed; use a positive learning rate or auto") from None
+from ksae_cupy.training.fields import parse_lr  # noqa: E402,F401 (--lr: a number or auto)
 
 
 # -- DATASET and the options that go with the user's own data ------------------------------
@@ -291,7 +236,7 @@ def run_data_options(func):
                              "file.npz:y. [default: the run's labels]")(func)
 
 
-def data_spec(dataset: str, **options):
+def data_spec(dataset: str, options: dict):
     """The :class:`~ksae_cupy.datasets.user_files.DataSpec` of a new run: DATASET and the data
     options given (None: the default), checked, with absolute paths."""
     from ksae_cupy.datasets.user_files import DataSpec

@@ -1,0 +1,42 @@
+"""Click options made from the declarations of :mod:`ksae_cupy.training.fields` (one source for a
+command's flags, help, defaults and resume policy), and the resume table of every training command."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ksae_cupy.cli.common import GivenPath
+from ksae_cupy.training.fields import PATH, Option
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True}
+
+
+def click_option(option: Option):
+    """The click decorator of one declared option."""
+    kind = option.type
+    if kind is bool:
+        return click.option(option.spelled, option.name, is_flag=True, help=option.help)
+    if kind == PATH:
+        kind = GivenPath(path_type=Path)
+    elif isinstance(kind, tuple):
+        kind = click.Choice(kind)
+    return click.option(option.spelled, option.name, type=kind, default=option.default, help=option.help)
+
+
+def declared(options: list[Option]):
+    """Decorate a command with ``options``, in their order in ``--help``."""
+    def decorate(func):
+        for option in reversed(options):
+            func = click_option(option)(func)
+        return func
+
+    return decorate
+
+
+def commands() -> dict[str, list[Option]]:
+    """The declared options of every training command, by command."""
+    from ksae_cupy.supervised.commands import BASELINE, FINETUNE
+    from ksae_cupy.training.fields import TRAIN
+
+    return {"ksae-train": TRAIN, "ksae-baseline": BASELINE, "ksae-finetune": FINETUNE}

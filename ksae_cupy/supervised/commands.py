@@ -1,0 +1,80 @@
+"""The options of ``ksae-baseline`` and ``ksae-finetune``, declared once (see :mod:`ksae_cupy.training.fields`
+for what a declaration holds and what each resume policy means). The options every training command
+shares are :data:`~ksae_cupy.training.fields.SHARED`'s; the paper's numbers are read from the configs."""
+from __future__ import annotations
+
+from ksae_cupy.supervised.finetune import FinetuneConfig
+from ksae_cupy.training.fields import APPLIED, PAPER, SHARED, Option
+
+MODELS = ("rbm", "dropout-ae", "denoising-ae", "dropout-denoising-ae")  # baselines.REGULARISATION's keys
+BASELINES = MODELS  # what ksae-finetune --baseline pretrains
+FINETUNE_PAPER = FinetuneConfig()  # the paper's supervised settings (section 4.3.2)
+
+BASELINE = [
+    Option("model", "The baseline: rbm (CD-1), dropout-ae (50% hidden dropout), denoising-ae (20% input dropout), "
+           "dropout-denoising-ae (both).", None, MODELS),
+    Option("hidden", "Hidden units (paper: 1000 on MNIST).", PAPER.hidden, int),
+    Option("epochs", "Epochs (the paper's unsupervised length: 5000).", PAPER.epochs, int, APPLIED),
+    Option("batch_size", "Minibatch size.", PAPER.batch_size, int),
+    Option("lr", "Learning rate. [default: 0.05 (rbm), 0.003 (autoencoders)]", None, float),
+    Option("momentum", "Momentum (paper: 0.9).", PAPER.momentum, float),
+    Option("weight_decay", "L2 weight decay on W. [default: 2e-4 (rbm), 0 (autoencoders)]", None, float),
+    Option("sigma", "Std of the Gaussian initial weights (paper: 0.01).", PAPER.sigma, float),
+    SHARED["seed"].but(help="Seed of the initial weights, the batch order and the noise."),
+    SHARED["dtype"],
+    SHARED["device"],
+    SHARED["run_dir"].but(help="Folder for checkpoint.h5, config.json, metrics.jsonl. "
+                               "[default: runs/<dataset>-<model>-h<H>-<time>]"),
+    SHARED["checkpoint_every"],
+    SHARED["checkpoint_minutes"],
+    SHARED["overwrite"],
+    SHARED["resume"].but(help="Continue the run in this folder; --epochs, --device, --checkpoint-*, --threads, "
+                              "--data-dir and --progress-seconds may be given, options that would change the run "
+                              "are refused by name."),
+    SHARED["data_dir"],
+    SHARED["threads"].but(help=f"Threads on the CPU for BLAS. {SHARED['threads'].help.split('. ', 1)[1]}"),
+    SHARED["progress_seconds"],
+    SHARED["quiet"],
+]
+
+# Fine-tuning has no --progress-seconds: its ETA is per phase, told by each epoch's line (no progress bar).
+FINETUNE = [
+    Option("dataset", "Deprecated: give DATASET as an argument. Labelled dataset: mnist, fashion-mnist, synthetic, "
+           "or your file (see ksae-train). [default: the pretrained run's, with its labels and splits]", None),
+    Option("alpha", "Keep alpha*k units per hidden layer (paper, MNIST: 3).", 3.0, float),
+    Option("epochs", "Epochs per fine-tuning phase (paper: 200).", FINETUNE_PAPER.epochs, int),
+    Option("phases", "Comma-separated phases from softmax,top,all. [default: all (shallow); softmax,top,all (deep)]",
+           None),
+    Option("lr_start", "First learning rate (paper, MNIST: 1; NORB: 0.01).", FINETUNE_PAPER.lr_start, float),
+    Option("lr_end", "Last learning rate, reached linearly (paper: 0.001).", FINETUNE_PAPER.lr_end, float),
+    Option("rising_lr", "Allow --lr-end above --lr-start (a schedule that rises).", False, bool),
+    Option("momentum", "Momentum (paper, MNIST: 0.25; NORB: 0.9).", FINETUNE_PAPER.momentum, float),
+    Option("batch_size", "Minibatch size of the fine-tuning (and of --baseline's pretraining).",
+           FINETUNE_PAPER.batch_size, int),
+    Option("sigma", "Std of the Gaussian initial softmax (and random) weights.", FINETUNE_PAPER.sigma, float),
+    Option("no_pretraining", "Random initial weights instead of pretrained runs.", False, bool),
+    Option("baseline", "Pretrain this baseline here and fine-tune its sigmoid layers with its dropout (section 4.5).",
+           None, BASELINES),
+    Option("pretrain_epochs", "With --baseline: epochs per layer (paper: 5000).", PAPER.epochs, int),
+    Option("hidden", "With --no-pretraining or --baseline: hidden units per layer, e.g. 1000 or 1000,1000.",
+           str(PAPER.hidden)),
+    Option("k", "With --no-pretraining: k of every layer (alpha*k are kept).", PAPER.k, int, flag="--k"),
+    SHARED["seed"].but(help="Seed of the new weights (the softmax; every layer with --no-pretraining), the batch "
+                            "order and dropout masks."),
+    SHARED["dtype"],
+    SHARED["device"],
+    SHARED["step"].but(help="Training step: dense, sparse (only layer 1's X W1 dense; k-sparse layers, no dropout, "
+                            "CPU), or auto (sparse where it applies, else dense). Allowed with --resume.",
+                       type=str),  # checked by finetune_run.check_step, in one line
+    SHARED["topk"],
+    SHARED["threads"],
+    SHARED["run_dir"].but(help="Folder for checkpoint.h5, config.json, metrics.jsonl and finetune.json. "
+                               "[default: runs/finetune-<dataset>-<time>]"),
+    SHARED["checkpoint_every"],
+    SHARED["checkpoint_minutes"],
+    SHARED["overwrite"],
+    SHARED["resume"].but(help="Continue the fine-tuning run in this folder; --device, --step, --topk, --threads, "
+                              "--checkpoint-* and --data-dir may be given, the others are refused by name."),
+    SHARED["data_dir"],
+    SHARED["quiet"],
+]

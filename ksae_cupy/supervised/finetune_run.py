@@ -1,0 +1,285 @@
+"""The trainer of a ``ksae-finetune`` session: a new run's, from one or two pretrained run folders,
+a baseline pretrained here, or random weights; or a resumed run's, from its checkpoint with the
+options given applied or refused as :data:`~ksae_cupy.supervised.commands.FINETUNE` declares them.
+Also the positional arguments' meaning, the ETA of the phases and the results file."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ksae_cupy.errors import KsaeError
+from ksae_cupy.supervised import finetune
+from ksae_cupy.supervised.commands import FINETUNE
+from ksae_cupy.training.fields import APPLIED, DATA, KEPT, REFUSED, named
+
+RESULTS = "finetune.json"
+# Fixed by a run and recorded in another form (--hidden 1000,1000, alpha*k kept): on --resume, giving
+# one at all is refused, whatever its value.
+RUN_SHAPING = tuple(n for n in named(FINETUNE, REFUSED) + named(FINETUNE, KEPT) + DATA
+                    if n not in ("overwrite", "run_dir", "resume"))
+IN_CHECKPOINT = tuple(n for n in named(FINETUNE, APPLIED) if n in ("step", "topk"))
+
+
+def split_arguments(arguments, dataset_option: str | None):
+    """``(pretrained run folders, DATASET)`` of the positional arguments: a built-in dataset's name or a
+    data file (.npz, .npy, .h5) is DATASET, anything else a run folder. ``--dataset`` is its old spelling."""
+    from ksae_cupy.datasets import LOADERS
+    from ksae_cupy.datasets.user_files import is_user_file
+
+    datasets = [a for a in arguments if not Path(a).is_dir() and (str(a) in LOADERS or is_user_file(str(a)))]
+    runs = [Path(a) for a in arguments if a not in datasets]
+    if len(datasets) + (dataset_option is not None) > 1:
+        raise KsaeError(f"{len(datasets) + (dataset_option is not None)} datasets given "
+                        f"({', '.join(map(str, datasets + [dataset_option] * (dataset_option is not None)))}); "
+                        f"fine-tuning takes one")
+    return runs, (str(datasets[0]) if datasets else dataset_option)
+
+
+def check_step(step: str) -> None:
+    if step not in finetune.STEPS:
+        raise KsaeError(f"--step {step!r} is not allowed; use one of {', '.join(finetune.STEPS)}")
+
+
+def refuse_on_resume(given: set, pretrained) -> None:
+    if pretrained:
+        raise KsaeError("--resume takes no PRETRAINED_RUN_DIR; the run folder remembers its own")
+    typed = sorted("DATASET" if name == "dataset" else "--" + name.replace("_", "-")
+                   for name in given & set(RUN_SHAPING))
+    if typed:
+        raise KsaeError(f"--resume: {', '.join(typed)} cannot change a run in progress; leave them out")
+
+
+def resumed_trainer(folder, backend, values: dict, given: set):
+    """The run's trainer from its checkpoint, --step and --topk applied when given (the same math)."""
+    from ksae_cupy.supervised.checkpoint import load_finetune_checkpoint
+
+    state = load_finetune_checkpoint(folder.checkpoint)
+    folder.check_checkpoint(state.get("run_id"))  # this folder's run, not a copy
+    state["config"].update({name: values[name] for name in IN_CHECKPOINT if name in given})
+    return finetune.FinetuneTrainer.from_state(state, backend)
+
+
+def check_new(values: dict, pretrained, given: set) -> None:
+    """The options of a new run that contradict each other, before any work."""
+    baseline, no_pretraining = values["baseline"], values["no_pretraining"]
+    if len(pretrained) > 2:
+        raise KsaeError(f"{len(pretrained)} pretrained runs given; fine-tuning takes one (shallow) or two (deep)")
+    if no_pretraining and pretrained:
+        raise KsaeError("--no-pretraining contradicts the PRETRAINED_RUN_DIR arguments; give one or the other")
+    if baseline and (pretrained or no_pretraining):
+        raise KsaeError(f"--baseline {baseline} contradicts "
+                        f"{'the PRETRAINED_RUN_DIR arguments' if pretrained else '--no-pretraining'}; give one")
+    if not no_pretraining and not pretrained and not baseline:
+        raise KsaeError("missing PRETRAINED_RUN_DIR; give one or two ksae-train run folders, --no-pretraining "
+                        "or --baseline")
+    if values["lr_end"] > values["lr_start"] and not values["rising_lr"]:  # NaN is named by the config's check
+        raise KsaeError(f"--lr-end {values['lr_end']} is above --lr-start {values['lr_start']}: the rate would rise "
+                        f"over the run (the paper's falls from 1 to 0.001); swap them, or give --rising-lr if that is "
+                        f"meant")
+    typed = {name for name in ("hidden", "k") if name in given}
+    if pretrained and typed:
+        raise KsaeError(f"{' and '.join('--' + name for name in sorted(typed))} only appl"
+                        f"{'y' if len(typed) > 1 else 'ies'} with --no-pretraining or --baseline: the "
+                        f"PRETRAINED_RUN_DIR runs set the layers' sizes and k; leave {'them' if len(typed) > 1 else 'it'} out")
+    if baseline and "k" in typed:
+        raise KsaeError(f"--k only applies with --no-pretraining: --baseline {baseline} gives sigmoid layers, which "
+                        f"keep every unit; leave it out")
+    if values["pretrain_epochs"] <= 0:
+        raise KsaeError(f"--pretrain-epochs {values['pretrain_epochs']} is not allowed; use a positive number of epochs")
+    if baseline and values["step"] == "sparse":  # said before the pretraining, not after it
+        raise KsaeError(f"--step sparse needs k-sparse layers without dropout; --baseline {baseline} gives "
+                        f"sigmoid layers; use --step dense or auto")
+
+
+def read_pretrained(pretrained) -> tuple[list, list, list, dict]:
+    """``(encoders, ks, sources, network)`` of the pretrained run folders."""
+    from ksae_cupy.supervised.baseline_trainer import is_baseline_run
+    from ksae_cupy.supervised.pretrain import encoder_of, load_pretrained_run
+
+    encoders, ks, sources, network = [], [], [], {}
+    for path in pretrained:
+        if is_baseline_run(path):  # a ksae-baseline run: its sigmoid layer, fine-tuned with its dropout (4.5)
+            network = _baseline_source(path, len(pretrained), encoders, ks, sources)
+            continue
+        model, run_config = load_pretrained_run(path, device="cpu")
+        encoders.append(encoder_of(model))
+        ks.append(model.k)
+        # epochs_trained: the pretrained run's epochs when it was read (a run may go on training after)
+        sources.append({"run_dir": str(path), "dataset": run_config.get("dataset"), "k": model.k,
+                        "hidden": model.n_hidden, "data": run_config.get("data"), "epochs_trained": model.trainer_.epoch})
+    return encoders, ks, sources, network
+
+
+def data_of(dataset, sources, data_given: dict):
+    """The run's DataSpec: DATASET's, else the pretrained run's data with its splits (labels or a test set
+    may be added)."""
+    from ksae_cupy.datasets.user_files import DataSpec
+
+    given = {key: data_given[key] for key in DATA[1:] if data_given.get(key) is not None}
+    if dataset is not None:
+        return DataSpec(dataset, **given).validate().resolved()
+    if not sources or sources[0]["dataset"] is None:
+        raise KsaeError("missing --dataset; name a labelled dataset such as mnist")
+    return DataSpec.from_record(sources[0]["dataset"], sources[0]["data"]).for_run(**given)
+
+
+def new_trainer(values: dict, pretrained, read, data, backend, say):
+    """The network of a new run (pretrained, a baseline pretrained here, or random) and its trainer;
+    returns it and config.json's record of where its weights came from."""
+    from ksae_cupy.model import alpha_k
+
+    encoders, ks, sources, network = read
+    if data.y_train is None:
+        raise KsaeError(f"dataset {data.name!r} has no labels; fine-tuning needs labels: --labels, or an .npz "
+                        f"holding y, or a labelled dataset such as mnist")
+    rng, dtype, baseline = np.random.default_rng(values["seed"]), np.dtype(values["dtype"]), values["baseline"]
+    pretrain_seconds = []
+    if values["no_pretraining"]:
+        sizes = _parse_hidden(values["hidden"])
+        ks = [values["k"]] * len(sizes)
+        host_params = finetune.init_random(data.dim, sizes, data.n_classes, values["sigma"], rng, dtype)
+    elif baseline:
+        from ksae_cupy.supervised import baseline_fit, baselines
+
+        sizes = _parse_hidden(values["hidden"])
+        ks, epochs = [None] * len(sizes), values["pretrain_epochs"]  # sigmoid layers keep every unit
+        say(f"pretraining {baseline}: {len(sizes)} layer(s) of {values['hidden']} units, {epochs} epochs each")
+        pretrain_seconds = [0.0] * len(sizes)  # per layer, the sum of its epochs' seconds (config.json)
+
+        def pretrain_epoch(layer, r):
+            pretrain_seconds[layer - 1] += r.seconds
+            say(f"pretrain layer {layer} epoch {r.epoch}/{epochs}  loss {r.train_loss:.4f}  {r.seconds:.1f} s")
+
+        stack = baseline_fit.pretrain_baseline(baseline, data.X_train, sizes, epochs, values["seed"], backend,
+                                               on_epoch=pretrain_epoch)
+        host_params = finetune.init_from_encoders([baselines.encoder(p) for p in stack], data.n_classes,
+                                                  values["sigma"], rng, dtype)
+        network = dict(activations=["sigmoid"] * len(sizes), **baselines.REGULARISATION[baseline])  # section 4.5
+    else:
+        if encoders[0][0].shape[0] != data.dim:
+            raise KsaeError(f"the pretrained run {pretrained[0]} takes {encoders[0][0].shape[0]} dimensions, "
+                            f"{data.name} has {data.dim}")
+        host_params = finetune.init_from_encoders(encoders, data.n_classes, values["sigma"], rng, dtype)
+    L = len(ks)
+    sizes = [host_params[finetune.layer_names(l)[0]].shape[1] for l in range(1, L + 1)]
+    kept = [None if k_l is None else alpha_k(k_l, values["alpha"], H_l) for k_l, H_l in zip(ks, sizes)]
+    config = finetune.FinetuneConfig(kept=kept, phases=_parse_phases(values["phases"], L), **network, **{
+        name: values[name] for name in ("epochs", "batch_size", "lr_start", "lr_end", "momentum", "sigma", "seed",
+                                        "dtype", "step", "topk")})
+    config.validate(n_train=len(data.X_train), hidden=sizes)
+    record = {"alpha": values["alpha"], "pretrained": sources, "no_pretraining": bool(values["no_pretraining"]),
+              "baseline": baseline, "pretrain_epochs": values["pretrain_epochs"] if baseline else None,
+              "pretrain_seconds": pretrain_seconds if baseline else None}
+    return finetune.FinetuneTrainer(config, backend, host_params, rng), record
+
+
+def write_results(folder, trainer, data, dataset: str, backend, started: float) -> dict:
+    """finetune.json: the validation and test error of the fine-tuned net (atomically)."""
+    with backend.use():
+        def error(X, y):
+            return trainer.error(backend.asarray(X, dtype=trainer.dtype), backend.asarray(y, dtype=np.int64))
+
+        results = {"dataset": dataset, "device": backend.name, "phases": trainer.config.phases,
+                   "epochs_per_phase": trainer.config.epochs, "kept": trainer.config.kept,
+                   "valid_error": error(data.X_valid, data.y_valid),
+                   "test_error": error(data.X_test, data.y_test) if data.X_test is not None else None,
+                   "wall_seconds_this_session": time.perf_counter() - started,
+                   "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    tmp = folder.path / (RESULTS + ".tmp")
+    tmp.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, folder.path / RESULTS)
+    return results
+
+
+class PhasePace:
+    """The time a fine-tuning run still needs, from this session's epochs.
+
+    Phases cost differently (``softmax`` trains only the top layer, ``all`` every layer), so each
+    phase is timed on its own; a phase not yet seen in this session is not guessed at: the ETA
+    then covers the current phase and says how many phases follow it.
+    """
+
+    def __init__(self, phases: list[str], epochs: int):
+        self.phases, self.epochs = list(phases), epochs
+        self.seconds: dict[str, float] = {}
+        self.count: dict[str, int] = {}
+
+    def add(self, report) -> None:
+        self.seconds[report.phase] = self.seconds.get(report.phase, 0.0) + report.seconds
+        self.count[report.phase] = self.count.get(report.phase, 0) + 1
+
+    def eta(self, trainer) -> str:
+        """``3m 05s``, ``3m 05s for this phase, then 2 more phases``, or '' when nothing is timed yet."""
+        from ksae_cupy.training.wording import format_duration
+
+        phase = None if trainer.finished else trainer.phase
+        if phase not in self.count:
+            return ""
+        left = (self.epochs - trainer.epoch) * self.seconds[phase] / self.count[phase]
+        later = len(self.phases) - trainer.phase_index - 1  # phases come in order: none of them timed yet
+        if later:
+            return f"{format_duration(left)} for this phase, then {later} more phase{'s' * (later > 1)}"
+        return format_duration(left)
+
+    def line(self, report, trainer) -> str:
+        """The epoch's line, with the ETA once a phase is timed."""
+        self.add(report)
+        eta = self.eta(trainer)
+        return (f"phase {report.phase} epoch {report.epoch}/{trainer.config.epochs}  lr {report.lr:.4g}  "
+                f"loss {report.train_loss:.4f}  valid error {100 * report.valid_error:.2f}%  {report.seconds:.1f} s"
+                + (f"  ETA {eta}" if eta else ""))
+
+
+def _baseline_source(path, n_runs: int, encoders: list, ks: list, sources: list) -> dict:
+    """Add a ``ksae-baseline`` run's sigmoid layer to ``encoders`` (no k: every unit is kept) and its
+    record to ``sources``; return the network options that fine-tune it with its own dropout (section 4.5)."""
+    from ksae_cupy.supervised.baselines import encoder
+    from ksae_cupy.supervised.pretrain import load_baseline_run
+
+    if n_runs > 1:
+        raise KsaeError(f"{path} is a ksae-baseline run; it fine-tunes alone (shallow): give it as the only "
+                        f"PRETRAINED_RUN_DIR")
+    ckpt, run_config = load_baseline_run(path)
+    encoders.append(encoder(ckpt.params))
+    ks.append(None)
+    sources.append({"run_dir": str(path), "dataset": run_config.get("dataset"), "model": ckpt.config.get("model"),
+                    "hidden": int(ckpt.params["W_dh"].shape[1]), "data": run_config.get("data"),
+                    "epochs_trained": ckpt.epoch})
+    return {"activations": ["sigmoid"], "input_dropout": ckpt.config.get("input_dropout", 0.0),
+            "hidden_dropout": ckpt.config.get("hidden_dropout", 0.0)}
+
+
+def saver(folder, trainer):
+    from ksae_cupy.supervised.checkpoint import save_finetune_checkpoint
+
+    return lambda: save_finetune_checkpoint(folder.checkpoint, {**trainer.state(), "run_id": folder.run_id})
+
+
+def default_run_dir(dataset: str, root: Path = Path("runs")) -> Path:
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return root / f"finetune-{Path(dataset).stem}-{stamp}"
+
+
+def _parse_hidden(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or len(sizes) > 2 or any(h <= 0 for h in sizes):
+        raise KsaeError(f"--hidden {text!r} is not allowed; use one or two positive sizes, e.g. 1000 or 1000,1000")
+    return sizes
+
+
+def _parse_phases(text: str | None, L: int) -> list[str]:
+    if text is None:
+        return ["all"] if L == 1 else ["softmax", "top", "all"]
+    phases = [p.strip() for p in text.split(",") if p.strip()]
+    if not phases or any(p not in finetune.PHASES for p in phases):
+        raise KsaeError(f"--phases {text!r} is not allowed; use a comma-separated list from "
+                        f"{', '.join(finetune.PHASES)}")
+    return phases

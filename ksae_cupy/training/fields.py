@@ -1,0 +1,168 @@
+"""The options of the training commands, declared once: flag, help, default, type and resume policy.
+
+``ksae-train``, ``ksae-baseline`` and ``ksae-finetune`` build their command lines from these
+declarations (``cli/options.py`` turns them into click options), ``--resume`` treats each option
+as its policy says, and :func:`resume_table` writes the table of every option of every command.
+The options every command shares are declared here once (:data:`SHARED`); each command's own
+live beside its configuration (:data:`TRAIN` here, the supervised commands' in
+:mod:`ksae_cupy.supervised.commands`). The paper's defaults are read from
+:class:`~ksae_cupy.training.trainer.TrainConfig`, never typed again.
+
+What ``--resume`` does with an option (:attr:`Option.resume`):
+
+* ``applied``: a value given changes the run from this session on and is recorded (config.json
+  or the checkpoint); not given, the run's value is kept, never the default.
+* ``refused``: it shapes the model or its sequence of batches: a value other than the run's is
+  refused by name, in one line; not given, the run's value is kept.
+* ``kept``: it names the run or its data (``--run-dir``, DATASET, ``--labels``, ...): given
+  again it must name the run's own, else it is refused; not given, the run's is kept.
+* ``session``: how this one invocation behaves (``--quiet``); never recorded, never inherited.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ksae_cupy.training.trainer import TrainConfig
+
+APPLIED, REFUSED, KEPT, SESSION = "applied", "refused", "kept", "session"
+POLICIES = (APPLIED, REFUSED, KEPT, SESSION)
+PATH = "path"  # the type of an option that names a file or folder
+
+
+@dataclass(frozen=True)
+class Option:
+    """One command-line option: ``name`` is its Python name (the configuration field it sets,
+    where there is one), ``type`` is int, float, str, bool (a flag), :data:`PATH` or a tuple of
+    choices; ``flag`` is how the command line spells it (default: ``--`` + name with dashes)."""
+
+    name: str
+    help: str
+    default: object = None
+    type: object = str
+    resume: str = REFUSED
+    flag: str | None = None
+
+    def __post_init__(self):
+        if self.resume not in POLICIES or not self.help.strip():
+            raise ValueError(f"option {self.name}: a resume policy from {POLICIES} and a help text are required")
+
+    @property
+    def spelled(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    def but(self, **changes) -> "Option":
+        """The same option with some of its declaration changed (e.g. a command's own help)."""
+        return dataclasses.replace(self, **changes)
+
+
+PAPER = TrainConfig()  # the paper's defaults (section 4.3): 1000 units, k 25, batch 128, ...
+THREADS_DEFAULT = ("[default: OMP_NUM_THREADS or its kin when set, else one per free core (the load average "
+                   "counts the busy ones); on --resume, the run's]")
+
+# -- shared by every training command --------------------------------------------------------
+SHARED = {option.name: option for option in (
+    Option("device", "auto, cpu, gpu or gpu:N.", "auto", resume=APPLIED),
+    Option("threads", f"Threads on the CPU, for BLAS and the CPU kernels. {THREADS_DEFAULT}", None, int, APPLIED),
+    Option("topk", "Top-k algorithm: selection by sorting, or iterative threshold (the same units either way).",
+           PAPER.topk, ("sort", "threshold"), APPLIED),
+    Option("step", "Training step: dense products, or only the first layer's product dense (sparse); auto picks.",
+           PAPER.step, ("dense", "sparse", "auto"), APPLIED),
+    Option("seed", "Seed of the initial weights and of the batch order.", PAPER.seed, int),
+    Option("dtype", "Floating-point type of the parameters and the data on the device.", PAPER.dtype,
+           ("float32", "float64")),
+    Option("run_dir", "Folder for checkpoint.h5, config.json, metrics.jsonl.", None, PATH, KEPT),
+    Option("checkpoint_every", "Write a checkpoint every N epochs (and at the end).", 10, int, APPLIED),
+    Option("checkpoint_minutes", "Also write one whenever this many minutes have passed, mid-epoch if need be "
+           "(0: by epochs only).", 5.0, float, APPLIED),
+    Option("overwrite", "Start afresh in a --run-dir that holds another run: its checkpoint, config, metrics and "
+           "results are removed.", False, bool, REFUSED),
+    Option("resume", "Continue the run in this folder; options given are applied or, if they would change the "
+           "model, refused by name (see the resume table).", None, PATH, KEPT),
+    Option("data_dir", "Data root. [default: $KSAE_DATA_DIR or ./data]", None, PATH, APPLIED),
+    Option("progress_seconds", "When stderr is not a terminal, a progress line this often (a terminal gets a bar).",
+           30.0, float, APPLIED),
+    Option("quiet", "Only the final line.", False, bool, SESSION),
+)}
+# DATASET and the options that choose its rows (cli/common.py's data_options): the run's own on --resume.
+DATA = ("dataset", "labels", "test", "test_labels", "valid_fraction", "test_fraction", "split_seed")
+# Shared options kept in config.json (not in the checkpoint): on --resume, one not given takes the run's value.
+RUN_LEVEL = ("checkpoint_every", "checkpoint_minutes", "threads", "device", "data_dir", "progress_seconds")
+
+# -- ksae-train --------------------------------------------------------------------------------
+TRAIN = [
+    Option("hidden", "Hidden units H (paper: 1000 on MNIST).", PAPER.hidden, int),
+    Option("k", "Units kept per example during training.", PAPER.k, int, flag="--k"),
+    Option("k_start", "First k of the sparsity schedule (section 4.3.1). [default: 100, or k if larger, at most "
+           "hidden]", None, int),
+    Option("no_k_schedule", "Train with k from the first epoch.", False, bool),
+    Option("epochs", "Epochs (paper: 5000).", PAPER.epochs, int, APPLIED),
+    Option("batch_size", "Minibatch size (authors' code: 128).", PAPER.batch_size, int),
+    Option("lr", "Learning rate eta, or auto: derived from the data's scale (0.01 on MNIST). [default: 0.01 (the "
+           "paper's) for the built-in datasets but fashion-mnist; auto for it and your files]", None, str),
+    Option("momentum", "Momentum m (paper: 0.9).", PAPER.momentum, float),
+    Option("sigma", "Std of the Gaussian initial weights (paper: 0.01).", PAPER.sigma, float),
+    SHARED["topk"],
+    SHARED["seed"],
+    SHARED["dtype"],
+    Option("activation", "Hidden units: linear (the paper) or relu (negative survivors of the top-k set to zero).",
+           PAPER.activation, ("linear", "relu")),
+    SHARED["step"].but(help="Training step: dense products, or only the encoder dense (sparse); auto picks by k/H."),
+    Option("aux_k", "Beyond the paper: the auxiliary loss of Gao et al. 2024 on this many dead units per example "
+           "(0: off).", PAPER.aux_k, int),
+    Option("aux_coef", "Weight of the --aux-k loss (Gao et al.'s 1/32).", PAPER.aux_coef, float),
+    Option("dead_window", "A unit kept in none of the last N examples is dead (--aux-k, and the dead-window metric).",
+           PAPER.dead_window, int),
+    Option("center_input", "Beyond the paper: subtract the training mean from every input (kept with the model).",
+           PAPER.center_input, bool),
+    SHARED["device"],
+    SHARED["run_dir"].but(help="Folder for checkpoint.h5, config.json, metrics.jsonl. "
+                               "[default: runs/<dataset>-h<H>-k<k>-<time>]"),
+    SHARED["checkpoint_every"],
+    SHARED["checkpoint_minutes"],
+    SHARED["overwrite"],
+    SHARED["resume"].but(help="Continue the run in this folder; options given are applied (--epochs, --topk, --device, "
+                              "--checkpoint-*, --threads) or, if they would change the model, refused by name."),
+    SHARED["data_dir"],
+    SHARED["threads"],
+    SHARED["progress_seconds"],
+    SHARED["quiet"],
+]
+
+
+def parse_lr(text: str | None, default):
+    """``--lr``: a positive number or ``auto``; ``default`` when not given."""
+    from ksae_cupy.errors import KsaeError
+
+    if text is None:
+        return default
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return float(text)
+    except ValueError:
+        raise KsaeError(f"--lr {text!r} is not allowed; use a positive learning rate or auto") from None
+
+
+def policies(options: list[Option]) -> dict[str, str]:
+    """``{name: policy}`` of a command's options, DATASET and the data options included."""
+    return {**{name: KEPT for name in DATA}, **{option.name: option.resume for option in options}}
+
+
+def named(options: list[Option], policy: str) -> tuple[str, ...]:
+    """The names of the options of one resume policy."""
+    return tuple(option.name for option in options if option.resume == policy)
+
+
+def resume_table(commands: dict[str, list[Option]]) -> str:
+    """The resume policy of every option of every command, as a markdown table (a blank: not offered)."""
+    tables = {command: policies(options) for command, options in commands.items()}
+    flags = {}
+    for options in commands.values():
+        flags.update({option.name: option.spelled for option in options})
+    flags.update({"dataset": "DATASET", **{name: "--" + name.replace("_", "-") for name in DATA[1:]}})
+    names = sorted({name for table in tables.values() for name in table}, key=lambda n: flags[n].lstrip("-"))
+    lines = ["| option | " + " | ".join(commands) + " |", "|---" * (len(commands) + 1) + "|"]
+    lines += [f"| {flags[name]} | " + " | ".join(table.get(name, "") for table in tables.values()) + " |"
+              for name in names]
+    return "\n".join(lines)

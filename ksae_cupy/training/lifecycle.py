@@ -1,0 +1,234 @@
+"""One session of a training run, the same for every command (ksae-train, ksae-baseline, ksae-finetune).
+
+    run = RunLifecycle("ksae-train", TRAIN, values, given, echo)
+    previous = run.open(default_dir)      # --resume: check, lock, read the run; a new run: check its folder
+    backend = run.start()                 # the device and the CPU threads: as given, else the run's
+    data = run.load(spec)
+    run.begin(record, "train", trainer)   # folder, identity, config.json, and the lines that say where
+    run.fit(trainer_of, fit, save, lines) # the checkpoint policy, stop signals, metrics
+    run.end(trainer, done_line)           # "done", "nothing to train" or "interrupted ... continue with"
+
+Settings of the session (:data:`~ksae_cupy.training.fields.RUN_LEVEL`: device, threads, data root,
+checkpoint schedule, progress interval) are the options given, else on --resume the run's own
+(config.json), else the defaults, and are recorded in config.json. A first Ctrl-C, SIGTERM or
+SIGHUP finishes the current step, saves and exits with 128 + the signal (130, 143, 129); the
+same signal again stops at once without saving.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+from ksae_cupy.errors import KsaeError
+from ksae_cupy.training import resuming
+from ksae_cupy.training.checkpoint import CheckpointWriteError
+from ksae_cupy.training.checkpoint_policy import CheckpointPolicy
+from ksae_cupy.training.fields import RUN_LEVEL
+from ksae_cupy.training.runs import RunFolder
+from ksae_cupy.training.wording import epochs_done, position
+
+EXIT_INTERRUPTED = 130
+# What stops a long command cleanly: Ctrl-C, and what docker, SLURM, systemd and `timeout`
+# send (SIGTERM) or a closed terminal sends (SIGHUP).
+STOP_SIGNALS = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM", "SIGHUP": "SIGHUP"}
+
+
+class RunLifecycle:
+    """``command`` (how the lines name it) writes run folders of ``kind``; ``values`` are its options
+    by name, ``given`` those typed; ``echo(message, err=False)`` prints (``say`` is silent with --quiet)."""
+
+    def __init__(self, command: str, kind: str, values: dict, given: set, echo):
+        self.command, self.kind, self.values, self.given, self.echo = command, kind, values, given, echo
+        self.say = (lambda *a, **kw: None) if values.get("quiet") else echo
+        self.folder: RunFolder | None = None
+        self.previous: dict | None = None
+        self.settings: dict = {}
+        self.stop = None
+
+    @property
+    def resuming(self) -> bool:
+        return self.values.get("resume") is not None
+
+    def log(self, message: str) -> None:
+        self.say(message, err=True)
+
+    # -- before any work ---------------------------------------------------------------------
+    def open(self, default_dir=None) -> dict | None:
+        """--resume: the run's folder checked, locked (until the process ends or :meth:`release`) and
+        its config.json returned; a new run: its folder checked (made and locked by :meth:`begin`) when
+        ``default_dir`` is given, else by :meth:`new_folder` later.
+        Then the session's settings and checkpoint policy."""
+        values = self.values
+        if self.resuming:
+            resume = values["resume"]
+            if values.get("overwrite"):
+                raise KsaeError(f"--overwrite contradicts --resume: --resume continues the run in {resume}, "
+                                f"--overwrite would discard it; give one")
+            self.folder = RunFolder(resume, kind=self.kind)
+            self.folder.check_resumable()
+            resuming.check_run_dir(values.get("run_dir"), resume)
+            self.folder.lock(log=self.log)
+            self.previous = self.folder.read_config()
+        elif default_dir is not None:
+            self.new_folder(default_dir)
+        self.settings = resuming.run_level(RUN_LEVEL, values, self.given, self.previous or {})
+        if "progress_seconds" in self.settings:
+            check_progress_seconds(self.settings["progress_seconds"])
+        self.policy = CheckpointPolicy(self.settings["checkpoint_every"], self.settings["checkpoint_minutes"])
+        return self.previous
+
+    def new_folder(self, default_dir) -> None:
+        """A new run's folder: --run-dir, else ``default_dir()``; checked here, made by :meth:`begin`."""
+        self.folder = RunFolder(self.values.get("run_dir") or default_dir(), kind=self.kind)
+        self.folder.check_new(self.values.get("overwrite", False))
+
+    def start(self):
+        """The device and the CPU threads of the session (the count used is the run's from now on: a
+        resume keeps it, since BLAS products differ in their last bits on another count)."""
+        from ksae_cupy.backend import resolve_device
+        from ksae_cupy.training.threads import set_blas_threads
+
+        self.backend = resolve_device(self.settings["device"])
+        self.threads_line, self.settings["threads"] = set_blas_threads(self.settings["threads"])
+        return self.backend
+
+    @property
+    def data_dir(self) -> Path | None:
+        return Path(self.settings["data_dir"]) if self.settings.get("data_dir") else None
+
+    def load(self, spec):
+        from ksae_cupy.datasets import load_dataset
+
+        return load_dataset(spec, root=self.data_dir, log=self.log)
+
+    # -- the folder ------------------------------------------------------------------------------
+    def begin(self, record: dict, shown: str, trainer=None, drop_metrics: bool = True) -> None:
+        """Make and lock the folder (a new run: its identity; a resumed one: the metrics logged after its
+        checkpoint dropped), write config.json (``record`` and the session's settings), and say
+        ``record[shown]``, the folder and the checkpoint schedule."""
+        self.folder.create(log=self.log, new=not self.resuming, overwrite=self.values.get("overwrite", False))
+        if trainer is not None and self.resuming and drop_metrics:
+            dropped = self.folder.drop_metrics_after(trainer.step, trainer.epoch, trainer.config.epochs)
+            if dropped:
+                self.say(dropped)  # which epochs, and whether each runs again
+        self.config = {**record, **self.settings, "device": self.backend.name,
+                       "data_dir": str(self.data_dir) if self.data_dir else None, "run_dir": str(self.folder.path)}
+        self.folder.write_config(self.config)
+        self.say("config: " + json.dumps(record[shown], sort_keys=True))
+        self.say(f"run folder: {self.folder.path}")
+        minutes = f" and every {self.policy.seconds / 60:g} minutes" if self.policy.seconds else ""
+        self.say(f"checkpoints: {self.folder.checkpoint}, every {self.policy.every_epochs} epochs{minutes}, "
+                 f"and at the end")
+
+    def release(self) -> None:
+        if self.folder is not None:
+            self.folder.release()
+
+    # -- training --------------------------------------------------------------------------------
+    def fit(self, trainer_of, fit, save, epoch_lines, on_batch=None, saves_itself: bool = False) -> None:
+        """``fit(on_epoch, on_batch)`` under the checkpoint policy and the stop signals: each epoch's
+        report into metrics.jsonl, its ``epoch_lines(report)`` said, then ``save()`` when the policy
+        says (unless ``saves_itself``: fit then saves by ``self.policy.after_epoch`` and at the end);
+        mid-epoch when the minutes are up; at the end when the session trained a step.
+        ``trainer_of()`` is the trainer (None before fit makes it)."""
+        def batch(done, total):
+            if on_batch is not None:
+                on_batch(done, total)
+            if self.policy.after_batch(done, total):
+                save()
+
+        def epoch(report):
+            self.folder.append_metrics(report)  # before the checkpoint: a resume drops lines past it
+            for line in epoch_lines(report):
+                self.say(line)
+            if not saves_itself and self.policy.after_epoch(report.epoch):
+                save()
+
+        trainer = trainer_of()
+        step_before = None if trainer is None else trainer.step
+        self.finished_before = trainer is not None and trainer.finished
+        self.stop = StopOnSignals(trainer_of, self.say, self.echo)
+        self.started = time.perf_counter()
+        self.policy.restart()  # the minutes count from the first step, not from loading
+        try:
+            try:
+                fit(epoch, batch)
+            finally:
+                self.stop.restore()
+            if not saves_itself and (trainer_of().step != step_before or not self.folder.checkpoint.exists()):
+                save()
+        except CheckpointWriteError as exc:  # what to do next depends on whether a checkpoint is there to resume
+            raise exc.advise(f"continue the run with: {self.command} --resume {self.folder.path}" if exc.kept else
+                             "start the run again with --overwrite (no checkpoint was written to resume from)") from None
+
+    def end(self, trainer, done: str | None, where=None) -> bool:
+        """The session's last line: ``interrupted <where>; ... continue with: <command> --resume RUN``
+        (and the exit status of the signal), ``nothing to train`` when the run had already trained
+        all its epochs, else ``done`` (None: the command says it). ``where(trainer)`` words the point a
+        stopped run stands at (default: ``after epoch 8, batch 173``). Returns whether the run trained to its end in this session."""
+        if not trainer.finished:
+            at = where(trainer) if where is not None else position(trainer.epoch, trainer.batch_in_epoch)
+            self.echo(f"interrupted {at}; checkpoint saved to {self.folder.checkpoint}; continue with: "
+                      f"{self.command} --resume {self.folder.path}", err=True)
+            sys.exit(self.stop.exit_status)
+        if self.finished_before and done is not None:  # "done: 3 epochs in 0.0 s" read as if it had trained them
+            self.echo(f"nothing to train: the run had already trained all its {trainer.epoch} epochs (options given "
+                      f"are recorded); to train longer, give --epochs N with N > {trainer.epoch}")
+            return False
+        if done is not None:
+            self.echo(done.format(epochs=epochs_done(trainer.epoch), seconds=time.perf_counter() - self.started,
+                                  checkpoint=self.folder.checkpoint, run=self.folder.path))
+        return True
+
+
+def check_progress_seconds(seconds: float) -> None:
+    if not seconds >= 0:  # NaN too
+        raise KsaeError(f"--progress-seconds {seconds} is not allowed; use seconds >= 0 (0: a line every batch)")
+
+
+class StopOnSignals:
+    """First Ctrl-C, SIGTERM or SIGHUP: finish the current step, save, exit ``128 + signal``
+    (130, 143, 129). The same signal again: stop at once, without saving.
+
+    ``trainer_of()`` is what gets ``stop_requested`` (None before the trainer exists); :meth:`restore`
+    puts the previous handlers back; :attr:`exit_status` is the status to exit with once stopped.
+    """
+
+    def __init__(self, trainer_of, say, echo):
+        self.trainer_of, self.say, self.echo = trainer_of, say, echo
+        self.received: int | None = None
+        self.previous = {}
+        for name in STOP_SIGNALS:
+            number = getattr(signal, name, None)
+            if number is None:
+                continue  # SIGHUP does not exist on Windows
+            try:
+                self.previous[number] = signal.signal(number, self._handler)
+            except ValueError:  # not the main thread (e.g. inside a test runner's worker)
+                break
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.received if self.received is not None else EXIT_INTERRUPTED
+
+    def _handler(self, signum, frame):
+        name = STOP_SIGNALS[signal.Signals(signum).name]
+        trainer = self.trainer_of()
+        if trainer is not None and not trainer.stop_requested:
+            self.received = signum
+            trainer.stop_requested = True
+            self.say(f"\n{name}: stopping after this step and saving a checkpoint ({name} again to stop at once "
+                     f"without saving)", err=True)
+            return
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.echo(f"\n{name}: stopped at once, nothing saved", err=True)
+        sys.exit(128 + signum)
+
+    def restore(self) -> None:
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
+        self.previous = {}

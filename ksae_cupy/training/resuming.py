@@ -1,0 +1,116 @@
+"""``--resume``: every option given is applied, refused or checked against the run, as its declared
+policy says (:mod:`ksae_cupy.training.fields`); every option not given keeps the run's value.
+
+``values`` are the command's option values by name, ``given`` the names typed on this command
+line. Messages name the options as the command line spells them.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ksae_cupy.errors import KsaeError
+from ksae_cupy.training.options import check_positive_count
+from ksae_cupy.training.runs import dataset_record, file_sha256
+from ksae_cupy.training.wording import position
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def where_line(folder_path: Path, epoch: int, batch_in_epoch: int, step: int) -> str:
+    return f"resuming {folder_path} {position(epoch, batch_in_epoch)} (step {step})"
+
+
+def run_level(names, values: dict, given: set, previous: dict) -> dict:
+    """Each of ``names``: as given, else as the run had it (``previous``, its config.json), else the
+    default. Paths come back as text, as config.json holds them."""
+    settings = {name: values[name] if name in given or name not in previous else previous[name]
+                for name in names if name in values}
+    if isinstance(settings.get("data_dir"), Path):
+        settings["data_dir"] = str(settings["data_dir"])
+    return settings
+
+
+def check_run_dir(run_dir: Path | None, resume: Path) -> None:
+    if run_dir is not None and Path(run_dir).resolve() != Path(resume).resolve():
+        raise KsaeError(f"--run-dir {run_dir} is not allowed with --resume; the run lives in {resume} "
+                        f"(move or copy that folder to continue elsewhere)")
+
+
+def check_dataset(dataset: str | None, previous: dict) -> str:
+    """The run's dataset; a DATASET given again must name the same data, and a user file must
+    still hold the bytes it held when the run started."""
+    recorded = previous["dataset"]
+    if dataset is not None and dataset_record(dataset, False)["dataset"] != dataset_record(recorded, False)["dataset"]:
+        raise KsaeError(f"--resume: DATASET {dataset!r} contradicts the run's dataset {recorded!r}")
+    expected = previous.get("dataset_sha256")
+    if expected:
+        path = Path(recorded.rsplit(":", 1)[0] if ".h5:" in recorded or ".hdf5:" in recorded else recorded)
+        if not path.is_file():
+            raise KsaeError(f"--resume: the run's data file {path} does not exist any more")
+        found = file_sha256(path)
+        if found != expected:
+            raise KsaeError(f"--resume: the run's data file {path} changed since the run started "
+                            f"(SHA-256 {found[:16]}..., the run has {expected[:16]}...)")
+    return recorded
+
+
+def check_data_options(given: set, values: dict, dataset: str, previous: dict):
+    """The run's DataSpec; data options given again must equal the run's (they choose its rows)."""
+    from ksae_cupy.datasets.user_files import DataSpec
+
+    spec = DataSpec.from_record(dataset, previous.get("data"))
+    data_given = {key: values[key] for key in given if key in DataSpec.__dataclass_fields__ and key != "data"}
+    typed_spec = DataSpec(dataset, **data_given)
+    differing = [f"{flag(key)} {values[key]} (the run has {getattr(spec, key)})" for key in sorted(data_given)
+                 if getattr(typed_spec.resolved(), key) != getattr(spec, key)]
+    if differing:
+        raise KsaeError("--resume: options contradict the run's data (they choose the rows it trains on): "
+                        + ", ".join(differing))
+    return spec
+
+
+def check_refused(names, given: set, values: dict, saved: dict, same=None) -> None:
+    """Name every refused option given whose value differs from the run's ``saved`` one;
+    ``same(name, value, saved)`` decides where equality is not the test (it returns None elsewhere)."""
+    differing = []
+    for name in sorted(given & set(names)):
+        value = values[name]
+        verdict = same(name, value, saved) if same is not None else None
+        if not (value == saved.get(name) if verdict is None else verdict):
+            differing.append(f"--no-k-schedule (the run has k-start {saved['k_start']})" if name == "no_k_schedule"
+                             else f"{flag(name)} {value} (the run has {saved.get(name)})")
+    if differing:
+        raise KsaeError("--resume: options contradict the checkpoint (they shape the model or the batches): "
+                        + ", ".join(differing))
+
+
+def check_epochs(epochs: int, trainer) -> None:
+    """``--epochs`` on --resume: at least the epochs begun."""
+    check_positive_count("--epochs", epochs, "epochs")
+    done = trainer.epoch + (1 if trainer.batch_in_epoch else 0)
+    if epochs < max(done, 1):
+        raise KsaeError(f"--epochs {epochs} is not allowed on resume; the run has already trained {done} epochs; "
+                        f"use at least {max(done, 1)}")
+
+
+def apply(names, given: set, values: dict, trainer) -> list[str]:
+    """Apply the options ``names`` given to ``trainer.config`` (--epochs first checked against the
+    epochs done; a k schedule keeps the epochs it was planned over, or shrinks with a shortened run so
+    that k is still reached); return what changed, as ``epochs 4 -> 8``."""
+    config, changes = trainer.config, []
+    for name in names:
+        if name not in given or values[name] == getattr(config, name):
+            continue
+        value, change = values[name], f"{name} {getattr(config, name)} -> {values[name]}"
+        if name == "epochs":
+            check_epochs(value, trainer)
+            if getattr(config, "k_start", None) is not None:
+                planned = config.k_schedule_epochs or config.epochs
+                config.k_schedule_epochs = min(planned, value)
+                if value < planned:
+                    change += f" (the k schedule now spans {value} epochs)"
+        setattr(config, name, value)
+        changes.append(change)
+    return changes

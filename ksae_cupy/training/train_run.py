@@ -1,0 +1,91 @@
+"""The model of a ``ksae-train`` session: a new run's, from its options and checked against the data
+before anything is written, or a resumed run's, from its checkpoint with the options given applied
+or refused (:mod:`ksae_cupy.training.resuming`, as :mod:`ksae_cupy.training.fields` declares them)."""
+from __future__ import annotations
+
+from ksae_cupy.errors import KsaeError
+from ksae_cupy.training import resuming
+from ksae_cupy.training.fields import APPLIED, REFUSED, TRAIN, named, parse_lr
+
+# Built-in datasets whose default rate is --lr auto: the paper's 0.01 diverges on them.
+AUTO_LR_DATASETS = ("fashion-mnist",)
+IN_CHECKPOINT = ("epochs", "topk", "step")  # applied options kept in the checkpoint's configuration
+
+
+def describe_auto_lr(X_nd) -> str:
+    from ksae_cupy.training.learning_rate import (MNIST_MEAN_SQUARED_NORM, MNIST_TOP_EIGENVALUE, mean_squared_norm,
+                                                  top_eigenvalue)
+
+    return (f"E||x||^2 {mean_squared_norm(X_nd):.4g} and top eigenvalue of E[xx^T] {top_eigenvalue(X_nd):.4g}; "
+            f"MNIST's {MNIST_MEAN_SQUARED_NORM:g} and {MNIST_TOP_EIGENVALUE:g} give 0.01")
+
+
+def new_config(values: dict, lr):
+    """The run's :class:`TrainConfig` from the options (k-start resolved), validated: the one check of
+    the options alone, before any data is read."""
+    from ksae_cupy.schedules import resolve_k_start
+    from ksae_cupy.training.trainer import TrainConfig
+
+    if values["no_k_schedule"] and values["k_start"] is not None:
+        raise KsaeError(f"--k-start {values['k_start']} contradicts --no-k-schedule (which trains with k from the "
+                        f"first epoch); give one")
+    fields = {name: values[name] for name in TrainConfig.__dataclass_fields__ if name in values and name != "k_start"}
+    k_start = values["k_start"] if values["k_start"] is not None else "auto"
+    config = TrainConfig(**{**fields, "lr": lr, "k_start": None if values["no_k_schedule"]
+                            else resolve_k_start(k_start, values["k"], values["hidden"])})
+    config.validate()
+    return config
+
+
+def new_model(config, data, backend, say):
+    """The estimator of a new run on ``data``: the schedule kept only if it reaches k, --lr auto resolved
+    and said, and the checks fit makes (memory, the data's scale, a rate that moves the weights) made
+    now, before the run folder is written."""
+    from ksae_cupy.schedules import schedule_reaches_k
+    from ksae_cupy.training.estimator import KSparseAutoencoder
+    from ksae_cupy.training.learning_rate import check_data_scale, check_rate_moves_weights
+    from ksae_cupy.training.options import check_batch_size, check_training_memory
+    from ksae_cupy.training.trainer import Trainer
+
+    if config.k_start is not None and not schedule_reaches_k(config.epochs, config.k, config.k_start):
+        say(f"note: in {config.epochs} epoch the k schedule would stay at k-start {config.k_start} and never "
+            f"reach k {config.k}; training with k {config.k} from the start (as --no-k-schedule)")
+        config.k_start = None
+    params = {name: getattr(config, name) for name in config.to_dict() if name not in ("hidden", "k_schedule_epochs",
+                                                                                           "lr_auto")}
+    model = KSparseAutoencoder(n_hidden=config.hidden, device=backend.name, **params)
+    X_fit = model.training_rows(data.X_train)  # what fit trains on (--center-input: minus their mean)
+    resolved = model.config(X_fit)  # --lr auto: the rate derived from the training rows
+    check_batch_size("--batch-size", resolved.batch_size, len(data.X_train))
+    if resolved.lr_auto:
+        say(f"--lr auto: {resolved.lr} for this data ({describe_auto_lr(X_fit)})")
+    check_training_memory(backend, data.dim, config.hidden, config.batch_size, config.dtype)
+    check_data_scale(X_fit, resolved, "--lr")
+    check_rate_moves_weights(Trainer(resolved, backend, D=data.dim), X_fit, "--lr")
+    model.preprocess_ = dict(data.preprocess)
+    return model, resolved
+
+
+def same(name: str, value, saved: dict):
+    """Where a refused option given on --resume is the run's own though not equal to it (None: compare)."""
+    if name == "no_k_schedule":
+        return not (value and saved["k_start"] is not None)
+    if name == "lr":
+        value = parse_lr(value, None)
+        return (value == "auto" and bool(saved.get("lr_auto"))) or value == saved["lr"]
+    return None
+
+
+def resumed_model(folder, backend, values: dict, given: set):
+    """The run's estimator from its checkpoint, the refused options given checked, the applied ones
+    (--epochs, --topk, --step) applied; returns it and what changed."""
+    from ksae_cupy.training.estimator import KSparseAutoencoder
+
+    model = KSparseAutoencoder.load(folder.checkpoint, device=backend.name)
+    folder.check_checkpoint(model.run_id_, model.trainer_.config.to_dict())  # this folder's run, not a copy
+    model.run_id_ = folder.run_id
+    trainer = model.trainer_
+    resuming.check_refused(named(TRAIN, REFUSED), given, values, trainer.config.to_dict(), same)
+    changes = resuming.apply([n for n in named(TRAIN, APPLIED) if n in IN_CHECKPOINT], given, values, trainer)
+    model.epochs, model.topk = trainer.config.epochs, trainer.config.topk
+    return model, changes

@@ -1,0 +1,158 @@
+"""--resume of ksae-train, ksae-baseline and ksae-finetune: what a resumed session runs with.
+
+An option not given on --resume keeps the run's value (config.json), never the default: the device,
+the data root and the checkpoint schedule included. The values a session runs with are read where
+they are used (the device resolved, the data root the loader gets, the checkpoint policy made).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ksae_cupy.cli.baseline import baseline_command
+from ksae_cupy.cli.finetune import finetune_command
+from ksae_cupy.cli.train import train_command
+
+
+@pytest.fixture()
+def spies(monkeypatch):
+    """What a session hands to resolve_device, load_dataset and CheckpointPolicy."""
+    import ksae_cupy.backend as backend
+    import ksae_cupy.datasets as datasets
+    from ksae_cupy.training.checkpoint_policy import CheckpointPolicy
+
+    seen = {"device": [], "root": [], "policy": []}
+    resolve, load, init = backend.resolve_device, datasets.load_dataset, CheckpointPolicy.__init__
+
+    def resolve_device(name, *args, **kwargs):
+        seen["device"].append(name)
+        return resolve(name, *args, **kwargs)
+
+    def load_dataset(spec, root=None, **kwargs):
+        seen["root"].append(None if root is None else str(root))
+        return load(spec, root=root, **kwargs)
+
+    def policy_init(self, every_epochs, minutes, *args, **kwargs):
+        seen["policy"].append((every_epochs, minutes))
+        init(self, every_epochs, minutes, *args, **kwargs)
+
+    monkeypatch.setattr(backend, "resolve_device", resolve_device)
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.setattr(CheckpointPolicy, "__init__", policy_init)
+    return seen
+
+
+def invoke(command, args):
+    result = CliRunner().invoke(command, [str(a) for a in args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+STARTS = {
+    "ksae-train": (train_command, ["synthetic", "--hidden", "16", "--k", "4", "--epochs", "2"]),
+    "ksae-baseline": (baseline_command, ["synthetic", "--model", "dropout-ae", "--hidden", "8", "--epochs", "1"]),
+    "ksae-finetune": (finetune_command, ["--no-pretraining", "--dataset", "synthetic", "--hidden", "16", "--k", "4",
+                                         "--epochs", "1"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STARTS))
+def test_a_bare_resume_keeps_the_runs_device_data_root_and_checkpoint_schedule(name, spies, tmp_path):
+    command, start = STARTS[name]
+    run, data_dir = tmp_path / "run", tmp_path / "data"
+    data_dir.mkdir()
+    invoke(command, [*start, "--device", "cpu", "--data-dir", data_dir, "--checkpoint-every", "3",
+                     "--checkpoint-minutes", "2.5", "--threads", "1", "--run-dir", run])
+    for seen in spies.values():
+        seen.clear()
+    invoke(command, ["--resume", run])
+    assert spies["device"] and set(spies["device"]) == {"cpu"}, spies["device"]
+    assert spies["root"] == [str(data_dir)], spies["root"]
+    assert spies["policy"] == [(3, 2.5)], spies["policy"]
+
+
+# -- the resume table: every option of every command, changed on --resume --------------------------
+
+import json  # noqa: E402
+import shutil  # noqa: E402
+
+from ksae_cupy.cli.options import commands  # noqa: E402
+from ksae_cupy.training.fields import APPLIED, DATA, KEPT, REFUSED, RUN_LEVEL, SESSION, policies, resume_table  # noqa: E402
+
+COMMANDS = {"ksae-train": train_command, "ksae-baseline": baseline_command, "ksae-finetune": finetune_command}
+SECTION = {"ksae-train": "train", "ksae-baseline": "baseline", "ksae-finetune": "finetune"}
+# A value other than the run's for every option (the runs below start from these STARTS and FIXED).
+CHANGED = {"hidden": "24", "k": "3", "k_start": "9", "no_k_schedule": None, "epochs": "3", "batch_size": "64",
+           "lr": "0.02", "momentum": "0.5", "sigma": "0.02", "topk": "threshold", "seed": "7", "dtype": "float64",
+           "activation": "relu", "step": "dense", "aux_k": "2", "aux_coef": "0.5", "dead_window": "500",
+           "center_input": None, "device": "auto", "run_dir": "elsewhere", "checkpoint_every": "4",
+           "checkpoint_minutes": "1.5", "overwrite": None, "data_dir": "data2", "threads": "2",
+           "progress_seconds": "9", "quiet": None, "model": "rbm", "weight_decay": "0.001", "alpha": "2",
+           "phases": "all", "lr_start": "0.5", "lr_end": "0.0001", "rising_lr": None, "no_pretraining": None,
+           "baseline": "rbm", "pretrain_epochs": "3", "dataset": "mnist", "labels": "y.npy", "test": "t.npy",
+           "test_labels": "ty.npy", "valid_fraction": "0.2", "test_fraction": "0.1", "split_seed": "3"}
+FIXED = ["--device", "cpu", "--threads", "1", "--checkpoint-every", "3", "--checkpoint-minutes", "2.5"]
+OWN = {"ksae-train": ["--step", "sparse", "--progress-seconds", "7"], "ksae-baseline": ["--progress-seconds", "7"],
+       "ksae-finetune": ["--step", "auto"]}
+CASES = [(command, name) for command, table in
+         ((c, policies(options)) for c, options in commands().items()) for name in sorted(table) if name != "resume"]
+
+
+@pytest.fixture(scope="module")
+def finished_runs(tmp_path_factory):
+    """One finished run of each command, to copy and resume."""
+    root = tmp_path_factory.mktemp("runs")
+    runs = {}
+    for name, (command, start) in STARTS.items():
+        invoke(command, [*start, *FIXED, *OWN[name], "--run-dir", root / name])
+        runs[name] = root / name
+    return runs
+
+
+def test_every_option_of_every_command_has_a_policy_and_a_changed_value():
+    for command, name in CASES:
+        assert name in CHANGED, f"{command} {name}: no value to change it to on --resume in this test"
+    table = resume_table(commands())
+    assert table.splitlines()[0] == "| option | ksae-train | ksae-baseline | ksae-finetune |"
+    assert "| --epochs | applied | applied | refused |" in table
+    assert "| --quiet | session | session | session |" in table
+    assert "| --progress-seconds | applied | applied |  |" in table
+
+
+@pytest.mark.parametrize("command_name, name", CASES)
+def test_an_option_changed_on_resume_is_kept_applied_or_refused_as_the_table_says(command_name, name, finished_runs,
+                                                                                 tmp_path, spies):
+    policy = policies(commands()[command_name])[name]
+    run = tmp_path / "run"
+    shutil.copytree(finished_runs[command_name], run)
+    (tmp_path / "data2").mkdir()
+    value = CHANGED[name]
+    option = "DATASET" if name == "dataset" else "--" + name.replace("_", "-")
+    if name == "run_dir":
+        value = str(tmp_path / value)
+    args = [value] if name == "dataset" else [option] + ([] if value is None else [str(tmp_path / value)
+                                                           if name == "data_dir" else value])
+    result = CliRunner().invoke(COMMANDS[command_name], ["--resume", str(run), *args])
+    before = json.loads((finished_runs[command_name] / "config.json").read_text())
+    after = json.loads((run / "config.json").read_text())
+    if policy in (REFUSED, KEPT):
+        assert result.exit_code == 2, result.output
+        assert result.output.startswith("error: ") and len(result.output.strip().splitlines()) == 1, result.output
+        assert option.split(" ")[0] in result.output or "DATASET" in result.output, result.output
+        assert after == before  # nothing recorded
+        return
+    assert result.exit_code == 0, result.output
+    if policy == SESSION:  # --quiet: the final line only, and nothing of it recorded
+        assert len(result.output.strip().splitlines()) == 1 and "quiet" not in after, result.output
+        return
+    assert policy == APPLIED
+    if name == "device":
+        assert spies["device"] == ["auto"]  # the device asked for (on this machine, auto is the CPU too)
+        return
+    recorded = after[name] if name in RUN_LEVEL else after[SECTION[command_name]][name]
+    expected = str(tmp_path / value) if name == "data_dir" else value
+    assert str(recorded) == expected or recorded == type(recorded)(expected), (name, recorded)
+    assert recorded != (before[name] if name in RUN_LEVEL else before[SECTION[command_name]][name])
+    if name in DATA:  # pragma: no cover - data options are never applied
+        raise AssertionError(name)
