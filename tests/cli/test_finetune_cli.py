@@ -203,3 +203,16 @@ def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, case, fragments):
     result = invoke([*quick, *args], expect=2)
     assert_one_line_error(result, *fragments)
     assert not (out / "checkpoint.h5").exists()
+
+
+def test_dataset_is_an_argument_as_in_ksae_train_and_topk_and_overwrite_are_offered(tmp_path):
+    out = tmp_path / "ft"
+    small = ["--no-pretraining", "--hidden", "16", "--k", "4", *QUICK, "--run-dir", out]
+    invoke(["synthetic", *small, "--topk", "threshold"], expect=0)
+    config = RunFolder(out).read_config()
+    assert config["dataset"] == "synthetic" and config["finetune"]["topk"] == "threshold"
+    refused = invoke(["synthetic", *small], expect=2)  # the folder holds that run now
+    assert_one_line_error(refused, "already holds a run")
+    invoke(["--dataset", "synthetic", *small, "--overwrite"], expect=0)  # the old spelling still works
+    assert RunFolder(out).read_config()["finetune"]["topk"] == "sort"
+    assert_one_line_error(invoke(["synthetic", "mnist", *small], expect=2), "2 datasets given")
