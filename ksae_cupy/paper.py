@@ -16,34 +16,34 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class PaperRow:
-    """One row of a paper table: ``key`` (how the code names it), ``label`` (as the paper
-    prints it) and ``error`` (the test error, a fraction)."""
+    """One row of a paper table: ``table`` (its label in the paper), ``key`` (how the code names
+    the row), ``label`` (as the paper prints it) and ``error`` (the test error, a fraction)."""
 
+    table: str
     key: str
     label: str
     error: float
 
 
-ERR_MNIST = (
-    PaperRow("raw", "Raw pixels", 0.0720),
-    PaperRow("rbm", "RBM", 0.0181),
-    PaperRow("dropout-ae", "Dropout autoencoder (50% hidden)", 0.0180),
-    PaperRow("denoising-ae", "Denoising autoencoder (20% input dropout)", 0.0195),
-    PaperRow("dropout-denoising-ae", "Dropout + denoising autoencoder (20% input, 50% hidden)", 0.0160),
-    PaperRow("k40", "k-sparse autoencoder, k = 40", 0.0154),
-    PaperRow("k25", "k-sparse autoencoder, k = 25", 0.0135),
-    PaperRow("k10", "k-sparse autoencoder, k = 10", 0.0210),
+ROWS = (
+    PaperRow("err_mnist", "raw", "Raw Pixels", 0.0720),
+    PaperRow("err_mnist", "rbm", "RBM", 0.0181),
+    PaperRow("err_mnist", "dropout-ae", "Dropout Autoencoder (50% hidden)", 0.0180),
+    PaperRow("err_mnist", "denoising-ae", "Denoising Autoencoder (20% input dropout)", 0.0195),
+    PaperRow("err_mnist", "dropout-denoising-ae", "Dropout + Denoising Autoencoder (20% input and 50% hidden)", 0.0160),
+    PaperRow("err_mnist", "k40", "k-Sparse Autoencoder, k = 40", 0.0154),
+    PaperRow("err_mnist", "k25", "k-Sparse Autoencoder, k = 25", 0.0135),
+    PaperRow("err_mnist", "k10", "k-Sparse Autoencoder, k = 10", 0.0210),
+    PaperRow("fn_mnist", "no-pretraining", "Without Pre-Training", 0.0160),
+    PaperRow("fn_mnist", "rbm", "RBM + F.T.", 0.0124),
+    PaperRow("fn_mnist", "dropout-ae", "Shallow Dropout AE + F.T. (50% hidden)", 0.0105),
+    PaperRow("fn_mnist", "denoising-ae", "Denoising AE + F.T. (20% input dropout)", 0.0120),
+    PaperRow("fn_mnist", "deep-dropout-ae", "Deep Dropout AE + F.T. (layer-wise pre-training, 50% hidden)", 0.0085),
+    PaperRow("fn_mnist", "ksparse", "k-Sparse AE + F.T. (k=25)", 0.0108),
+    PaperRow("fn_mnist", "deep-ksparse", "Deep k-Sparse AE + F.T. (k=25, layer-wise pre-training)", 0.0097),
 )
-
-FN_MNIST = (
-    PaperRow("no-pretraining", "Without pre-training", 0.0160),
-    PaperRow("rbm", "RBM + F.T.", 0.0124),
-    PaperRow("dropout-ae", "Shallow dropout AE + F.T. (50% hidden)", 0.0105),
-    PaperRow("denoising-ae", "Denoising AE + F.T. (20% input dropout)", 0.0120),
-    PaperRow("deep-dropout-ae", "Deep dropout AE + F.T. (layer-wise pre-training, 50% hidden)", 0.0085),
-    PaperRow("ksparse", "k-sparse AE + F.T. (k = 25)", 0.0108),
-    PaperRow("deep-ksparse", "Deep k-sparse AE + F.T. (k = 25, layer-wise pre-training)", 0.0097),
-)
+ERR_MNIST = tuple(row for row in ROWS if row.table == "err_mnist")
+FN_MNIST = tuple(row for row in ROWS if row.table == "fn_mnist")
 
 # The tables' shared setting: MNIST with 1000 hidden units (per layer); other settings have no paper figure.
 DATASET, HIDDEN = "mnist", 1000

@@ -42,6 +42,19 @@ def shown(command: str, *args) -> str:
     return " ".join(shlex.quote(str(a)) for a in (command, *args))
 
 
+def run_or_exit(command: str, args: list, who: str | None = None) -> float:
+    """Run ``command`` in a child (its output shown as it comes, after a ``+ COMMAND`` line); end
+    this script (``who``: its name, by default) with a one-line message if it fails. Returns its
+    wall seconds."""
+    who = who or Path(sys.argv[0]).name
+    print("+ " + shown(command, *args), flush=True)
+    start = time.perf_counter()
+    status = subprocess.call(python_argv(command, *args))
+    if status != 0:
+        sys.exit(f"{who}: {shown(command, *args)} failed with exit status {status}")
+    return time.perf_counter() - start
+
+
 class Stopped(Exception):
     """This process was asked to stop (a signal); ``status`` is the exit status to end with."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,6 +70,7 @@ class RunState:
     seconds: float
     has_checkpoint: bool
     results: dict | None = field(repr=False)
+    locked: str | None = None  # why another live process holds the folder (a run writing it now)
 
     @property
     def trained(self) -> bool:
@@ -87,11 +89,14 @@ class RunState:
         """A few words on where the run stands."""
         if self.done:
             return "done"
+        if self.locked:
+            return f"running: epoch {self.epochs_done} of {self.epochs_asked}"
         if self.trained:
             return f"trained ({self.epochs_done} epochs), not evaluated"
-        if self.epochs_done or self.has_checkpoint:
+        if self.has_checkpoint:
             return f"stopped at epoch {self.epochs_done} of {self.epochs_asked}"
-        return "not started"
+        return "not started" + (f" (stopped at epoch {self.epochs_done}, before its first checkpoint)"
+                                if self.epochs_done else "")
 
 
 def run_state(folder: Path) -> RunState:
@@ -104,7 +109,7 @@ def run_state(folder: Path) -> RunState:
     return RunState(path=folder, kind=kind, config=config, epochs_asked=epochs_asked(config),
                     epochs_done=len(records) if kind == FINETUNE else (records[-1].get("epoch", 0) if records else 0),
                     seconds=float(sum(r.get("seconds", 0.0) for r in records)),
-                    has_checkpoint=(folder / CHECKPOINT).is_file(), results=results)
+                    has_checkpoint=(folder / CHECKPOINT).is_file(), results=results, locked=locked_by(folder))
 
 
 def find_runs(root: Path) -> list[RunState]:
@@ -133,3 +138,47 @@ def evaluation_is_current(folder: Path, alphas=None, l2_grid=None, raw_baseline:
 
 def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+# -- before a command runs in a folder -------------------------------------------------------------------
+
+def locked_by(folder: Path) -> str | None:
+    """Why another live process holds ``folder`` (a run writing it), or None when none does."""
+    from ksae_cupy.errors import KsaeError
+    from ksae_cupy.training.runlock import check_unlocked
+
+    try:
+        check_unlocked(Path(folder))
+    except KsaeError as exc:
+        return str(exc)
+    return None
+
+
+def wait_unlocked(folder: Path, on_wait, poll_seconds: float = 1.0) -> None:
+    """Wait while another process holds ``folder`` (a child of a killed session, still saving);
+    ``on_wait(message)`` is called once when waiting starts, and again every poll (it may raise to stop)."""
+    said = False
+    while (message := locked_by(folder)) is not None:
+        on_wait(None if said else message)
+        said = True
+        time.sleep(poll_seconds)
+
+
+def clear_unstarted(folder: Path, log=print) -> list[str]:
+    """Remove the run files of a run stopped before its first checkpoint (nothing to resume
+    there), so that the command starts it again; returns the names removed."""
+    removed = []
+    for name in (CONFIG, METRICS, CONFIG + ".tmp", METRICS + ".tmp", CHECKPOINT + ".tmp"):
+        if (Path(folder) / name).exists() and not (Path(folder) / CHECKPOINT).is_file():
+            (Path(folder) / name).unlink()
+            removed.append(name)
+            log(f"  removed {Path(folder) / name}: its run stopped before its first checkpoint; starting it again")
+    return removed
+
+
+def checkpoint_epochs(folder: Path) -> tuple[int, int]:
+    """``(epochs trained, epochs configured)`` of a ksae-train run folder's checkpoint (reads it)."""
+    from ksae_cupy.training.checkpoint import load_checkpoint
+
+    checkpoint = load_checkpoint(Path(folder) / CHECKPOINT)
+    return checkpoint.epoch, checkpoint.config["epochs"]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ksae_cupy import paper
-from ksae_cupy.reports.folders import BASELINE, RunState, find_runs, read_json
+from ksae_cupy.reports.folders import BASELINE, RunState, clear_unstarted, find_runs, read_json
 from ksae_cupy.reports.markdown import percent, percent_spread, table
 from ksae_cupy.training.runs import FINETUNE, TRAIN
 
@@ -237,14 +237,14 @@ def _folder_name(table_name: str, key: str, length: Length, seed: int) -> str:
 def _steps(t: Target, root: Path, s: Settings, found: list[Found], script: str) -> list:
     threads = ["--threads", s.threads]
     state = t.found.state if t.found else None
-    if state is not None and state.done:
+    if state is not None and (state.done or state.locked):  # done, or being run by another process now
         return []
     if t.table == ERR:
         evaluate = ("ksae-eval", [t.folder, *threads, *(["--raw-baseline"] if t.key == "k25" and t.seed == 0 else
                                                        ["--max-iter", 1000] if not t.key.startswith("k") else [])])
         if state is not None and state.trained:
             return [evaluate]
-        if state is not None and (state.has_checkpoint or state.epochs_done):
+        if state is not None and state.has_checkpoint:
             command = "ksae-train" if t.key.startswith("k") else "ksae-baseline"
             return [(command, ["--resume", t.folder]), evaluate]
         if t.key.startswith("k"):
@@ -419,6 +419,8 @@ def build(root: Path, out: Path, rows, settings: Settings, command_text, script:
         if step is None:
             return targets
         target, (command, args) = step
+        if "--run-dir" in args:  # a new run: what a run stopped before its first checkpoint left goes
+            clear_unstarted(args[args.index("--run-dir") + 1])
         name = f"{target.table}-{target.key}-seed{target.seed}-{Path(str(command)).name}"
         status, tail = children.run(name, command, args)
         targets = write_tables(root, out, rows, settings, command_text, script)

@@ -148,22 +148,22 @@ def test_the_report_shows_each_row_beside_the_paper_with_seeds_as_mean_and_sprea
     result = paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     text = out.read_text()
-    k25 = line_of(text, "k-sparse autoencoder, k = 25", "5000")
+    k25 = line_of(text, "k-Sparse Autoencoder, k = 25", "5000")
     # 1.80, 1.90, 2.00%: mean 1.90%, standard deviation 0.10 points; the paper's 1.35%: 0.55 points above
     assert k25[1:7] == ["1.35%", "1.90% ± 0.10", "2.00% ± 0.00", "+0.55", "5000", "0, 1, 2"]
     assert k25[8] == "k25-seed0, k25-seed1, k25-seed2"
-    assert line_of(text, "k-sparse autoencoder, k = 25", "500")[1:7] == ["1.35%", "1.59%", "2.00%", "+0.24", "500", "0"]
-    assert line_of(text, "Raw pixels", "-")[1:5] == ["7.20%", "7.38%", "8.00%", "+0.18"]
+    assert line_of(text, "k-Sparse Autoencoder, k = 25", "500")[1:7] == ["1.35%", "1.59%", "2.00%", "+0.24", "500", "0"]
+    assert line_of(text, "Raw Pixels", "-")[1:5] == ["7.20%", "7.38%", "8.00%", "+0.18"]
     assert line_of(text, "RBM", "500")[1:5] == ["1.81%", "2.00%", "3.00%", "+0.19"]
-    assert line_of(text, "k-sparse AE + F.T. (k = 25)", "5000 + 200")[1:5] == ["1.08%", "1.56%", "1.66%", "+0.48"]
+    assert line_of(text, "k-Sparse AE + F.T. (k=25)", "5000 + 200")[1:5] == ["1.08%", "1.56%", "1.66%", "+0.48"]
     assert line_of(text, "RBM + F.T.", "500 + 200")[1:4] == ["1.24%", "1.30%", "1.40%"]
-    assert line_of(text, "Without pre-training", "200")[1:3] == ["1.60%", "1.95%"]
+    assert line_of(text, "Without Pre-Training", "200")[1:3] == ["1.60%", "1.95%"]
     # where a row stands when it is not done, and what is missing
-    assert line_of(text, "k-sparse autoencoder, k = 40", "5000")[2] == "stopped at epoch 1200 of 5000"
-    assert line_of(text, "k-sparse autoencoder, k = 10", "5000")[2] == "trained (5000 epochs), not evaluated"
-    assert line_of(text, "Deep k-sparse AE + F.T. (k = 25, layer-wise pre-training)", "5000 + 200 x 3")[2] == \
+    assert line_of(text, "k-Sparse Autoencoder, k = 40", "5000")[2] == "stopped at epoch 1200 of 5000"
+    assert line_of(text, "k-Sparse Autoencoder, k = 10", "5000")[2] == "trained (5000 epochs), not evaluated"
+    assert line_of(text, "Deep k-Sparse AE + F.T. (k=25, layer-wise pre-training)", "5000 + 200 x 3")[2] == \
         "stopped at epoch 250 of 600"
-    assert line_of(text, "Denoising autoencoder (20% input dropout)", "500")[2] == "missing"
+    assert line_of(text, "Denoising Autoencoder (20% input dropout)", "500")[2] == "missing"
     assert "auxk" not in text and "fashion" not in text  # neither is a row of the paper's tables
     assert result.stdout.splitlines()[0] == f"tables: {out}"
 
@@ -216,13 +216,16 @@ class FakeChildren:
     """Does what each command would do to the run folders, at once; records the commands."""
 
     def __init__(self, fail_on: str | None = None):
-        self.commands, self.fail_on = [], fail_on
+        self.commands, self.fail_on, self.found = [], fail_on, {}
 
     def check_stop(self):
         pass
 
     def run(self, step, command, options):
         self.commands.append((command, [str(o) for o in options]))
+        if "--run-dir" in options:  # what the command finds in its folder when it starts
+            folder = Path(options[options.index("--run-dir") + 1])
+            self.found[folder.name] = sorted(p.name for p in folder.iterdir()) if folder.exists() else None
         if command == self.fail_on:
             return 1, ["error: the loss became nan"]
         options = list(options)
@@ -251,8 +254,8 @@ def test_run_resumes_what_stopped_starts_what_is_missing_and_skips_what_is_done(
         ("ksae-train", ["mnist", "--hidden"]), ("ksae-eval", [str(root / "mnist-k40-5000-seed3"), "--threads"])]
     assert [t.steps for t in left] == [[]] * 4
     text = out.read_text()
-    assert line_of(text, "k-sparse autoencoder, k = 25", "5000")[6] == "0, 1, 2, 3"  # rewritten after each step
-    assert line_of(text, "k-sparse autoencoder, k = 40", "5000")[2] == "2.00% ± 0.00"
+    assert line_of(text, "k-Sparse Autoencoder, k = 25", "5000")[6] == "0, 1, 2, 3"  # rewritten after each step
+    assert line_of(text, "k-Sparse Autoencoder, k = 40", "5000")[2] == "2.00% ± 0.00"
     children.commands.clear()  # the same command again: nothing left to run
     tables.build(root, out, rows, tables.Settings(seeds=(0, 3)), lambda c, a: c, "script", children)
     assert children.commands == []
@@ -264,7 +267,7 @@ def test_run_stops_at_a_failed_command_with_its_status_and_the_tables_so_far(roo
         tables.build(root, out, [("err_mnist", "k40")], tables.Settings(), lambda c, a: c, "script",
                      FakeChildren(fail_on="ksae-train"))
     assert failed.value.status == 1 and "error: the loss became nan" in str(failed.value)
-    assert line_of(out.read_text(), "k-sparse autoencoder, k = 40", "5000")[2] == "stopped at epoch 1200 of 5000"
+    assert line_of(out.read_text(), "k-Sparse Autoencoder, k = 40", "5000")[2] == "stopped at epoch 1200 of 5000"
 
 
 def test_children_run_a_real_command_and_return_its_status_and_last_lines(tmp_path, capsys):
@@ -278,3 +281,14 @@ def test_children_run_a_real_command_and_return_its_status_and_last_lines(tmp_pa
     assert status == 2 and tail[-1].startswith("error:") and "no-such-run" in tail[-1]
     log = (tmp_path / "logs" / "eval.log").read_text()
     assert "$ ksae-eval " in log and "exit status 2" in log
+
+
+def test_run_starts_again_a_run_stopped_before_its_first_checkpoint(root, tmp_path):
+    folder = root / "mnist-k25-5000-seed4"
+    train_run(folder, 25, 5000, seed=4, done=3)
+    (folder / "checkpoint.h5").unlink()  # stopped after 3 epochs, before the first checkpoint (every 10)
+    children = FakeChildren()
+    tables.build(root, tmp_path / "t.md", [("err_mnist", "k25")], tables.Settings(seeds=(4,)), lambda c, a: c,
+                 "script", children)
+    assert [(c, o[0]) for c, o in children.commands] == [("ksae-train", "mnist"), ("ksae-eval", str(folder))]
+    assert children.found == {"mnist-k25-5000-seed4": []}  # its config.json and metrics.jsonl removed first

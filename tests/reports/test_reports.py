@@ -37,6 +37,8 @@ def test_a_damaged_metrics_line_is_one_line_naming_the_file(tmp_path):
 
 @pytest.mark.parametrize("config, logged, results, asked, state", [
     ({"kind": "ksae-train", "train": {"epochs": 10}}, [1, 2], None, 10, "stopped at epoch 2 of 10"),
+    ({"kind": "ksae-train", "train": {"epochs": 10}}, [1, 2], "no checkpoint", 10,
+     "not started (stopped at epoch 2, before its first checkpoint)"),
     ({"train": {"epochs": 2}}, [1, 2], None, 2, "trained (2 epochs), not evaluated"),  # before kinds were written
     ({"kind": "ksae-train", "train": {"epochs": 2}}, [1, 2], {"epoch": 1}, 2, "trained (2 epochs), not evaluated"),
     ({"kind": "ksae-baseline", "baseline": {"epochs": 2}}, [1, 2], {"epoch": 2}, 2, "done"),
@@ -47,7 +49,9 @@ def test_a_damaged_metrics_line_is_one_line_naming_the_file(tmp_path):
 def test_run_state_reads_what_each_command_wrote(tmp_path, config, logged, results, asked, state):
     (tmp_path / "config.json").write_text(json.dumps(config))
     _metrics(tmp_path, logged)
-    if results is not None:
+    if results != "no checkpoint":
+        (tmp_path / "checkpoint.h5").write_bytes(b"not read")
+    if isinstance(results, dict):
         name = "finetune.json" if "finetune" in config else "eval.json"
         (tmp_path / name).write_text(json.dumps(results))
     run = run_state(tmp_path)
@@ -123,3 +127,26 @@ def test_the_paper_figures_are_read_where_they_are_quoted():
                               "features": {"selected": selected, "test_error": 0.02, "refit": "train+valid"},
                               "raw_baseline": {"selected": {**selected, "alpha": None}, "test_error": 0.07}})
     assert "| 7.20% |" in report and "| 1.35% |" in report  # the raw row's figure comes from ksae_cupy.paper
+
+
+def test_a_folder_another_process_holds_is_running_and_given_no_command(tmp_path):
+    from ksae_cupy.reports import paper_tables
+    from ksae_cupy.training.runlock import RunLock
+
+    folder = tmp_path / "k25"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"kind": "ksae-train", "dataset": "mnist", "train": {
+        "hidden": 1000, "k": 25, "epochs": 10, "seed": 0}}))
+    _metrics(folder, [1, 2])
+    (folder / "checkpoint.h5").write_bytes(b"not read")
+    lock = RunLock(folder)
+    lock.acquire()
+    try:
+        assert run_state(folder).describe() == "running: epoch 2 of 10"
+        [target] = paper_tables.plan(tmp_path, [("err_mnist", "k25")], paper_tables.Settings(ksparse_epochs=10))
+        assert target.folder == folder and target.steps == []  # left to the process running it
+    finally:
+        lock.release()
+    [target] = paper_tables.plan(tmp_path, [("err_mnist", "k25")], paper_tables.Settings(ksparse_epochs=10))
+    assert [command for command, _ in target.steps] == ["ksae-train", "ksae-eval"]
+    assert target.steps[0][1][:2] == ["--resume", folder]
