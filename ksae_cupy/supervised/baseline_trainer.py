@@ -29,7 +29,7 @@ import numpy as np
 from ksae_cupy.backend import Backend, to_host
 from ksae_cupy.cpu import kernels as cpu_kernels
 from ksae_cupy.cpu import momentum as cpu_momentum
-from ksae_cupy.errors import KsaeError, TrainingDiverged
+from ksae_cupy.errors import OptionError, TrainingDiverged, literal
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.supervised import baselines
 from ksae_cupy.supervised.units import dropout_mask, sigmoid
@@ -66,7 +66,8 @@ def model_name(config) -> str:
 def config_for(model: str, **options):
     """The config of baseline ``model`` with its paper dropout and ``options`` (None: the class default)."""
     if model not in baselines.REGULARISATION:
-        raise KsaeError(f"--model {model!r} is not allowed; use one of {', '.join(baselines.REGULARISATION)}")
+        raise OptionError("model", f"{{name}} {literal(repr(model))} is not allowed; use one of "
+                                   f"{', '.join(baselines.REGULARISATION)}")
     given = {key: value for key, value in options.items() if value is not None}
     if model == "rbm":
         return baselines.RBMConfig(**given)

@@ -61,7 +61,7 @@ import numpy as np
 from ksae_cupy.backend import Backend, array_module, to_host
 from ksae_cupy.cpu import kernels as cpu_kernels
 from ksae_cupy.cpu import momentum as cpu_momentum
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import KsaeError, OptionError, literal
 from ksae_cupy.training.options import (check_batch_size, check_dtype, check_in_dtype, check_momentum,
                                         check_positive_count, check_positive_finite)
 from ksae_cupy.optim import MomentumSGD
@@ -289,8 +289,8 @@ class FinetuneConfig:
 
     def validate(self, n_train: int | None = None, hidden: list[int] | None = None) -> None:
         """Raise :class:`KsaeError` naming the first bad option and what is allowed."""
-        check_dropout_rate("--input-dropout", self.input_dropout)
-        check_dropout_rate("--hidden-dropout", self.hidden_dropout)
+        check_dropout_rate("input_dropout", self.input_dropout)
+        check_dropout_rate("hidden_dropout", self.hidden_dropout)
         if not self.phases or any(p not in PHASES for p in self.phases):
             raise KsaeError(f"phases {self.phases} are not allowed; use a list drawn from {', '.join(PHASES)}")
         check_positive_count("--epochs", self.epochs, "epochs")
@@ -299,7 +299,8 @@ class FinetuneConfig:
         check_positive_finite("--lr-end", self.lr_end, "learning rate")
         check_momentum("--momentum", self.momentum)
         if self.topk not in TOPK_METHODS:
-            raise KsaeError(f"--topk {self.topk!r} is not allowed; use one of {', '.join(TOPK_METHODS)}")
+            raise OptionError("topk", f"{{name}} {literal(repr(self.topk))} is not allowed; use one of "
+                                      f"{', '.join(TOPK_METHODS)}")
         check_dtype("--dtype", self.dtype)
         check_in_dtype(self.dtype, **{"--lr-start": ("rate", self.lr_start), "--lr-end": ("rate", self.lr_end),
                                       "--sigma": ("sigma", self.sigma), "--momentum": ("momentum", self.momentum)})
@@ -319,11 +320,11 @@ class FinetuneConfig:
                 raise KsaeError(f"alpha*k = {k} units kept in layer {l} is not allowed; use an integer "
                                 f"1 <= alpha*k <= {H}")
         if self.step not in STEPS:
-            raise KsaeError(f"--step {self.step!r} is not allowed; use one of {', '.join(STEPS)}")
+            raise OptionError("step", f"{{name}} {literal(repr(self.step))} is not allowed; use one of {', '.join(STEPS)}")
         if self.step == "sparse" and not self.sparse_step_applies():
-            raise KsaeError(f"--step sparse needs every hidden layer ksparse and no dropout (here: activations "
-                            f"{self.activations}, input dropout {self.input_dropout}, hidden dropout "
-                            f"{self.hidden_dropout}); use --step dense or auto")
+            raise OptionError("step", f"{{name}} sparse needs every hidden layer ksparse and no dropout (here: "
+                                      f"activations {literal(self.activations)}, input dropout {self.input_dropout}, "
+                                      f"hidden dropout {self.hidden_dropout}); use {{name}} dense or auto")
 
     def sparse_step_applies(self) -> bool:
         """Whether the net is one the sparse step computes: every hidden layer ksparse, no dropout."""
@@ -333,7 +334,7 @@ class FinetuneConfig:
     def resolved_step(self, backend: Backend) -> str:
         """``dense`` or ``sparse``: ``auto`` resolved for this net on ``backend``."""
         if self.step == "sparse" and backend.is_gpu:
-            raise KsaeError("--step sparse runs on the CPU only (NumPy); use --step dense or auto on a GPU")
+            raise OptionError("step", "{name} sparse runs on the CPU only (NumPy); use {name} dense or auto on a GPU")
         if self.step == "auto":
             return "sparse" if self.sparse_step_applies() and not backend.is_gpu else "dense"
         return self.step
@@ -437,7 +438,7 @@ class FinetuneTrainer:
                 from ksae_cupy.training.trainer import TrainingDiverged
 
                 raise TrainingDiverged(f"the cross-entropy became {loss} in phase {self.phase}, epoch "
-                                       f"{self.epoch + 1}; try a smaller --lr-start (now {cfg.lr_start})")
+                                       f"{self.epoch + 1}; try a smaller starting learning rate (now {cfg.lr_start})")
             self._update(self.optimizer, live, grads, lr)
             loss_sum, loss_batches = loss_sum + loss, loss_batches + 1
             self.step += 1

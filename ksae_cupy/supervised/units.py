@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from ksae_cupy.backend import array_module
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import OptionError, literal
 
 
 def sigmoid(Z):
@@ -28,10 +28,11 @@ def sigmoid(Z):
     return 0.5 * (1.0 + xp.tanh(0.5 * Z))  # the same function; tanh never overflows
 
 
-def check_dropout_rate(option: str, p) -> None:
-    """Raise a one-line :class:`KsaeError` unless ``0 <= p < 1`` (``option`` names it, e.g. --hidden-dropout)."""
+def check_dropout_rate(field: str, p) -> None:
+    """Raise a one-line :class:`~ksae_cupy.errors.OptionError` on the parameter ``field`` (e.g.
+    ``hidden_dropout``; a command prints ``--hidden-dropout``) unless ``0 <= p < 1``."""
     if not (isinstance(p, (int, float)) and math.isfinite(p) and 0 <= p < 1):
-        raise KsaeError(f"{option} {p} is not allowed; use a dropout rate 0 <= rate < 1")
+        raise OptionError(field, f"{{name}} {literal(p)} is not allowed; use a dropout rate 0 <= rate < 1")
 
 
 def dropout_mask(rng: np.random.Generator, shape, p: float, dtype=np.float32) -> np.ndarray:

@@ -144,6 +144,18 @@ def test_unknown_baseline_is_a_one_line_error():
         baseline_fit.pretrain_baseline("sae", np.zeros((4, 3)), [2], epochs=1)
 
 
+def test_an_unknown_model_names_the_parameter_and_a_bad_dropout_rate_its_field():
+    from ksae_cupy.errors import OptionError
+    from ksae_cupy.supervised.baseline_trainer import config_for
+
+    with pytest.raises(OptionError) as refused:
+        config_for("sae")  # ksae-baseline --model spells it --model
+    assert (refused.value.field, str(refused.value)) == (
+        "model", "model 'sae' is not allowed; use one of rbm, dropout-ae, denoising-ae, dropout-denoising-ae")
+    with pytest.raises(OptionError, match=r"^input_dropout 1.5 is not allowed; use a dropout rate 0 <= rate < 1$"):
+        baselines.AutoencoderConfig(input_dropout=1.5).validate()
+
+
 # -- the RBM ------------------------------------------------------------------------------------
 
 def test_cd1_update_equals_the_formula_on_a_tiny_example():

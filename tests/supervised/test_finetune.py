@@ -272,8 +272,8 @@ def test_config_round_trips_and_old_configs_load_with_defaults(tmp_path):
 
 
 @pytest.mark.parametrize("changes,fragments", [
-    (dict(input_dropout=1.0), ["--input-dropout 1.0", "0 <= rate < 1"]),
-    (dict(hidden_dropout=-0.5), ["--hidden-dropout -0.5", "0 <= rate < 1"]),
+    (dict(input_dropout=1.0), ["input_dropout 1.0", "0 <= rate < 1"]),  # Python's names: the library's
+    (dict(hidden_dropout=-0.5), ["hidden_dropout -0.5", "0 <= rate < 1"]),
     (dict(activations=["tanh"]), ["activation 'tanh' of layer 1", "ksparse, sigmoid, relu"]),
     (dict(activations=["relu"]), ["alpha*k = 4 units kept in relu layer 1", "use None"]),
     (dict(activations=["sigmoid"]), ["alpha*k = 4 units kept in sigmoid layer 1", "use None"]),

@@ -197,21 +197,25 @@ def test_auto_takes_the_dense_step_on_a_gpu_and_sparse_is_refused_there():
 
     gpu = SimpleNamespace(is_gpu=True)
     assert finetune.FinetuneConfig(kept=[4], step="auto").resolved_step(gpu) == "dense"
-    with pytest.raises(KsaeError, match="--step sparse runs on the CPU only"):
+    with pytest.raises(KsaeError, match="^step sparse runs on the CPU only"):  # the Python parameter
         finetune.FinetuneConfig(kept=[4], step="sparse").resolved_step(gpu)
 
 
 @pytest.mark.parametrize("changes,fragments", [
-    (dict(step="fast"), ["--step 'fast' is not allowed", "dense, sparse, auto"]),
-    (dict(step="sparse", hidden_dropout=0.5), ["--step sparse needs every hidden layer ksparse and no dropout"]),
-    (dict(step="sparse", kept=[None], activations=["sigmoid"]), ["--step sparse needs", "'sigmoid'"]),
+    # in Python terms (the CLI's --step: test_cli_bad_step_or_threads_is_one_line)
+    (dict(step="fast"), ["step 'fast' is not allowed", "dense, sparse, auto"]),
+    (dict(step="sparse", hidden_dropout=0.5), ["step sparse needs every hidden layer ksparse and no dropout",
+                                               "use step dense or auto"]),
+    (dict(step="sparse", kept=[None], activations=["sigmoid"]), ["step sparse needs", "'sigmoid'"]),
+    (dict(topk="fast"), ["topk 'fast' is not allowed"]),
+    (dict(hidden_dropout=1.0), ["hidden_dropout 1.0 is not allowed; use a dropout rate 0 <= rate < 1"]),
 ])
 def test_bad_step_options_are_one_line_errors(changes, fragments):
     settings = dict(kept=[4], phases=["all"], epochs=1)
     settings.update(changes)
     with pytest.raises(KsaeError) as info:
         finetune.FinetuneConfig(**settings).validate(hidden=[8])
-    assert "\n" not in str(info.value)
+    assert "\n" not in str(info.value) and "--" not in str(info.value)  # no command-line flag in the library
     for fragment in fragments:
         assert fragment in str(info.value), (fragment, str(info.value))
 
