@@ -18,12 +18,16 @@ import click
 
 from ksae_cupy.cli import resume as resuming
 from ksae_cupy.cli.common import GivenPath, refuse_empty
+from ksae_cupy.cli.options import declared
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.parallel.agree import abort_on_error, agree
 from ksae_cupy.parallel.data_parallel import RunSettings, run_distributed
 from ksae_cupy.schedules import resolve_k_start
 from ksae_cupy.training.options import check_in_dtype
+from ksae_cupy.training.fields import PAPER, TRAIN
 from ksae_cupy.training.trainer import TrainConfig
+
+OPTIONS = {option.name: option for option in TRAIN}  # declared once, with ksae-train's
 
 # Refused on --resume when they differ from the run: they shape the model or the batches.
 REFUSED = ("hidden", "k", "k_start", "no_k_schedule", "batch_size", "lr", "momentum", "sigma", "seed", "dtype")
@@ -39,34 +43,26 @@ def main():
 
 @main.command("train", context_settings={"show_default": True})
 @click.argument("dataset", required=False)
-@click.option("--hidden", type=int, default=1000)
-@click.option("--k", "k", type=int, default=25)
-@click.option("--k-start", type=int, default=None, help="[default: 100, or k if larger, at most hidden]")
-@click.option("--no-k-schedule", is_flag=True)
-@click.option("--epochs", type=int, default=5000)
-@click.option("--batch-size", type=int, default=128, help="The GLOBAL minibatch, split over the ranks.")
-@click.option("--lr", type=float, default=0.01)
-@click.option("--momentum", type=float, default=0.9)
-@click.option("--sigma", type=float, default=0.01)
-@click.option("--topk", type=click.Choice(["sort", "threshold"]), default="sort")
-@click.option("--seed", type=int, default=0)
-@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32")
+@declared([OPTIONS[name] for name in ("hidden", "k", "k_start", "no_k_schedule", "epochs")])
+@click.option("--batch-size", type=int, default=PAPER.batch_size, help="The GLOBAL minibatch, split over the ranks.")
+@click.option("--lr", type=float, default=PAPER.lr, help="Learning rate eta (paper: 0.01).")
+@declared([OPTIONS[name] for name in ("momentum", "sigma", "topk", "seed", "dtype")])
 @click.option("--device", default="cpu", help="cpu, or gpu (GPU rank % GPUs per node) or gpu:N.")
 @click.option("--comm", "comm_kind", type=click.Choice(["mpi", "nccl"]), default="mpi",
               help="Gradient all-reduce: MPI on host buffers, or NCCL on GPU buffers.")
 @click.option("--shard-hidden", is_flag=True, help="Split the hidden units (W's columns) over the ranks.")
 @click.option("--topk-dist", type=click.Choice(["threshold", "gather"]), default="threshold",
               help="With --shard-hidden: global top-k by all-reduced radix counts, or local top-k + all-gather.")
-@click.option("--run-dir", type=GivenPath(), default=None)
-@click.option("--checkpoint-every", type=int, default=10)
+@click.option("--run-dir", type=GivenPath(), default=None, help=OPTIONS["run_dir"].help)
+@click.option("--checkpoint-every", type=int, default=10, help=OPTIONS["checkpoint_every"].help)
 @click.option("--overwrite", is_flag=True,
               help="Start afresh in a --run-dir that holds another run: its checkpoint, config, metrics and results are removed.")
 @click.option("--resume", type=GivenPath(), default=None,
               help="Continue the run in this folder (same rank count); options given are applied (--epochs, --topk, "
                    "--device, --comm, --topk-dist, --checkpoint-every, --data-dir) or, if they would change the model, "
                    "refused by name.")
-@click.option("--data-dir", type=GivenPath(), default=None)
-@click.option("--quiet", is_flag=True)
+@click.option("--data-dir", type=GivenPath(), default=None, help=OPTIONS["data_dir"].help)
+@click.option("--quiet", is_flag=True, help=OPTIONS["quiet"].help)
 @click.option("--fail-at-step", type=int, default=None, hidden=True, help="Fault injection for tests.")
 @click.option("--fail-rank", type=int, default=1, hidden=True)
 @click.option("--fail-mode", type=click.Choice(["raise", "exit"]), default="raise", hidden=True)
