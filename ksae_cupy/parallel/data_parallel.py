@@ -401,19 +401,15 @@ def _train(comm, MPI, dataset, config, settings, ckpt, folder, changes, record, 
     X_valid = backend.asarray(data.X_valid, dtype=trainer.dtype)
     started = time.perf_counter()
     try:
-        with backend.use():
-            while not trainer.finished:
-                report = trainer.run_epoch(X_train, X_valid)
-                if report is None:  # every rank agreed to stop mid-epoch
-                    break
-                agree(comm, folder.append_metrics, report, rank0_only=True)
-                valid = f"  valid {report.valid_loss:.4f}" if report.valid_loss is not None else ""
-                say(f"epoch {report.epoch}/{config.epochs}  k {report.k}  loss {report.train_loss:.4f}{valid}  "
-                    f"dead {100 * report.dead_fraction:.1f}%  {report.samples_per_s:,.0f} samples/s")
-                if report.epoch % settings.checkpoint_every == 0:
-                    save()
-                if trainer.stop_requested:
-                    break
+        def on_epoch(report):
+            agree(comm, folder.append_metrics, report, rank0_only=True)
+            valid = f"  valid {report.valid_loss:.4f}" if report.valid_loss is not None else ""
+            say(f"epoch {report.epoch}/{config.epochs}  k {report.k}  loss {report.train_loss:.4f}{valid}  "
+                f"dead {100 * report.dead_fraction:.1f}%  {report.samples_per_s:,.0f} samples/s")
+
+        # Every rank stops at the same step: the stop is agreed over the ranks (StopAgreedOverRanks).
+        trainer.fit(X_train, X_valid, on_epoch, should_checkpoint=lambda epoch: epoch % settings.checkpoint_every == 0,
+                    checkpoint=save)
     except TrainingDiverged as exc:
         # Raised on every rank at the same step: the losses it checks are all-reduced and the
         # parameter check is agreed (StopAgreedOverRanks), so every rank leaves together.

@@ -103,10 +103,8 @@ def run_one(spec: dict, dataset: str, data_dir: str | None = None) -> list[dict]
     X_train = data.X_train.astype(config.dtype)
     X_valid = data.X_valid.astype(config.dtype)
     started = time.perf_counter()
-    report = None
     with estimator_threads(threads):  # BLAS and the CPU kernels of this training, for it only
-        while not trainer.finished:
-            report = trainer.run_epoch(X_train, X_valid)
+        report = trainer.fit(X_train, X_valid)
     seconds = time.perf_counter() - started
     rows = []
     for alpha in spec["alphas"]:

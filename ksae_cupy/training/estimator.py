@@ -201,16 +201,8 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         on_epoch = self._verbose_epochs(on_epoch, trainer)
         try:
             with trainer.backend.use(), self._thread_limits(trainer):
-                while not trainer.finished:
-                    report = trainer.run_epoch(X_dev, X_valid_dev, on_batch)
-                    if report is None:  # stop requested mid-epoch
-                        break
-                    if on_epoch is not None:
-                        on_epoch(report)
-                    if checkpoint_path is not None and should_checkpoint is not None and should_checkpoint(report.epoch):
-                        self.save(checkpoint_path)
-                    if trainer.stop_requested:
-                        break
+                trainer.fit(X_dev, X_valid_dev, on_epoch, on_batch, should_checkpoint,
+                            checkpoint=None if checkpoint_path is None else lambda: self.save(checkpoint_path))
         except TrainingDiverged as exc:
             raise self._diverged(exc, X_nd, checkpoint_path, option_names) from None
         # A finished run resumed again trains nothing: leave its checkpoint file untouched.

@@ -211,6 +211,31 @@ class Trainer:
         cfg = self.config
         return sparsity_at_epoch(self.epoch, cfg.k_schedule_epochs or cfg.epochs, cfg.k, cfg.k_start)
 
+    def fit(self, X_train_nd, X_valid_nd=None, on_epoch=None, on_batch=None, should_checkpoint=None,
+            checkpoint=None) -> EpochReport | None:
+        """Train the remaining epochs on device arrays, or until :attr:`stop_requested`; the last
+        epoch's report (None when no epoch finished).
+
+        After every epoch: ``on_epoch(report)``, then ``checkpoint()`` when ``should_checkpoint(epoch)``
+        says so (the caller saves: a file, a run folder, every rank). ``on_batch(done, total)`` after
+        every batch. A stop requested mid-epoch returns at once (:meth:`run_epoch`); one requested
+        during the last batch of an epoch, after that epoch's report and checkpoint.
+        """
+        last = None
+        with self.backend.use():
+            while not self.finished:
+                report = self.run_epoch(X_train_nd, X_valid_nd, on_batch)
+                if report is None:  # stopped mid-epoch
+                    break
+                last = report
+                if on_epoch is not None:
+                    on_epoch(report)
+                if checkpoint is not None and should_checkpoint is not None and should_checkpoint(report.epoch):
+                    checkpoint()
+                if self.stop_requested:
+                    break
+        return last
+
     def run_epoch(self, X_train_nd, X_valid_nd=None, on_batch=None) -> EpochReport | None:
         """Train one epoch (or the rest of an interrupted one) on device arrays.
 
