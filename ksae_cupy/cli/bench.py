@@ -1,6 +1,6 @@
 """``ksae-bench``: the benchmarks (training step, fine-tuning step, top-k kernels, distributed step).
 
-Each validates before it times and writes JSON under benchmarks/results/.
+Each validates before it times and writes JSON under results/benchmarks/.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ksae_cupy.errors import KsaeError
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def bench_command():
-    """Benchmarks; each validates before it times and writes JSON under benchmarks/results/."""
+    """Benchmarks; each validates before it times and writes JSON under results/benchmarks/."""
 
 
 @bench_command.command("train")
@@ -34,7 +34,7 @@ def bench_command():
 @click.option("--no-torch", is_flag=True, help="Leave the PyTorch step out even when torch imports.")
 @click.option("--epoch-k", default="",
               help="Comma-separated k values at which to time a whole 50,000-image epoch and its parts, e.g. 100,25 (CPU).")
-@click.option("--out", type=click.Path(path_type=Path), default=None, help="Results folder. [default: benchmarks/results]")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Results folder. [default: results/benchmarks]")
 @report_errors
 def bench_train(device, hidden, dim, k, batch_size, topk, repeats, steps, threads, k_sweep, no_torch, epoch_k, out):
     """Dense step, sparse step, PyTorch and the encoder product X W alone, on MNIST shapes."""
@@ -82,7 +82,7 @@ def bench_train(device, hidden, dim, k, batch_size, topk, repeats, steps, thread
 @click.option("--repeats", type=int, default=7, help="Timed repeats; the median is reported.")
 @click.option("--steps", type=int, default=20, help="Steps per timed repeat.")
 @click.option("--threads", type=int, default=1, help="BLAS and CPU kernel threads.")
-@click.option("--out", type=click.Path(path_type=Path), default=None, help="Results folder. [default: benchmarks/results]")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Results folder. [default: results/benchmarks]")
 @report_errors
 def bench_finetune(hidden, dim, classes, kept, layers, batch_size, topk, repeats, steps, threads, out):
     """Dense and sparse fine-tuning steps (phase all) of 784-1000-10 and 784-1000-1000-10 nets, on the CPU."""
@@ -126,7 +126,7 @@ def bench_finetune(hidden, dim, classes, kept, layers, batch_size, topk, repeats
 @click.option("--mpiexec", default=None, help="[default: the mpiexec beside this Python, else on PATH]")
 @click.option("--timeout", type=float, default=600.0, help="Seconds each MPI job may run.")
 @click.option("--note", default="", help="A line for the Markdown summary (e.g. that the machine was shared).")
-@click.option("--out", type=click.Path(path_type=Path), default=None, help="Results folder. [default: benchmarks/results]")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Results folder. [default: results/benchmarks]")
 @report_errors
 def bench_dist_command(ranks, threads, baseline_threads, hidden, dim, k, batch_size, topk_ks, formula_ranks,
                        repeats, steps, topk_repeats, mpiexec, timeout, note, out):
@@ -162,7 +162,7 @@ def bench_dist_command(ranks, threads, baseline_threads, hidden, dim, k, batch_s
 @click.option("--k", "ks", default="25,150,512", help="Comma-separated k values (k <= H).")
 @click.option("--repeats", type=int, default=50, show_default=True, help="Timed repeats; the median is reported.")
 @click.option("--no-torch", is_flag=True, help="Leave torch.topk out even when torch imports.")
-@click.option("--out", type=click.Path(path_type=Path), default=None, help="Results folder. [default: benchmarks/results]")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Results folder. [default: results/benchmarks]")
 @report_errors
 def bench_topk_command(device, Ns, Hs, ks, repeats, no_torch, out):
     """Both top-k kernels against cupy (argpartition, sort) and torch.topk, validated then timed."""

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import click
 
 from ksae_cupy.cli import resume as resuming
-from ksae_cupy.cli.common import GivenPath, refuse_empty
+from ksae_cupy.cli.common import GivenPath, flag_of, refuse_empty
 from ksae_cupy.cli.options import declared
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.parallel.agree import abort_on_error, agree
@@ -67,7 +67,7 @@ def main():
 @click.option("--fail-rank", type=int, default=1, hidden=True)
 @click.option("--fail-mode", type=click.Choice(["raise", "exit"]), default="raise", hidden=True)
 @click.pass_context
-@abort_on_error
+@abort_on_error(spell=flag_of)
 def train(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch_size, lr, momentum, sigma, topk, seed,
           dtype, device, comm_kind, shard_hidden, topk_dist, run_dir, checkpoint_every, overwrite, resume, data_dir,
           quiet, fail_at_step, fail_rank, fail_mode):
