@@ -55,6 +55,37 @@ def run_or_exit(command: str, args: list, who: str | None = None) -> float:
     return time.perf_counter() - start
 
 
+def run_until(argv: list[str], log_path: Path, timeout: float, *, interrupt: bool = False, poll=None, cwd=None,
+              env=None, tick: float = 2.0) -> dict:
+    """Run ``argv`` with its output appended to ``log_path``; stop it after ``timeout`` seconds or
+    when ``poll()`` returns True (checked every ``tick`` seconds): with SIGINT when ``interrupt``
+    (ksae-train then saves a checkpoint; killed if it takes over 120 s), else killed.
+    Returns ``{"status", "seconds", "timed_out"}``."""
+    start = time.monotonic()
+    with open(log_path, "a") as log:
+        log.write(f"\n$ {' '.join(str(a) for a in argv)}\n")
+        log.flush()
+        # Same process group: a Ctrl-C at the terminal reaches the child too, which then saves.
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env)
+        timed_out = False
+        while proc.poll() is None:
+            asked = poll is not None and poll() is True  # the caller asks for the stop (an event, not the clock)
+            if asked or time.monotonic() - start > timeout:
+                timed_out = True
+                if interrupt:
+                    proc.send_signal(signal.SIGINT)
+                    try:  # the current step finishes and the checkpoint is written
+                        proc.wait(timeout=120)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                else:
+                    proc.kill()
+                break
+            time.sleep(tick)
+        status = proc.wait()
+    return {"status": status, "seconds": time.monotonic() - start, "timed_out": timed_out}
+
+
 class Stopped(Exception):
     """This process was asked to stop (a signal); ``status`` is the exit status to end with."""
 

@@ -150,3 +150,27 @@ def test_a_folder_another_process_holds_is_running_and_given_no_command(tmp_path
     [target] = paper_tables.plan(tmp_path, [("err_mnist", "k25")], paper_tables.Settings(ksparse_epochs=10))
     assert [command for command, _ in target.steps] == ["ksae-train", "ksae-eval"]
     assert target.steps[0][1][:2] == ["--resume", folder]
+
+
+# -- the project's commands as children -------------------------------------------------------------------------
+
+def test_python_argv_runs_a_console_script_or_a_script_file_with_this_python():
+    import sys
+
+    from ksae_cupy.reports.children import python_argv, shown
+
+    argv = python_argv("ksae-eval", "run", 3)
+    assert argv[:2] == [sys.executable, "-c"] and "eval_command()" in argv[2] and argv[3:] == ["run", "3"]
+    assert python_argv("bin/reproduce-finetune", "--rows", "ksparse") == [sys.executable, "bin/reproduce-finetune",
+                                                                        "--rows", "ksparse"]
+    assert shown("ksae-eval", "a b", 3) == "ksae-eval 'a b' 3"
+
+
+def test_run_or_exit_ends_the_script_with_one_line_naming_the_failed_command(tmp_path, capfd):
+    from ksae_cupy.reports.children import run_or_exit
+
+    with pytest.raises(SystemExit) as ended:
+        run_or_exit("ksae-eval", [tmp_path / "no-run"], who="a-script")
+    assert str(ended.value) == f"a-script: ksae-eval {tmp_path / 'no-run'} failed with exit status 2"
+    out, err = capfd.readouterr()
+    assert out.startswith(f"+ ksae-eval {tmp_path / 'no-run'}") and "error:" in err  # the command's own line
