@@ -59,13 +59,11 @@ def baseline_command(ctx, dataset, **values):
     say = run.say
     check_seed("--seed", values["seed"])
     if run.resuming:
-        previous = run.open()
-        baseline_run.check_resumable(previous, values["resume"])
-        dataset = resuming.check_dataset(dataset, previous)
-        spec = resuming.check_data_options(given, values, dataset, previous)
+        baseline_run.check_resumable(run.open(), values["resume"])
+        spec = run.spec
+        dataset = spec.data
         trainer, changes = baseline_run.resumed_trainer(run.folder, run.start(), values, given)
-        say(resuming.where_line(run.folder.path, trainer.epoch, trainer.batch_in_epoch, trainer.step)
-            + (f"; applied: {', '.join(changes)}" if changes else ""))
+        say(run.where(trainer, changes))
         config = trainer.config
     else:
         if dataset is None:
@@ -92,12 +90,8 @@ def baseline_command(ctx, dataset, **values):
         X_train = backend.asarray(data.X_train, dtype=trainer.dtype)
         X_valid = backend.asarray(data.X_valid, dtype=trainer.dtype) if data.X_valid is not None else None
     progress = RunProgress(baseline_run.progress_view(trainer), len(data.X_train), enabled=not values["quiet"],
-                           tty=sys.stderr.isatty(), interval_s=run.settings["progress_seconds"])
-    try:
-        run.fit(lambda: trainer,
-                lambda on_epoch, on_batch: baseline_run.fit(trainer, X_train, X_valid, on_epoch, on_batch),
-                lambda: trainer.save(run.folder.checkpoint),
-                lambda report: baseline_run.epoch_lines(report, trainer, progress), on_batch=progress.on_batch)
-    finally:
-        progress.clear()
+                           tty=sys.stderr.isatty(), interval_s=run.settings["progress_seconds"], echo=click.echo)
+    run.fit(lambda: trainer, lambda on_epoch, on_batch: baseline_run.fit(trainer, X_train, X_valid, on_epoch, on_batch),
+            lambda: trainer.save(run.folder.checkpoint), lambda report: baseline_run.epoch_lines(report, trainer, progress),
+            on_batch=progress.on_batch, on_end=progress.clear)
     run.end(trainer, "done: {epochs} in {seconds:.1f} s; checkpoint {checkpoint}; evaluate with: ksae-eval {run}")

@@ -48,7 +48,6 @@ def finetune_command(ctx, pretrained, **values):
     given; with --no-pretraining or --baseline it is required. --dataset is its old spelling.
     """
     from ksae_cupy.cli import resume as resuming
-    from ksae_cupy.datasets.user_files import DataSpec
     from ksae_cupy.supervised import finetune_run as ft
     from ksae_cupy.training.lifecycle import RunLifecycle
     from ksae_cupy.training.runs import FINETUNE as KIND
@@ -65,8 +64,8 @@ def finetune_command(ctx, pretrained, **values):
         previous = run.open()
         trainer = ft.resumed_trainer(run.folder, run.start(), values, given)
         record = {key: value for key, value in previous.items() if key not in ("run_id", "kind")}
-        dataset = previous["dataset"]
-        spec = DataSpec.from_record(dataset, previous.get("data"))
+        spec = run.spec
+        dataset = spec.data
         data = run.load(spec)
     else:
         ft.check_new(values, pretrained, given)

@@ -5,15 +5,12 @@ Thin by design: the options are declared in :mod:`ksae_cupy.training.fields`, th
 """
 from __future__ import annotations
 
-import sys
-
 import click
 
 from ksae_cupy.cli.common import data_options, data_spec, report_errors
 from ksae_cupy.cli.options import CONTEXT, declared
 from ksae_cupy.errors import KsaeError, cli_name
 from ksae_cupy.training.fields import TRAIN, parse_lr
-from ksae_cupy.training.lifecycle import check_progress_seconds  # noqa: F401 (ksae-baseline, until it moves)
 from ksae_cupy.training.options import check_seed
 from ksae_cupy.training.train_run import AUTO_LR_DATASETS, describe_auto_lr  # noqa: F401 (bin/ and tests)
 
@@ -54,14 +51,11 @@ def train_command(ctx, dataset, **values):
     say = run.say
     check_seed("--seed", values["seed"])  # paths are checked by RunFolder, memory once the data's width is known
     if run.resuming:
-        previous = run.open()
-        dataset = resuming.check_dataset(dataset, previous)
-        spec = resuming.check_data_options(given, values, dataset, previous)
-        backend = run.start()
+        run.open()
+        spec, backend = run.spec, run.start()
+        dataset = spec.data
         model, changes = train_run.resumed_model(run.folder, backend, values, given)
-        trainer = model.trainer_
-        say(resuming.where_line(run.folder.path, trainer.epoch, trainer.batch_in_epoch, trainer.step)
-            + (f"; applied: {', '.join(changes)}" if changes else ""))
+        say(run.where(model.trainer_, changes))
         record = dataset_record(dataset)
     else:
         if dataset is None:
@@ -85,32 +79,13 @@ def train_command(ctx, dataset, **values):
     trainer = model.trainer_
     run.begin({**record, "train": (resolved if trainer is None else trainer.config).to_dict()}, "train", trainer)
     model.run_id_ = run.folder.run_id  # every checkpoint carries the folder's identity
-    progress = train_run_progress(model, data, values["quiet"], run.settings["progress_seconds"])
+    progress = train_run.progress(model, data, values["quiet"], run.settings["progress_seconds"], click.echo)
     run.fit(lambda: model.trainer_,
             lambda on_epoch, on_batch: model.fit(data.X_train, X_valid=data.X_valid, on_epoch=on_epoch,
                                                  on_batch=on_batch, checkpoint_path=run.folder.checkpoint,
                                                  should_checkpoint=run.policy.after_epoch, option_names=cli_name),
             lambda: model.save(run.folder.checkpoint), lambda report: progress().after_epoch(report),
-            on_batch=lambda done, total: progress().on_batch(done, total), saves_itself=True)
-    if progress.made:
-        progress().clear()
+            on_batch=lambda done, total: progress().on_batch(done, total), saves_itself=True,
+            on_end=lambda: progress.made and progress.made.clear())
     run.end(model.trainer_, "done: {epochs} in {seconds:.1f} s; checkpoint {checkpoint}")
 
-
-def train_run_progress(model, data, quiet: bool, interval_s: float):
-    """``progress()``: the session's :class:`RunProgress`, made once fit has made the trainer."""
-    from ksae_cupy.cli.progress import RunProgress
-
-    def progress():
-        if progress.made is None:
-            trainer, sample_nd = model.trainer_, data.X_train[:model.trainer_.config.batch_size]
-            # Compile the validation pass's kernels now, before the progress clock starts: the
-            # estimate printed after epoch 1 is then the run's pace, not the compiler's.
-            trainer.evaluate_loss(trainer.backend.asarray(sample_nd))
-            progress.made = RunProgress(trainer, len(data.X_train), enabled=not quiet, tty=sys.stderr.isatty(),
-                                        interval_s=interval_s,
-                                        step_cost=lambda k: trainer.step_seconds(trainer.backend.asarray(sample_nd), k))
-        return progress.made
-
-    progress.made = None
-    return progress

@@ -4,7 +4,7 @@ shares are :data:`~ksae_cupy.training.fields.SHARED`'s; the paper's numbers are 
 from __future__ import annotations
 
 from ksae_cupy.supervised.finetune import FinetuneConfig
-from ksae_cupy.training.fields import APPLIED, PAPER, SHARED, Option
+from ksae_cupy.training.fields import APPLIED, PAPER, SHARED, THREADS_DEFAULT, Option, shared
 
 MODELS = ("rbm", "dropout-ae", "denoising-ae", "dropout-denoising-ae")  # baselines.REGULARISATION's keys
 BASELINES = MODELS  # what ksae-finetune --baseline pretrains
@@ -22,19 +22,12 @@ BASELINE = [
     Option("sigma", "Std of the Gaussian initial weights (paper: 0.01).", PAPER.sigma, float),
     SHARED["seed"].but(help="Seed of the initial weights, the batch order and the noise."),
     SHARED["dtype"],
-    SHARED["device"],
-    SHARED["run_dir"].but(help="Folder for checkpoint.h5, config.json, metrics.jsonl. "
-                               "[default: runs/<dataset>-<model>-h<H>-<time>]"),
-    SHARED["checkpoint_every"],
-    SHARED["checkpoint_minutes"],
-    SHARED["overwrite"],
-    SHARED["resume"].but(help="Continue the run in this folder; --epochs, --device, --checkpoint-*, --threads, "
-                              "--data-dir and --progress-seconds may be given, options that would change the run "
-                              "are refused by name."),
-    SHARED["data_dir"],
-    SHARED["threads"].but(help=f"Threads on the CPU for BLAS. {SHARED['threads'].help.split('. ', 1)[1]}"),
-    SHARED["progress_seconds"],
-    SHARED["quiet"],
+    *shared("device", "run_dir", "checkpoint_every", "checkpoint_minutes", "overwrite", "resume", "data_dir", "threads",
+            "progress_seconds", "quiet",
+            run_dir="Folder for checkpoint.h5, config.json, metrics.jsonl. [default: runs/<dataset>-<model>-h<H>-<time>]",
+            resume="Continue the run in this folder; --epochs, --device, --checkpoint-*, --threads, --data-dir and "
+                   "--progress-seconds may be given, options that would change the run are refused by name.",
+            threads=f"Threads on the CPU for BLAS. {THREADS_DEFAULT}"),
 ]
 
 # Fine-tuning has no --progress-seconds: its ETA is per phase, told by each epoch's line (no progress bar).
@@ -66,15 +59,10 @@ FINETUNE = [
     SHARED["step"].but(help="Training step: dense, sparse (only layer 1's X W1 dense; k-sparse layers, no dropout, "
                             "CPU), or auto (sparse where it applies, else dense). Allowed with --resume.",
                        type=str),  # checked by finetune_run.check_step, in one line
-    SHARED["topk"],
-    SHARED["threads"],
-    SHARED["run_dir"].but(help="Folder for checkpoint.h5, config.json, metrics.jsonl and finetune.json. "
-                               "[default: runs/finetune-<dataset>-<time>]"),
-    SHARED["checkpoint_every"],
-    SHARED["checkpoint_minutes"],
-    SHARED["overwrite"],
-    SHARED["resume"].but(help="Continue the fine-tuning run in this folder; --device, --step, --topk, --threads, "
-                              "--checkpoint-* and --data-dir may be given, the others are refused by name."),
-    SHARED["data_dir"],
-    SHARED["quiet"],
+    *shared("topk", "threads", "run_dir", "checkpoint_every", "checkpoint_minutes", "overwrite", "resume", "data_dir",
+            "quiet",
+            run_dir="Folder for checkpoint.h5, config.json, metrics.jsonl and finetune.json. "
+                    "[default: runs/finetune-<dataset>-<time>]",
+            resume="Continue the fine-tuning run in this folder; --device, --step, --topk, --threads, "
+                   "--checkpoint-* and --data-dir may be given, the others are refused by name."),
 ]

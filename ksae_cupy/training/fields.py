@@ -84,6 +84,13 @@ SHARED = {option.name: option for option in (
            30.0, float, APPLIED),
     Option("quiet", "Only the final line.", False, bool, SESSION),
 )}
+
+
+def shared(*names: str, **helps: str) -> list[Option]:
+    """The shared options ``names``, in that order; ``helps`` gives a command's own help to some."""
+    return [SHARED[name].but(help=helps[name]) if name in helps else SHARED[name] for name in names]
+
+
 # DATASET and the options that choose its rows (cli/common.py's data_options): the run's own on --resume.
 DATA = ("dataset", "labels", "test", "test_labels", "valid_fraction", "test_fraction", "split_seed")
 # Shared options kept in config.json (not in the checkpoint): on --resume, one not given takes the run's value.
@@ -115,18 +122,11 @@ TRAIN = [
            PAPER.dead_window, int),
     Option("center_input", "Beyond the paper: subtract the training mean from every input (kept with the model).",
            PAPER.center_input, bool),
-    SHARED["device"],
-    SHARED["run_dir"].but(help="Folder for checkpoint.h5, config.json, metrics.jsonl. "
-                               "[default: runs/<dataset>-h<H>-k<k>-<time>]"),
-    SHARED["checkpoint_every"],
-    SHARED["checkpoint_minutes"],
-    SHARED["overwrite"],
-    SHARED["resume"].but(help="Continue the run in this folder; options given are applied (--epochs, --topk, --device, "
-                              "--checkpoint-*, --threads) or, if they would change the model, refused by name."),
-    SHARED["data_dir"],
-    SHARED["threads"],
-    SHARED["progress_seconds"],
-    SHARED["quiet"],
+    *shared("device", "run_dir", "checkpoint_every", "checkpoint_minutes", "overwrite", "resume", "data_dir", "threads",
+            "progress_seconds", "quiet",
+            run_dir="Folder for checkpoint.h5, config.json, metrics.jsonl. [default: runs/<dataset>-h<H>-k<k>-<time>]",
+            resume="Continue the run in this folder; options given are applied (--epochs, --topk, --device, "
+                   "--checkpoint-*, --threads) or, if they would change the model, refused by name."),
 ]
 
 

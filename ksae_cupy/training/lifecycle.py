@@ -57,8 +57,8 @@ class RunLifecycle:
 
     # -- before any work ---------------------------------------------------------------------
     def open(self, default_dir=None) -> dict | None:
-        """--resume: the run's folder checked, locked (until the process ends or :meth:`release`) and
-        its config.json returned; a new run: its folder checked (made and locked by :meth:`begin`) when
+        """--resume: the run's folder checked, locked (until the process ends or :meth:`release`), its
+        data checked (:attr:`spec`) and its config.json returned; a new run: its folder checked (made and locked by :meth:`begin`) when
         ``default_dir`` is given, else by :meth:`new_folder` later.
         Then the session's settings and checkpoint policy."""
         values = self.values
@@ -72,6 +72,9 @@ class RunLifecycle:
             resuming.check_run_dir(values.get("run_dir"), resume)
             self.folder.lock(log=self.log)
             self.previous = self.folder.read_config()
+            # The run's data: DATASET and the data options given again must name the run's own.
+            dataset = resuming.check_dataset(values.get("dataset"), self.previous)
+            self.spec = resuming.check_data_options(self.given, values, dataset, self.previous)
         elif default_dir is not None:
             self.new_folder(default_dir)
         self.settings = resuming.run_level(RUN_LEVEL, values, self.given, self.previous or {})
@@ -79,6 +82,11 @@ class RunLifecycle:
             check_progress_seconds(self.settings["progress_seconds"])
         self.policy = CheckpointPolicy(self.settings["checkpoint_every"], self.settings["checkpoint_minutes"])
         return self.previous
+
+    def where(self, trainer, changes: list[str]) -> str:
+        """The resumed run's first line: where it stands, and the options given that changed it."""
+        return (resuming.where_line(self.folder.path, trainer.epoch, trainer.batch_in_epoch, trainer.step)
+                + (f"; applied: {', '.join(changes)}" if changes else ""))
 
     def new_folder(self, default_dir) -> None:
         """A new run's folder: --run-dir, else ``default_dir()``; checked here, made by :meth:`begin`."""
@@ -128,12 +136,13 @@ class RunLifecycle:
             self.folder.release()
 
     # -- training --------------------------------------------------------------------------------
-    def fit(self, trainer_of, fit, save, epoch_lines, on_batch=None, saves_itself: bool = False) -> None:
+    def fit(self, trainer_of, fit, save, epoch_lines, on_batch=None, saves_itself: bool = False, on_end=None) -> None:
         """``fit(on_epoch, on_batch)`` under the checkpoint policy and the stop signals: each epoch's
         report into metrics.jsonl, its ``epoch_lines(report)`` said, then ``save()`` when the policy
         says (unless ``saves_itself``: fit then saves by ``self.policy.after_epoch`` and at the end);
         mid-epoch when the minutes are up; at the end when the session trained a step.
-        ``trainer_of()`` is the trainer (None before fit makes it)."""
+        ``trainer_of()`` is the trainer (None before fit makes it); ``on_end()`` runs once fit has returned
+        or raised (e.g. to clear a progress bar)."""
         def batch(done, total):
             if on_batch is not None:
                 on_batch(done, total)
@@ -158,6 +167,8 @@ class RunLifecycle:
                 fit(epoch, batch)
             finally:
                 self.stop.restore()
+                if on_end is not None:
+                    on_end()
             if not saves_itself and (trainer_of().step != step_before or not self.folder.checkpoint.exists()):
                 save()
         except CheckpointWriteError as exc:  # what to do next depends on whether a checkpoint is there to resume

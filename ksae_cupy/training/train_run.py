@@ -3,6 +3,8 @@ before anything is written, or a resumed run's, from its checkpoint with the opt
 or refused (:mod:`ksae_cupy.training.resuming`, as :mod:`ksae_cupy.training.fields` declares them)."""
 from __future__ import annotations
 
+import sys
+
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.training import resuming
 from ksae_cupy.training.fields import APPLIED, REFUSED, TRAIN, named, parse_lr
@@ -89,3 +91,22 @@ def resumed_model(folder, backend, values: dict, given: set):
     changes = resuming.apply([n for n in named(TRAIN, APPLIED) if n in IN_CHECKPOINT], given, values, trainer)
     model.epochs, model.topk = trainer.config.epochs, trainer.config.topk
     return model, changes
+
+
+def progress(model, data, quiet: bool, interval_s: float, echo):
+    """``progress()``: the session's :class:`RunProgress`, made once fit has made the trainer."""
+    from ksae_cupy.training.progress import RunProgress
+
+    def made():
+        if made.made is None:
+            trainer, sample_nd = model.trainer_, data.X_train[:model.trainer_.config.batch_size]
+            # Compile the validation pass's kernels now, before the progress clock starts: the
+            # estimate printed after epoch 1 is then the run's pace, not the compiler's.
+            trainer.evaluate_loss(trainer.backend.asarray(sample_nd))
+            made.made = RunProgress(trainer, len(data.X_train), enabled=not quiet, tty=sys.stderr.isatty(),
+                                    interval_s=interval_s, echo=echo,
+                                    step_cost=lambda k: trainer.step_seconds(trainer.backend.asarray(sample_nd), k))
+        return made.made
+
+    made.made = None
+    return made

@@ -1,0 +1,174 @@
+"""What a training command shows while it runs: a progress bar or periodic lines, the ETA, epoch lines.
+
+* On a terminal, a bar on stderr redrawn at most ten times a second:
+  ``  epoch 3/5000 [#####.........] batch 216/469  9,800 samples/s  ETA 6h 58m``
+* Not on a terminal (output to a file), the same text as a line every ``interval_s`` seconds.
+* After the first epoch of the session, one line with the estimated total time.
+* After every epoch, one line (to stdout) with its k, learning rate, losses and speed.
+
+The rate is measured over this session (every step since it started, validation included),
+so the ETA settles after the first epoch and is not thrown off by one slow batch. One-time costs
+are kept off that clock: the first step (which compiles the CPU kernels) runs before the
+progress exists, and the seconds spent measuring ``step_cost`` are subtracted. Under the
+sparsity schedule a step's cost falls with k (100 -> 25 on MNIST); given ``step_cost`` (seconds
+of a step at a k, measured on a sample batch), the ETA counts the work left in steps of each
+epoch's k, with the cost linear in k between the first k and the last.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import sys
+import time
+
+from ksae_cupy.schedules import sparsity_at_epoch
+from ksae_cupy.training.wording import epoch_line, format_duration  # noqa: F401 (used here and by the commands)
+
+
+class RunProgress:
+    """Progress of one session of a run; reads the trainer's epoch, step and configuration."""
+
+    def __init__(self, trainer, n_train: int, enabled: bool, tty: bool, interval_s: float = 30.0,
+                 clock=time.monotonic, echo=None, step_cost=None):
+        self.trainer, self.enabled, self.tty, self.interval_s = trainer, enabled, tty, interval_s
+        self.n_batches = -(-n_train // trainer.config.batch_size)
+        self.clock, self.echo = clock, echo or _echo
+        self.started, self.step_at_start = clock(), trainer.step
+        self.last_draw = self.last_line = self.started
+        self.drawn = 0  # characters of the bar now on the screen
+        self.estimated = False
+        self.step_cost = step_cost  # k -> seconds of one step at k (None: every step costs the same)
+        self.cost_line = None  # (k_a, cost_a, k_b, cost_b), measured once, when first needed
+        self.work_before_epoch = None  # weighed steps before each epoch, made once
+
+    # -- rates -------------------------------------------------------------------------
+    def _epoch_k(self, epoch: int) -> int:
+        cfg = self.trainer.config
+        return sparsity_at_epoch(epoch, cfg.k_schedule_epochs or cfg.epochs, cfg.k, cfg.k_start)
+
+    def _relative_cost(self, k: int) -> float:
+        """A step's cost at ``k`` relative to one at the first k of the schedule (1 without step_cost)."""
+        cfg = self.trainer.config
+        k_first, k_last = self._epoch_k(0), cfg.k
+        if self.step_cost is None or k_first == k_last:
+            return 1.0
+        if self.cost_line is None:
+            # Measuring is a one-time cost, not the run's pace: its seconds are taken off the clock.
+            before = self.clock()
+            self.cost_line = self._measure_cost_line(k_first, k_last)
+            self.started += self.clock() - before
+        k_a, cost_a, k_b, cost_b = self.cost_line
+        return (cost_a + (cost_b - cost_a) * (k - k_a) / (k_b - k_a)) / cost_a
+
+    def _measure_cost_line(self, k_first: int, k_last: int, rounds: int = 3):
+        """``(k_first, cost, k_last, cost)``: each k timed ``rounds`` times, the two in turn so that both
+        see the same load, and the least time of each kept (other jobs only ever add time). A step
+        keeping fewer units never costs more, so a measurement that says otherwise (load that came
+        and went) is capped at the other's cost."""
+        costs = {k_first: [], k_last: []}
+        for _ in range(rounds):
+            for k in (k_first, k_last):
+                costs[k].append(self.step_cost(k))
+        cost_first, cost_last = min(costs[k_first]), min(costs[k_last])
+        if k_last < k_first:
+            cost_last = min(cost_last, cost_first)
+        elif k_last > k_first:
+            cost_first = min(cost_first, cost_last)
+        return k_first, cost_first, k_last, cost_last
+
+    def _work(self, first_step: int, last_step: int) -> float:
+        """Steps ``first_step .. last_step - 1`` (counted over the whole run), each weighed by its k's cost."""
+        return self._work_before(last_step) - self._work_before(first_step)
+
+    def _work_before(self, step: int) -> float:
+        if self.work_before_epoch is None:  # once: the weighed steps before each epoch
+            epochs = self.trainer.config.epochs
+            per_epoch = [self.n_batches * self._relative_cost(self._epoch_k(e)) for e in range(epochs)]
+            self.work_before_epoch = [0.0]
+            for work in per_epoch:
+                self.work_before_epoch.append(self.work_before_epoch[-1] + work)
+        epoch = min(step // self.n_batches, len(self.work_before_epoch) - 1)
+        in_epoch = step - epoch * self.n_batches
+        rate = self._relative_cost(self._epoch_k(epoch)) if in_epoch else 0.0
+        return self.work_before_epoch[epoch] + in_epoch * rate
+
+    def _step_number(self) -> int:
+        """Steps of the run done so far, counted as ``epoch * n_batches + batch`` (what the ETA needs)."""
+        return self.trainer.epoch * self.n_batches + self.trainer.batch_in_epoch
+
+    def steps_left(self) -> int:
+        t = self.trainer
+        return max(0, (t.config.epochs - t.epoch) * self.n_batches - t.batch_in_epoch)
+
+    def seconds_per_step(self) -> float | None:
+        steps = self.trainer.step - self.step_at_start
+        return (self.clock() - self.started) / steps if steps > 0 else None
+
+    def seconds_left(self) -> float | None:
+        """The time the run still needs at this session's rate, each step weighed by its k's cost."""
+        steps = self.trainer.step - self.step_at_start
+        if steps <= 0:
+            return None
+        now = self._step_number()
+        done = self._work(now - steps, now)
+        left = self._work(now, self.trainer.config.epochs * self.n_batches)
+        return (self.clock() - self.started) / done * left if done > 0 else None
+
+    def eta(self) -> str:
+        left = self.seconds_left()
+        return format_duration(left) if left is not None else "?"
+
+    def status(self) -> str:
+        t = self.trainer
+        per_step = self.seconds_per_step()
+        rate = f"{t.config.batch_size / per_step:,.0f} samples/s" if per_step else "? samples/s"
+        return (f"epoch {t.epoch + 1}/{t.config.epochs}  batch {t.batch_in_epoch}/{self.n_batches}  "
+                f"{rate}  ETA {self.eta()}")
+
+    # -- callbacks ---------------------------------------------------------------------
+    def on_batch(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        now = self.clock()
+        if self.tty and (now - self.last_draw > 0.1 or done == total):
+            self.last_draw = now
+            width = 20
+            filled = width * done // total
+            text = f"  {self.status()}  [{'#' * filled}{'.' * (width - filled)}]"
+            self.echo("\r" + text.ljust(self.drawn), nl=False, err=True)
+            self.drawn = len(text)
+        elif not self.tty and now - self.last_line >= self.interval_s:
+            self.last_line = now
+            self.echo(f"  {self.status()}", err=True)
+
+    def clear(self) -> None:
+        if self.enabled and self.tty and self.drawn:
+            self.echo("\r" + " " * self.drawn + "\r", nl=False, err=True)
+            self.drawn = 0
+
+    def after_epoch(self, report) -> list[str]:
+        """The lines to print after an epoch: its epoch line and, once, the estimate."""
+        self.clear()
+        lines = [epoch_line(report, self.trainer.config.epochs, self.eta() if not self.trainer.finished else "")]
+        per_step = self.seconds_per_step()
+        if not self.estimated and per_step and not self.trainer.finished:
+            self.estimated = True
+            per_epoch = per_step * self.n_batches
+            epochs = self.trainer.config.epochs
+            left = self.seconds_left()
+            total = left * self._work(0, epochs * self.n_batches) / self._work(self._step_number(), epochs * self.n_batches)
+            end = _dt.datetime.now(_dt.timezone.utc) + _dt.timedelta(seconds=left)
+            at_k = ""
+            if self._relative_cost(self.trainer.config.k) != 1.0:
+                at_k = (f" (k {report.k}; at k {self.trainer.config.k} "
+                        f"{per_epoch * self._relative_cost(self.trainer.config.k) / self._relative_cost(report.k):.1f} s)")
+            lines.append(f"estimate: {epochs} epochs at {per_epoch:.1f} s each{at_k} take {format_duration(total)} "
+                         f"on this device; {epochs - self.trainer.epoch} left, done around "
+                         f"{end:%Y-%m-%d %H:%M} UTC")
+        return lines
+
+
+def _echo(message: str = "", nl: bool = True, err: bool = False) -> None:
+    """``click.echo``'s signature, without click (the commands pass theirs)."""
+    stream = sys.stderr if err else sys.stdout
+    stream.write(message + ("\n" if nl else ""))
+    stream.flush()
