@@ -26,10 +26,20 @@ class OptionError(KsaeError):
         self.field, self.template = field, template
         super().__init__(self.spelled(field))
 
+    def __reduce__(self):  # pickled whole (a Dask worker's error reaches the client), not as its message alone
+        return _rebuilt_option_error, (type(self), self.field, self.template, self.__dict__)
+
     def spelled(self, name: str, spell=None) -> str:
         """The message with the parameter called ``name`` (e.g. a command line's flag), and any
         other parameter it names called ``spell(field)`` (by default, as Python spells it)."""
         return self.template.format_map(_Names(name, spell or str))
+
+
+def _rebuilt_option_error(cls, field: str, template: str, state: dict):
+    error = cls.__new__(cls)
+    OptionError.__init__(error, field, template)
+    error.__dict__.update(state)
+    return error
 
 
 class _Names(dict):

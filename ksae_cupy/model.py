@@ -86,8 +86,9 @@ def select_units(Z_nh, k: int, topk_method: str = "sort", activation: str = "lin
     if activation == "relu":
         val_nk = array_module(val_nk).maximum(val_nk, 0)
     elif activation != "linear":
-        from ksae_cupy.errors import KsaeError
-        raise KsaeError(f"activation {activation!r} is not allowed; use one of {', '.join(ACTIVATIONS)}")
+        from ksae_cupy.errors import OptionError, literal
+        raise OptionError("activation", f"{{name}} {literal(repr(activation))} is not allowed; use one of "
+                                        f"{', '.join(ACTIVATIONS)}")
     return idx_nk, val_nk
 
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from ksae_cupy.backend import array_module
 from ksae_cupy.cpu import kernels as cpu_kernels
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import OptionError, literal
 from ksae_cupy.model import ForwardCache, hidden_preactivations, select_units
 from ksae_cupy.topk import TOPK_METHODS
 
@@ -42,11 +42,11 @@ STEPS = ("dense", "sparse", "auto")
 AUTO_MAX_K_OVER_H = {"cpu kernels": 0.25, "otherwise": 0.1}
 
 
-def choose_step(step: str, k: int, H: int, flag: str = "--step") -> str:
-    """``dense`` or ``sparse``: ``auto`` resolved by the fraction of units kept."""
+def choose_step(step: str, k: int, H: int) -> str:
+    """``dense`` or ``sparse``: ``auto`` resolved by the fraction of units kept. Another ``step`` is an
+    :class:`~ksae_cupy.errors.OptionError` of the field ``step``."""
     if step not in STEPS:
-        from ksae_cupy.errors import KsaeError
-        raise KsaeError(f"{flag} {step!r} is not allowed; use one of {', '.join(STEPS)}")
+        raise OptionError("step", f"{{name}} {literal(repr(step))} is not allowed; use one of {', '.join(STEPS)}")
     if step == "auto":
         limit = AUTO_MAX_K_OVER_H["cpu kernels" if cpu_kernels.enabled() else "otherwise"]
         return "sparse" if k <= limit * H else "dense"
@@ -111,7 +111,8 @@ def _descending(topk_method: str) -> bool:
     """Whether ``topk_method`` returns each row's kept units in descending order (``sort``) or in
     ascending column order (``threshold``); the CPU kernels select in the same order."""
     if topk_method not in TOPK_METHODS:
-        raise KsaeError(f"topk {topk_method!r} is not allowed; use one of {', '.join(TOPK_METHODS)}")
+        raise OptionError("topk", f"{{name}} {literal(repr(topk_method))} is not allowed; use one of "
+                                  f"{', '.join(TOPK_METHODS)}")
     return topk_method == "sort"
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from ksae_cupy.backend import array_module
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import KsaeError, OptionError, literal
 
 TOPK_METHODS = ("sort", "threshold")
 
@@ -154,7 +154,7 @@ def topk(Z_nh, k: int, method: str = "sort"):
         return topk_sort(Z_nh, k)
     if method == "threshold":
         return topk_threshold(Z_nh, k)
-    raise KsaeError(f"--topk {method!r} is not allowed; use one of {', '.join(TOPK_METHODS)}")
+    raise OptionError("topk", f"{{name}} {literal(repr(method))} is not allowed; use one of {', '.join(TOPK_METHODS)}")
 
 
 def scatter_rows(idx_nk, val_nk, H: int):

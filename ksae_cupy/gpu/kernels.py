@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import KsaeError, OptionError
 
 SOURCE_NAME = "topk.cu"
 NVRTC_OPTIONS = ("-std=c++17",)
@@ -237,10 +237,11 @@ def plan_topk(Z_nh, k, method: str, outs: tuple, limits: DeviceLimits, *, static
     smem = topk_shared_bytes(method, H, dtype)
     if smem + static > limits.shared_optin:
         max_H = topk_max_H(method, dtype, limits.shared_optin, static)
-        other = " or --topk threshold" if method == "sort" else ""
-        raise KsaeError(
-            f"H={H} is too large for the {method} top-k kernel in {dtype}: a row needs {smem + static} bytes "
-            f"of shared memory and this GPU allows {limits.shared_optin} per block; use H <= {max_H}{other}")
+        message = (f"H={H} is too large for the {method} top-k kernel in {dtype}: a row needs {smem + static} bytes "
+                   f"of shared memory and this GPU allows {limits.shared_optin} per block; use H <= {max_H}")
+        if method == "sort":  # the other method needs half the memory: name it as the caller's user spells topk
+            raise OptionError("topk", message + " or {name} threshold")
+        raise KsaeError(message)
     # Static and dynamic shared memory together count against the 48 KiB default; above it the
     # kernel must be allowed its dynamic part explicitly.
     optin = smem if smem + static > DEFAULT_SHARED else 0

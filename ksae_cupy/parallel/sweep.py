@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ksae_cupy.errors import KsaeError, one_line
+from ksae_cupy.errors import KsaeError, OptionError, literal, one_line
 
 SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
@@ -57,7 +57,10 @@ def check_specs(specs: list[dict]) -> None:
     from ksae_cupy.training.options import check_seed
 
     for spec in specs:
-        check_seed("--seeds", spec["seed"])
+        try:  # named as ksae-sweep's option: the library speaks of the field, the command prints --seeds
+            check_seed("{name}", spec["seed"])
+        except KsaeError as exc:
+            raise OptionError("seeds", literal(str(exc)).replace("{{name}}", "{name}")) from None
         config = _config_of(spec)
         config.validate()
         for alpha in spec["alphas"]:
@@ -152,17 +155,18 @@ def _connect(Client, scheduler: str, timeout_s: float = 10.0):
     """A client of the scheduler at ``scheduler``, or one line saying why there is none (a
     malformed address, nobody listening, or something else answering there)."""
     if "://" not in scheduler and ":" not in scheduler:
-        raise KsaeError(f"--scheduler {scheduler!r} is not allowed; use a Dask scheduler address such as "
-                        f"tcp://host:8786")
+        raise OptionError("scheduler", f"{{name}} {literal(repr(scheduler))} is not allowed; use a Dask scheduler "
+                                       f"address such as tcp://host:8786")
     try:
         return Client(scheduler, timeout=timeout_s)
     except MemoryError:  # Dask read the first bytes of another server's answer as a frame length (EiB)
-        raise KsaeError(f"--scheduler {scheduler}: no Dask scheduler answers there (something else does: its answer "
-                        f"is not Dask's protocol); check the address and that dask-scheduler runs") from None
+        raise OptionError("scheduler", f"{{name}} {literal(scheduler)}: no Dask scheduler answers there (something "
+                                       f"else does: its answer is not Dask's protocol); check the address and that "
+                                       f"dask-scheduler runs") from None
     except Exception as exc:  # noqa: BLE001 - Dask raises OSError, TimeoutError, ValueError, CommClosedError...
-        raise KsaeError(f"--scheduler {scheduler}: no Dask scheduler answers there (waited up to {timeout_s:g} s; "
-                        f"{type(exc).__name__}: {one_line(exc)[:200]}); check the address and that "
-                        f"dask-scheduler runs") from None
+        raise OptionError("scheduler", f"{{name}} {literal(scheduler)}: no Dask scheduler answers there (waited up "
+                                       f"to {timeout_s:g} s; {type(exc).__name__}: {literal(one_line(exc)[:200])}); "
+                                       f"check the address and that dask-scheduler runs") from None
 
 
 COLUMNS = ("k", "hidden", "seed", "epochs", "alpha", "kept", "final_train_loss", "final_valid_loss",

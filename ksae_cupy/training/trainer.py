@@ -23,7 +23,7 @@ import numpy as np
 from ksae_cupy import model
 from ksae_cupy.backend import Backend, to_host
 from ksae_cupy.training.checkpoint import Checkpoint
-from ksae_cupy.errors import KsaeError, TrainingDiverged, cli_name  # TrainingDiverged is re-exported here
+from ksae_cupy.errors import KsaeError, OptionError, TrainingDiverged, literal, python_name  # TrainingDiverged is re-exported here
 from ksae_cupy.training.options import (check_batch_size, check_dtype, check_in_dtype, check_momentum,
                                         check_positive_count, check_positive_finite)
 from ksae_cupy.optim import MomentumSGD
@@ -31,6 +31,27 @@ from ksae_cupy.schedules import sparsity_at_epoch
 from ksae_cupy.sparse_step import choose_step, sparse_layout
 from ksae_cupy.topk import TOPK_METHODS
 from ksae_cupy.training.steps import resolve_evaluation, resolve_steps, step_kind
+
+
+def _template(message: str) -> str:
+    """A shared check's message, made with ``{name}`` for the field, as an OptionError template (its braces kept)."""
+    return literal(message).replace("{{name}}", "{name}")
+
+
+def _option_error(field: str, template: str) -> KsaeError:
+    """An :class:`OptionError` for ``field``; for a caller that still spells fields as flags (``--hidden``),
+    the message with that spelling (a plain KsaeError, which the CLI prints as it reads)."""
+    if field.startswith("-"):
+        return KsaeError(template.format(name=field))
+    return OptionError(field, template)
+
+
+class _Diverged(TrainingDiverged, OptionError):
+    """A divergence whose advice names the rate: ``lr`` in Python, ``--lr`` on a command line."""
+
+    def __init__(self, template: str):
+        OptionError.__init__(self, "lr", template)
+        self.loss = self.epoch = self.step = self.lr = None
 
 
 @dataclass
@@ -71,46 +92,61 @@ class TrainConfig:
     dead_window: int = 10000
     center_input: bool = False
 
-    def validate(self, n_train: int | None = None, name=cli_name) -> None:
-        """Raise :class:`KsaeError` naming the first bad option and what is allowed.
+    def validate(self, n_train: int | None = None, name=python_name) -> None:
+        """Raise :class:`~ksae_cupy.errors.OptionError` naming the first bad field and what is allowed.
 
-        ``name(field)`` spells an option in messages: ``--k-start`` (the default, for the
-        command line) or, from the Python API, the estimator's parameter names.
-        ``lr`` may still be ``"auto"`` here; a :class:`Trainer` needs the rate itself.
+        Messages name fields as Python does (``k_start``); a command line prints its flag instead
+        (the CLI spells an OptionError's field). ``name(field)`` renames a field for a front end with
+        its own parameter names (the estimator's ``n_hidden``). ``lr`` may still be ``"auto"`` here;
+        a :class:`Trainer` needs the rate itself.
         """
-        check_positive_count(name("hidden"), self.hidden, "hidden units")
+        def bad(field, template):
+            return _option_error(name(field), template)
+
+        def checked(field, check, *args):  # a shared check of training/options.py, its message in {name} terms
+            try:
+                check("{name}", *args)
+            except KsaeError as exc:
+                raise bad(field, _template(str(exc))) from None
+
+        hidden = name("hidden")  # the other field a message names, spelled in Python terms (as "1 <= k <= hidden")
+        checked("hidden", check_positive_count, self.hidden, "hidden units")
         if not 1 <= self.k <= self.hidden:
-            raise KsaeError(f"{name('k')} {self.k} is not allowed; use 1 <= k <= {name('hidden').lstrip('-')} "
-                            f"({self.hidden})")
+            raise bad("k", f"{{name}} {self.k} is not allowed; use 1 <= k <= {hidden} ({self.hidden})")
         if self.k_start is not None and self.k_start < self.k:
-            raise KsaeError(f"{name('k_start')} {self.k_start} is not allowed; use {name('k_start').lstrip('-')} >= k "
-                            f"({self.k})")
+            raise bad("k_start", f"{{name}} {self.k_start} is not allowed; use {{name}} >= k ({self.k})")
         if self.k_start is not None and self.k_start > self.hidden:
-            raise KsaeError(f"{name('k_start')} {self.k_start} is not allowed; use {name('k_start').lstrip('-')} <= "
-                            f"{name('hidden').lstrip('-')} ({self.hidden})")
-        check_positive_count(name("epochs"), self.epochs, "epochs")
-        check_batch_size(name("batch_size"), self.batch_size, n_train)
+            raise bad("k_start", f"{{name}} {self.k_start} is not allowed; use {{name}} <= {hidden} ({self.hidden})")
+        checked("epochs", check_positive_count, self.epochs, "epochs")
+        checked("batch_size", check_batch_size, self.batch_size, n_train)
         if self.lr != "auto":
             if isinstance(self.lr, str):
-                raise KsaeError(f"{name('lr')} {self.lr!r} is not allowed; use a positive learning rate or 'auto'")
-            check_positive_finite(name("lr"), self.lr, "learning rate (or 'auto')")
-        check_momentum(name("momentum"), self.momentum)
-        check_positive_finite(name("sigma"), self.sigma, "standard deviation")
+                raise bad("lr", f"{{name}} {literal(repr(self.lr))} is not allowed; use a positive learning rate "
+                                f"or 'auto'")
+            checked("lr", check_positive_finite, self.lr, "learning rate (or 'auto')")
+        checked("momentum", check_momentum, self.momentum)
+        checked("sigma", check_positive_finite, self.sigma, "standard deviation")
         if self.topk not in TOPK_METHODS:
-            raise KsaeError(f"{name('topk')} {self.topk!r} is not allowed; use one of {', '.join(TOPK_METHODS)}")
+            raise bad("topk", f"{{name}} {literal(repr(self.topk))} is not allowed; use one of "
+                              f"{', '.join(TOPK_METHODS)}")
         if self.activation not in model.ACTIVATIONS:
-            raise KsaeError(f"{name('activation')} {self.activation!r} is not allowed; use one of "
-                            f"{', '.join(model.ACTIVATIONS)}")
-        check_dtype(name("dtype"), self.dtype)
+            raise bad("activation", f"{{name}} {literal(repr(self.activation))} is not allowed; use one of "
+                                    f"{', '.join(model.ACTIVATIONS)}")
+        checked("dtype", check_dtype, self.dtype)
         # (lr is checked against the data: learning_rate.check_rate_moves_weights)
-        check_in_dtype(self.dtype, **{name("sigma"): ("sigma", self.sigma), name("momentum"): ("momentum", self.momentum)})
-        choose_step(self.step, self.k, self.hidden, flag=name("step"))
+        checked("sigma", lambda field, value: check_in_dtype(self.dtype, **{field: ("sigma", value)}), self.sigma)
+        checked("momentum", lambda field, value: check_in_dtype(self.dtype, **{field: ("momentum", value)}),
+                self.momentum)
+        try:
+            choose_step(self.step, self.k, self.hidden)
+        except OptionError as exc:
+            raise bad("step", exc.template) from None
         if isinstance(self.aux_k, bool) or not isinstance(self.aux_k, (int, np.integer)) or not 0 <= self.aux_k <= self.hidden:
-            raise KsaeError(f"{name('aux_k')} {self.aux_k} is not allowed; use 0 (off) to {name('hidden').lstrip('-')} "
-                            f"({self.hidden}) dead units per example")
+            raise bad("aux_k", f"{{name}} {literal(self.aux_k)} is not allowed; use 0 (off) to {hidden} "
+                               f"({self.hidden}) dead units per example")
         if self.aux_k:
-            check_positive_finite(name("aux_coef"), self.aux_coef, "weight of the auxiliary loss")
-        check_positive_count(name("dead_window"), self.dead_window, "examples")
+            checked("aux_coef", check_positive_finite, self.aux_coef, "weight of the auxiliary loss")
+        checked("dead_window", check_positive_count, self.dead_window, "examples")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -147,7 +183,7 @@ class EpochReport:
 class Trainer:
     """Parameters, velocities and random state of one run, resident on ``backend``."""
 
-    # Whether this trainer's _batch_gradients takes the sparse step when --step resolves to it
+    # Whether this trainer's _batch_gradients takes the sparse step when the step option resolves to it
     # (then W is stored in Fortran order for it). The distributed trainers take the dense step.
     takes_sparse_step = True
     # Whether this trainer counts, per unit, the examples since one last kept it (the dead-window
@@ -357,11 +393,11 @@ class Trainer:
         e.g. unscaled integer data) or when the parameters hold NaN or infinities; raised
         before the epoch is counted, so nothing of it is logged or checkpointed."""
         where = f"at epoch {self.epoch + 1} (step {self.step})"
-        hint = f"nothing was saved after the last good checkpoint; try a smaller --lr (now {self.config.lr}) or scaled data"
+        hint = f"nothing was saved after the last good checkpoint; try a smaller {{name}} (now {self.config.lr}) or scaled data"
         if not math.isfinite(loss_sum):
-            raise TrainingDiverged(f"the training loss summed over the epoch became {loss_sum} {where}; {hint}")
+            raise _Diverged(f"the training loss summed over the epoch became {loss_sum} {where}; {hint}")
         if valid_loss is not None and not math.isfinite(valid_loss):
-            raise TrainingDiverged(f"the validation loss became {valid_loss} {where}; {hint}")
+            raise _Diverged(f"the validation loss became {valid_loss} {where}; {hint}")
         self.check_params_finite()
 
     def check_params_finite(self) -> None:
@@ -369,9 +405,9 @@ class Trainer:
         of such a model must never replace a good one)."""
         for name, value in self.params.items():
             if not bool(self.backend.xp.isfinite(value).all()):
-                raise TrainingDiverged(f"{name} holds NaN or infinite values after step {self.step}; the run "
-                                       f"diverged and nothing was saved after the last good checkpoint; try a "
-                                       f"smaller --lr (now {self.config.lr}) or scaled data")
+                raise _Diverged(f"{name} holds NaN or infinite values after step {self.step}; the run diverged "
+                                f"and nothing was saved after the last good checkpoint; try a smaller {{name}} "
+                                f"(now {self.config.lr}) or scaled data")
 
     def _batch_gradients(self, X_nd, k: int):
         """``(loss, grads, kept_h)`` for one minibatch: the loss, the gradients to step with,

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import KsaeError, OptionError
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.schedules import linear_decay, resolve_k_start, sparsity_at_epoch
 from ksae_cupy.training.trainer import TrainConfig
@@ -43,18 +43,39 @@ def test_momentum_step_matches_hand_computation():
 
 
 @pytest.mark.parametrize("change,message", [
-    ({"k": 0}, "--k 0"), ({"k": 11}, "--k 11"), ({"hidden": 0}, "--hidden 0"),
-    ({"k_start": 3}, "--k-start 3"), ({"epochs": 0}, "--epochs 0"), ({"batch_size": 0}, "--batch-size 0"),
-    ({"lr": 0.0}, "--lr 0.0"), ({"momentum": 1.0}, "--momentum 1.0"), ({"momentum": -0.1}, "--momentum -0.1"),
-    ({"sigma": -1.0}, "--sigma -1.0"), ({"topk": "heap"}, "--topk 'heap'"),
+    ({"k": 0}, "k 0"), ({"k": 11}, "k 11"), ({"hidden": 0}, "hidden 0"),
+    ({"k_start": 3}, "k_start 3"), ({"epochs": 0}, "epochs 0"), ({"batch_size": 0}, "batch_size 0"),
+    ({"lr": 0.0}, "lr 0.0"), ({"momentum": 1.0}, "momentum 1.0"), ({"momentum": -0.1}, "momentum -0.1"),
+    ({"sigma": -1.0}, "sigma -1.0"), ({"topk": "heap"}, "topk 'heap'"), ({"step": "fast"}, "step 'fast'"),
+    ({"activation": "tanh"}, "activation 'tanh'"), ({"aux_k": 11}, "aux_k 11"), ({"dead_window": 0}, "dead_window 0"),
+    ({"dtype": "float16"}, "dtype 'float16'"),
 ])
-def test_config_rejects_bad_values(change, message):
+def test_config_rejects_bad_values_naming_the_field(change, message):
+    """The library speaks Python: the message names the field; a command line prints its flag instead."""
     values = dict(hidden=10, k=5, k_start=8, epochs=2, batch_size=4)
     values.update(change)
-    with pytest.raises(KsaeError, match=message.replace("-", r"\-").replace(".", r"\.")):
+    with pytest.raises(OptionError) as refused:
         TrainConfig(**values).validate(n_train=100)
+    field = next(iter(change))
+    assert refused.value.field == field
+    assert str(refused.value).startswith(message + " is not allowed"), str(refused.value)
+    flag = "--" + field.replace("_", "-")
+    assert refused.value.spelled(flag, lambda other: "--" + other.replace("_", "-")).startswith(
+        flag + message[len(field):] + " is not allowed")
+    assert "--" not in str(refused.value)
+
+
+def test_config_messages_name_the_other_fields_as_the_caller_spells_them():
+    with pytest.raises(OptionError, match=r"^k 11 is not allowed; use 1 <= k <= hidden \(10\)$"):
+        TrainConfig(hidden=10, k=11, k_start=None).validate()
+    with pytest.raises(OptionError, match=r"^k 11 is not allowed; use 1 <= k <= n_hidden \(10\)$") as refused:
+        TrainConfig(hidden=10, k=11, k_start=None).validate(name=lambda field: {"hidden": "n_hidden"}.get(field, field))
+    assert refused.value.field == "k"
+    with pytest.raises(OptionError) as refused:
+        TrainConfig(hidden=10, k=5, k_start=3).validate()
+    assert refused.value.spelled("--k-start") == "--k-start 3 is not allowed; use --k-start >= k (5)"
 
 
 def test_config_rejects_batch_larger_than_training_set():
-    with pytest.raises(KsaeError, match="--batch-size 200.*100 training"):
+    with pytest.raises(KsaeError, match="^batch_size 200.*100 training"):
         TrainConfig(hidden=10, k=5, k_start=None, batch_size=200).validate(n_train=100)
