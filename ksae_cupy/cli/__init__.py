@@ -3,8 +3,10 @@ resolved configuration, call the library).
 
 ``train`` (ksae-train), ``data`` (ksae-data), ``bench`` (ksae-bench), ``evaluate`` (ksae-eval),
 ``plot`` (ksae-plot), ``analyze`` (ksae-analyze), ``finetune`` (ksae-finetune), ``sweep``
-(ksae-sweep), ``mpi_train`` (``python -m mpi4py -m ksae_cupy.cli.mpi_train``), and ``common``
-(the one-line error wrapper and what the commands share).
+(ksae-sweep), ``baseline`` (ksae-baseline), ``mpi_train`` (``python -m mpi4py -m ksae_cupy.cli.mpi_train``),
+and what the commands share: ``common`` (the one-line error wrapper), ``options`` (click options made
+from the declarations of ``training/fields.py``), ``resume``, ``progress``, ``data_options`` (DATASET's
+options), ``run_options`` (those of the commands that read a run folder), ``given_path``.
 
 May import: everything. Nothing imports it.
 """

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from types import SimpleNamespace
 
 import click
 
@@ -22,19 +21,12 @@ from ksae_cupy.cli.options import declared
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.parallel.agree import abort_on_error, agree
 from ksae_cupy.parallel.data_parallel import RunSettings, run_distributed
-from ksae_cupy.schedules import resolve_k_start
-from ksae_cupy.training.options import check_in_dtype
+from ksae_cupy.parallel.resume import resumed
+from ksae_cupy.training import train_run
 from ksae_cupy.training.fields import PAPER, TRAIN
-from ksae_cupy.training.trainer import TrainConfig
+from ksae_cupy.training.options import check_in_dtype
 
 OPTIONS = {option.name: option for option in TRAIN}  # declared once, with ksae-train's
-
-# Refused on --resume when they differ from the run: they shape the model or the batches.
-REFUSED = ("hidden", "k", "k_start", "no_k_schedule", "batch_size", "lr", "momentum", "sigma", "seed", "dtype")
-# Applied on --resume (kept from the run when not given): options of config.json's, by parameter name.
-RUN_LEVEL = {"device": "device", "comm_kind": "comm", "topk_dist": "topk_dist", "checkpoint_every": "checkpoint_every",
-             "data_dir": "data_dir"}
-
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main():
@@ -84,12 +76,8 @@ def train(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch_size, l
                             f"holding parts of the hidden layer find the top-k; add --shard-hidden or drop it")
         if resume is not None:
             return None
-        config = TrainConfig(hidden=hidden, k=k, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum,
-                             sigma=sigma, topk=topk, seed=seed, dtype=dtype, k_start=None)
-        config.validate()  # k > hidden and the like, before k_start is resolved against them
+        config = train_run.new_config(ctx.params, lr)  # as ksae-train's, validated once
         check_in_dtype(dtype, **{"--lr": ("rate", lr)})  # a rate of 0 in the model's dtype trains nothing
-        if not no_k_schedule:
-            config.k_start = resolve_k_start(k_start if k_start is not None else "auto", k, hidden)
         return config
 
     config = agree(comm, new_config)
@@ -97,45 +85,8 @@ def train(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch_size, l
                            checkpoint_every=checkpoint_every, data_dir=data_dir)
     fail = (fail_at_step, fail_mode) if fail_at_step is not None and comm.rank == fail_rank else None
     run_distributed(dataset, config, settings, run_dir=run_dir, resume=resume, overwrite=overwrite, quiet=quiet,
-                    on_resume=lambda folder, ckpt, previous: _resumed(ctx, typed, folder, ckpt, previous),
+                    on_resume=lambda folder, ckpt, previous: resumed(ctx.params, typed, folder, ckpt, previous),
                     fail_at_step=fail, log=lambda *a, **kw: click.echo(*a, **kw))
-
-
-def _resumed(ctx, typed: set, folder, ckpt, previous: dict):
-    """``(dataset, config, settings, changes)`` of a resumed run: its own values, the options given
-    applied or refused by name (rank 0, before any work)."""
-    params = ctx.params
-    resuming.check_run_dir(params["run_dir"], folder.path)
-    dataset = resuming.check_dataset(params["dataset"], previous)
-    config = TrainConfig.from_dict(ckpt.config)
-    saved, differing = config.to_dict(), []
-    for name in sorted(typed & set(REFUSED)):
-        if name == "no_k_schedule":
-            if saved["k_start"] is not None:
-                differing.append(f"--no-k-schedule (the run has k-start {saved['k_start']})")
-        elif params[name] != saved[name]:
-            differing.append(f"--{name.replace('_', '-')} {params[name]} (the run has {saved[name]})")
-    sharded = bool(ckpt.config.get("shard_hidden", False))
-    if "shard_hidden" in typed and not sharded:
-        differing.append("--shard-hidden (the run shards its data, not its hidden units)")
-    if differing:
-        raise KsaeError("--resume: options contradict the checkpoint (they shape the model or the batches): "
-                        + ", ".join(differing))
-    settings = RunSettings.from_record(previous)
-    settings.shard_hidden = sharded
-    if "topk_dist" in typed and not sharded:
-        raise KsaeError(f"--topk-dist {params['topk_dist']} is not allowed: the run shards its data, not its hidden "
-                        f"units (--shard-hidden), so it has no distributed top-k; drop it")
-    # --epochs (extend, or shorten to no fewer than done) and --topk (the same set): as ksae-train applies them.
-    where = SimpleNamespace(config=config, epoch=ckpt.epoch, batch_in_epoch=ckpt.batch_in_epoch)
-    changes = resuming.apply_options(ctx, typed & {"epochs", "topk"}, where)
-    for param, field in RUN_LEVEL.items():
-        if param in typed:
-            value = params[param] if params[param] is None or field != "data_dir" else str(params[param])
-            if value != getattr(settings, field):
-                changes.append(f"{field.replace('_', '-')} {getattr(settings, field)} -> {value}")
-                setattr(settings, field, value)
-    return dataset, config, settings, changes
 
 
 def run(argv=None):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ksae_cupy.cli.common import GivenPath
+from ksae_cupy.cli.given_path import GivenPath
 from ksae_cupy.training.fields import PATH, Option
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True}

@@ -21,23 +21,15 @@ from ksae_cupy.parallel.sweep import check_data, check_specs, grid, run_sweep, w
 from ksae_cupy.paths import check_writable_folder
 
 
-def _ints(text: str, what: str) -> list[int]:
+def _values(text: str, what: str, kind=int) -> list:
+    """A comma-separated list of ``kind`` values, or a one-line error naming ``--what``."""
     try:
-        values = [int(v) for v in text.split(",") if v.strip()]
+        values = [kind(v) for v in text.split(",") if v.strip()]
     except ValueError:
         values = []
     if not values:
-        raise KsaeError(f"--{what} {text!r} is not allowed; use comma-separated integers such as 5,10")
-    return values
-
-
-def _floats(text: str, what: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values:
-        raise KsaeError(f"--{what} {text!r} is not allowed; use comma-separated numbers such as 1,2,3")
+        example, words = ("5,10", "integers") if kind is int else ("1,2,3", "numbers")
+        raise KsaeError(f"--{what} {text!r} is not allowed; use comma-separated {words} such as {example}")
     return values
 
 
@@ -72,8 +64,8 @@ def sweep_command(dataset, ks, alphas, hiddens, seeds, epochs, batch_size, lr, t
         raise KsaeError(f"--threads {threads} is not allowed; use a positive number of threads per training")
     base = {"batch_size": batch_size, "lr": parse_lr(lr, 0.01), "threads": threads,
             "k_start": None if no_k_schedule else "auto"}
-    specs = grid(_ints(ks, "k"), _floats(alphas, "alpha"), _ints(hiddens, "hidden"), _ints(seeds, "seeds"),
-                 _ints(epochs, "epochs"), base)
+    specs = grid(_values(ks, "k"), _values(alphas, "alpha", float), _values(hiddens, "hidden"),
+                 _values(seeds, "seeds"), _values(epochs, "epochs"), base)
     check_specs(specs)  # here, in one line, not on a worker after a remote traceback
     check_writable_folder(out, "--out")  # before the trainings, not after them
     if scheduler is None:  # the LocalCluster's workers read the files this process sees

@@ -4,7 +4,7 @@ shares are :data:`~ksae_cupy.training.fields.SHARED`'s; the paper's numbers are 
 from __future__ import annotations
 
 from ksae_cupy.supervised.finetune import FinetuneConfig
-from ksae_cupy.training.fields import APPLIED, PAPER, SHARED, THREADS_DEFAULT, Option, shared
+from ksae_cupy.training.fields import APPLIED, KEPT, PAPER, SHARED, THREADS_DEFAULT, Option, shared
 
 MODELS = ("rbm", "dropout-ae", "denoising-ae", "dropout-denoising-ae")  # baselines.REGULARISATION's keys
 BASELINES = MODELS  # what ksae-finetune --baseline pretrains
@@ -33,7 +33,8 @@ BASELINE = [
 # Fine-tuning has no --progress-seconds: its ETA is per phase, told by each epoch's line (no progress bar).
 FINETUNE = [
     Option("dataset", "Deprecated: give DATASET as an argument. Labelled dataset: mnist, fashion-mnist, synthetic, "
-           "or your file (see ksae-train). [default: the pretrained run's, with its labels and splits]", None),
+           "or your file (see ksae-train). [default: the pretrained run's, with its labels and splits]", None,
+           resume=KEPT),
     Option("alpha", "Keep alpha*k units per hidden layer (paper, MNIST: 3).", 3.0, float),
     Option("epochs", "Epochs per fine-tuning phase (paper: 200).", FINETUNE_PAPER.epochs, int),
     Option("phases", "Comma-separated phases from softmax,top,all. [default: all (shallow); softmax,top,all (deep)]",

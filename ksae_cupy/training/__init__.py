@@ -4,7 +4,11 @@
 (``KSparseAutoencoder`` with fit / transform), ``learning_rate.py`` (``lr="auto"``: the rate
 from the data's scale), ``runs.py`` (run folders: config, metrics,
 checkpoint), ``checkpoint.py`` (atomic HDF5 checkpoints), ``options.py`` (the option checks that
-training, the baselines and fine-tuning share).
+training, the baselines and fine-tuning share). The training commands' session: ``fields.py`` (every
+option declared once: flag, help, default, resume policy), ``lifecycle.py`` (one run's session: open or
+resume, lock, config.json, fit under the checkpoint policy, the last line), ``resuming.py`` (options
+given on --resume applied or refused), ``stopping.py`` (stop signals), ``progress.py`` (bar and ETA),
+``train_run.py`` (ksae-train's model, new or resumed).
 
 May import: the top-level algorithm, :mod:`ksae_cupy.gpu`, :mod:`ksae_cupy.datasets`.
 """

@@ -17,7 +17,6 @@ same signal again stops at once without saving.
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import time
 from pathlib import Path
@@ -28,13 +27,8 @@ from ksae_cupy.training.checkpoint import CheckpointWriteError
 from ksae_cupy.training.checkpoint_policy import CheckpointPolicy
 from ksae_cupy.training.fields import RUN_LEVEL
 from ksae_cupy.training.runs import RunFolder
+from ksae_cupy.training.stopping import StopOnSignals
 from ksae_cupy.training.wording import epochs_done, position
-
-EXIT_INTERRUPTED = 130
-# What stops a long command cleanly: Ctrl-C, and what docker, SLURM, systemd and `timeout`
-# send (SIGTERM) or a closed terminal sends (SIGHUP).
-STOP_SIGNALS = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM", "SIGHUP": "SIGHUP"}
-
 
 class RunLifecycle:
     """``command`` (how the lines name it) writes run folders of ``kind``; ``values`` are its options
@@ -198,48 +192,3 @@ class RunLifecycle:
 def check_progress_seconds(seconds: float) -> None:
     if not seconds >= 0:  # NaN too
         raise KsaeError(f"--progress-seconds {seconds} is not allowed; use seconds >= 0 (0: a line every batch)")
-
-
-class StopOnSignals:
-    """First Ctrl-C, SIGTERM or SIGHUP: finish the current step, save, exit ``128 + signal``
-    (130, 143, 129). The same signal again: stop at once, without saving.
-
-    ``trainer_of()`` is what gets ``stop_requested`` (None before the trainer exists); :meth:`restore`
-    puts the previous handlers back; :attr:`exit_status` is the status to exit with once stopped.
-    """
-
-    def __init__(self, trainer_of, say, echo):
-        self.trainer_of, self.say, self.echo = trainer_of, say, echo
-        self.received: int | None = None
-        self.previous = {}
-        for name in STOP_SIGNALS:
-            number = getattr(signal, name, None)
-            if number is None:
-                continue  # SIGHUP does not exist on Windows
-            try:
-                self.previous[number] = signal.signal(number, self._handler)
-            except ValueError:  # not the main thread (e.g. inside a test runner's worker)
-                break
-
-    @property
-    def exit_status(self) -> int:
-        return 128 + self.received if self.received is not None else EXIT_INTERRUPTED
-
-    def _handler(self, signum, frame):
-        name = STOP_SIGNALS[signal.Signals(signum).name]
-        trainer = self.trainer_of()
-        if trainer is not None and not trainer.stop_requested:
-            self.received = signum
-            trainer.stop_requested = True
-            self.say(f"\n{name}: stopping after this step and saving a checkpoint ({name} again to stop at once "
-                     f"without saving)", err=True)
-            return
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.echo(f"\n{name}: stopped at once, nothing saved", err=True)
-        sys.exit(128 + signum)
-
-    def restore(self) -> None:
-        for number, handler in self.previous.items():
-            signal.signal(number, handler)
-        self.previous = {}

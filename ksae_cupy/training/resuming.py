@@ -72,15 +72,17 @@ def check_data_options(given: set, values: dict, dataset: str, previous: dict):
 
 
 def check_refused(names, given: set, values: dict, saved: dict, same=None) -> None:
-    """Name every refused option given whose value differs from the run's ``saved`` one;
-    ``same(name, value, saved)`` decides where equality is not the test (it returns None elsewhere)."""
+    """Name every refused option given whose value differs from the run's ``saved`` one.
+    ``same(name, value, saved)`` judges where equality is not the test: True (the run's own), a
+    text (refused, worded so), or None elsewhere (compared with ``==``)."""
     differing = []
     for name in sorted(given & set(names)):
         value = values[name]
         verdict = same(name, value, saved) if same is not None else None
-        if not (value == saved.get(name) if verdict is None else verdict):
-            differing.append(f"--no-k-schedule (the run has k-start {saved['k_start']})" if name == "no_k_schedule"
-                             else f"{flag(name)} {value} (the run has {saved.get(name)})")
+        if verdict is None:
+            verdict = value == saved.get(name) or f"{flag(name)} {value} (the run has {saved.get(name)})"
+        if verdict is not True:
+            differing.append(verdict)
     if differing:
         raise KsaeError("--resume: options contradict the checkpoint (they shape the model or the batches): "
                         + ", ".join(differing))

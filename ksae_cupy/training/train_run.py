@@ -69,12 +69,16 @@ def new_model(config, data, backend, say):
 
 
 def same(name: str, value, saved: dict):
-    """Where a refused option given on --resume is the run's own though not equal to it (None: compare)."""
+    """Where a refused option given on --resume is judged otherwise than by ``==`` (see
+    :func:`~ksae_cupy.training.resuming.check_refused`)."""
     if name == "no_k_schedule":
-        return not (value and saved["k_start"] is not None)
+        has_schedule = saved["k_start"] is not None
+        return not (value and has_schedule) or f"--no-k-schedule (the run has k-start {saved['k_start']})"
     if name == "lr":
         value = parse_lr(value, None)
-        return (value == "auto" and bool(saved.get("lr_auto"))) or value == saved["lr"]
+        if (value == "auto" and bool(saved.get("lr_auto"))) or value == saved["lr"]:
+            return True
+        return f"--lr {value} (the run has {saved['lr']})"
     return None
 
 

@@ -1,0 +1,51 @@
+"""The options and helpers of the commands that read a run folder (ksae-eval, ksae-plot, ksae-analyze)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from ksae_cupy.cli.given_path import GivenPath
+from ksae_cupy.errors import KsaeError
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True}
+
+
+def progress_printer(quiet: bool):
+    """Progress lines go to stderr so stdout stays the result."""
+    return (lambda *a, **k: None) if quiet else (lambda msg: click.echo(msg, err=True))
+
+
+PATH = GivenPath(path_type=Path)
+RUN_DIR = PATH  # existence is checked by open_run, with a one-line error
+DEVICE = click.option("--device", default="auto", help="auto (a GPU when one answers, else the CPU), cpu, gpu or gpu:N.")
+DATA_DIR = click.option("--data-dir", type=PATH, default=None,
+                        help="Data root. [default: $KSAE_DATA_DIR or ./data]")
+QUIET = click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
+
+
+def check_run_outputs(run_dir: Path, *names: str) -> None:
+    """Before minutes of work: the files a command will write into ``run_dir`` can be written
+    (a missing folder is left to the command's own one-line error)."""
+    from ksae_cupy.paths import check_output_file
+
+    if Path(run_dir).is_dir():
+        for name in names:
+            check_output_file(Path(run_dir) / name, "RUN_DIR output")
+
+
+def write_json(path: Path, payload: dict) -> None:
+    import os
+
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def dataset_split(dataset, split: str):
+    """``(X, y)`` of one split of a loaded dataset, or a one-line error when it has none."""
+    X, y = getattr(dataset, f"X_{split}"), getattr(dataset, f"y_{split}")
+    if X is None:
+        raise KsaeError(f"dataset {dataset.name} has no {split} split; use --split valid")
+    return X, y
