@@ -304,9 +304,10 @@ def render(root: Path, found: list[Found], targets: list[Target], command_text) 
 def _row_lines(root, table_name, row, found, targets, command_text) -> list[list]:
     if table_name == ERR and row.key == "raw":
         state = raw_pixels(root)
-        if state is None:
-            return [[row.label, percent(row.error), "missing", "", "", "-", "-",
-                     "`ksae-eval K25_RUN --raw-baseline`", ""]]
+        if state is None:  # the raw-pixel classifier comes with a k-sparse run's evaluation
+            k25 = next((f.state.path for f in found if (f.table, f.key) == (ERR, "k25") and f.state.trained), None)
+            command = command_text("ksae-eval", [k25 or "K25_RUN", "--raw-baseline"])
+            return [[row.label, percent(row.error), "missing", "", "", "-", "-", f"`{command}`", ""]]
         raw = state.results["raw_baseline"]
         return [[row.label, percent(row.error), percent(raw["test_error"]),
                  percent(raw["selected"]["valid_error"]), _gap([raw["test_error"]], row.error), "-", "-",

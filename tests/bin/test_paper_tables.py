@@ -292,3 +292,10 @@ def test_run_starts_again_a_run_stopped_before_its_first_checkpoint(root, tmp_pa
                  "script", children)
     assert [(c, o[0]) for c, o in children.commands] == [("ksae-train", "mnist"), ("ksae-eval", str(folder))]
     assert children.found == {"mnist-k25-5000-seed4": []}  # its config.json and metrics.jsonl removed first
+
+
+def test_a_missing_raw_pixel_row_names_the_evaluation_that_makes_it(tmp_path):
+    train_run(tmp_path / "k25", 25, 5000, test=0.0188)  # evaluated without --raw-baseline
+    text = tables.render(tmp_path, tables.collect(tmp_path), [], lambda c, a: " ".join(map(str, [c, *a])))
+    assert line_of(text, "Raw Pixels", "-")[2:8] == ["missing", "", "", "-", "-",
+                                                      f"`ksae-eval {tmp_path / 'k25'} --raw-baseline`"]
