@@ -19,7 +19,7 @@ import sys
 import click
 
 from ksae_cupy.cli.common import data_options, data_spec, report_errors
-from ksae_cupy.cli.options import CONTEXT, declared
+from ksae_cupy.cli.options import CONTEXT, declared, run_of
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.supervised.baseline_run import REFUSED_NAMES as REFUSED, default_run_dir  # noqa: F401
 from ksae_cupy.supervised.baseline_trainer import KIND  # the run folders' kind
@@ -45,17 +45,14 @@ def baseline_command(ctx, dataset, **values):
       ksae-baseline mnist --model rbm --epochs 500 --threads 1
       ksae-baseline --resume runs/mnist-rbm-h1000-20261125-160500
     """
-    from ksae_cupy.cli import resume as resuming
     from ksae_cupy.cli.progress import RunProgress
     from ksae_cupy.supervised import baseline_run
     from ksae_cupy.supervised import baseline_trainer as bt
-    from ksae_cupy.training.lifecycle import RunLifecycle
     from ksae_cupy.training.runs import dataset_record
 
     values["dataset"] = dataset
-    given = resuming.given(ctx)
-    run = RunLifecycle("ksae-baseline", KIND, values, given, click.echo)
-    ctx.call_on_close(run.release)
+    run = run_of(ctx, "ksae-baseline", KIND, values)
+    given = run.given
     say = run.say
     check_seed("--seed", values["seed"])
     if run.resuming:

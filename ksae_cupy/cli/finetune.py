@@ -30,7 +30,7 @@ from pathlib import Path
 import click
 
 from ksae_cupy.cli.common import GivenPath, data_options, report_errors
-from ksae_cupy.cli.options import CONTEXT, declared
+from ksae_cupy.cli.options import CONTEXT, declared, run_of
 from ksae_cupy.supervised.commands import BASELINES, FINETUNE  # noqa: F401
 from ksae_cupy.supervised.finetune_run import RESULTS, RUN_SHAPING, PhasePace  # noqa: F401 (tests, bin/)
 
@@ -47,17 +47,14 @@ def finetune_command(ctx, pretrained, **values):
     PRETRAINED is [DATASET] [PRETRAINED_RUN_DIR]...: DATASET (a built-in name or your file, as ksae-train takes it) is the pretrained run's when not
     given; with --no-pretraining or --baseline it is required. --dataset is its old spelling.
     """
-    from ksae_cupy.cli import resume as resuming
     from ksae_cupy.supervised import finetune_run as ft
-    from ksae_cupy.training.lifecycle import RunLifecycle
     from ksae_cupy.training.runs import FINETUNE as KIND
 
-    given = resuming.given(ctx)
     ft.check_step(values["step"])
     pretrained, dataset = ft.split_arguments(pretrained, values["dataset"])
+    run = run_of(ctx, "ksae-finetune", KIND, values)
+    given = run.given
     given |= {"dataset"} if dataset is not None else set()
-    run = RunLifecycle("ksae-finetune", KIND, values, given, click.echo)
-    ctx.call_on_close(run.release)
     say = run.say
     if run.resuming:
         ft.refuse_on_resume(given, pretrained)

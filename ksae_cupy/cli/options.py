@@ -40,3 +40,14 @@ def commands() -> dict[str, list[Option]]:
     from ksae_cupy.training.fields import TRAIN
 
     return {"ksae-train": TRAIN, "ksae-baseline": BASELINE, "ksae-finetune": FINETUNE}
+
+
+def run_of(ctx, command: str, kind: str, values: dict):
+    """The session's :class:`~ksae_cupy.training.lifecycle.RunLifecycle`: the options typed on this
+    command line known, the run folder released when the command ends."""
+    from ksae_cupy.cli.resume import given
+    from ksae_cupy.training.lifecycle import RunLifecycle
+
+    run = RunLifecycle(command, kind, values, given(ctx), click.echo)
+    ctx.call_on_close(run.release)
+    return run

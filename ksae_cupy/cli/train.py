@@ -8,7 +8,7 @@ from __future__ import annotations
 import click
 
 from ksae_cupy.cli.common import data_options, data_spec, report_errors
-from ksae_cupy.cli.options import CONTEXT, declared
+from ksae_cupy.cli.options import CONTEXT, declared, run_of
 from ksae_cupy.errors import KsaeError, cli_name
 from ksae_cupy.training.fields import TRAIN, parse_lr
 from ksae_cupy.training.options import check_seed
@@ -38,16 +38,12 @@ def train_command(ctx, dataset, **values):
       ksae-train synthetic --hidden 256 --k 5 --epochs 20 --device cpu
       ksae-train --resume runs/mnist-h1000-k25-20261121-101500
     """
-    from ksae_cupy.cli import resume as resuming
-    from ksae_cupy.training.runs import TRAIN as KIND
     from ksae_cupy.training import train_run
-    from ksae_cupy.training.lifecycle import RunLifecycle
-    from ksae_cupy.training.runs import dataset_record, default_run_dir
+    from ksae_cupy.training.runs import TRAIN as KIND, dataset_record, default_run_dir
 
     values["dataset"] = dataset
-    given = resuming.given(ctx)
-    run = RunLifecycle("ksae-train", KIND, values, given, click.echo)
-    ctx.call_on_close(run.release)
+    run = run_of(ctx, "ksae-train", KIND, values)
+    given = run.given
     say = run.say
     check_seed("--seed", values["seed"])  # paths are checked by RunFolder, memory once the data's width is known
     if run.resuming:

@@ -264,9 +264,9 @@ def _plan(dataset, config, settings, run_dir, resume, overwrite, on_resume, size
     from ksae_cupy.training.runs import RunFolder, default_run_dir
 
     if resume is not None:
-        if overwrite:
-            raise KsaeError(f"--overwrite contradicts --resume: --resume continues the run in {resume}, --overwrite "
-                            f"would discard it; give one")
+        from ksae_cupy.training.resuming import check_overwrite
+
+        check_overwrite(resume, overwrite)
         folder = RunFolder(resume)
         folder.check_resumable()
         ckpt = load_checkpoint(folder.checkpoint)
@@ -371,16 +371,19 @@ def _train(comm, MPI, dataset, config, settings, ckpt, folder, changes, record, 
 
     dropped = agree(comm, open_folder, rank0_only=True)
     if ckpt is not None:
-        at = f"after epoch {ckpt.epoch}, batch {ckpt.batch_in_epoch}" if ckpt.batch_in_epoch else f"after epoch {ckpt.epoch}"
-        say(f"resuming {folder.path} {at} (step {ckpt.step})" + (f"; applied: {', '.join(changes)}" if changes else ""))
+        from ksae_cupy.training.resuming import where_line
+
+        say(where_line(folder.path, ckpt.epoch, ckpt.batch_in_epoch, ckpt.step)
+            + (f"; applied: {', '.join(changes)}" if changes else ""))
         if dropped:
             say(dropped)
     say("config: " + json.dumps(config.to_dict(), sort_keys=True))
     say(f"run folder: {folder.path}")
     if trainer.finished:  # "done: 3 epochs in 0.0 s" would read as if it had trained them
         if rank == 0:
-            log(f"nothing to train: the run had already trained all its {trainer.epoch} epochs (options given are "
-                f"recorded); to train longer, give --epochs N with N > {trainer.epoch}")
+            from ksae_cupy.training.wording import nothing_to_train
+
+            log(nothing_to_train(trainer.epoch))
         return trainer
 
     saved = (ckpt.epoch, ckpt.step) if ckpt is not None else None
@@ -419,9 +422,10 @@ def _train(comm, MPI, dataset, config, settings, ckpt, folder, changes, record, 
     if not trainer.finished:
         stopped = comm.allreduce(signals.received or 0, op=MPI.MAX) or int(signal.SIGTERM)
         if rank == 0:
-            from ksae_cupy.training.wording import position
-            log(f"interrupted {position(trainer.epoch, trainer.batch_in_epoch)}; checkpoint saved to "
-                f"{folder.checkpoint}; continue with: {LAUNCH.format(size=size)} --resume {folder.path}", err=True)
+            from ksae_cupy.training.wording import interrupted, position
+
+            log(interrupted(position(trainer.epoch, trainer.batch_in_epoch), folder.checkpoint, LAUNCH.format(size=size),
+                            folder.path), err=True)
         raise SystemExit(128 + stopped)  # every rank, together: see abort_on_error
     if rank == 0:
         from ksae_cupy.training.wording import epochs_done

@@ -28,7 +28,7 @@ from ksae_cupy.training.checkpoint_policy import CheckpointPolicy
 from ksae_cupy.training.fields import RUN_LEVEL
 from ksae_cupy.training.runs import RunFolder
 from ksae_cupy.training.stopping import StopOnSignals
-from ksae_cupy.training.wording import epochs_done, position
+from ksae_cupy.training.wording import epochs_done, interrupted, nothing_to_train, position
 
 class RunLifecycle:
     """``command`` (how the lines name it) writes run folders of ``kind``; ``values`` are its options
@@ -58,9 +58,7 @@ class RunLifecycle:
         values = self.values
         if self.resuming:
             resume = values["resume"]
-            if values.get("overwrite"):
-                raise KsaeError(f"--overwrite contradicts --resume: --resume continues the run in {resume}, "
-                                f"--overwrite would discard it; give one")
+            resuming.check_overwrite(resume, values.get("overwrite", False))
             self.folder = RunFolder(resume, kind=self.kind)
             self.folder.check_resumable()
             resuming.check_run_dir(values.get("run_dir"), resume)
@@ -176,12 +174,10 @@ class RunLifecycle:
         stopped run stands at (default: ``after epoch 8, batch 173``). Returns whether the run trained to its end in this session."""
         if not trainer.finished:
             at = where(trainer) if where is not None else position(trainer.epoch, trainer.batch_in_epoch)
-            self.echo(f"interrupted {at}; checkpoint saved to {self.folder.checkpoint}; continue with: "
-                      f"{self.command} --resume {self.folder.path}", err=True)
+            self.echo(interrupted(at, self.folder.checkpoint, self.command, self.folder.path), err=True)
             sys.exit(self.stop.exit_status)
-        if self.finished_before and done is not None:  # "done: 3 epochs in 0.0 s" read as if it had trained them
-            self.echo(f"nothing to train: the run had already trained all its {trainer.epoch} epochs (options given "
-                      f"are recorded); to train longer, give --epochs N with N > {trainer.epoch}")
+        if self.finished_before and done is not None:
+            self.echo(nothing_to_train(trainer.epoch))
             return False
         if done is not None:
             self.echo(done.format(epochs=epochs_done(trainer.epoch), seconds=time.perf_counter() - self.started,

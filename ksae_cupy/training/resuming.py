@@ -32,6 +32,12 @@ def run_level(names, values: dict, given: set, previous: dict) -> dict:
     return settings
 
 
+def check_overwrite(resume: Path, overwrite: bool) -> None:
+    if overwrite:
+        raise KsaeError(f"--overwrite contradicts --resume: --resume continues the run in {resume}, --overwrite "
+                        f"would discard it; give one")
+
+
 def check_run_dir(run_dir: Path | None, resume: Path) -> None:
     if run_dir is not None and Path(run_dir).resolve() != Path(resume).resolve():
         raise KsaeError(f"--run-dir {run_dir} is not allowed with --resume; the run lives in {resume} "

@@ -35,3 +35,15 @@ def position(epoch: int, batch_in_epoch: int) -> str:
 def epochs_done(n: int) -> str:
     """``1 epoch``, ``3 epochs``."""
     return f"{n} epoch" if n == 1 else f"{n} epochs"
+
+
+def interrupted(where: str, checkpoint, command: str, run) -> str:
+    """The line of a run stopped by a signal: where it stands, its checkpoint, and how to go on."""
+    return f"interrupted {where}; checkpoint saved to {checkpoint}; continue with: {command} --resume {run}"
+
+
+def nothing_to_train(epoch: int) -> str:
+    """The line of a resumed run that had already trained all its epochs ("done: 3 epochs in 0.0 s"
+    would read as if it had trained them)."""
+    return (f"nothing to train: the run had already trained all its {epoch} epochs (options given are recorded); "
+            f"to train longer, give --epochs N with N > {epoch}")
