@@ -56,8 +56,9 @@ def main():
 @click.option("--data-dir", type=GivenPath(), default=None, help=OPTIONS["data_dir"].help)
 @click.option("--quiet", is_flag=True, help=OPTIONS["quiet"].help)
 @click.option("--fail-at-step", type=int, default=None, hidden=True, help="Fault injection for tests.")
-@click.option("--fail-rank", type=int, default=1, hidden=True)
-@click.option("--fail-mode", type=click.Choice(["raise", "exit"]), default="raise", hidden=True)
+@click.option("--fail-rank", type=int, default=1, hidden=True, help="The rank that fails (--fail-at-step).")
+@click.option("--fail-mode", type=click.Choice(["raise", "exit"]), default="raise", hidden=True,
+              help="How it fails: an exception, or the process exiting.")
 @click.pass_context
 @abort_on_error(spell=flag_of)
 def train(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch_size, lr, momentum, sigma, topk, seed,

@@ -21,7 +21,8 @@ from runfolder import make_run
 ROOT = Path(__file__).resolve().parents[2]
 # None as a default that means "not given: off" (or a choice a new run must make): nothing to state in words.
 OFF_WHEN_ABSENT = {("ksae-train", "resume"), ("ksae-finetune", "resume"), ("ksae-baseline", "resume"),
-                   ("ksae-analyze theorem", "output"), ("ksae-finetune", "baseline"), ("ksae-baseline", "model")}
+                   ("ksae-analyze theorem", "output"), ("ksae-finetune", "baseline"), ("ksae-baseline", "model"),
+                   ("ksae-dist train", "resume"), ("ksae-dist train", "fail_at_step")}
 NOT_CHECKED = ()  # every command is checked
 
 
@@ -39,6 +40,9 @@ def commands() -> dict[str, click.Command]:
         found[name] = command
         for sub_name, sub in getattr(command, "commands", {}).items():
             found[f"{name} {sub_name}"] = sub
+    from ksae_cupy.cli.mpi_train import main as mpi_main  # not a console script: python -m ... under mpiexec
+
+    found["ksae-dist train"] = mpi_main.commands["train"]
     return found
 
 
