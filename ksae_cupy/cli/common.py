@@ -64,8 +64,8 @@ def _flag(name: str) -> str:
     ctx = click.get_current_context(silent=True)
     for param in (ctx.command.params if ctx is not None else ()):
         if param.name == name:
-            if isinstance(param, click.Argument):
-                return param.human_readable_name
+            if isinstance(param, click.Argument):  # by its name: a metavar may say more ([DATASET] [RUN]...)
+                return param.name.upper()
             return max(param.opts, key=len)
     return "--" + name.replace("_", "-")
 

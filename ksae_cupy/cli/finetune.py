@@ -36,7 +36,7 @@ from ksae_cupy.supervised.finetune_run import RESULTS, RUN_SHAPING, PhasePace  #
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("pretrained", nargs=-1, type=GivenPath(path_type=Path))  # run folders, and DATASET
+@click.argument("pretrained", nargs=-1, type=GivenPath(path_type=Path), metavar="[DATASET] [PRETRAINED_RUN_DIR]...")
 @declared(FINETUNE)
 @data_options
 @click.pass_context
@@ -44,7 +44,7 @@ from ksae_cupy.supervised.finetune_run import RESULTS, RUN_SHAPING, PhasePace  #
 def finetune_command(ctx, pretrained, **values):
     """Fine-tune a softmax network initialised from PRETRAINED_RUN_DIR [PRETRAINED_RUN_DIR_2] (ksae-train runs).
 
-    PRETRAINED is [DATASET] [PRETRAINED_RUN_DIR]...: DATASET (a built-in name or your file, as ksae-train takes it) is the pretrained run's when not
+    DATASET (a built-in name or your file, as ksae-train takes it) is the pretrained run's when not
     given; with --no-pretraining or --baseline it is required. --dataset is its old spelling.
     """
     from ksae_cupy.supervised import finetune_run as ft
