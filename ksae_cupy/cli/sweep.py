@@ -19,6 +19,7 @@ from ksae_cupy.cli.common import GivenPath, STOP_SIGNALS, parse_lr, report_error
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.parallel.sweep import check_data, check_specs, grid, run_sweep, write_results
 from ksae_cupy.paths import check_writable_folder
+from ksae_cupy.training.fields import PAPER  # the paper's defaults, typed once (TrainConfig)
 
 
 def _values(text: str, what: str, kind=int) -> list:
@@ -35,13 +36,13 @@ def _values(text: str, what: str, kind=int) -> list:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.argument("dataset")
-@click.option("--k", "ks", default="25", help="Comma-separated k values.")
+@click.option("--k", "ks", default=str(PAPER.k), help="Comma-separated k values.")
 @click.option("--alpha", "alphas", default="1", help="Comma-separated encoding multiples of k (scored per model).")
-@click.option("--hidden", "hiddens", default="1000", help="Comma-separated hidden sizes.")
+@click.option("--hidden", "hiddens", default=str(PAPER.hidden), help="Comma-separated hidden sizes.")
 @click.option("--seeds", default="0", help="Comma-separated seeds.")
 @click.option("--epochs", "epochs", default="50", help="Comma-separated epoch counts.")
-@click.option("--batch-size", type=int, default=128, help="Minibatch size of every training.")
-@click.option("--lr", default="0.01",
+@click.option("--batch-size", type=int, default=PAPER.batch_size, help="Minibatch size of every training.")
+@click.option("--lr", default=str(PAPER.lr),
               help="Learning rate of every training: a number (0.01 is the paper's for MNIST), or auto: derived "
                    "from the training data's scale on each worker, as ksae-train --lr auto does.")
 @click.option("--threads", type=int, default=1,
@@ -62,7 +63,7 @@ def sweep_command(dataset, ks, alphas, hiddens, seeds, epochs, batch_size, lr, t
         raise KsaeError(f"--workers {workers} is not allowed; use a positive number")
     if threads <= 0:
         raise KsaeError(f"--threads {threads} is not allowed; use a positive number of threads per training")
-    base = {"batch_size": batch_size, "lr": parse_lr(lr, 0.01), "threads": threads,
+    base = {"batch_size": batch_size, "lr": parse_lr(lr, PAPER.lr), "threads": threads,
             "k_start": None if no_k_schedule else "auto"}
     specs = grid(_values(ks, "k"), _values(alphas, "alpha", float), _values(hiddens, "hidden"),
                  _values(seeds, "seeds"), _values(epochs, "epochs"), base)
