@@ -7,11 +7,12 @@ from types import SimpleNamespace
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.parallel.data_parallel import RunSettings
 from ksae_cupy.training import resuming, train_run
+from ksae_cupy.training.fields import REFUSED as REFUSED_POLICY, TRAIN, named
 from ksae_cupy.training.trainer import TrainConfig
 
-# Refused on --resume when they differ from the run: they shape the model or the batches (as ksae-train's).
-REFUSED = ("hidden", "k", "k_start", "no_k_schedule", "batch_size", "lr", "momentum", "sigma", "seed", "dtype",
-           "shard_hidden")
+# Refused on --resume when they differ from the run: they shape the model or the batches: ksae-train's
+# (those ksae-dist does not offer are never given), and how the ranks share the work.
+REFUSED = named(TRAIN, REFUSED_POLICY) + ("shard_hidden",)
 # Applied on --resume (kept from the run when not given): options of config.json's, by parameter name.
 RUN_LEVEL = {"device": "device", "comm_kind": "comm", "topk_dist": "topk_dist", "checkpoint_every": "checkpoint_every",
              "data_dir": "data_dir"}
