@@ -24,7 +24,8 @@ BASELINE = [
     SHARED["dtype"],
     *shared("device", "run_dir", "checkpoint_every", "checkpoint_minutes", "overwrite", "resume", "data_dir", "threads",
             "progress_seconds", "quiet",
-            run_dir="Folder for checkpoint.h5, config.json, metrics.jsonl. [default: runs/<dataset>-<model>-h<H>-<time>]",
+            run_dir="Folder for checkpoint.h5, config.json, metrics.jsonl. "
+                    "[default: runs/<dataset>-<model>-h<H>-<time>]",
             resume="Continue the run in this folder; --epochs, --device, --checkpoint-*, --threads, --data-dir and "
                    "--progress-seconds may be given, options that would change the run are refused by name.",
             threads=f"Threads on the CPU for BLAS. {THREADS_DEFAULT}"),

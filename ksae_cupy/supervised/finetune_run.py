@@ -83,14 +83,16 @@ def check_new(values: dict, pretrained, given: set) -> None:
                         f"meant")
     typed = {name for name in ("hidden", "k") if name in given}
     if pretrained and typed:
-        raise KsaeError(f"{' and '.join('--' + name for name in sorted(typed))} only appl"
-                        f"{'y' if len(typed) > 1 else 'ies'} with --no-pretraining or --baseline: the "
-                        f"PRETRAINED_RUN_DIR runs set the layers' sizes and k; leave {'them' if len(typed) > 1 else 'it'} out")
+        many = len(typed) > 1
+        raise KsaeError(f"{' and '.join('--' + name for name in sorted(typed))} only appl{'y' if many else 'ies'} "
+                        f"with --no-pretraining or --baseline: the PRETRAINED_RUN_DIR runs set the layers' sizes and "
+                        f"k; leave {'them' if many else 'it'} out")
     if baseline and "k" in typed:
         raise KsaeError(f"--k only applies with --no-pretraining: --baseline {baseline} gives sigmoid layers, which "
                         f"keep every unit; leave it out")
     if values["pretrain_epochs"] <= 0:
-        raise KsaeError(f"--pretrain-epochs {values['pretrain_epochs']} is not allowed; use a positive number of epochs")
+        raise KsaeError(f"--pretrain-epochs {values['pretrain_epochs']} is not allowed; use a positive number of "
+                        f"epochs")
     if baseline and values["step"] == "sparse":  # said before the pretraining, not after it
         raise KsaeError(f"--step sparse needs k-sparse layers without dropout; --baseline {baseline} gives "
                         f"sigmoid layers; use --step dense or auto")
@@ -111,7 +113,8 @@ def read_pretrained(pretrained) -> tuple[list, list, list, dict]:
         ks.append(model.k)
         # epochs_trained: the pretrained run's epochs when it was read (a run may go on training after)
         sources.append({"run_dir": str(path), "dataset": run_config.get("dataset"), "k": model.k,
-                        "hidden": model.n_hidden, "data": run_config.get("data"), "epochs_trained": model.trainer_.epoch})
+                        "hidden": model.n_hidden, "data": run_config.get("data"),
+                        "epochs_trained": model.trainer_.epoch})
     return encoders, ks, sources, network
 
 

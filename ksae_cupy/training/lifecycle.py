@@ -1,7 +1,8 @@
 """One session of a training run, the same for every command (ksae-train, ksae-baseline, ksae-finetune).
 
     run = RunLifecycle("ksae-train", TRAIN, values, given, echo)
-    previous = run.open(default_dir)      # --resume: check, lock, read the run; a new run: check its folder
+    run.open(default_dir)                 # --resume: check, lock, read the run and its data (run.spec);
+                                          #   a new run: check its folder; then the session's settings
     backend = run.start()                 # the device and the CPU threads: as given, else the run's
     data = run.load(spec)
     run.begin(record, "train", trainer)   # folder, identity, config.json, and the lines that say where
@@ -30,6 +31,7 @@ from ksae_cupy.training.runs import RunFolder
 from ksae_cupy.training.stopping import StopOnSignals
 from ksae_cupy.training.wording import epochs_done, interrupted, nothing_to_train, position
 
+
 class RunLifecycle:
     """``command`` (how the lines name it) writes run folders of ``kind``; ``values`` are its options
     by name, ``given`` those typed; ``echo(message, err=False)`` prints (``say`` is silent with --quiet)."""
@@ -52,9 +54,9 @@ class RunLifecycle:
     # -- before any work ---------------------------------------------------------------------
     def open(self, default_dir=None) -> dict | None:
         """--resume: the run's folder checked, locked (until the process ends or :meth:`release`), its
-        data checked (:attr:`spec`) and its config.json returned; a new run: its folder checked (made and locked by :meth:`begin`) when
-        ``default_dir`` is given, else by :meth:`new_folder` later.
-        Then the session's settings and checkpoint policy."""
+        data checked (:attr:`spec`) and its config.json returned. A new run: its folder checked (made and
+        locked by :meth:`begin`) when ``default_dir`` is given, else by :meth:`new_folder` later. Then the
+        session's settings (:attr:`settings`) and checkpoint policy (:attr:`policy`)."""
         values = self.values
         if self.resuming:
             resume = values["resume"]
@@ -133,8 +135,8 @@ class RunLifecycle:
         report into metrics.jsonl, its ``epoch_lines(report)`` said, then ``save()`` when the policy
         says (unless ``saves_itself``: fit then saves by ``self.policy.after_epoch`` and at the end);
         mid-epoch when the minutes are up; at the end when the session trained a step.
-        ``trainer_of()`` is the trainer (None before fit makes it); ``on_end()`` runs once fit has returned
-        or raised (e.g. to clear a progress bar)."""
+        ``trainer_of()`` is the trainer (None before fit makes it); ``on_end()`` runs once fit has
+        returned or raised (e.g. to clear a progress bar)."""
         def batch(done, total):
             if on_batch is not None:
                 on_batch(done, total)
@@ -164,25 +166,26 @@ class RunLifecycle:
             if not saves_itself and (trainer_of().step != step_before or not self.folder.checkpoint.exists()):
                 save()
         except CheckpointWriteError as exc:  # what to do next depends on whether a checkpoint is there to resume
-            raise exc.advise(f"continue the run with: {self.command} --resume {self.folder.path}" if exc.kept else
-                             "start the run again with --overwrite (no checkpoint was written to resume from)") from None
+            then = (f"continue the run with: {self.command} --resume {self.folder.path}" if exc.kept else
+                    "start the run again with --overwrite (no checkpoint was written to resume from)")
+            raise exc.advise(then) from None
 
-    def end(self, trainer, done: str | None, where=None) -> bool:
+    def end(self, trainer, done: str | None, where=None) -> None:
         """The session's last line: ``interrupted <where>; ... continue with: <command> --resume RUN``
-        (and the exit status of the signal), ``nothing to train`` when the run had already trained
-        all its epochs, else ``done`` (None: the command says it). ``where(trainer)`` words the point a
-        stopped run stands at (default: ``after epoch 8, batch 173``). Returns whether the run trained to its end in this session."""
+        (then exit with the signal's status), ``nothing to train`` when the run had already trained all
+        its epochs, else ``done`` formatted (None: the command says it). ``where(trainer)`` words the
+        point a stopped run stands at (default: ``after epoch 8, batch 173``)."""
         if not trainer.finished:
             at = where(trainer) if where is not None else position(trainer.epoch, trainer.batch_in_epoch)
             self.echo(interrupted(at, self.folder.checkpoint, self.command, self.folder.path), err=True)
             sys.exit(self.stop.exit_status)
-        if self.finished_before and done is not None:
+        if done is None:
+            return
+        if self.finished_before:
             self.echo(nothing_to_train(trainer.epoch))
-            return False
-        if done is not None:
+        else:
             self.echo(done.format(epochs=epochs_done(trainer.epoch), seconds=time.perf_counter() - self.started,
                                   checkpoint=self.folder.checkpoint, run=self.folder.path))
-        return True
 
 
 def check_progress_seconds(seconds: float) -> None:

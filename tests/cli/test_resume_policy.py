@@ -78,7 +78,8 @@ import json  # noqa: E402
 import shutil  # noqa: E402
 
 from ksae_cupy.cli.options import commands  # noqa: E402
-from ksae_cupy.training.fields import APPLIED, DATA, KEPT, REFUSED, RUN_LEVEL, SESSION, policies, resume_table  # noqa: E402
+from ksae_cupy.training.fields import (APPLIED, DATA, KEPT, REFUSED, RUN_LEVEL, SESSION, policies,  # noqa: E402
+                                      resume_table)
 
 COMMANDS = {"ksae-train": train_command, "ksae-baseline": baseline_command, "ksae-finetune": finetune_command}
 SECTION = {"ksae-train": "train", "ksae-baseline": "baseline", "ksae-finetune": "finetune"}

@@ -27,8 +27,8 @@ def test_the_estimators_defaults_are_train_configs():
 
 
 def test_the_commands_defaults_are_train_configs():
-    for command, names in ((train_command, PAPER.to_dict()), (baseline_command, ("hidden", "epochs", "batch_size",
-                                                                                  "momentum", "sigma", "seed", "dtype"))):
+    baseline_names = ("hidden", "epochs", "batch_size", "momentum", "sigma", "seed", "dtype")
+    for command, names in ((train_command, PAPER.to_dict()), (baseline_command, baseline_names)):
         shown = {p.name: p.default for p in command.params if not getattr(p, "is_flag", False)}
         for name in names:
             if name in shown and shown[name] is not None:
