@@ -86,6 +86,22 @@ def run_until(argv: list[str], log_path: Path, timeout: float, *, interrupt: boo
     return {"status": status, "seconds": time.monotonic() - start, "timed_out": timed_out}
 
 
+def exit_meaning(status: int, tail: list[str], received: int | None) -> tuple[str, object]:
+    """What a child's exit means: ``("ok", None)``; ``("stopped", exit status to end with)`` after a
+    signal (this process's ``received``, or the child's own); ``("diverged", message)``; else
+    ``("failed", message)``. The commands exit 1 with one ``error:`` line only when training
+    diverged ("the loss became nan ..."); 1 after a traceback is a crash, 2 a refused input."""
+    if status == 0 and received is None:
+        return "ok", None
+    if received is not None or status < 0 or status in (129, 130, 143):
+        return "stopped", 128 - status if status < 0 else status if status >= 128 else 128 + received
+    errors = [line for line in tail if line.startswith("error:")]
+    message = errors[-1][len("error:"):].strip() if errors else (tail[-1] if tail else f"exit status {status}")
+    if status == 1 and errors and not any(line.startswith("Traceback") for line in tail):
+        return "diverged", message
+    return "failed", message
+
+
 class Stopped(Exception):
     """This process was asked to stop (a signal); ``status`` is the exit status to end with."""
 

@@ -17,6 +17,7 @@ from ksae_cupy.training.runs import CHECKPOINT, CONFIG, FINETUNE, METRICS, TRAIN
 
 BASELINE = "ksae-baseline"
 EVAL, FINETUNE_RESULTS = "eval.json", "finetune.json"
+DIVERGED = "diverged.json"  # written by the scripts into the folder of a run that diverged (kept: remove it to retry)
 
 
 def read_json(path: Path):
@@ -71,6 +72,7 @@ class RunState:
     has_checkpoint: bool
     results: dict | None = field(repr=False)
     locked: str | None = None  # why another live process holds the folder (a run writing it now)
+    diverged: str | None = None  # the message of a run that diverged (diverged.json)
 
     @property
     def trained(self) -> bool:
@@ -89,6 +91,8 @@ class RunState:
         """A few words on where the run stands."""
         if self.done:
             return "done"
+        if self.diverged:
+            return f"diverged: {self.diverged}"
         if self.locked:
             return f"running: epoch {self.epochs_done} of {self.epochs_asked}"
         if self.trained:
@@ -109,7 +113,8 @@ def run_state(folder: Path) -> RunState:
     return RunState(path=folder, kind=kind, config=config, epochs_asked=epochs_asked(config),
                     epochs_done=len(records) if kind == FINETUNE else (records[-1].get("epoch", 0) if records else 0),
                     seconds=float(sum(r.get("seconds", 0.0) for r in records)),
-                    has_checkpoint=(folder / CHECKPOINT).is_file(), results=results, locked=locked_by(folder))
+                    has_checkpoint=(folder / CHECKPOINT).is_file(), results=results, locked=locked_by(folder),
+                    diverged=(read_json(folder / DIVERGED) or {}).get("message"))
 
 
 def find_runs(root: Path) -> list[RunState]:
@@ -134,6 +139,14 @@ def evaluation_is_current(folder: Path, alphas=None, l2_grid=None, raw_baseline:
     if l2_grid is not None and result.get("l2_grid") != sorted((float(v) for v in l2_grid), reverse=True):
         return False
     return not raw_baseline or "raw_baseline" in result
+
+
+def record_diverged(folder: Path, message: str) -> None:
+    """Write ``diverged.json`` into ``folder``: the scripts then leave its run alone (remove it to retry)."""
+    from ksae_cupy.atomic import write_json_atomic
+
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    write_json_atomic(Path(folder) / DIVERGED, {"message": message, "time": utc_now()}, sort_keys=False)
 
 
 def utc_now() -> str:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ksae_cupy import paper
-from ksae_cupy.reports.folders import BASELINE, RunState, clear_unstarted, find_runs, read_json
+from ksae_cupy.reports.children import exit_meaning
+from ksae_cupy.reports.folders import BASELINE, DIVERGED, RunState, clear_unstarted, find_runs, read_json, record_diverged
 from ksae_cupy.reports.markdown import percent, percent_spread, table
 from ksae_cupy.training.runs import FINETUNE, TRAIN
 
@@ -237,7 +238,9 @@ def _folder_name(table_name: str, key: str, length: Length, seed: int) -> str:
 def _steps(t: Target, root: Path, s: Settings, found: list[Found], script: str) -> list:
     threads = ["--threads", s.threads]
     state = t.found.state if t.found else None
-    if state is not None and (state.done or state.locked):  # done, or being run by another process now
+    if state is not None and (state.done or state.locked or state.diverged):  # nothing to run here now
+        return []
+    if state is None and (t.folder / DIVERGED).is_file():  # diverged before it wrote its config.json
         return []
     if t.table == ERR:
         evaluate = ("ksae-eval", [t.folder, *threads, *(["--raw-baseline"] if t.key == "k25" and t.seed == 0 else
@@ -424,10 +427,12 @@ def build(root: Path, out: Path, rows, settings: Settings, command_text, script:
             clear_unstarted(args[args.index("--run-dir") + 1])
         name = f"{target.table}-{target.key}-seed{target.seed}-{Path(str(command)).name}"
         status, tail = children.run(name, command, args)
+        meaning, detail = exit_meaning(status, tail, children.received)
+        if meaning == "diverged":  # recorded in its folder, left alone from now on; the other rows still run
+            record_diverged(target.folder, detail)
         targets = write_tables(root, out, rows, settings, command_text, script)
         children.check_stop()
-        if status != 0:
-            raise StepFailed(f"{command_text(command, args)} exited with status {status}: "
-                             f"{tail[-1] if tail else 'no output'}", status)
+        if meaning == "failed":
+            raise StepFailed(f"{command_text(command, args)} exited with status {status}: {detail}", status)
         if any(t.steps and t.steps[0] == (command, args) for t in targets):  # would loop forever
             raise StepFailed(f"{command_text(command, args)} ended (status 0) but its run is still not done", 1)

@@ -215,8 +215,11 @@ def test_a_missing_runs_root_is_an_error_without_run(tmp_path):
 class FakeChildren:
     """Does what each command would do to the run folders, at once; records the commands."""
 
-    def __init__(self, fail_on: str | None = None):
+    received = None  # no stop signal
+
+    def __init__(self, fail_on: str | None = None, status: int = 2, message: str = "error: --k 2000 is not allowed"):
         self.commands, self.fail_on, self.found = [], fail_on, {}
+        self.status, self.message = status, message
 
     def check_stop(self):
         pass
@@ -227,7 +230,11 @@ class FakeChildren:
             folder = Path(options[options.index("--run-dir") + 1])
             self.found[folder.name] = sorted(p.name for p in folder.iterdir()) if folder.exists() else None
         if command == self.fail_on:
-            return 1, ["error: the loss became nan"]
+            if command == "ksae-train" and "--run-dir" in options:  # as the command does: config.json first
+                train_run(Path(options[options.index("--run-dir") + 1]), int(options[options.index("--k") + 1]),
+                          int(options[options.index("--epochs") + 1]), seed=int(options[options.index("--seed") + 1]),
+                          done=0)
+            return self.status, ["epoch 1 ...", self.message]
         options = list(options)
         if command == "ksae-train" and options[0] == "--resume":
             folder = Path(options[1])
@@ -266,7 +273,7 @@ def test_run_stops_at_a_failed_command_with_its_status_and_the_tables_so_far(roo
     with pytest.raises(tables.StepFailed) as failed:
         tables.build(root, out, [("err_mnist", "k40")], tables.Settings(), lambda c, a: c, "script",
                      FakeChildren(fail_on="ksae-train"))
-    assert failed.value.status == 1 and "error: the loss became nan" in str(failed.value)
+    assert failed.value.status == 2 and str(failed.value).endswith("status 2: --k 2000 is not allowed")
     assert line_of(out.read_text(), "k-Sparse Autoencoder, k = 40", "5000")[2] == "stopped at epoch 1200 of 5000"
 
 
@@ -299,3 +306,20 @@ def test_a_missing_raw_pixel_row_names_the_evaluation_that_makes_it(tmp_path):
     text = tables.render(tmp_path, tables.collect(tmp_path), [], lambda c, a: " ".join(map(str, [c, *a])))
     assert line_of(text, "Raw Pixels", "-")[2:8] == ["missing", "", "", "-", "-",
                                                       f"`ksae-eval {tmp_path / 'k25'} --raw-baseline`"]
+
+
+def test_run_records_a_diverged_run_leaves_it_alone_and_runs_the_other_rows(root, tmp_path):
+    out = tmp_path / "t.md"
+    children = FakeChildren(fail_on="ksae-train", status=1, message="error: the loss became nan in epoch 1201")
+    rows = [("err_mnist", "k40"), ("err_mnist", "k25")]
+    tables.build(root, out, rows, tables.Settings(seeds=(0, 5)), lambda c, a: c, "script", children)
+    # k40 seed 0 (resumed) diverged, k40 seed 5 and k25 seed 5 (new) diverged too: each tried once, then left
+    assert [(c, o[0]) for c, o in children.commands] == [
+        ("ksae-train", "--resume"), ("ksae-train", "mnist"), ("ksae-train", "mnist")]
+    record = json.loads((root / "k40" / "diverged.json").read_text())
+    assert record["message"] == "the loss became nan in epoch 1201"
+    assert line_of(out.read_text(), "k-Sparse Autoencoder, k = 40", "5000")[2] == \
+        "diverged: the loss became nan in epoch 1201"
+    children.commands.clear()  # the same command again: a diverged run is not tried again
+    tables.build(root, out, rows, tables.Settings(seeds=(0, 5)), lambda c, a: c, "script", children)
+    assert children.commands == []
