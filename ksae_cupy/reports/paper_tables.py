@@ -192,6 +192,7 @@ def plan(root: Path, rows: list[tuple[str, str]], settings: Settings, found: lis
     ``rows`` lacks it)."""
     found = collect(root) if found is None else found
     targets: dict[tuple, Target] = {}
+    raw = raw_pixels(root) is None  # the raw-pixel row is missing: k = 25's evaluation (seed 0) adds it
 
     def add(table_name, key, seed):
         length = _length(table_name, key, settings)
@@ -204,7 +205,7 @@ def plan(root: Path, rows: list[tuple[str, str]], settings: Settings, found: lis
         if match is None and key == "deep-ksparse":  # where the script that makes it puts the fine-tuning
             folder = folder / "finetune" / "deep_ksparse"
         target = Target(table_name, key, length, seed, folder, match)
-        target.steps = _steps(target, root, settings, found, deep_ksparse_script)
+        target.steps = _steps(target, root, settings, found, deep_ksparse_script, raw)
         targets[(table_name, key, str(length), seed)] = target
         return target
 
@@ -235,7 +236,7 @@ def _folder_name(table_name: str, key: str, length: Length, seed: int) -> str:
     return f"fn-{key}{pretrain}-{length.finetune}{suffix}"
 
 
-def _steps(t: Target, root: Path, s: Settings, found: list[Found], script: str) -> list:
+def _steps(t: Target, root: Path, s: Settings, found: list[Found], script: str, raw: bool) -> list:
     threads = ["--threads", s.threads]
     state = t.found.state if t.found else None
     if state is not None and (state.done or state.locked or state.diverged):  # nothing to run here now
@@ -243,8 +244,8 @@ def _steps(t: Target, root: Path, s: Settings, found: list[Found], script: str) 
     if state is None and (t.folder / DIVERGED).is_file():  # diverged before it wrote its config.json
         return []
     if t.table == ERR:
-        evaluate = ("ksae-eval", [t.folder, *threads, *(["--raw-baseline"] if t.key == "k25" and t.seed == 0 else
-                                                       ["--max-iter", 1000] if not t.key.startswith("k") else [])])
+        evaluate = ("ksae-eval", [t.folder, *threads, *(["--raw-baseline"] if raw and t.key == "k25" and t.seed == 0
+                                                       else ["--max-iter", 1000] if not t.key.startswith("k") else [])])
         if state is not None and state.trained:
             return [evaluate]
         if state is not None and state.has_checkpoint:

@@ -323,3 +323,13 @@ def test_run_records_a_diverged_run_leaves_it_alone_and_runs_the_other_rows(root
     children.commands.clear()  # the same command again: a diverged run is not tried again
     tables.build(root, out, rows, tables.Settings(seeds=(0, 5)), lambda c, a: c, "script", children)
     assert children.commands == []
+
+
+def test_the_raw_pixel_classifier_is_asked_of_k25s_evaluation_only_while_its_row_is_missing(root, tmp_path):
+    def evaluation(where):
+        [target] = tables.plan(where, [("err_mnist", "k25")], tables.Settings(ksparse_epochs=1000))
+        return target.steps[-1]
+
+    assert evaluation(tmp_path / "empty") == ("ksae-eval", [tmp_path / "empty" / "mnist-k25-1000", "--threads", 1,
+                                                            "--raw-baseline"])
+    assert evaluation(root) == ("ksae-eval", [root / "mnist-k25-1000", "--threads", 1])  # k25-seed0 has it
