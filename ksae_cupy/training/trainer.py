@@ -454,6 +454,19 @@ class Trainer:
         """The fraction of units dead over the last ``dead_window`` examples (:meth:`dead_h`)."""
         return float(to_host(self.dead_h().mean()))
 
+    def train_batch(self, X_nd, k: int | None = None, lr: float | None = None) -> float:
+        """One step on the batch ``X_nd`` outside the epoch loop (a tool probing a rate, as
+        bin/measure-lr does): the gradients at ``k`` (the current k), then, when the loss is finite,
+        the update at ``lr`` (the run's). Returns the batch's loss; counts nothing (epoch, step,
+        dead units). The step and update are the ones an epoch at that k takes."""
+        k = self.current_k() if k is None else k
+        step, lanes = self._at(k)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"), self._blas_for(lanes):
+            loss, grads, _ = self._batch_gradients(X_nd, k)
+            if math.isfinite(loss):
+                step.update(self.optimizer, self.params, grads, self.config.lr if lr is None else lr)
+        return loss
+
     def step_seconds(self, X_nd, k: int, steps: int = 5) -> float:
         """Median seconds of one training step (gradients and momentum update) at ``k`` on the
         batch ``X_nd``, taken on scratch copies: the run's parameters and velocities are untouched.

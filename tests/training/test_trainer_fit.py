@@ -117,3 +117,22 @@ def test_the_update_is_the_kernels_where_they_run_and_the_optimizers_elsewhere(m
     monkeypatch.setenv("KSAE_CPU_KERNELS", "0")
     plain = Trainer(_config(step="sparse"), CPU, X_nd.shape[1])
     assert plain.update_for(4) is MomentumSGD.step and plain.update_for(12) is MomentumSGD.step
+
+
+def test_train_batch_is_one_step_of_the_epoch_loop_and_counts_nothing():
+    X_nd, _ = _data(N=32)  # one batch: an epoch is that one step
+    config = _config(k_start=None, epochs=1, step="sparse")
+    by_epoch = Trainer(config, CPU, X_nd.shape[1])
+    rng = np.random.default_rng()
+    rng.bit_generator.state = by_epoch.rng.bit_generator.state
+    order = rng.permutation(32)  # the epoch's order, as run_epoch will draw it
+    report = by_epoch.run_epoch(X_nd)
+    probe = Trainer(_config(k_start=None, epochs=1, step="sparse"), CPU, X_nd.shape[1])
+    loss = probe.train_batch(X_nd[order])
+    assert loss == report.train_loss
+    for name in probe.params:
+        np.testing.assert_array_equal(probe.params[name], by_epoch.params[name], err_msg=name)
+    assert (probe.epoch, probe.step) == (0, 0)
+    before = {name: value.copy() for name, value in probe.params.items()}
+    probe.train_batch(X_nd, lr=0.0)  # the update at rate 0 moves the weights by momentum alone
+    assert not np.array_equal(probe.params["W_dh"], before["W_dh"])
