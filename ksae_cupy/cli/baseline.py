@@ -21,9 +21,9 @@ import click
 from ksae_cupy.cli.common import data_options, data_spec, report_errors
 from ksae_cupy.cli.options import CONTEXT, declared, run_of
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.supervised.baseline_run import REFUSED_NAMES as REFUSED, default_run_dir  # noqa: F401
+from ksae_cupy.supervised.baseline_run import default_run_dir
 from ksae_cupy.supervised.baseline_trainer import KIND  # the run folders' kind
-from ksae_cupy.supervised.commands import BASELINE, MODELS  # noqa: F401
+from ksae_cupy.supervised.commands import BASELINE
 from ksae_cupy.training.options import check_seed
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import sys
 import warnings
-from pathlib import Path
 
 import click
 

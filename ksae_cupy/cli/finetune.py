@@ -31,8 +31,8 @@ import click
 
 from ksae_cupy.cli.common import GivenPath, data_options, report_errors
 from ksae_cupy.cli.options import CONTEXT, declared, run_of
-from ksae_cupy.supervised.commands import BASELINES, FINETUNE  # noqa: F401
-from ksae_cupy.supervised.finetune_run import RESULTS, RUN_SHAPING, PhasePace  # noqa: F401 (tests, bin/)
+from ksae_cupy.supervised.commands import FINETUNE
+from ksae_cupy.supervised.finetune_run import RESULTS, PhasePace
 
 
 @click.command(context_settings=CONTEXT)

@@ -16,10 +16,8 @@ from __future__ import annotations
 import click
 
 from ksae_cupy.training import fields
-from ksae_cupy.training.resuming import (apply, check_data_options, check_dataset, check_run_dir,  # noqa: F401
-                                         where_line)
+from ksae_cupy.training.resuming import apply
 from ksae_cupy.training.train_run import IN_CHECKPOINT
-from ksae_cupy.training.wording import epochs_done, position  # noqa: F401 (used here and by the commands)
 
 DATA = fields.DATA[1:]  # the data options: they choose the rows a run trains on
 SESSION = fields.named(fields.TRAIN, fields.SESSION)

@@ -1,11 +1,11 @@
 """The options and helpers of the commands that read a run folder (ksae-eval, ksae-plot, ksae-analyze)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
+from ksae_cupy.atomic import write_json_atomic
 from ksae_cupy.cli.given_path import GivenPath
 from ksae_cupy.errors import KsaeError
 
@@ -36,11 +36,7 @@ def check_run_outputs(run_dir: Path, *names: str) -> None:
 
 
 def write_json(path: Path, payload: dict) -> None:
-    import os
-
-    tmp = Path(str(path) + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_json_atomic(path, payload)
 
 
 def dataset_split(dataset, split: str):

@@ -12,7 +12,7 @@ from ksae_cupy.cli.options import CONTEXT, declared, run_of
 from ksae_cupy.errors import KsaeError, cli_name
 from ksae_cupy.training.fields import TRAIN, parse_lr
 from ksae_cupy.training.options import check_seed
-from ksae_cupy.training.train_run import AUTO_LR_DATASETS, describe_auto_lr  # noqa: F401 (bin/ and tests)
+from ksae_cupy.training.train_run import AUTO_LR_DATASETS
 
 
 @click.command(context_settings=CONTEXT)

@@ -5,13 +5,12 @@ Also the positional arguments' meaning, the ETA of the phases and the results fi
 from __future__ import annotations
 
 import datetime as _dt
-import json
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 
+from ksae_cupy.atomic import write_json_atomic
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.supervised import finetune
 from ksae_cupy.supervised.commands import FINETUNE
@@ -193,9 +192,7 @@ def write_results(folder, trainer, data, dataset: str, backend, started: float) 
                    "test_error": error(data.X_test, data.y_test) if data.X_test is not None else None,
                    "wall_seconds_this_session": time.perf_counter() - started,
                    "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
-    tmp = folder.path / (RESULTS + ".tmp")
-    tmp.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, folder.path / RESULTS)
+    write_json_atomic(folder.path / RESULTS, results)
     return results
 
 

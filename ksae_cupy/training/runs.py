@@ -23,10 +23,10 @@ import dataclasses
 import datetime as _dt
 import hashlib
 import json
-import os
 import uuid
 from pathlib import Path
 
+from ksae_cupy.atomic import write_json_atomic, write_text_atomic
 from ksae_cupy.errors import KsaeError, note
 from ksae_cupy.paths import check_writable_folder
 from ksae_cupy.training.runlock import RunLock, check_unlocked
@@ -192,9 +192,7 @@ class RunFolder:
         """Write config.json (atomically), with the run's identity when it has one."""
         if self.run_id is not None:
             config = {**config, "run_id": self.run_id, "kind": self.kind}
-        tmp = self.path / (CONFIG + ".tmp")
-        tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, self.path / CONFIG)
+        write_json_atomic(self.path / CONFIG, config)
 
     def read_config(self) -> dict:
         try:
@@ -218,9 +216,7 @@ class RunFolder:
         records, cut = parse_metrics(path)
         kept = [record for record in records if record.get("step", 0) <= step]
         if len(kept) != len(records) or cut:
-            tmp = self.path / (METRICS + ".tmp")
-            tmp.write_text("".join(json.dumps(record) + "\n" for record in kept))
-            os.replace(tmp, path)
+            write_text_atomic(path, "".join(json.dumps(record) + "\n" for record in kept))
         return len(records) - len(kept) + cut
 
     def drop_metrics_after(self, step: int, epoch: int, epochs: int) -> str | None:

@@ -6,7 +6,6 @@ they are used (the device resolved, the data root the loader gets, the checkpoin
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 
