@@ -1,5 +1,8 @@
 """Click options made from the declarations of :mod:`ksae_cupy.training.fields` (one source for a
-command's flags, help, defaults and resume policy), and the resume table of every training command."""
+command's flags, help, defaults and resume policy), and the resume table of every training command:
+
+    python -m ksae_cupy.cli.options       # prints it, as markdown (what --resume does with each option)
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -51,3 +54,14 @@ def run_of(ctx, command: str, kind: str, values: dict):
     run = RunLifecycle(command, kind, values, given(ctx), click.echo)
     ctx.call_on_close(run.release)
     return run
+
+
+def resume_table() -> str:
+    """What --resume does with every option of ksae-train, ksae-baseline and ksae-finetune (markdown)."""
+    from ksae_cupy.training.fields import resume_table as table
+
+    return table(commands())
+
+
+if __name__ == "__main__":
+    print(resume_table())

@@ -114,6 +114,9 @@ def test_every_option_of_every_command_has_a_policy_and_a_changed_value():
     for command, name in CASES:
         assert name in CHANGED, f"{command} {name}: no value to change it to on --resume in this test"
     table = resume_table(commands())
+    from ksae_cupy.cli.options import resume_table as printed
+
+    assert printed() == table
     assert table.splitlines()[0] == "| option | ksae-train | ksae-baseline | ksae-finetune |"
     assert "| --epochs | applied | applied | refused |" in table
     assert "| --quiet | session | session | session |" in table
