@@ -109,7 +109,8 @@ class TrainConfig:
             except KsaeError as exc:
                 raise bad(field, _template(str(exc))) from None
 
-        hidden = name("hidden")  # the other field a message names, spelled in Python terms (as "1 <= k <= hidden")
+        # The other field a message names, in words ("1 <= k <= hidden"; n_hidden from the estimator), flag or not.
+        hidden = name("hidden").lstrip("-")
         checked("hidden", check_positive_count, self.hidden, "hidden units")
         if not 1 <= self.k <= self.hidden:
             raise bad("k", f"{{name}} {self.k} is not allowed; use 1 <= k <= {hidden} ({self.hidden})")

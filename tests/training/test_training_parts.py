@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from ksae_cupy.errors import KsaeError, OptionError
+from ksae_cupy.errors import KsaeError, OptionError, cli_name
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.schedules import linear_decay, resolve_k_start, sparsity_at_epoch
 from ksae_cupy.training.trainer import TrainConfig
@@ -74,6 +74,9 @@ def test_config_messages_name_the_other_fields_as_the_caller_spells_them():
     with pytest.raises(OptionError) as refused:
         TrainConfig(hidden=10, k=5, k_start=3).validate()
     assert refused.value.spelled("--k-start") == "--k-start 3 is not allowed; use --k-start >= k (5)"
+    # A caller that still spells fields as flags (name=cli_name) gets its spelling, and the other field in words.
+    with pytest.raises(KsaeError, match=r"^--k 11 is not allowed; use 1 <= k <= hidden \(10\)$"):
+        TrainConfig(hidden=10, k=11, k_start=None).validate(name=cli_name)
 
 
 def test_config_rejects_batch_larger_than_training_set():
