@@ -131,10 +131,3 @@ class GradientWithDeadRows(RowScatterGradient):
         dW_dh[:, self.dead_m] += self.dWd_md.T
         return dW_dh if dtype is None else dW_dh.astype(dtype)
 
-
-def loss_and_grads_auxk_for(step: str, k: int, H: int):
-    """The AuxK step (dense reference or sparse) that ``step`` resolves to at this k and H."""
-    from ksae_cupy import model
-    from ksae_cupy.sparse_step import choose_step
-
-    return loss_and_grads_sparse_auxk if choose_step(step, k, H) == "sparse" else model.loss_and_grads_auxk

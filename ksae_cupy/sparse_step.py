@@ -168,8 +168,3 @@ def sparse_layout(W_dh):
     the contiguous ``(H, D)`` array of one row per hidden unit. Same values, same shape."""
     return array_module(W_dh).asfortranarray(W_dh)
 
-
-def loss_and_grads_for(step: str, k: int, H: int):
-    """The step function (dense reference or sparse) that ``step`` resolves to at this k and H."""
-    from ksae_cupy import model
-    return loss_and_grads_sparse if choose_step(step, k, H) == "sparse" else model.loss_and_grads

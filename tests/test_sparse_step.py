@@ -4,7 +4,7 @@ import pytest
 
 from ksae_cupy import model
 from ksae_cupy.errors import KsaeError, OptionError
-from ksae_cupy.sparse_step import choose_step, loss_and_grads_for, loss_and_grads_sparse
+from ksae_cupy.sparse_step import choose_step, loss_and_grads_sparse
 
 
 def draw(N, D, H, seed, dtype=np.float64):
@@ -42,8 +42,13 @@ def test_auto_picks_sparse_for_small_k_over_h_and_dense_otherwise(cpu_path):
     assert choose_step("auto", 250, 1000) == ("sparse" if cpu_path == "numba" else "dense")
     assert choose_step("auto", 251, 1000) == "dense"
     assert choose_step("dense", 1, 1000) == "dense"
-    assert loss_and_grads_for("sparse", 1000, 1000) is loss_and_grads_sparse
-    assert loss_and_grads_for("auto", 1000, 1000) is model.loss_and_grads
+    # The trainer takes the step its k resolves to (training/steps.py picks it once an epoch).
+    from ksae_cupy.training.steps import step_kind
+    from ksae_cupy.training.trainer import TrainConfig
+
+    assert step_kind(TrainConfig(hidden=1000, k=1000, k_start=None, step="sparse"), 1000) == "sparse"
+    assert step_kind(TrainConfig(hidden=1000, k=1000, k_start=None), 1000) == "dense"
+    assert step_kind(TrainConfig(hidden=1000, k=25, k_start=None), 25, sparse=False) == "dense"
 
 
 def test_unknown_step_is_a_one_line_error():
