@@ -130,4 +130,3 @@ class GradientWithDeadRows(RowScatterGradient):
         dW_dh = np.array(super().__array__(), order="F")
         dW_dh[:, self.dead_m] += self.dWd_md.T
         return dW_dh if dtype is None else dW_dh.astype(dtype)
-

@@ -167,4 +167,3 @@ def sparse_layout(W_dh):
     """``W_dh`` in the memory order the sparse step wants: Fortran order, so ``W_dh.T`` is
     the contiguous ``(H, D)`` array of one row per hidden unit. Same values, same shape."""
     return array_module(W_dh).asfortranarray(W_dh)
-
