@@ -81,7 +81,7 @@ def finetune_command(ctx, pretrained, **values):
     say(f"step: {trainer.step_kind} (--step {trainer.config.step})")
     say(data.summary())
     record.update({"finetune": trainer.config.to_dict(), "step_kind": trainer.step_kind})
-    run.begin(record, "finetune", trainer, drop_metrics=False)
+    run.begin(record, "finetune", trainer)
     X_train, y_train, X_valid, y_valid = (backend.asarray(a, dtype=t) for a, t in (
         (data.X_train, trainer.dtype), (data.y_train, "int64"), (data.X_valid, trainer.dtype), (data.y_valid, "int64")))
     pace = PhasePace(trainer.config.phases, trainer.config.epochs)

@@ -107,12 +107,12 @@ class RunLifecycle:
         return load_dataset(spec, root=self.data_dir, log=self.log)
 
     # -- the folder ------------------------------------------------------------------------------
-    def begin(self, record: dict, shown: str, trainer=None, drop_metrics: bool = True) -> None:
+    def begin(self, record: dict, shown: str, trainer=None) -> None:
         """Make and lock the folder (a new run: its identity; a resumed one: the metrics logged after its
         checkpoint dropped), write config.json (``record`` and the session's settings), and say
         ``record[shown]``, the folder and the checkpoint schedule."""
         self.folder.create(log=self.log, new=not self.resuming, overwrite=self.values.get("overwrite", False))
-        if trainer is not None and self.resuming and drop_metrics:
+        if trainer is not None and self.resuming:
             dropped = self.folder.drop_metrics_after(trainer.step, trainer.epoch, trainer.config.epochs)
             if dropped:
                 self.say(dropped)  # which epochs, and whether each runs again

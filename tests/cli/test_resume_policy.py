@@ -187,3 +187,17 @@ def test_the_mpi_trainers_resume_refuses_and_applies_as_ksae_train_and_keeps_its
     assert dataset == "synthetic" and (config.epochs, config.topk, settings.checkpoint_every) == (6, "threshold", 3)
     assert changes == ["epochs 4 -> 6", "topk sort -> threshold", "checkpoint-every 2 -> 3"]
     assert settings.device == "cpu" and not settings.shard_hidden  # not given: the run's
+
+
+@pytest.mark.parametrize("name", sorted(STARTS))
+def test_a_resume_drops_the_metrics_lines_logged_after_the_checkpoint(name, finished_runs, tmp_path):
+    """As after a kill between an epoch's metrics line and its checkpoint: the line goes, so that the
+    epoch the resumed run trains again is logged once (ksae-finetune did not drop it before)."""
+    run = tmp_path / "run"
+    shutil.copytree(finished_runs[name], run)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"epoch": 99, "step": 10**9}) + "\n")
+    result = invoke(COMMANDS[name], ["--resume", run])
+    assert "metrics.jsonl: dropped 1 line(s): epoch 99, logged after the checkpoint" in result.output
+    assert (run / "metrics.jsonl").read_text().splitlines() == lines
