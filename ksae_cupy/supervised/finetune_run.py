@@ -134,6 +134,7 @@ def new_trainer(values: dict, pretrained, read, data, backend, say):
     """The network of a new run (pretrained, a baseline pretrained here, or random) and its trainer;
     returns it and config.json's record of where its weights came from."""
     from ksae_cupy.model import alpha_k
+    from ksae_cupy.training.options import check_batch_size
 
     encoders, ks, sources, network = read
     if data.y_train is None:
@@ -173,7 +174,7 @@ def new_trainer(values: dict, pretrained, read, data, backend, say):
     config = finetune.FinetuneConfig(kept=kept, phases=_parse_phases(values["phases"], L), **network, **{
         name: values[name] for name in ("epochs", "batch_size", "lr_start", "lr_end", "momentum", "sigma", "seed",
                                         "dtype", "step", "topk")})
-    config.validate(n_train=len(data.X_train), hidden=sizes)
+    check_batch_size("--batch-size", config.batch_size, len(data.X_train))  # the rest: the trainer validates
     record = {"alpha": values["alpha"], "pretrained": sources, "no_pretraining": bool(values["no_pretraining"]),
               "baseline": baseline, "pretrain_epochs": values["pretrain_epochs"] if baseline else None,
               "pretrain_seconds": pretrain_seconds if baseline else None}

@@ -55,3 +55,21 @@ def test_one_fresh_ksae_train_validates_its_configuration_a_counted_number_of_ti
 
 
 VALIDATIONS = 5
+
+
+def test_one_fresh_ksae_finetune_validates_its_configuration_once(tmp_path, monkeypatch):
+    from ksae_cupy.cli.finetune import finetune_command
+    from ksae_cupy.supervised.finetune import FinetuneConfig
+
+    calls = []
+    validate = FinetuneConfig.validate
+
+    def counted(self, *args, **kwargs):
+        calls.append(kwargs)
+        return validate(self, *args, **kwargs)
+
+    monkeypatch.setattr(FinetuneConfig, "validate", counted)
+    result = CliRunner().invoke(finetune_command, ["synthetic", "--no-pretraining", "--hidden", "16", "--k", "4",
+                                                   "--epochs", "1", "--device", "cpu", "--run-dir", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    assert len(calls) == 1, calls  # by the trainer, with the layers' sizes (the batch against the data: the command)
