@@ -10,7 +10,7 @@ import click
 from ksae_cupy.cli.common import data_options, data_spec, report_errors
 from ksae_cupy.cli.options import CONTEXT, declared, run_of
 from ksae_cupy.errors import KsaeError, cli_name
-from ksae_cupy.training.fields import TRAIN, parse_lr
+from ksae_cupy.training.fields import PAPER, TRAIN, parse_lr
 from ksae_cupy.training.options import check_seed
 from ksae_cupy.training.train_run import AUTO_LR_DATASETS
 
@@ -57,7 +57,7 @@ def train_command(ctx, dataset, **values):
         if dataset is None:
             raise KsaeError("missing DATASET; give a dataset name or file, or --resume RUN_DIR")
         spec = data_spec(dataset, values)
-        lr = parse_lr(values["lr"], default="auto" if spec.is_user_file or dataset in AUTO_LR_DATASETS else 0.01)
+        lr = parse_lr(values["lr"], default="auto" if spec.is_user_file or dataset in AUTO_LR_DATASETS else PAPER.lr)
         config = train_run.new_config(values, lr)
         run.open(lambda: default_run_dir(dataset, config.hidden, config.k))
         record, backend, model = dataset_record(spec.data), run.start(), None
