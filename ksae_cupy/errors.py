@@ -64,13 +64,20 @@ class TrainingDiverged(KsaeError):
 
     Carries where it happened (``loss``, ``epoch``, ``step``, ``lr``) when a batch's loss was the
     first sign, so that callers can say more: the estimator adds what was saved and the rate
-    ``lr="auto"`` gives for the data.
+    ``lr="auto"`` gives for the data. With ``fields=True`` the message is a template that names the
+    parameters it advises as ``{field}`` (``"... try a smaller {lr_start}"``, nothing else in braces):
+    Python spells them as the fields, the CLI as its flags.
     """
 
     def __init__(self, message: str, loss: float | None = None, epoch: int | None = None, step: int | None = None,
-                 lr: float | None = None):
-        super().__init__(message)
+                 lr: float | None = None, *, fields: bool = False):
+        self.template = message if fields else None
+        super().__init__(self.spelled(str) if fields else message)
         self.loss, self.epoch, self.step, self.lr = loss, epoch, step, lr
+
+    def spelled(self, spell) -> str:
+        """The message with each parameter it names called ``spell(field)``."""
+        return str(self) if self.template is None else self.template.format_map(_Names("", spell))
 
 
 class KsaeNote(UserWarning):

@@ -90,6 +90,8 @@ def flag_of(field: str) -> str:
 def _one_line(exc: Exception) -> str:
     if isinstance(exc, OptionError):
         return one_line(exc.spelled(flag_of(exc.field), flag_of))
+    if isinstance(exc, TrainingDiverged):
+        return one_line(exc.spelled(flag_of))
     return one_line(exc) or type(exc).__name__
 
 

@@ -163,7 +163,8 @@ class BaselineTrainer:
             loss, grads = self.batch_loss_and_grads(X_train_nd[order[b * cfg.batch_size:(b + 1) * cfg.batch_size]])
             if not math.isfinite(loss):
                 raise TrainingDiverged(f"the loss became {loss} at epoch {self.epoch + 1}, step {self.step + 1}; "
-                                       f"try a smaller lr (now {cfg.lr})", loss, self.epoch + 1, self.step + 1, cfg.lr)
+                                       f"try a smaller {{lr}} (now {cfg.lr})", loss, self.epoch + 1, self.step + 1, cfg.lr,
+                                       fields=True)
             self._update(self.optimizer, self.params, grads, cfg.lr)
             loss_sum, loss_batches = loss_sum + loss, loss_batches + 1
             self.step, self.batch_in_epoch = self.step + 1, b + 1
@@ -176,7 +177,7 @@ class BaselineTrainer:
         valid_loss = self.valid_loss(X_valid_nd) if X_valid_nd is not None else None
         if valid_loss is not None and not math.isfinite(valid_loss):
             raise TrainingDiverged(f"the validation loss became {valid_loss} at epoch {self.epoch + 1}; nothing was "
-                                   f"saved after the last good checkpoint; try a smaller lr (now {cfg.lr})")
+                                   f"saved after the last good checkpoint; try a smaller {{lr}} (now {cfg.lr})", fields=True)
         self.epoch += 1
         self.batch_in_epoch, self.epoch_perm = 0, None
         return BaselineReport(epoch=self.epoch, step=self.step, train_loss=loss_sum / max(loss_batches, 1),

@@ -438,7 +438,7 @@ class FinetuneTrainer:
                 from ksae_cupy.training.trainer import TrainingDiverged
 
                 raise TrainingDiverged(f"the cross-entropy became {loss} in phase {self.phase}, epoch "
-                                       f"{self.epoch + 1}; try a smaller starting learning rate (now {cfg.lr_start})")
+                                       f"{self.epoch + 1}; try a smaller {{lr_start}} (now {cfg.lr_start})", fields=True)
             self._update(self.optimizer, live, grads, lr)
             loss_sum, loss_batches = loss_sum + loss, loss_batches + 1
             self.step += 1

@@ -31,3 +31,26 @@ def test_cli_prints_the_flag_of_a_renamed_field():
 def test_cli_prints_the_option_of_the_same_name():
     result = CliRunner().invoke(_command_raising("batch_size"), [])
     assert "error: --batch-size 0 is not allowed" in result.output
+
+
+def test_a_divergence_names_the_rate_to_change_as_python_and_as_the_command_spell_it():
+    from ksae_cupy.errors import TrainingDiverged
+
+    error = TrainingDiverged("the loss became nan at epoch 3; try a smaller {lr_start} (now 1e30)", fields=True)
+    assert str(error) == "the loss became nan at epoch 3; try a smaller lr_start (now 1e30)"
+
+    @click.command()
+    @click.option("--lr-start", type=float, default=1.0)
+    @report_errors
+    def command(lr_start):
+        raise error
+
+    result = CliRunner().invoke(command, [])
+    assert result.exit_code == 1  # diverged, not a usage error
+    assert "error: the loss became nan at epoch 3; try a smaller --lr-start (now 1e30)" in result.output
+
+
+def test_a_divergence_message_without_fields_keeps_its_braces():
+    from ksae_cupy.errors import TrainingDiverged
+
+    assert str(TrainingDiverged("checkpoint runs/{x}/checkpoint.h5 kept")) == "checkpoint runs/{x}/checkpoint.h5 kept"
