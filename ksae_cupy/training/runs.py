@@ -91,8 +91,8 @@ class RunFolder:
     def check_new(self, overwrite: bool = False, command: str | None = None) -> None:
         """A new run must be able to write its folder and must not mix with another run's files
         (a finished, a running or a dead one): those need --resume or, to discard them, --overwrite.
-        ``command`` is how the advice names the command that resumes (default: the kind); only
-        ksae-train has --overwrite, and a run of another kind is never offered to it."""
+        ``command`` is how the advice names the command that resumes (default: the kind); every
+        command that writes run folders has --overwrite, and a run of another kind is never offered to it."""
         check_writable_folder(self.path, "run folder")
         if not self._lock.held:
             check_unlocked(self.path)
@@ -103,11 +103,9 @@ class RunFolder:
         if other is not None and other != self.kind:
             raise KsaeError(f"run folder {self.path} holds a {other} run ({', '.join(found)}); a {self.kind} run "
                             f"cannot start there; choose another --run-dir")
-        ways = [f"continue it with {command or self.kind} --resume {self.path}"]
-        if self.kind == TRAIN:
-            ways.append("discard it with --overwrite")
-        raise KsaeError(f"run folder {self.path} already holds a run ({', '.join(found)}); {', '.join(ways)}, "
-                        f"or choose another --run-dir")
+        raise KsaeError(f"run folder {self.path} already holds a run ({', '.join(found)}); continue it with "
+                        f"{command or self.kind} --resume {self.path}, discard it with --overwrite, or choose another "
+                        f"--run-dir")
 
     def check_resumable(self) -> None:
         if not self.path.is_dir():

@@ -201,3 +201,16 @@ def test_a_resume_drops_the_metrics_lines_logged_after_the_checkpoint(name, fini
     result = invoke(COMMANDS[name], ["--resume", run])
     assert "metrics.jsonl: dropped 1 line(s): epoch 99, logged after the checkpoint" in result.output
     assert (run / "metrics.jsonl").read_text().splitlines() == lines
+
+
+@pytest.mark.parametrize("name", sorted(STARTS))
+def test_a_new_run_in_a_folder_holding_one_is_offered_resume_and_overwrite(name, finished_runs, tmp_path):
+    from clicheck import assert_one_line_error
+
+    command, start = STARTS[name]
+    run = tmp_path / "run"
+    shutil.copytree(finished_runs[name], run)
+    refused = CliRunner().invoke(command, [*start, "--device", "cpu", "--run-dir", str(run)])
+    assert_one_line_error(refused, "already holds a run", f"continue it with {name} --resume {run}",
+                          "discard it with --overwrite", status=2)
+    invoke(command, [*start, "--device", "cpu", "--run-dir", run, "--overwrite"])  # as the line says
