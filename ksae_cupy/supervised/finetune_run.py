@@ -126,7 +126,7 @@ def data_of(dataset, sources, data_given: dict):
     if dataset is not None:
         return DataSpec(dataset, **given).validate().resolved()
     if not sources or sources[0]["dataset"] is None:
-        raise KsaeError("missing --dataset; name a labelled dataset such as mnist")
+        raise KsaeError("missing DATASET; name a labelled dataset such as mnist")
     return DataSpec.from_record(sources[0]["dataset"], sources[0]["data"]).for_run(**given)
 
 

@@ -1,6 +1,7 @@
 """ksae-finetune: a tiny end-to-end run on the synthetic dataset, resume, and every bad input."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -216,3 +217,12 @@ def test_dataset_is_an_argument_as_in_ksae_train_and_topk_and_overwrite_are_offe
     invoke(["--dataset", "synthetic", *small, "--overwrite"], expect=0)  # the old spelling still works
     assert RunFolder(out).read_config()["finetune"]["topk"] == "sort"
     assert_one_line_error(invoke(["synthetic", "mnist", *small], expect=2), "2 datasets given")
+
+
+def test_a_pretrained_run_that_names_no_dataset_needs_dataset(runs, tmp_path):
+    run = tmp_path / "nameless"
+    shutil.copytree(runs["a"], run)
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "dataset": None}))
+    assert_one_line_error(invoke([run, *QUICK, "--run-dir", tmp_path / "ft"], expect=2), "missing DATASET")
+    invoke(["synthetic", run, *QUICK, "--run-dir", tmp_path / "ft"], expect=0)  # DATASET given: it trains
