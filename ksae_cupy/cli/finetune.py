@@ -25,6 +25,7 @@ Bad input is one line ``error: ...`` and exit status 2 (see :func:`ksae_cupy.cli
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -85,10 +86,13 @@ def finetune_command(ctx, pretrained, **values):
     X_train, y_train, X_valid, y_valid = (backend.asarray(a, dtype=t) for a, t in (
         (data.X_train, trainer.dtype), (data.y_train, "int64"), (data.X_valid, trainer.dtype), (data.y_valid, "int64")))
     pace = PhasePace(trainer.config.phases, trainer.config.epochs)
+    progress = ft.PhaseProgress(trainer, pace, len(data.X_train), enabled=not values["quiet"], tty=sys.stderr.isatty(),
+                                interval_s=run.settings["progress_seconds"], echo=click.echo)
     run.fit(lambda: trainer,
             lambda on_epoch, on_batch: trainer.fit(X_train, y_train, X_valid, y_valid, on_epoch=on_epoch,
                                                    on_batch=on_batch),
-            ft.saver(run.folder, trainer), lambda report: [pace.line(report, trainer)])
+            ft.saver(run.folder, trainer), lambda report: [progress.clear() or pace.line(report, trainer)],
+            on_batch=progress.on_batch, on_end=progress.clear)
     run.end(trainer, None, where=lambda t: f"in phase {t.phase}, epoch {t.epoch + 1}")
     results = ft.write_results(run.folder, trainer, data, dataset, backend, run.started)
     test = f", test error {100 * results['test_error']:.2f}%" if results["test_error"] is not None else ""

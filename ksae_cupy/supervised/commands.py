@@ -31,7 +31,6 @@ BASELINE = [
             threads=f"Threads on the CPU for BLAS. {THREADS_DEFAULT}"),
 ]
 
-# Fine-tuning has no --progress-seconds: its ETA is per phase, told by each epoch's line (no progress bar).
 FINETUNE = [
     Option("dataset", "Deprecated: give DATASET as an argument. Labelled dataset: mnist, fashion-mnist, synthetic, "
            "or your file (see ksae-train). [default: the pretrained run's, with its labels and splits]", None,
@@ -62,9 +61,9 @@ FINETUNE = [
                             "CPU), or auto (sparse where it applies, else dense). Allowed with --resume.",
                        type=str),  # checked by finetune_run.check_step, in one line
     *shared("topk", "threads", "run_dir", "checkpoint_every", "checkpoint_minutes", "overwrite", "resume", "data_dir",
-            "quiet",
+            "progress_seconds", "quiet",
             run_dir="Folder for checkpoint.h5, config.json, metrics.jsonl and finetune.json. "
                     "[default: runs/finetune-<dataset>-<time>]",
             resume="Continue the fine-tuning run in this folder; --device, --step, --topk, --threads, "
-                   "--checkpoint-* and --data-dir may be given, the others are refused by name."),
+                   "--checkpoint-*, --data-dir and --progress-seconds may be given, the others are refused by name."),
 ]

@@ -15,6 +15,7 @@ from ksae_cupy.errors import KsaeError
 from ksae_cupy.supervised import finetune
 from ksae_cupy.supervised.commands import FINETUNE
 from ksae_cupy.training.fields import APPLIED, DATA, KEPT, REFUSED, named
+from ksae_cupy.training.progress import RunProgress
 
 RESULTS = "finetune.json"
 # Fixed by a run and recorded in another form (--hidden 1000,1000, alpha*k kept): on --resume, giving
@@ -234,6 +235,21 @@ class PhasePace:
         return (f"phase {report.phase} epoch {report.epoch}/{trainer.config.epochs}  lr {report.lr:.4g}  "
                 f"loss {report.train_loss:.4f}  valid error {100 * report.valid_error:.2f}%  {report.seconds:.1f} s"
                 + (f"  ETA {eta}" if eta else ""))
+
+
+class PhaseProgress(RunProgress):
+    """The progress bar (or, off a terminal, a line every ``interval_s``) of a fine-tuning run, worded by
+    phase; its ETA is :class:`PhasePace`'s, which times each phase on its own."""
+
+    def __init__(self, trainer, pace: PhasePace, n_train: int, **options):
+        super().__init__(trainer, n_train, **options)
+        self.pace = pace
+
+    def status(self) -> str:
+        t, per_step = self.trainer, self.seconds_per_step()
+        rate = f"{t.config.batch_size / per_step:,.0f} samples/s" if per_step else "? samples/s"
+        return (f"phase {t.phase} epoch {t.epoch + 1}/{t.config.epochs}  batch {t.batch_in_epoch}/{self.n_batches}  "
+                f"{rate}  ETA {self.pace.eta(t) or '?'}")
 
 
 def _baseline_source(path, n_runs: int, encoders: list, ks: list, sources: list) -> dict:

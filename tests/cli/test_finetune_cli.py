@@ -226,3 +226,15 @@ def test_a_pretrained_run_that_names_no_dataset_needs_dataset(runs, tmp_path):
     (run / "config.json").write_text(json.dumps({**config, "dataset": None}))
     assert_one_line_error(invoke([run, *QUICK, "--run-dir", tmp_path / "ft"], expect=2), "missing DATASET")
     invoke(["synthetic", run, *QUICK, "--run-dir", tmp_path / "ft"], expect=0)  # DATASET given: it trains
+
+
+def test_progress_lines_name_the_phase_and_the_batch(runs, tmp_path):
+    """Off a terminal, --progress-seconds 0 gives a line after every batch (on stderr), worded by phase."""
+    result = CliRunner().invoke(finetune_command, [str(runs["a"]), str(runs["b"]), *map(str, QUICK),
+                                                   "--progress-seconds", "0", "--run-dir", str(tmp_path / "ft")])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("  phase ")]
+    n_batches = len([1 for line in lines if line.startswith("  phase softmax epoch 1/1  batch ")])
+    assert n_batches >= 2 and lines[0].startswith("  phase softmax epoch 1/1  batch 1/")
+    assert any(line.startswith("  phase all epoch 1/1  batch ") and "samples/s  ETA " in line for line in lines)
+    assert json.loads((tmp_path / "ft" / "config.json").read_text())["progress_seconds"] == 0

@@ -120,7 +120,8 @@ def test_every_option_of_every_command_has_a_policy_and_a_changed_value():
     assert table.splitlines()[0] == "| option | ksae-train | ksae-baseline | ksae-finetune |"
     assert "| --epochs | applied | applied | refused |" in table
     assert "| --quiet | session | session | session |" in table
-    assert "| --progress-seconds | applied | applied |  |" in table
+    assert "| --progress-seconds | applied | applied | applied |" in table
+    assert "| --k-start | refused |  |  |" in table  # a blank: the command has no such option
 
 
 @pytest.mark.parametrize("command_name, name", CASES)
