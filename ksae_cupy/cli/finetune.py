@@ -33,7 +33,8 @@ import click
 from ksae_cupy.cli.common import GivenPath, data_options, report_errors
 from ksae_cupy.cli.options import CONTEXT, declared, run_of
 from ksae_cupy.supervised.commands import FINETUNE
-from ksae_cupy.supervised.finetune_run import RESULTS, PhasePace
+from ksae_cupy.supervised.finetune_progress import PhasePace, PhaseProgress
+from ksae_cupy.supervised.finetune_run import RESULTS
 
 
 @click.command(context_settings=CONTEXT)
@@ -86,8 +87,8 @@ def finetune_command(ctx, pretrained, **values):
     X_train, y_train, X_valid, y_valid = (backend.asarray(a, dtype=t) for a, t in (
         (data.X_train, trainer.dtype), (data.y_train, "int64"), (data.X_valid, trainer.dtype), (data.y_valid, "int64")))
     pace = PhasePace(trainer.config.phases, trainer.config.epochs)
-    progress = ft.PhaseProgress(trainer, pace, len(data.X_train), enabled=not values["quiet"], tty=sys.stderr.isatty(),
-                                interval_s=run.settings["progress_seconds"], echo=click.echo)
+    progress = PhaseProgress(trainer, pace, len(data.X_train), enabled=not values["quiet"], tty=sys.stderr.isatty(),
+                             interval_s=run.settings["progress_seconds"], echo=click.echo)
     run.fit(lambda: trainer,
             lambda on_epoch, on_batch: trainer.fit(X_train, y_train, X_valid, y_valid, on_epoch=on_epoch,
                                                    on_batch=on_batch),

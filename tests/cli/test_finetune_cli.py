@@ -83,7 +83,7 @@ def test_epoch_lines_carry_an_eta_per_phase_until_the_run_is_done(runs, tmp_path
 def test_phase_pace_weighs_each_phase_by_its_own_epochs():
     from types import SimpleNamespace
 
-    from ksae_cupy.supervised.finetune_run import PhasePace
+    from ksae_cupy.supervised.finetune_progress import PhasePace
 
     pace = PhasePace(["softmax", "top", "all"], epochs=10)
     trainer = SimpleNamespace(finished=False, phase="all", phase_index=2, epoch=4)
