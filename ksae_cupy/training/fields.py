@@ -13,9 +13,11 @@ What ``--resume`` does with an option (:attr:`Option.resume`):
 * ``applied``: a value given changes the run from this session on and is recorded (config.json
   or the checkpoint); not given, the run's value is kept, never the default.
 * ``refused``: it shapes the model or its sequence of batches: a value other than the run's is
-  refused by name, in one line; not given, the run's value is kept.
+  refused by name, in one line; not given, the run's value is kept. (ksae-finetune refuses these
+  whenever they are given: its run records them in another form, alpha*k kept for --alpha and --k.)
 * ``kept``: it names the run or its data (``--run-dir``, DATASET, ``--labels``, ...): given
-  again it must name the run's own, else it is refused; not given, the run's is kept.
+  again it must name the run's own, else it is refused; not given, the run's is kept (ksae-finetune:
+  DATASET and the data options are refused whenever given, as its refused options are).
 * ``session``: how this one invocation behaves (``--quiet``); never recorded, never inherited.
 """
 from __future__ import annotations
