@@ -94,10 +94,14 @@ def test_auxk_off_is_the_papers_step_bit_for_bit():
     (dict(dead_window=0), "--dead-window 0 is not allowed; use a positive number of examples"),
 ])
 def test_bad_values_are_one_line(values, message):
-    from ksae_cupy.errors import KsaeError
+    """In Python the field's name (aux_k); on the command line its flag (--aux-k)."""
+    from ksae_cupy.errors import OptionError, cli_name
 
-    with pytest.raises(KsaeError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(OptionError) as caught:
         TrainConfig(hidden=40, k=3, k_start=None, **values).validate()
+    field = next(iter(values)) if "aux_coef" not in values else "aux_coef"
+    assert str(caught.value).startswith(message.replace("--" + cli_name(field)[2:], field)), str(caught.value)
+    assert caught.value.spelled(cli_name(caught.value.field), cli_name).startswith(message)
 
 
 def test_center_input_keeps_the_mean_and_uses_it_everywhere(tmp_path):
