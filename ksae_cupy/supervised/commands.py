@@ -47,6 +47,8 @@ FINETUNE = [
            FINETUNE_PAPER.batch_size, int),
     Option("sigma", "Std of the Gaussian initial softmax (and random) weights.", FINETUNE_PAPER.sigma, float),
     Option("no_pretraining", "Random initial weights instead of pretrained runs.", False, bool),
+    Option("units", "With --no-pretraining: the hidden units, ksparse (alpha*k kept: the k-sparse net without "
+           "its pretraining) or relu (a plain network, every unit max(z, 0)).", "ksparse", ("ksparse", "relu")),
     Option("baseline", "Pretrain this baseline here and fine-tune its sigmoid layers with its dropout (section 4.5).",
            None, BASELINES),
     Option("pretrain_epochs", "With --baseline: epochs per layer (paper: 5000).", PAPER.epochs, int),

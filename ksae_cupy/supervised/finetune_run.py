@@ -86,6 +86,11 @@ def check_new(values: dict, pretrained, given: set) -> None:
         raise KsaeError(f"{' and '.join('--' + name for name in sorted(typed))} only appl{'y' if many else 'ies'} "
                         f"with --no-pretraining or --baseline: the PRETRAINED_RUN_DIR runs set the layers' sizes and "
                         f"k; leave {'them' if many else 'it'} out")
+    if values["units"] != "ksparse" and not no_pretraining:
+        raise KsaeError(f"--units {values['units']} only applies with --no-pretraining (the pretrained or baseline "
+                        f"layers set the units); leave it out")
+    if values["units"] == "relu" and "k" in given:
+        raise KsaeError("--k does not apply with --units relu: a plain network keeps every unit; leave it out")
     if baseline and "k" in typed:
         raise KsaeError(f"--k only applies with --no-pretraining: --baseline {baseline} gives sigmoid layers, which "
                         f"keep every unit; leave it out")
@@ -144,8 +149,11 @@ def new_trainer(values: dict, pretrained, read, data, backend, say):
     pretrain_seconds = []
     if values["no_pretraining"]:
         sizes = _parse_hidden(values["hidden"])
-        ks = [values["k"]] * len(sizes)
+        plain = values["units"] == "relu"  # every unit kept: Table fn_mnist's row read as a plain ReLU network
+        ks = [None if plain else values["k"]] * len(sizes)
         host_params = finetune.init_random(data.dim, sizes, data.n_classes, values["sigma"], rng, dtype)
+        if plain:
+            network = dict(activations=["relu"] * len(sizes))
     elif baseline:
         from ksae_cupy.supervised import baseline_fit, baselines
 
@@ -176,6 +184,7 @@ def new_trainer(values: dict, pretrained, read, data, backend, say):
                                         "dtype", "step", "topk")})
     check_batch_size("--batch-size", config.batch_size, len(data.X_train))  # the rest: the trainer validates
     record = {"alpha": values["alpha"], "pretrained": sources, "no_pretraining": bool(values["no_pretraining"]),
+              "units": values["units"],
               "baseline": baseline, "pretrain_epochs": values["pretrain_epochs"] if baseline else None,
               "pretrain_seconds": pretrain_seconds if baseline else None}
     return finetune.FinetuneTrainer(config, backend, host_params, rng), record

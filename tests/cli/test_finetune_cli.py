@@ -69,6 +69,26 @@ def test_no_pretraining_run(tmp_path):
     assert json.loads((out / "finetune.json").read_text())["kept"] == [9]
 
 
+def test_no_pretraining_plain_relu_net_keeps_every_unit(tmp_path):
+    """--units relu: Table fn_mnist's "without pre-training" row read as a plain ReLU network."""
+    out = tmp_path / "ft"
+    invoke(["synthetic", "--no-pretraining", "--units", "relu", "--hidden", "16", "--run-dir", out, *QUICK], expect=0)
+    results = json.loads((out / "finetune.json").read_text())
+    assert results["kept"] == [None] and 0 <= results["test_error"] < 1
+    config = json.loads((out / "config.json").read_text())
+    assert config["units"] == "relu" and config["finetune"]["activations"] == ["relu"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--units", "relu", "--k", "3"], "--k does not apply with --units relu"),
+    (["--units", "relu", "--baseline", "rbm"], "--units relu only applies with --no-pretraining"),
+])
+def test_plain_relu_net_refuses_what_does_not_apply(tmp_path, args, message):
+    extra = [] if "--baseline" in args else ["--no-pretraining"]
+    result = invoke(["synthetic", *extra, *args, "--hidden", "16", "--run-dir", tmp_path / "ft", *QUICK], expect=2)
+    assert message in result.output and not (tmp_path / "ft").exists()
+
+
 def test_epoch_lines_carry_an_eta_per_phase_until_the_run_is_done(runs, tmp_path):
     out = tmp_path / "ft"
     result = invoke([runs["a"], runs["b"], "--alpha", "2", "--run-dir", out, *QUICK, "--epochs", "2"], expect=0)
