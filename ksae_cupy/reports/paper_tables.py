@@ -110,7 +110,8 @@ def _classify_finetune(state: RunState) -> Found | None:
     sources = config.get("pretrained") or []
     pretrain = None
     if config.get("no_pretraining"):
-        key = "no-pretraining" if layers == 1 else None
+        plain = config.get("units") == "relu"  # ksae-finetune --units relu (folders before it: k-sparse units)
+        key = ("no-pretraining-relu" if plain else "no-pretraining") if layers == 1 else None
     elif config.get("baseline"):
         baseline, pretrain = config["baseline"], config.get("pretrain_epochs")
         key = {(1, "rbm"): "rbm", (1, "dropout-ae"): "dropout-ae", (1, "denoising-ae"): "denoising-ae",
@@ -219,7 +220,7 @@ def _length(table_name: str, key: str, s: Settings) -> Length:
     if table_name == ERR:
         return Length(s.ksparse_epochs if key.startswith("k") else s.baseline_epochs)
     phases = 3 if key.startswith("deep") else 1
-    pretrain = None if key == "no-pretraining" else s.ksparse_epochs if "ksparse" in key else s.baseline_epochs
+    pretrain = None if key.startswith("no-pretraining") else s.ksparse_epochs if "ksparse" in key else s.baseline_epochs
     return Length(pretrain, s.finetune_epochs, phases)
 
 
@@ -263,9 +264,8 @@ def _steps(t: Target, root: Path, s: Settings, found: list[Found], script: str, 
     if state is not None and state.has_checkpoint:
         return [("ksae-finetune", ["--resume", t.folder])]
     tune = ["--epochs", t.length.finetune, "--seed", t.seed, *threads]
-    if t.key == "no-pretraining":
-        return [("ksae-finetune", ["--no-pretraining", "--hidden", paper.HIDDEN, "--k", 25, "--dataset", paper.DATASET,
-                                   *tune, "--run-dir", t.folder])]
+    if t.key.startswith("no-pretraining"):
+        return [("ksae-finetune", [*_random_net(t.key), *tune, "--run-dir", t.folder])]
     if t.key == "deep-dropout-ae":
         return [("ksae-finetune", ["--baseline", "dropout-ae", "--hidden", f"{paper.HIDDEN},{paper.HIDDEN}",
                                    "--pretrain-epochs", t.length.pretrain, "--dataset", paper.DATASET, *tune,
@@ -360,7 +360,7 @@ def _made_by(found: Found, command_text, target: Target | None) -> str:
     else:
         tuned = config["finetune"]
         if config.get("no_pretraining"):
-            how = ["--no-pretraining", "--hidden", paper.HIDDEN, "--k", 25, "--dataset", paper.DATASET]
+            how = _random_net(found.key)
         elif config.get("baseline"):
             how = ["--baseline", config["baseline"], "--hidden", ",".join([str(paper.HIDDEN)] * len(tuned["kept"])),
                    "--pretrain-epochs", config.get("pretrain_epochs"), "--dataset", paper.DATASET]
@@ -370,6 +370,12 @@ def _made_by(found: Found, command_text, target: Target | None) -> str:
                                   state.path])
         return f"`{command_text(*made)}`"
     return f"`{command_text(*made)}`, then `{command_text('ksae-eval', [state.path])}`"
+
+
+def _random_net(key: str) -> list:
+    """ksae-finetune's options of the "without pre-training" rows: k-sparse units, or a plain ReLU net."""
+    units = ["--units", "relu"] if key == "no-pretraining-relu" else ["--k", 25]
+    return ["--no-pretraining", "--hidden", paper.HIDDEN, *units, "--dataset", paper.DATASET]
 
 
 def _gap(tests: list[float], paper_error: float) -> str:

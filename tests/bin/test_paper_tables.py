@@ -115,6 +115,7 @@ def root(tmp_path):
     finetune_run(runs / "ft-rbm", [{"run_dir": str(runs / "rbm"), "model": "rbm", "hidden": 1000,
                                     "epochs_trained": 500}], test=0.0130)
     finetune_run(runs / "ft-none", no_pretraining=True, test=0.0195)
+    finetune_run(runs / "ft-relu", no_pretraining=True, units="relu", test=0.0169)  # ksae-finetune --units relu
     return runs
 
 
@@ -129,7 +130,8 @@ def test_each_folder_is_placed_in_its_row_by_its_config(root):
         "rbm": ("err_mnist", "rbm", "500", 0), "dropout": ("err_mnist", "dropout-ae", "500", 0),
         "ft-ksparse": ("fn_mnist", "ksparse", "5000 + 200", 0),
         "ft-deep": ("fn_mnist", "deep-ksparse", "5000 + 200 x 3", 0),
-        "ft-rbm": ("fn_mnist", "rbm", "500 + 200", 0), "ft-none": ("fn_mnist", "no-pretraining", "200", 0)}
+        "ft-rbm": ("fn_mnist", "rbm", "500 + 200", 0), "ft-none": ("fn_mnist", "no-pretraining", "200", 0),
+        "ft-relu": ("fn_mnist", "no-pretraining-relu", "200", 0)}
 
 
 def test_a_fine_tuning_written_before_epochs_were_recorded_reads_them_from_its_pretrained_run(root):
@@ -157,7 +159,10 @@ def test_the_report_shows_each_row_beside_the_paper_with_seeds_as_mean_and_sprea
     assert line_of(text, "RBM", "500")[1:5] == ["1.81%", "2.00%", "3.00%", "+0.19"]
     assert line_of(text, "k-Sparse AE + F.T. (k=25)", "5000 + 200")[1:5] == ["1.08%", "1.56%", "1.66%", "+0.48"]
     assert line_of(text, "RBM + F.T.", "500 + 200")[1:4] == ["1.24%", "1.30%", "1.40%"]
-    assert line_of(text, "Without Pre-Training", "200")[1:3] == ["1.60%", "1.95%"]
+    # the paper's one "without pre-training" figure, read both ways: k-sparse units, a plain ReLU net
+    assert line_of(text, "Without Pre-Training (k-sparse units, alpha*k = 75 kept)", "200")[1:3] == ["1.60%", "1.95%"]
+    plain = line_of(text, "Without Pre-Training (a plain ReLU network)", "200")
+    assert plain[1:3] == ["1.60%", "1.69%"] and "--units relu" in plain[7] and "--k" not in plain[7]
     # where a row stands when it is not done, and what is missing
     assert line_of(text, "k-Sparse Autoencoder, k = 40", "5000")[2] == "stopped at epoch 1200 of 5000"
     assert line_of(text, "k-Sparse Autoencoder, k = 10", "5000")[2] == "trained (5000 epochs), not evaluated"
