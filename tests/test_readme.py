@@ -124,3 +124,20 @@ def test_the_readme_is_a_front_page():
     # Issue 36: the README is the front page (<= 250 lines); the rest lives in the handbook under docs/.
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= 250, f"README.md has {len(lines)} lines; move detail to docs/ (mkdocs.yml's nav)"
+
+
+def test_the_readme_defaults_table_is_the_declared_defaults():
+    """The README's "Defaults and where they come from" table says what `ksae-train` takes when an
+    option is not given: each figure equals the declaration the command is built from."""
+    from ksae_cupy.training.fields import TRAIN
+
+    declared = {option.spelled: option.default for option in TRAIN}
+    text = (ROOT / "README.md").read_text()
+    table = text[text.index("## Defaults and where they come from"):]
+    rows = dict(re.findall(r"^\| `(--[a-z-]+)` \| ([^|]+?) \|", table, flags=re.M))
+    assert {"--hidden", "--k", "--epochs", "--momentum", "--sigma", "--batch-size", "--topk"} <= set(rows)
+    for flag, shown in rows.items():
+        if flag in ("--k-start", "--lr"):  # a rule, not one number: their own tests hold them
+            continue
+        first = shown.split(";")[0].split(" (")[0].strip().strip("`")
+        assert first == str(declared[flag]), f"README says {flag} {shown!r}; ksae-train's default is {declared[flag]!r}"
