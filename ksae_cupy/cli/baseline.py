@@ -18,8 +18,8 @@ import sys
 
 import click
 
-from ksae_cupy.cli.common import data_options, data_spec, report_errors
-from ksae_cupy.cli.options import CONTEXT, declared, run_of
+from ksae_cupy.cli.common import data_spec
+from ksae_cupy.cli.options import dataset_command, run_of
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.supervised.baseline_run import default_run_dir
 from ksae_cupy.supervised.baseline_trainer import KIND  # the run folders' kind
@@ -27,12 +27,7 @@ from ksae_cupy.supervised.commands import BASELINE
 from ksae_cupy.training.options import check_seed
 
 
-@click.command(context_settings=CONTEXT)
-@click.argument("dataset", required=False)
-@declared(BASELINE)
-@data_options
-@click.pass_context
-@report_errors
+@dataset_command(BASELINE)
 def baseline_command(ctx, dataset, **values):
     """Train a baseline learner of the paper (RBM, dropout / denoising autoencoders) on DATASET.
 

@@ -9,6 +9,10 @@ from ksae_cupy.cli.common import GivenPath, report_errors
 from ksae_cupy.errors import KsaeError
 
 
+DATA_DIR = click.option("--data-dir", type=GivenPath(path_type=Path), default=None,
+                        help="Data root. [default: $KSAE_DATA_DIR or ./data]")
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def data_command():
     """Fetch, verify and list the datasets under the data root ($KSAE_DATA_DIR or ./data)."""
@@ -16,7 +20,7 @@ def data_command():
 
 @data_command.command("fetch")
 @click.argument("name")
-@click.option("--data-dir", type=GivenPath(path_type=Path), default=None, help="Data root. [default: $KSAE_DATA_DIR or ./data]")
+@DATA_DIR
 @report_errors
 def data_fetch(name, data_dir):
     """Download NAME's files, verify their SHA-256 and put them in place."""
@@ -30,15 +34,13 @@ def data_fetch(name, data_dir):
 
 
 @data_command.command("verify")
-@click.option("--data-dir", type=GivenPath(path_type=Path), default=None, help="Data root. [default: $KSAE_DATA_DIR or ./data]")
+@DATA_DIR
 @report_errors
 def data_verify(data_dir):
     """Check every dataset file present under the data root; name the bad ones."""
-    from ksae_cupy.datasets import data_root
     from ksae_cupy.datasets.catalog import verify_all
 
-    root = data_dir or data_root()
-    check_data_root(root)
+    root = checked_root(data_dir)
     if not Path(root).exists():  # every file "missing" and exit 0 would pass a mistyped root as verified
         raise KsaeError(f"data root {root} does not exist: nothing to verify; give the folder that holds the "
                         f"datasets (--data-dir or $KSAE_DATA_DIR), or fetch one there with ksae-data fetch NAME")
@@ -51,22 +53,25 @@ def data_verify(data_dir):
 
 
 @data_command.command("list")
-@click.option("--data-dir", type=GivenPath(path_type=Path), default=None, help="Data root. [default: $KSAE_DATA_DIR or ./data]")
+@DATA_DIR
 @report_errors
 def data_list(data_dir):
     """The built-in datasets and whether their files are present."""
-    from ksae_cupy.datasets import data_root
     from ksae_cupy.datasets.catalog import list_datasets
 
-    root = data_dir or data_root()
-    check_data_root(root)
+    root = checked_root(data_dir)
     if not Path(root).exists():
         click.echo(f"note: data root {root} does not exist yet (ksae-data fetch NAME creates it)", err=True)
     for name, description, state in list_datasets(root):
         click.echo(f"{name:14s} {state:44s} {description}")
 
 
-def check_data_root(root: Path) -> None:
-    """A data root that is a file would read as "no files present": say what it is instead."""
+def checked_root(data_dir) -> Path:
+    """The data root (--data-dir, else $KSAE_DATA_DIR or ./data). One that is a file would read as
+    "no files present": say what it is instead."""
+    from ksae_cupy.datasets import data_root
+
+    root = data_dir or data_root()
     if Path(root).exists() and not Path(root).is_dir():
         raise KsaeError(f"--data-dir {root} is a file, not a folder; give the folder that holds the datasets")
+    return root

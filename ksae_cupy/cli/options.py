@@ -37,6 +37,19 @@ def declared(options: list[Option]):
     return decorate
 
 
+def dataset_command(options: list[Option]):
+    """A training command on an optional DATASET argument (``ksae-train``, ``ksae-baseline``): its
+    declared ``options``, the user-data options, the click context, one-line errors."""
+    from ksae_cupy.cli.common import data_options, report_errors
+
+    def decorate(func):
+        # as the decorators stacked above a def would apply: the innermost first
+        func = declared(options)(data_options(click.pass_context(report_errors(func))))
+        return click.command(context_settings=CONTEXT)(click.argument("dataset", required=False)(func))
+
+    return decorate
+
+
 def commands() -> dict[str, list[Option]]:
     """The declared options of every training command, by command."""
     from ksae_cupy.supervised.commands import BASELINE, FINETUNE

@@ -7,20 +7,15 @@ from __future__ import annotations
 
 import click
 
-from ksae_cupy.cli.common import data_options, data_spec, report_errors
-from ksae_cupy.cli.options import CONTEXT, declared, run_of
+from ksae_cupy.cli.common import data_spec
+from ksae_cupy.cli.options import dataset_command, run_of
 from ksae_cupy.errors import KsaeError, cli_name
 from ksae_cupy.training.fields import PAPER, TRAIN, parse_lr
 from ksae_cupy.training.options import check_seed
 from ksae_cupy.training.train_run import AUTO_LR_DATASETS
 
 
-@click.command(context_settings=CONTEXT)
-@click.argument("dataset", required=False)
-@declared(TRAIN)
-@data_options
-@click.pass_context
-@report_errors
+@dataset_command(TRAIN)
 def train_command(ctx, dataset, **values):
     """Train a k-sparse autoencoder on DATASET.
 
