@@ -219,21 +219,21 @@ def _fmt_alpha(alpha) -> str:
 
 def parse_alphas(text: str) -> list[float]:
     """``"1,2,3,4"`` -> [1.0, 2.0, 3.0, 4.0] (``alphas``); every alpha must be a number >= 1."""
-    values = _parse_floats(text, "alphas")
-    bad = [v for v in values if not 1 <= v < float("inf")]
-    if bad:
-        raise OptionError("alphas", f"{{name}} {literal(repr(text))}: alpha={bad[0]:g} is not allowed; use a finite "
-                                    f"alpha >= 1 (section 2.2)")
-    return values
+    return _parse_at_least(text, "alphas", "alpha", 1, " (section 2.2)")
 
 
 def parse_l2(text: str) -> list[float]:
     """``"1e-3,1e-4"`` -> [0.001, 0.0001] (``l2_grid``); every value must be >= 0."""
-    values = _parse_floats(text, "l2_grid")
-    bad = [v for v in values if not 0 <= v < float("inf")]
+    return _parse_at_least(text, "l2_grid", "l2", 0, "")
+
+
+def _parse_at_least(text: str, field: str, what: str, low: float, why: str) -> list[float]:
+    """The comma-separated numbers of ``text``, each finite and at least ``low``."""
+    values = _parse_floats(text, field)
+    bad = [v for v in values if not low <= v < float("inf")]
     if bad:
-        raise OptionError("l2_grid", f"{{name}} {literal(repr(text))}: l2={bad[0]:g} is not allowed; use a finite "
-                                     f"l2 >= 0")
+        raise OptionError(field, f"{{name}} {literal(repr(text))}: {what}={bad[0]:g} is not allowed; use a finite "
+                                 f"{what} >= {low:g}{why}")
     return values
 
 
