@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from ksae_cupy.backend import array_module
-from ksae_cupy.cpu import kernels as cpu_kernels
+from ksae_cupy.cpu import numba_kernels as cpu_kernels
 from ksae_cupy.model import ForwardCache, hidden_preactivations, select_units
 from ksae_cupy.sparse_step import _backprop_sparse_products, _descending, _in_layout_of, RowScatterGradient
 from ksae_cupy.topk import scatter_rows, topk

@@ -14,7 +14,7 @@ The dense (N, H) code ``Zs_nh`` is never built: the cache holds ``idx_nk`` and `
 
 Three ways to run it, one contract:
 
-* NumPy with Numba (the ``fast`` extra): the loops of :mod:`ksae_cupy.cpu.kernels`. The
+* NumPy with Numba (the ``fast`` extra): the loops of :mod:`ksae_cupy.cpu.numba_kernels`. The
   decoder and ``dZ`` are one pass per example; with ``defer_weight_gradient`` the trainer's
   momentum update (:mod:`ksae_cupy.cpu.momentum`) applies ``dW`` row by row and the ``(D, H)`` gradient is never built.
 * NumPy without Numba: SciPy CSR products (decoder, ``dW``) and a batched gather for ``dZ``.
@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ksae_cupy.backend import array_module
-from ksae_cupy.cpu import kernels as cpu_kernels
+from ksae_cupy.cpu import numba_kernels as cpu_kernels
 from ksae_cupy.errors import OptionError, literal
 from ksae_cupy.model import ForwardCache, hidden_preactivations, select_units
 from ksae_cupy.topk import TOPK_METHODS

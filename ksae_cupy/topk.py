@@ -144,10 +144,10 @@ def topk_threshold(Z_nh, k: int):
 def topk(Z_nh, k: int, method: str = "sort"):
     """Dispatch to one implementation by name (``sort`` or ``threshold``).
 
-    CuPy arrays go to the CUDA kernels of :mod:`ksae_cupy.gpu.kernels` (same contract, same sets).
+    CuPy arrays go to the CUDA kernels of :mod:`ksae_cupy.gpu.cuda_kernels` (same contract, same sets).
     """
     if array_module(Z_nh) is not np:
-        from ksae_cupy.gpu.kernels import topk_gpu
+        from ksae_cupy.gpu.cuda_kernels import topk_gpu
 
         return topk_gpu(Z_nh, k, method)
     if method == "sort":

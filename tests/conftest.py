@@ -63,7 +63,7 @@ def gpu_cupy(monkeypatch):
 
     if harness.compiler() is None:
         pytest.skip("no GPU, and no C++ compiler (g++ or clang++) for the CuPy stand-in's CUDA emulator")
-    from ksae_cupy.gpu import kernels
+    from ksae_cupy.gpu import cuda_kernels as kernels
 
     for cache in ("_MODULES", "_FUNCTIONS", "_LIMITS"):  # compiled for another cupy
         monkeypatch.setattr(kernels, cache, {})
@@ -84,7 +84,7 @@ def cpu_path(request, monkeypatch):
 
     The ``numba`` case skips, with the reason shown, where the ``fast`` extra is missing.
     """
-    from ksae_cupy.cpu import kernels
+    from ksae_cupy.cpu import numba_kernels as kernels
 
     if request.param == "numba" and not kernels.available():
         pytest.skip("Numba is not installed (pip install '.[fast]'): the CPU kernels cannot run")

@@ -93,7 +93,7 @@ def test_sparse_step_equals_the_dense_reference_in_float32(activation, cpu_path)
 
 
 def test_deferred_update_by_two_scatters_equals_the_dense_update():
-    from ksae_cupy.cpu import kernels
+    from ksae_cupy.cpu import numba_kernels as kernels
 
     if not kernels.enabled():
         pytest.skip("Numba is not installed (pip install '.[fast]'): the CPU kernels cannot run")

@@ -21,7 +21,7 @@ import numpy as np
 
 from ksae_cupy.bench.metadata import run_metadata
 from ksae_cupy.bench.train_cpu import _cpu_kernels_setting, _median_seconds, _thread_limit
-from ksae_cupy.cpu import kernels as cpu_kernels
+from ksae_cupy.cpu import numba_kernels as cpu_kernels
 from ksae_cupy.cpu import momentum as cpu_momentum
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.optim import MomentumSGD

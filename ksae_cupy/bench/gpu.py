@@ -62,7 +62,7 @@ def copy_bandwidth(cupy, nbytes: int = 1 << 30, repeats: int = 20) -> dict:
 
 def _topk_candidates(cupy, torch, k: int):
     """name -> function(Z) returning (idx, val) on the GPU, for one k."""
-    from ksae_cupy.gpu import kernels as cuda
+    from ksae_cupy.gpu import cuda_kernels as cuda
 
     def argpartition(Z):
         H = Z.shape[1]

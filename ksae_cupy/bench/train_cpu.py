@@ -24,14 +24,14 @@ import numpy as np
 
 from ksae_cupy import model
 from ksae_cupy.bench.metadata import run_metadata
-from ksae_cupy.cpu import kernels as cpu_kernels
+from ksae_cupy.cpu import numba_kernels as cpu_kernels
 from ksae_cupy.cpu import momentum as cpu_momentum
-from ksae_cupy.cpu.kernels import _compiled, _kernel
+from ksae_cupy.cpu.numba_kernels import _compiled, _kernel
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.sparse_step import loss_and_grads_sparse, sparse_layout
 
-prange = range  # numba.prange once a kernel here is compiled (set by cpu.kernels._compiled)
+prange = range  # numba.prange once a kernel here is compiled (set by cpu.numba_kernels._compiled)
 VALIDATION_TOLERANCE = 1e-3  # float32 vs float64 gradients, relative to the largest entry
 STEPS = {"dense": model.loss_and_grads, "sparse": loss_and_grads_sparse}
 

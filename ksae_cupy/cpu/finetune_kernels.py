@@ -15,7 +15,7 @@ output units (``idx_nt``, ``val_nt``). The softmax layer is one whose output kee
   (:func:`momentum_update_dense_rows`, :func:`momentum_update_sparse_rows`), which still
   updates every entry: the velocity decays everywhere.
 
-Same rules as :mod:`ksae_cupy.cpu.kernels`, whose compilation (``_kernel``, ``_compiled``,
+Same rules as :mod:`ksae_cupy.cpu.numba_kernels`, whose compilation (``_kernel``, ``_compiled``,
 ``cache=True``) and counting sort of the kept pairs by unit (``_pairs_by_unit``) these share:
 parallel loops over examples or over blocks of whole rows, so each output element is computed by
 one thread in one order, and results are bit for bit those of one thread.
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ksae_cupy.cpu.kernels import _UNITS_PER_BLOCK, _compiled, _helper, _kernel, _pairs_by_unit
+from ksae_cupy.cpu.numba_kernels import _UNITS_PER_BLOCK, _compiled, _helper, _kernel, _pairs_by_unit
 
 prange = range  # numba.prange once the first kernel here is compiled (set by _compiled)
 

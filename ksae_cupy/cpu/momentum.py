@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ksae_cupy.cpu import kernels
+from ksae_cupy.cpu import numba_kernels as kernels
 from ksae_cupy.optim import momentum_update
 
 

@@ -9,7 +9,7 @@ resolves (:mod:`ksae_cupy.training.steps`) once it covers what the dense step do
 """
 from __future__ import annotations
 
-from ksae_cupy.gpu.kernels import mask_rows_gpu, topk_gpu
+from ksae_cupy.gpu.cuda_kernels import mask_rows_gpu, topk_gpu
 from ksae_cupy.model import ForwardCache
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ksae_cupy.backend import Backend, to_host
-from ksae_cupy.cpu import kernels as cpu_kernels
+from ksae_cupy.cpu import numba_kernels as cpu_kernels
 from ksae_cupy.cpu import momentum as cpu_momentum
 from ksae_cupy.errors import OptionError, TrainingDiverged, literal
 from ksae_cupy.optim import MomentumSGD

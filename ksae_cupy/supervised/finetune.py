@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ksae_cupy.backend import Backend, array_module, to_host
-from ksae_cupy.cpu import kernels as cpu_kernels
+from ksae_cupy.cpu import numba_kernels as cpu_kernels
 from ksae_cupy.cpu import momentum as cpu_momentum
 from ksae_cupy.errors import KsaeError, OptionError, literal
 from ksae_cupy.training.options import (check_batch_size, check_dtype, check_in_dtype, check_momentum,

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ksae_cupy.cpu import finetune_kernels
-from ksae_cupy.cpu import kernels as cpu_kernels
+from ksae_cupy.cpu import numba_kernels as cpu_kernels
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.sparse_step import _csr_rows, _in_layout_of
 from ksae_cupy.supervised.network import layer_names, logits_gradient, param_names, softmax_cross_entropy

@@ -25,7 +25,7 @@ import numpy as np
 
 from ksae_cupy import model
 from ksae_cupy.auxk_step import loss_and_grads_sparse_auxk
-from ksae_cupy.cpu import kernels as cpu_kernels
+from ksae_cupy.cpu import numba_kernels as cpu_kernels
 from ksae_cupy.cpu import momentum as cpu_momentum
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.sparse_step import choose_step, loss_and_grads_sparse

@@ -4,7 +4,7 @@ NumPy's BLAS starts one thread per core. On a machine that other jobs share, tho
 wait for each other and a training step can be several times slower than with one thread
 (116.8 vs 18.7 ms measured on a busy 2-core machine), so the count is set and printed.
 
-The same count goes to the Numba kernels of :mod:`ksae_cupy.cpu.kernels` (the sparse step after
+The same count goes to the Numba kernels of :mod:`ksae_cupy.cpu.numba_kernels` (the sparse step after
 ``X W``, and the momentum update), which run between the BLAS calls, never beside them.
 
 The BLAS count is set at run time with ``threadpoolctl`` (installed with the package). A count
@@ -49,7 +49,7 @@ def set_blas_threads(threads: int | None) -> tuple[str, int | None]:
     cores = usable_cores()
     wanted, how, from_environment = choose_threads(threads)
     _process_threads = wanted or cores
-    from ksae_cupy.cpu import kernels as cpu_kernels
+    from ksae_cupy.cpu import numba_kernels as cpu_kernels
     cpu_kernels.set_threads(wanted or cores)
     try:
         from threadpoolctl import threadpool_info, threadpool_limits
@@ -104,7 +104,7 @@ def estimator_threads(n_threads: int | None):
         yield _process_threads, "as the command set it"
         return
     wanted, how, from_environment = choose_threads(n_threads, "n_threads")
-    from ksae_cupy.cpu import kernels as cpu_kernels
+    from ksae_cupy.cpu import numba_kernels as cpu_kernels
     before = cpu_kernels.threads()
     cpu_kernels.set_threads(wanted or usable_cores())
     try:

@@ -6,7 +6,7 @@ from click.testing import CliRunner
 
 from clicheck import assert_one_line_error
 from ksae_cupy.cli.bench import bench_command
-from ksae_cupy.cpu import kernels as cpu_kernels
+from ksae_cupy.cpu import numba_kernels as cpu_kernels
 
 TINY = ["finetune", "--dim", "30", "--hidden", "40", "--classes", "5", "--kept", "6", "--batch-size", "16",
         "--repeats", "2", "--steps", "2"]

@@ -5,7 +5,7 @@ from click.testing import CliRunner
 
 from clicheck import assert_one_line_error
 from ksae_cupy.cli.bench import bench_command
-from ksae_cupy.cpu import kernels as cpu_kernels
+from ksae_cupy.cpu import numba_kernels as cpu_kernels
 
 
 def test_bench_train_times_dense_sparse_and_encoder_and_writes_json(tmp_path):

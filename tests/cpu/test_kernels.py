@@ -1,9 +1,9 @@
-"""The Numba CPU kernels (ksae_cupy/cpu/kernels.py) against the NumPy/SciPy paths they replace."""
+"""The Numba CPU kernels (ksae_cupy/cpu/numba_kernels.py) against the NumPy/SciPy paths they replace."""
 import numpy as np
 import pytest
 
 from ksae_cupy import model
-from ksae_cupy.cpu import kernels
+from ksae_cupy.cpu import numba_kernels as kernels
 from ksae_cupy.cpu import momentum as cpu_momentum
 from ksae_cupy.optim import MomentumSGD
 

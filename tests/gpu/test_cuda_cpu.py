@@ -1,4 +1,4 @@
-"""ksae_cupy.gpu.kernels on a machine without cupy: it imports, the launchers fail with a KsaeError,
+"""ksae_cupy.gpu.cuda_kernels on a machine without cupy: it imports, the launchers fail with a KsaeError,
 and their launch plans and cupy calls are what a GPU needs (checked against a stand-in for cupy)."""
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import sys
 import numpy as np
 import pytest
 
-from ksae_cupy.gpu import kernels as cuda
+from ksae_cupy.gpu import cuda_kernels as cuda
 from ksae_cupy.errors import KsaeError
 
 
 def test_importing_cuda_does_not_import_cupy():
-    code = "import sys, ksae_cupy.gpu.kernels, ksae_cupy.topk; print('cupy' in sys.modules)"
+    code = "import sys, ksae_cupy.gpu.cuda_kernels, ksae_cupy.topk; print('cupy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

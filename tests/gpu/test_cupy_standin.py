@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import REAL_GPU_REASON
-from ksae_cupy.gpu import kernels
+from ksae_cupy.gpu import cuda_kernels as kernels
 
 pytestmark = pytest.mark.skipif(REAL_GPU_REASON is None, reason="a real GPU answers: the GPU tests use CuPy itself")
 

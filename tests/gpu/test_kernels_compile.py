@@ -1,4 +1,4 @@
-"""Every kernel template instantiation listed in ksae_cupy.gpu.kernels.KERNEL_NAMES compiles with nvcc.
+"""Every kernel template instantiation listed in ksae_cupy.gpu.cuda_kernels.KERNEL_NAMES compiles with nvcc.
 
 Runs without a GPU (CI has nvcc but no device): one nvcc call per architecture compiles a
 translation unit that includes kernels/topk.cu and instantiates every listed template; the
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ksae_cupy.gpu import kernels as cuda
+from ksae_cupy.gpu import cuda_kernels as cuda
 
 
 def _nvcc() -> str | None:

@@ -3,7 +3,7 @@
 No GPU needed: tests/gpu/cuda_host/ compiles the unmodified kernel source with the host C++
 compiler against a header that emulates the CUDA built-ins (threads as fibers, __syncthreads,
 warp shuffles with their masks, shared memory sized per launch and bounds-checked). What runs is
-exactly what the launchers of ksae_cupy.gpu.kernels would launch: their plans (kernel name, grid,
+exactly what the launchers of ksae_cupy.gpu.cuda_kernels would launch: their plans (kernel name, grid,
 block, shared memory, argument types) are made on NumPy arrays and handed to the emulation.
 
 Checked here: every instantiation in KERNEL_NAMES on the contract's hard cases (ties at the k-th
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ksae_cupy.gpu import kernels
+from ksae_cupy.gpu import cuda_kernels as kernels
 from ksae_cupy.gpu.fused_step import fused_step
 from ksae_cupy.topk import topk_sort, topk_threshold
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from ksae_cupy.backend import CPU
-from ksae_cupy.cpu import kernels as cpu_kernels
+from ksae_cupy.cpu import numba_kernels as cpu_kernels
 from ksae_cupy.datasets.synthetic import make_sparse_signals
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.optim import MomentumSGD

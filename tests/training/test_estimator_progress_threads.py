@@ -11,7 +11,7 @@ import pytest
 
 from ksae_cupy import KSparseAutoencoder, KsaeError
 from ksae_cupy.training import threads as threads_module
-from ksae_cupy.cpu import kernels as cpu_kernels
+from ksae_cupy.cpu import numba_kernels as cpu_kernels
 
 import threadpoolctl  # comes with the base install
 

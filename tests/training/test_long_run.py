@@ -285,7 +285,7 @@ def test_a_thread_count_from_the_environment_is_kept_and_named(data_file, tmp_pa
 def test_the_default_thread_count_leaves_the_cores_other_jobs_use(monkeypatch, load, expected):
     pytest.importorskip("threadpoolctl", reason="the count is set through threadpoolctl")
     from ksae_cupy.training import threads as threads_module
-    from ksae_cupy.cpu import kernels as cpu_kernels
+    from ksae_cupy.cpu import numba_kernels as cpu_kernels
     from ksae_cupy.training.threads import THREAD_VARIABLES
 
     for name in THREAD_VARIABLES:

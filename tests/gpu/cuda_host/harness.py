@@ -2,7 +2,7 @@
 
 The driver runs ``kernels/*.cu`` compiled for the host against ``cuda_host.h`` (that header says
 what is emulated and what is checked). What it runs are the launchers' own plans
-(:func:`ksae_cupy.gpu.kernels.plan_topk`, :func:`~ksae_cupy.gpu.kernels.plan_rows`) made on NumPy
+(:func:`ksae_cupy.gpu.cuda_kernels.plan_topk`, :func:`~ksae_cupy.gpu.cuda_kernels.plan_rows`) made on NumPy
 arrays: the same kernel name, grid, block, shared memory and argument tuple a GPU would get. The
 driver checks every argument against the kernel's C++ parameter types and sends the output arrays
 back; :meth:`Driver.run` writes them into the plan's arrays, as the kernel would on a GPU.
@@ -113,9 +113,9 @@ class Driver:
         raise HarnessError(f"{what} (driver exit status {self.proc.returncode}):\n{err.strip()}")
 
     def run(self, plan, schedule: Schedule = Schedule(), label: str = "-", rows: int | None = None) -> None:
-        """Run a :class:`~ksae_cupy.gpu.kernels.KernelLaunch` whose arrays are NumPy arrays.
+        """Run a :class:`~ksae_cupy.gpu.cuda_kernels.KernelLaunch` whose arrays are NumPy arrays.
 
-        As :func:`ksae_cupy.gpu.kernels._launch` does: zero the plan's ``zeroed`` outputs, skip a
+        As :func:`ksae_cupy.gpu.cuda_kernels._launch` does: zero the plan's ``zeroed`` outputs, skip a
         grid of 0, launch. The outputs are written back into the plan's arrays in place.
         """
         for i in plan.zeroed:
