@@ -3,11 +3,9 @@ encoding variants, and the side-by-side comparison with sparse coding.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
-from ksae_cupy.cli.common import (GivenPath, CONTEXT, DATA_DIR, DEVICE, QUIET, RUN_DIR, check_run_outputs, run_data_options,
+from ksae_cupy.cli.common import (CONTEXT, DATA_DIR, DEVICE, QUIET, RUN_DIR, check_run_outputs, run_data_options,
                                    data_overrides, dataset_split, progress_printer, report_errors, write_json)
 from ksae_cupy.errors import KsaeError
 
@@ -79,129 +77,11 @@ def analyze_iti(run_dir, n_samples, split, k, max_iter, device, data_dir, quiet,
                f"ITI {report['relative_residual_iti']:.4f}")
 
 
-@analyze_command.command("theorem", context_settings=CONTEXT)
-@click.option("--dictionary", default="incoherent",
-              help="incoherent ([I | Hadamard], mu = 1/sqrt(D)), gaussian, or a RUN_DIR (its trained W).")
-@click.option("--dim", "D", type=int, default=256, help="D, the signal dimension (synthetic dictionaries).")
-@click.option("--atoms", "H", type=int, default=512, help="H, the number of atoms (gaussian only; incoherent has 2D).")
-@click.option("--k", "k", type=int, default=4, help="Non-zeros per code.")
-@click.option("--n", "n", type=int, default=1000, help="Codes drawn per case.")
-@click.option("--seed", type=int, default=0, help="Seed of the drawn codes (and of a gaussian dictionary).")
-@click.option("-o", "--output", type=GivenPath(path_type=Path), default=None, help="Also write the report as JSON.")
-@report_errors
-def analyze_theorem(dictionary, D, H, k, n, seed, output):
-    """Theorem 3.1: x = W z with k-sparse z drawn to satisfy and to violate k mu <= z_k / (2 z_1);
-    how often supp_k(W^T x) finds the support of z in each case."""
-    import numpy as np
+# Theorem 3.1 on synthetic dictionaries, and the feature-side commands (the paper's evaluation
+# choices; sparse coding beside the encoder), live in modules of their own: subcommands all the same.
+from ksae_cupy.cli.analyze_features import analyze_compare, analyze_variants  # noqa: E402
+from ksae_cupy.cli.analyze_theorem import analyze_theorem  # noqa: E402
 
-    from ksae_cupy.evaluation.analysis import gaussian_dictionary, incoherent_dictionary, theorem_experiment
-    from ksae_cupy.paths import check_output_file
-
-    if output:
-        check_output_file(output, "-o")  # before the experiment, not after it
-    if n < 1 or D < 1 or H < 1:
-        raise KsaeError("--n, --dim and --atoms must be positive")
-    from ksae_cupy.training.options import check_seed
-
-    check_seed("--seed", seed)
-    if dictionary == "incoherent":
-        W_dh = incoherent_dictionary(D)
-    elif dictionary == "gaussian":
-        W_dh = gaussian_dictionary(D, H, np.random.default_rng(seed))
-    else:
-        from ksae_cupy.evaluation.features import open_run
-
-        W_dh = open_run(dictionary).params["W_dh"]
-    report = theorem_experiment(W_dh, k, n, seed)
-    report["dictionary"] = dictionary
-    click.echo(f"{dictionary} dictionary {report['D']}x{report['H']}: mu = {report['mu']:.4f}, k = {k}, "
-               f"k mu = {report['k_mu']:.3f}")
-    sat, vio = report["recovery_when_satisfied"], report["recovery_when_violated"]
-    click.echo("condition holds:    " + (f"support recovered for {100 * sat:.1f}% of {n} codes" if sat is not None
-                                       else "impossible on this dictionary (k mu > 1/2)"))
-    click.echo("condition violated: " + (f"support recovered for {100 * vio:.1f}% of {n} codes" if vio is not None
-                                       else "impossible for k = 1"))
-    if output:
-        write_json(output, report)
-
-
-@analyze_command.command("variants", context_settings=CONTEXT)
-@click.argument("run_dir", type=RUN_DIR)
-@click.option("--variants", "variants_text", default="sparse,relu,standardized,early-stop-50,early-stop-150",
-              help="Comma-separated: sparse (the ksae-eval protocol), relu, standardized, early-stop-N.")
-@click.option("--alphas", default="1,2,3,4", help="Comma-separated alpha grid of every variant.")
-@click.option("--l2", "l2_text", default="1e-3,1e-4,1e-5", help="Comma-separated L2 grid (not for early-stop-N).")
-@click.option("--max-iter", type=int, default=500, help="L-BFGS iterations at most (variants without early stopping).")
-@run_data_options
-@DEVICE
-@DATA_DIR
-@QUIET
-@report_errors
-def analyze_variants(run_dir, variants_text, alphas, l2_text, max_iter, device, data_dir, quiet, **data):
-    """The feature evaluation under each choice the paper leaves open (ReLU at encoding,
-    standardised features, early stopping instead of L2), every one chosen on validation and
-    tested once. Writes RUN_DIR/variants.json and variants.md."""
-    from ksae_cupy.backend import resolve_device
-    from ksae_cupy.evaluation.features import load_run_dataset, open_run, parse_alphas, parse_l2
-    from ksae_cupy.evaluation.variants import markdown, parse_variants, run_variants
-
-    variants, alpha_list, l2_list = parse_variants(variants_text), parse_alphas(alphas), parse_l2(l2_text)
-    check_run_outputs(run_dir, "variants.json", "variants.md")
-    if max_iter < 1:
-        raise KsaeError(f"--max-iter {max_iter} is not allowed; use a positive number of iterations")
-    say = progress_printer(quiet)
-    overrides = data_overrides(data)  # without any, run_variants loads the run's own data after its checks
-    dataset = load_run_dataset(open_run(run_dir), data_dir, say, overrides) if overrides else None
-    result = run_variants(run_dir, variants, alpha_list, l2_list, max_iter, resolve_device(device), data_dir,
-                          log=say, dataset=dataset)
-    click.echo(markdown(result))
-
-@analyze_command.command("compare", context_settings=CONTEXT)
-@click.argument("run_dir", type=RUN_DIR)
-@click.option("--alpha", type=float, default=1.0, help="Non-zeros per row: alpha*k, for every method.")
-@click.option("--l2", "l2_text", default="1e-3,1e-4", help="Comma-separated L2 grid of the classifier.")
-@click.option("--n-train", type=int, default=10000, help="Training rows for the classifiers (OMP is slow).")
-@click.option("--dict-seconds", default="none",
-              help="Also learn a dictionary by sparse coding (scikit-learn) for this many seconds; "
-                   "'auto' = the run's own training time; 'none' = skip.")
-@run_data_options
-@DATA_DIR
-@QUIET
-@report_errors
-def analyze_compare(run_dir, alpha, l2_text, n_train, dict_seconds, data_dir, quiet, **data):
-    """k-sparse encoder vs OMP on the same dictionary (same number of non-zeros), and vs a
-    dictionary learnt by MiniBatchDictionaryLearning in the same wall time: test error and
-    encoding speed (needs: pip install ksae-cupy[compare]). Writes RUN_DIR/compare.json."""
-    from ksae_cupy.evaluation.compare import compare_encoders, require_sklearn
-    from ksae_cupy.evaluation.features import load_run_dataset, open_run, parse_l2
-
-    require_sklearn()
-    run = open_run(run_dir)
-    check_run_outputs(run_dir, "compare.json")
-    l2_list = parse_l2(l2_text)
-    if n_train < 1:
-        raise KsaeError(f"--n-train {n_train} is not allowed; use a positive number")
-    if dict_seconds == "none":
-        seconds = None
-    elif dict_seconds == "auto":
-        from ksae_cupy.training.runs import RunFolder
-
-        metrics = run.path / "metrics.jsonl"
-        records = RunFolder(run.path).read_metrics()
-        seconds = float(sum(r.get("seconds", 0.0) for r in records))
-        if seconds <= 0:
-            raise KsaeError(f"--dict-seconds auto: {metrics} records no training time; give a number of seconds")
-    else:
-        try:
-            seconds = float(dict_seconds)
-        except ValueError:
-            raise KsaeError(f"--dict-seconds {dict_seconds!r}: use a number of seconds, auto or none") from None
-        if seconds <= 0:
-            raise KsaeError(f"--dict-seconds {dict_seconds}: use a positive number of seconds")
-    say = progress_printer(quiet)
-    dataset = load_run_dataset(run, data_dir, say, data_overrides(data))
-    report = compare_encoders(run.params, run.k, dataset, alpha, l2_list, n_train, seconds, log=say)
-    write_json(run.path / "compare.json", report)
-    click.echo("| method | test error | test encoding rows/s |\n|---|---|---|")
-    for name, m in report["methods"].items():
-        click.echo(f"| {name} | {100 * m['test_error']:.2f}% | {m['rows_per_second']:.0f} |")
+analyze_command.add_command(analyze_theorem, "theorem")
+analyze_command.add_command(analyze_variants, "variants")
+analyze_command.add_command(analyze_compare, "compare")
