@@ -18,18 +18,6 @@ def plot_command():
     """Draw the paper's figures from trained runs (needs: pip install ksae-cupy[plot])."""
 
 
-def _parse_shape(text):
-    if text is None:
-        return None
-    try:
-        h, w = (int(p) for p in text.lower().split("x"))
-    except ValueError:
-        raise KsaeError(f"--shape {text!r}: use HxW, e.g. 28x28") from None
-    if h < 1 or w < 1:
-        raise KsaeError(f"--shape {text!r}: sides must be positive")
-    return h, w
-
-
 @plot_command.command("filters", context_settings=CONTEXT)
 @click.argument("run_dir", type=RUN_DIR)
 @click.option("-o", "--output", type=GivenPath(path_type=Path), default=None, help="Image file; its suffix picks the format (png, pdf, svg, jpg, ...). [default: RUN_DIR/filters.png]")
@@ -45,13 +33,13 @@ def _parse_shape(text):
 def plot_filters(run_dir, output, n_filters, cols, shape, channels, layout, scale):
     """Each column of W as an image, in a grid (the paper's Figures 1-3)."""
     from ksae_cupy.evaluation.features import open_run
-    from ksae_cupy.evaluation.plots import check_image_output, require_matplotlib, save_filter_grid
+    from ksae_cupy.evaluation.plots import check_image_output, parse_image_shape, require_matplotlib, save_filter_grid
 
     require_matplotlib()
     run = open_run(run_dir)
     output = output or run.path / "filters.png"
     check_image_output(output)
-    image_shape, channels = _parse_shape(shape), None if channels is None else int(channels)
+    image_shape, channels = parse_image_shape(shape), None if channels is None else int(channels)
     if image_shape is None and channels is None:  # draw the run's dataset as it is laid out
         from ksae_cupy.datasets.catalog import IMAGE_SHAPES
 
@@ -111,7 +99,8 @@ def plot_hist(run_dirs, output, n_samples, split, alpha, bins, data_dir, quiet):
 @report_errors
 def plot_curves(run_dir, output):
     """Training and validation loss and k over the epochs of a run (from its metrics.jsonl)."""
-    from ksae_cupy.evaluation.plots import check_image_output, require_matplotlib, save_training_curves
+    from ksae_cupy.evaluation.plots import (check_image_output, check_training_records, require_matplotlib,
+                                            save_training_curves)
     from ksae_cupy.training.runs import RunFolder
 
     require_matplotlib()
@@ -124,16 +113,3 @@ def plot_curves(run_dir, output):
              f"valid loss {last['valid_loss']:.4f}" if last and last.get("valid_loss") is not None else "")
     width, height = save_training_curves(metrics, output, title=title)
     click.echo(f"wrote {output} ({width}x{height} pixels, {len(metrics)} epochs)")
-
-
-def check_training_records(metrics: list[dict], path: Path) -> None:
-    """Every record names its epoch, training loss and k, as ksae-train writes them; a fine-tuning
-    run's log (phases, validation errors) or an edited file is one line, not a ``KeyError``."""
-    for number, record in enumerate(metrics, 1):
-        if "phase" in record:
-            raise KsaeError(f"{path} is a ksae-finetune run's log (phases and validation errors); ksae-plot curves "
-                            f"draws the runs of ksae-train")
-        missing = [key for key in ("epoch", "train_loss", "k") if not isinstance(record.get(key), (int, float))]
-        if missing:
-            raise KsaeError(f"{path}: record {number} has no {', '.join(missing)}; it is not what ksae-train logs "
-                            f"(the file was edited or comes from elsewhere)")

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ksae_cupy.backend import to_host
-from ksae_cupy.errors import KsaeError, OptionError
+from ksae_cupy.errors import KsaeError, OptionError, literal
 
 LAYOUTS = ("hwc", "chw")
 # The largest filter image written: 100 megapixels (past this, an image library refuses to open it
@@ -28,6 +28,19 @@ def require_matplotlib():
     except ImportError:
         raise KsaeError("figures need matplotlib: pip install ksae-cupy[plot]") from None
     return matplotlib
+
+
+def parse_image_shape(text: str | None) -> tuple[int, int] | None:
+    """``"28x28"`` -> ``(28, 28)`` (``image_shape``); None stays None (the square default)."""
+    if text is None:
+        return None
+    try:
+        h, w = (int(p) for p in text.lower().split("x"))
+    except ValueError:
+        raise OptionError("image_shape", f"{{name}} {literal(repr(text))}: use HxW, e.g. 28x28") from None
+    if h < 1 or w < 1:
+        raise OptionError("image_shape", f"{{name}} {literal(repr(text))}: sides must be positive")
+    return h, w
 
 
 def filter_shape(D: int, image_shape=None, channels: int = 1) -> tuple[int, int]:
@@ -213,3 +226,16 @@ def png_size(path) -> tuple[int, int]:
     if head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
         raise KsaeError(f"{path} is not a PNG file")
     return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+def check_training_records(metrics: list[dict], path) -> None:
+    """Every record names its epoch, training loss and k, as ksae-train writes them; a fine-tuning
+    run's log (phases, validation errors) or an edited file is one line, not a ``KeyError``."""
+    for number, record in enumerate(metrics, 1):
+        if "phase" in record:
+            raise KsaeError(f"{path} is a ksae-finetune run's log (phases and validation errors); ksae-plot curves "
+                            f"draws the runs of ksae-train")
+        missing = [key for key in ("epoch", "train_loss", "k") if not isinstance(record.get(key), (int, float))]
+        if missing:
+            raise KsaeError(f"{path}: record {number} has no {', '.join(missing)}; it is not what ksae-train logs "
+                            f"(the file was edited or comes from elsewhere)")
