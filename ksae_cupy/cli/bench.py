@@ -70,91 +70,6 @@ def bench_train(device, hidden, dim, k, batch_size, topk, repeats, steps, thread
     click.echo(f"results: {path}")
 
 
-@bench_command.command("finetune")
-@click.option("--hidden", type=int, default=1000, help="Units of every hidden layer.")
-@click.option("--dim", type=int, default=784, show_default=True, help="Input dimensions D (MNIST: 784).")
-@click.option("--classes", type=int, default=10, show_default=True, help="Output classes (MNIST: 10).")
-@click.option("--kept", type=int, default=75, help="Units kept per hidden layer, alpha*k (paper, MNIST: 3 x 25).")
-@click.option("--layers", default="1,2", help="Comma-separated hidden-layer counts: one net of each is timed.")
-@click.option("--batch-size", type=int, default=128, show_default=True, help="Examples per step (the authors' code: 128).")
-@click.option("--topk", type=click.Choice(["sort", "threshold"]), default="sort", show_default=True,
-              help="Top-k method: selection by sorting, or the iterative threshold (section 4.3.3).")
-@click.option("--repeats", type=int, default=7, help="Timed repeats; the median is reported.")
-@click.option("--steps", type=int, default=20, help="Steps per timed repeat.")
-@click.option("--threads", type=int, default=1, help="BLAS and CPU kernel threads.")
-@click.option("--out", type=click.Path(path_type=Path), default=None, help="Results folder. [default: results/benchmarks]")
-@report_errors
-def bench_finetune(hidden, dim, classes, kept, layers, batch_size, topk, repeats, steps, threads, out):
-    """Dense and sparse fine-tuning steps (phase all) of 784-1000-10 and 784-1000-1000-10 nets, on the CPU."""
-    from ksae_cupy.backend import CPU
-    from ksae_cupy.bench.finetune_cpu import bench_finetune_step
-    from ksae_cupy.bench.metadata import RESULTS_DIR, write_results
-    from ksae_cupy.paths import check_writable_folder
-
-    for flag, value in (("--hidden", hidden), ("--dim", dim), ("--classes", classes), ("--kept", kept),
-                        ("--batch-size", batch_size), ("--repeats", repeats), ("--steps", steps),
-                        ("--threads", threads)):
-        if value <= 0:
-            raise KsaeError(f"{flag} {value} is not allowed; use a positive number")
-    if kept > hidden:
-        raise KsaeError(f"--kept {kept} is not allowed; use 1 <= kept <= hidden ({hidden})")
-    if classes < 2:
-        raise KsaeError(f"--classes {classes} is not allowed; use at least 2")
-    check_writable_folder(out or RESULTS_DIR, "--out")
-    click.echo(CPU.description)
-    result = bench_finetune_step(CPU, D=dim, H=hidden, C=classes, kept=kept, layers=positive_ints(layers, "--layers"),
-                                 batch_size=batch_size, topk_method=topk, repeats=repeats, steps=steps,
-                                 threads=threads, log=click.echo)
-    path = write_results("finetune-cpu", result, out)
-    click.echo(f"results: {path}")
-
-
-@bench_command.command("dist")
-@click.option("--ranks", default="1,2,3", help="Comma-separated rank counts; one MPI job each (more ranks than cores oversubscribe).")
-@click.option("--threads", type=int, default=1, help="BLAS threads per rank.")
-@click.option("--baseline-threads", type=int, default=None,
-              help="Also time one rank with this many BLAS threads (0: no). [default: the CPU count]")
-@click.option("--hidden", type=int, default=1000, show_default=True, help="Hidden units H (the paper's MNIST net: 1000).")
-@click.option("--dim", type=int, default=784, show_default=True, help="Input dimensions D (MNIST: 784).")
-@click.option("--k", "k", type=int, default=25, show_default=True, help="Units kept per example (the paper's best MNIST k).")
-@click.option("--batch-size", type=int, default=128, help="The GLOBAL minibatch, split over the ranks.")
-@click.option("--topk-k", "topk_ks", default="25,250", help="Comma-separated k values for the sharded top-k.")
-@click.option("--formula-ranks", default="1,2,4,8,16", help="Rank counts of the computed traffic table.")
-@click.option("--repeats", type=int, default=7, help="Timed repeats; the median is reported.")
-@click.option("--steps", type=int, default=20, help="Steps per timed repeat.")
-@click.option("--topk-repeats", type=int, default=21, help="Timed calls of each sharded top-k.")
-@click.option("--mpiexec", default=None, help="[default: the mpiexec beside this Python, else on PATH]")
-@click.option("--timeout", type=float, default=600.0, help="Seconds each MPI job may run.")
-@click.option("--note", default="", help="A line for the Markdown summary (e.g. that the machine was shared).")
-@click.option("--out", type=click.Path(path_type=Path), default=None, help="Results folder. [default: results/benchmarks]")
-@report_errors
-def bench_dist_command(ranks, threads, baseline_threads, hidden, dim, k, batch_size, topk_ks, formula_ranks,
-                       repeats, steps, topk_repeats, mpiexec, timeout, note, out):
-    """Data-parallel step vs one process, all-reduce time, and sharded top-k traffic (MPI, CPU)."""
-    import os
-
-    from ksae_cupy.bench.distributed import bench_dist, markdown
-    from ksae_cupy.bench.metadata import write_results
-
-    for flag, value in (("--threads", threads), ("--hidden", hidden), ("--dim", dim), ("--batch-size", batch_size),
-                        ("--repeats", repeats), ("--steps", steps), ("--topk-repeats", topk_repeats)):
-        if value <= 0:
-            raise KsaeError(f"{flag} {value} is not allowed; use a positive number")
-    if baseline_threads is None:
-        baseline_threads = os.cpu_count() or 1
-    if baseline_threads < 0:
-        raise KsaeError(f"--baseline-threads {baseline_threads} is not allowed; use 0 (none) or a positive number")
-    result = bench_dist(ranks=positive_ints(ranks, "--ranks"), threads=threads, baseline_threads=baseline_threads,
-                        D=dim, H=hidden, N=batch_size, k=k, topk_ks=positive_ints(topk_ks, "--topk-k"),
-                        formula_ranks=positive_ints(formula_ranks, "--formula-ranks"), repeats=repeats, steps=steps,
-                        topk_repeats=topk_repeats, mpiexec=mpiexec, timeout=timeout, log=click.echo)
-    path = write_results("dist-cpu", result, out)
-    summary = markdown(result, note)
-    path.with_suffix(".md").write_text(summary)
-    click.echo(summary)
-    click.echo(f"results: {path} and {path.with_suffix('.md')}")
-
-
 @bench_command.command("topk")
 @click.option("--device", default="gpu", help="gpu or gpu:N.")
 @click.option("--N", "Ns", default="128,4096,65536", help="Comma-separated batch sizes.")
@@ -177,3 +92,11 @@ def bench_topk_command(device, Ns, Hs, ks, repeats, no_torch, out):
     result = bench_topk(Ns=parse(Ns, "--N"), Hs=parse(Hs, "--H"), ks=parse(ks, "--k"), repeats=repeats,
                         device=backend.gpu_index, include_torch=not no_torch, out_dir=out)
     click.echo(f"results: {result.get('path')}")
+
+
+# The fine-tuning and the distributed benchmarks live in modules of their own: subcommands all the same.
+from ksae_cupy.cli.bench_dist import bench_dist_command  # noqa: E402
+from ksae_cupy.cli.bench_finetune import bench_finetune  # noqa: E402
+
+bench_command.add_command(bench_finetune, "finetune")
+bench_command.add_command(bench_dist_command, "dist")
