@@ -51,7 +51,6 @@ units only.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -62,7 +61,7 @@ from ksae_cupy.backend import Backend, array_module, to_host
 from ksae_cupy.cpu import numba_kernels as cpu_kernels
 from ksae_cupy.cpu import momentum as cpu_momentum
 from ksae_cupy.errors import KsaeError, OptionError, literal
-from ksae_cupy.training.options import (check_batch_size, check_dtype, check_in_dtype, check_momentum,
+from ksae_cupy.training.options import (DictConfig, check_batch_size, check_dtype, check_in_dtype, check_momentum,
                                         check_positive_count, check_positive_finite)
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.schedules import linear_decay
@@ -248,7 +247,7 @@ def error_rate(params, X_nd, y_n, kept, topk_method: str = "sort", activations=N
 # -- training ------------------------------------------------------------------------------
 
 @dataclass
-class FinetuneConfig:
+class FinetuneConfig(DictConfig):
     """Options of one fine-tuning run; defaults are the paper's supervised MNIST settings.
 
     Sources: momentum 0.25 and lr 1 -> 0.001 linearly over 200 epochs (section 4.3.2);
@@ -338,14 +337,6 @@ class FinetuneConfig:
         if self.step == "auto":
             return "sparse" if self.sparse_step_applies() and not backend.is_gpu else "dense"
         return self.step
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "FinetuneConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{key: value for key, value in values.items() if key in names})
 
 
 @dataclass

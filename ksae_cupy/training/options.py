@@ -92,3 +92,21 @@ def check_training_memory(backend, D: int, H: int, batch_size: int, dtype: str, 
         raise KsaeError(f"{flag} {H} is not allowed here: training {D} x {H} {dtype} weights with batches of "
                         f"{batch_size} needs {needed / 2**30:,.1f} GiB, {backend.name} has {free / 2**30:,.1f} GiB "
                         f"free; use fewer hidden units or a smaller batch")
+
+
+class DictConfig:
+    """A dataclass configuration as config.json and checkpoints hold it: :meth:`to_dict`, and
+    :meth:`from_dict`, which leaves out keys the class does not know (a file written by another
+    version) so that the missing ones take their defaults."""
+
+    def to_dict(self) -> dict:
+        import dataclasses
+
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict):
+        import dataclasses
+
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in values.items() if key in names})

@@ -24,7 +24,7 @@ from ksae_cupy import model
 from ksae_cupy.backend import Backend, to_host
 from ksae_cupy.training.checkpoint import Checkpoint
 from ksae_cupy.errors import KsaeError, OptionError, TrainingDiverged, literal, python_name  # TrainingDiverged is re-exported here
-from ksae_cupy.training.options import (check_batch_size, check_dtype, check_in_dtype, check_momentum,
+from ksae_cupy.training.options import (DictConfig, check_batch_size, check_dtype, check_in_dtype, check_momentum,
                                         check_positive_count, check_positive_finite)
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.schedules import sparsity_at_epoch
@@ -55,7 +55,7 @@ class _Diverged(TrainingDiverged, OptionError):
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(DictConfig):
     """Options of one training run; defaults are the paper's unsupervised MNIST settings.
 
     Sources: sigma, momentum, lr and epochs from section 4.3.2; the k schedule (k_start
@@ -148,14 +148,6 @@ class TrainConfig:
         if self.aux_k:
             checked("aux_coef", check_positive_finite, self.aux_coef, "weight of the auxiliary loss")
         checked("dead_window", check_positive_count, self.dead_window, "examples")
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "TrainConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{key: value for key, value in values.items() if key in names})
 
 
 @dataclass
