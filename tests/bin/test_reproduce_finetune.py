@@ -143,7 +143,7 @@ def test_collect_only_writes_the_table_and_trains_nothing(finished, tmp_path):
     assert result.status == 0, result.output
     assert commands_started(result.stdout) == [] and run_files(copy) == before
     assert [r["test_error"] for r in rows_of(copy)] == [r["test_error"] for r in rows_of(out)]
-    assert "| Without Pre-Training |" in result.stdout
+    assert "| Without Pre-Training (k-sparse units, alpha*k = 75 kept) |" in result.stdout  # the script's row: --k 25
 
     empty = reproduce(tmp_path / "nothing", *TINY, "--collect-only")
     assert empty.status == 0, empty.output
