@@ -40,7 +40,7 @@ def baseline_command(ctx, dataset, **values):
       ksae-baseline mnist --model rbm --epochs 500 --threads 1
       ksae-baseline --resume runs/mnist-rbm-h1000-20261125-160500
     """
-    from ksae_cupy.cli.progress import RunProgress
+    from ksae_cupy.training.progress import RunProgress
     from ksae_cupy.supervised import baseline_run
     from ksae_cupy.supervised import baseline_trainer as bt
     from ksae_cupy.training.runs import dataset_record

@@ -70,7 +70,7 @@ def new_trainer(config, data, backend):
 
 
 def progress_view(trainer):
-    """What :class:`~ksae_cupy.cli.progress.RunProgress` reads, for a trainer without a k schedule
+    """What :class:`~ksae_cupy.training.progress.RunProgress` reads, for a trainer without a k schedule
     (every step costs the same)."""
 
     class View:

@@ -17,7 +17,8 @@ from click.testing import CliRunner
 from clicheck import assert_one_line_error
 from heldrun import held_train, wait_until_held
 from ksae_cupy.cli import resume as resuming
-from ksae_cupy.cli.progress import RunProgress, format_duration
+from ksae_cupy.training.progress import RunProgress
+from ksae_cupy.training.wording import format_duration
 from ksae_cupy.cli.train import train_command
 from ksae_cupy.datasets.synthetic import make_sparse_signals
 from ksae_cupy.training.checkpoint import load_checkpoint
