@@ -10,6 +10,9 @@ It behaves like CuPy wherever our code could go wrong, and refuses what CuPy ref
   rotating schedule of block, thread and warp orders; scalar arguments must be NumPy scalars of the
   parameter's exact C type; an H100's grid, block and shared-memory limits (and the opt-in
   attribute) are enforced;
+* CUDA graphs (:mod:`cupy.cuda.graph`, :mod:`cupy._capture`): ``stream.begin_capture()`` records
+  device work instead of running it, ``Graph.launch`` replays it; allocating, reading back or
+  synchronising during capture is refused;
 * ``cupyx.scipy.sparse`` over SciPy with cuSPARSE's restrictions; ``cupy.cuda`` (runtime, Device,
   Stream, Event) reporting an H100; ``cupy.cuda.nccl`` over threads or MPI ranks.
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import numpy as _np
 
+from cupy import _capture
 from cupy._array import IMPLICIT, ndarray, unwrap as _unwrap, wrap as _wrap
 from cupy import cuda, linalg, random  # noqa: F401
 from cupy._raw import RawKernel, RawModule  # noqa: F401
@@ -40,10 +44,15 @@ _PASSTHROUGH = {"dtype", "iinfo", "finfo", "result_type", "promote_types", "can_
 def asarray(a, dtype=None, order=None, *, blocking=False):
     if isinstance(a, ndarray):
         return a if dtype is None or _np.dtype(dtype) == a.dtype else a.astype(dtype)
+    _capture.refuse_host_copy("cupy.asarray of host data")
     return ndarray._from_numpy(_np.array(_unwrap(a, host_ok=True), dtype=dtype, order=order or "K", copy=True))
 
 
 def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0, *, blocking=False):
+    if isinstance(obj, ndarray):
+        _capture.refuse_allocation("cupy.array (a copy)")
+    else:
+        _capture.refuse_host_copy("cupy.array of host data")
     return ndarray._from_numpy(_np.array(_unwrap(obj, host_ok=True), dtype=dtype, copy=True, order=order, ndmin=ndmin))
 
 
@@ -95,6 +104,9 @@ def __getattr__(name):
         raise AttributeError(f"module 'cupy' has no attribute {name!r}")
 
     def function(*args, **kwargs):
+        capture = _capture.active()
+        if capture is not None:
+            return _capture.call(capture, target, args, kwargs, f"cupy.{name}")
         return _wrap(target(*_unwrap(args), **_unwrap(kwargs)))
 
     function.__name__ = name

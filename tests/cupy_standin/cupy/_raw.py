@@ -6,6 +6,8 @@ a folder in the temporary directory). Where NVRTC's library can be loaded (the `
 ``nvidia-cuda-nvrtc``, or a CUDA toolkit), the source is also compiled by NVRTC itself with the
 same options and name expressions (:mod:`cupy._nvrtc`). A launch is checked as an H100's driver
 checks it, then runs in the emulator, whose schedule rotates over block, thread and warp orders.
+On a capturing stream the checked launch is recorded instead, and runs at each launch of the graph
+(arrays by reference, scalars by value, as CUDA captures a kernel's arguments).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import numpy as np
 
 from cupy._array import ndarray
 from cupy.cuda import driver as _driver
+from cupy.cuda import graph as _graph
 from cupy.cuda import runtime as _runtime
 
 HARNESS_DIR = Path(__file__).resolve().parents[2] / "gpu" / "cuda_host"
@@ -208,12 +211,21 @@ class RawKernel:
                                 f"C size itself, not the kernel's; pass a NumPy scalar of the parameter's type")
             else:
                 raise TypeError(f"Unsupported type {type(a)}")
+        shared = (int(shared_mem), self._max_dynamic, self.shared_size_bytes)
+        capture = _graph.recording(stream)
+        if capture is not None:
+            _graph.record(capture, lambda: self._run(grid3, block3, host_args, outputs, shared), self.name)
+            return
+        self._run(grid3, block3, host_args, outputs, shared)
+
+    def _run(self, grid3, block3, host_args, outputs, shared) -> None:
+        """The launch, in the emulator, under the next schedule."""
         schedule = harness.SCHEDULES[next(_schedule) % len(harness.SCHEDULES)]
         with _lock:
             try:
                 _driver_for(self.module._exe).launch(
                     self.name, grid3, block3, host_args, outputs, schedule=schedule, label="cupy stand-in",
-                    shared=(int(shared_mem), self._max_dynamic, self.shared_size_bytes), only_changed=True)
+                    shared=shared, only_changed=True)
             except harness.HarnessError as exc:
                 if "the kernel takes" in str(exc):  # an argument of the wrong C type or count
                     raise TypeError(f"{self.name}: {exc}") from None

@@ -1,9 +1,16 @@
-"""``cupy.random``: NumPy's generators, results as device arrays."""
+"""``cupy.random``: NumPy's generators, results as device arrays.
+
+Refused during stream capture with CuPy's ``NotImplementedError`` (CuPy disables cuRAND there)."""
 from __future__ import annotations
 
 import numpy as _np
 
+from cupy import _capture
 from cupy._array import unwrap as _unwrap, wrap as _wrap
+
+
+def _refuse_under_capture(what: str) -> None:
+    _capture.refuse_library("cuRAND", what)
 
 
 class Generator:
@@ -16,6 +23,7 @@ class Generator:
             return attr
 
         def method(*args, **kwargs):
+            _refuse_under_capture(f"cupy.random.Generator.{name}")
             return _wrap(attr(*_unwrap(args), **_unwrap(kwargs)))
 
         return method
@@ -38,6 +46,7 @@ def __getattr__(name):
         raise AttributeError(f"module 'cupy.random' has no attribute {name!r}")
 
     def function(*args, **kwargs):
+        _refuse_under_capture(f"cupy.random.{name}")
         return _wrap(attr(*_unwrap(args), **_unwrap(kwargs)))
 
     return function

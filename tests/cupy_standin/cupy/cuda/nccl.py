@@ -1,7 +1,9 @@
 """``cupy.cuda.nccl`` of the stand-in: a communicator over the MPI ranks of the test (mpi4py's
 COMM_WORLD), summing device buffers given by address as NCCL does. It checks what NCCL needs: the
 same unique id on every rank, ``ndev`` and ``rank`` matching the job, a known type and operation,
-and buffers given as addresses (``a.data.ptr``), not arrays."""
+and buffers given as addresses (``a.data.ptr``), not arrays. On a capturing stream a collective is
+recorded and runs at each launch of the graph (every rank must launch its graph), as NCCL's
+collectives are captured in CUDA graphs."""
 from __future__ import annotations
 
 import ctypes
@@ -69,12 +71,25 @@ class NcclCommunicator:
             raise TypeError(f"NCCL takes a stream address (stream.ptr); got {type(stream).__name__}")
         recv = self._view(recvbuf, count, datatype)
         if sendbuf == recvbuf:
-            self._comm.Allreduce(MPI.IN_PLACE, recv, op=ops[op])
+            self._on(stream, lambda: self._comm.Allreduce(MPI.IN_PLACE, recv, op=ops[op]), "allReduce")
         else:
-            self._comm.Allreduce(self._view(sendbuf, count, datatype), recv, op=ops[op])
+            send = self._view(sendbuf, count, datatype)
+            self._on(stream, lambda: self._comm.Allreduce(send, recv, op=ops[op]), "allReduce")
 
     def bcast(self, buff, count: int, datatype: int, root: int, stream) -> None:
-        self._comm.Bcast(self._view(buff, count, datatype), root=root)
+        buf = self._view(buff, count, datatype)
+        self._on(stream, lambda: self._comm.Bcast(buf, root=root), "bcast")
+
+    @staticmethod
+    def _on(stream, work, what: str) -> None:
+        """Runs ``work`` now, or records it when ``stream`` (a handle) is capturing a graph."""
+        from cupy.cuda import graph
+
+        capture = graph.recording(stream)
+        if capture is None:
+            work()
+        else:
+            graph.record(capture, work, f"nccl {what}")
 
     def destroy(self) -> None:
         self._comm.Free()

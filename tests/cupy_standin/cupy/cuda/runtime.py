@@ -19,6 +19,9 @@ cudaDevAttrComputeCapabilityMajor = 75
 cudaDevAttrComputeCapabilityMinor = 76
 cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
 
+streamCaptureModeGlobal, streamCaptureModeThreadLocal, streamCaptureModeRelaxed = 0, 1, 2
+streamCaptureStatusNone, streamCaptureStatusActive, streamCaptureStatusInvalidated = 0, 1, 2
+
 TOTAL_MEMORY = 80 * 1024**3
 SHARED_DEFAULT = 48 * 1024  # static + dynamic shared memory per block without the opt-in
 SHARED_OPTIN = 232448  # 227 KiB: cudaDevAttrMaxSharedMemoryPerBlockOptin of an H100
@@ -77,4 +80,6 @@ def driverGetVersion() -> int:
 
 
 def deviceSynchronize() -> None:
-    pass
+    from cupy.cuda import graph
+
+    graph.refuse_synchronize("runtime.deviceSynchronize()")

@@ -3,12 +3,16 @@
 Refused as cupyx refuses: host (NumPy) arrays for data, indices or indptr; data other than bool,
 float32, float64, complex64, complex128; index arrays that are not integers; a product with a host
 array. Products give device arrays. Index arrays keep int32 when the values fit (as cupyx does).
+During stream capture (CUDA graphs) a product raises CuPy's ``NotImplementedError`` (cuSPARSE is
+disabled there), building a matrix or summing it allocates and is refused, and ``get`` is a
+read-back, refused too (:mod:`cupy._capture`).
 """
 from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as _sp
 
+from cupy import _capture
 from cupy._array import ndarray
 
 _DATA_CHARS = "?fdFD"
@@ -25,6 +29,7 @@ class _Compressed:
     format = ""
 
     def __init__(self, arg1, shape=None, dtype=None, copy=False):
+        _capture.refuse_allocation(f"cupyx.scipy.sparse.{self.format}_matrix")
         if isinstance(arg1, _Compressed):
             self._m = arg1._m.asformat(self.format, copy=copy)
         elif isinstance(arg1, tuple) and len(arg1) == 3:
@@ -68,9 +73,11 @@ class _Compressed:
         return self.T
 
     def get(self, stream=None):
+        _capture.refuse_readback("a sparse matrix's get()")
         return self._m.copy()
 
     def toarray(self, order=None, out=None):
+        _capture.refuse_allocation("a sparse matrix's toarray()")
         return ndarray._from_numpy(self._m.toarray(order=order))
 
     def tocsr(self, copy=False):
@@ -80,6 +87,7 @@ class _Compressed:
         return csc_matrix._of(self._m.tocsc(copy=copy))
 
     def _product(self, other, left: bool):
+        _capture.refuse_library("cuSPARSE", "a sparse matrix product")
         if isinstance(other, _Compressed):
             m = self._m @ other._m if left else other._m @ self._m
             return (csr_matrix if m.format == "csr" else csc_matrix)._of(m.tocsr() if m.format not in ("csr", "csc")
@@ -106,6 +114,7 @@ class _Compressed:
 
     def __mul__(self, other):
         if np.isscalar(other):
+            _capture.refuse_library("cuSPARSE", "a sparse matrix times a scalar")
             return type(self)._of(self._m * other)
         return self._product(other, left=True)
 
@@ -114,6 +123,7 @@ class _Compressed:
                         "NumPy array explicitly.")
 
     def sum(self, axis=None, dtype=None, out=None):
+        _capture.refuse_allocation("a sparse matrix's sum()")
         r = self._m.sum(axis=axis, dtype=dtype)
         return ndarray._from_numpy(np.asarray(r))
 
