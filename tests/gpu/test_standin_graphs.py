@@ -136,6 +136,28 @@ def test_reductions_gathers_and_assignments_into_buffers_are_captured(cupy, stre
     np.testing.assert_array_equal(is_zero.get(), B == 0)
 
 
+def test_views_taken_during_capture_write_to_the_buffers_memory(cupy, stream):
+    with stream:
+        buf = cupy.zeros((2, 3), np.float32)
+        src = cupy.asarray(np.arange(6, dtype=np.float32))
+        copy = cupy.zeros(6, np.float32)
+        cupy.add(buf[1], 1, out=buf[1])
+        buf.fill(0)
+        stream.begin_capture()
+        cupy.add(buf[1], 1, out=buf[1])  # a row
+        cupy.add(buf.T[0], 10, out=buf.T[0])  # a column, through the transpose
+        flat = buf.reshape(6)  # contiguous: a view, no copy
+        cupy.multiply(flat[::2], 2, out=flat[::2])
+        copy.data.copy_from_device_async(src.data, src.nbytes, stream)  # a device-to-device copy
+        graph = stream.end_capture()
+        stream.synchronize()
+        assert (buf.get() == 0).all() and (copy.get() == 0).all()
+        graph.launch(stream)
+        stream.synchronize()
+        np.testing.assert_array_equal(buf.get(), [[20, 0, 0], [11, 2, 1]])
+        np.testing.assert_array_equal(copy.get(), np.arange(6))
+
+
 def test_raw_kernel_launches_are_captured(cupy, stream):
     kernel = cupy.RawModule(code=KERNEL_SOURCE, options=("-std=c++17",),
                             name_expressions=[KERNEL_NAME]).get_function(KERNEL_NAME)
@@ -249,6 +271,7 @@ ALLOCATING = {
     "a reduction to a new array": lambda cp, a, rows: a.sum(axis=0),
     "fancy indexing": lambda cp, a, rows: a[rows],
     "cupy.zeros": lambda cp, a, rows: cp.zeros(3, np.float32),
+    "a reshape that copies": lambda cp, a, rows: a.T.reshape(6),
 }
 
 

@@ -63,8 +63,9 @@ def refuse_readback(what: str) -> None:
 def refuse_library(library: str, what: str) -> None:
     """As CuPy: calls into ``library`` are disabled during stream capture (cupy/cupy#6290)."""
     if active() is not None:
-        raise NotImplementedError(f"{what}: {library} is not supported during stream capture by CuPy (the stream "
-                                  f"is capturing a CUDA graph); run it outside the captured region")
+        raise NotImplementedError(f"calling {library} API during stream capture is currently unsupported ({what}: "
+                                  f"CuPy disables {library} while a stream captures; run it outside the captured "
+                                  f"region)")
 
 
 def refuse_cublas(name: str, arrays) -> None:
