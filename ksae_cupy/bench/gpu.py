@@ -236,6 +236,10 @@ def bench_train_gpu(n_samples: int = 60000, D: int = 784, H: int = 1000, k: int 
     from ksae_cupy.gpu import fused_step
     from ksae_cupy.model import init_params, loss_and_grads
     from ksae_cupy.optim import MomentumSGD
+    from ksae_cupy.training.trainer import TrainConfig, Trainer
+
+    class _UncapturedTrainer(Trainer):
+        captures_gpu_step = False
 
     backend = _gpu_backend(device)
     cupy = backend.xp
@@ -262,9 +266,28 @@ def bench_train_gpu(n_samples: int = 60000, D: int = 784, H: int = 1000, k: int 
 
             return run_epoch
 
+        def trainer_epochs(method, captured: bool):
+            # The trainer itself (shuffled batches, the last smaller one, dead-unit counts), its step
+            # captured as a CUDA graph (ksae_cupy.gpu.graph_step) or the generic one.
+            cls = Trainer if captured else _UncapturedTrainer
+            # lr / 10: at lr on this uniform data the trainer stops as diverged in its first epoch (the
+            # loops above do not check; a step's time does not depend on its rate).
+            cfg = TrainConfig(hidden=H, k=k, k_start=None, epochs=10 ** 6, batch_size=batch, lr=lr / 10,
+                              momentum=momentum,
+                              sigma=sigma, topk=method, seed=seed + 1)
+            trainer = cls(cfg, backend, D=D)
+
+            def run_epoch():
+                report = trainer.run_epoch(X)
+                return [report.train_loss] * -(-n_samples // batch)  # the epoch's mean, once per step
+
+            return run_epoch
+
         for method in topk_methods:
             variants[f"ksae_{method}"] = ours(loss_and_grads, method)
             variants[f"ksae_fused_{method}"] = ours(fused_step.loss_and_grads_fused, method)
+            variants[f"trainer_graph_{method}"] = trainer_epochs(method, captured=True)
+            variants[f"trainer_generic_{method}"] = trainer_epochs(method, captured=False)
         if torch is not None:
             variants["torch"] = _torch_epoch_fn(torch, W0, X_host, k, batch, lr, momentum)
 
@@ -291,7 +314,7 @@ def bench_train_gpu(n_samples: int = 60000, D: int = 784, H: int = 1000, k: int 
         "meta": run_metadata(backend),
         "torch": getattr(torch, "__version__", None),
         "config": {"n_samples": n_samples, "D": D, "H": H, "k": k, "batch": batch, "lr": lr, "momentum": momentum,
-                   "sigma": sigma, "epochs_timed": epochs, "project_epochs": project_epochs, "dtype": "float32",
+                   "sigma": sigma, "trainer_lr": lr / 10, "epochs_timed": epochs, "project_epochs": project_epochs, "dtype": "float32",
                    "data": "synthetic uniform [0, 1), MNIST shape"},
         "results": results,
     }

@@ -88,6 +88,7 @@ class DataParallelTrainer(StopAgreedOverRanks, Trainer):
 
     takes_sparse_step = False  # its gradients come from the dense step, summed over ranks
     tracks_dead_units = False  # each rank holds a block of units or of examples: no per-unit window yet
+    captures_gpu_step = False  # its step communicates between ranks: not one CUDA graph
 
     def __init__(self, config, backend, D, comm, allreduce, checkpoint=None):
         super().__init__(config, backend, D, checkpoint)

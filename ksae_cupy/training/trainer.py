@@ -22,6 +22,7 @@ import numpy as np
 
 from ksae_cupy import model
 from ksae_cupy.backend import Backend, to_host
+from ksae_cupy.gpu.graph_step import CapturedEpochs, graph_step_applies
 from ksae_cupy.training.checkpoint import Checkpoint
 from ksae_cupy.errors import KsaeError, OptionError, TrainingDiverged, literal, python_name  # TrainingDiverged is re-exported here
 from ksae_cupy.training.options import (DictConfig, check_batch_size, check_dtype, check_in_dtype, check_momentum,
@@ -182,6 +183,9 @@ class Trainer:
     # Whether this trainer counts, per unit, the examples since one last kept it (the dead-window
     # metric and AuxK's dead units); the distributed trainers hold blocks of units or of examples: not yet.
     tracks_dead_units = True
+    # Whether, on a GPU, this trainer replays its step as a CUDA graph (ksae_cupy.gpu.graph_step) when
+    # the step applies; the distributed trainers communicate inside their step: not.
+    captures_gpu_step = True
 
     def __init__(self, config: TrainConfig, backend: Backend, D: int, checkpoint: Checkpoint | None = None):
         config.validate()
@@ -191,6 +195,8 @@ class Trainer:
         self.backend = backend
         self.dtype = np.dtype(config.dtype)
         xp = backend.xp
+        # On a GPU, the paper's step is captured once as a CUDA graph and replayed per batch.
+        self._captures = backend.is_gpu and self.captures_gpu_step and graph_step_applies(config)
         if checkpoint is None:
             self.rng = np.random.default_rng(config.seed)
             host_params = model.init_params(D, config.hidden, config.sigma, self.rng, self.dtype)
@@ -223,12 +229,15 @@ class Trainer:
                                     sparse=self.takes_sparse_step)
         self._evaluation = resolve_evaluation(config, xp)
         self._epoch_step = None  # (k, Step, lanes) of the epoch running
+        self._captured = CapturedEpochs(xp, self.params, self.optimizer.velocities, self.since_kept_h, config) \
+            if self._captures else None
 
     def _resident(self, host_params):
         """The parameters on the backend; ``W_dh`` in the memory order of the step at the target k
         (the sparse step wants Fortran order; see :func:`ksae_cupy.sparse_step.sparse_layout`)."""
         params = {name: self.backend.asarray(value) for name, value in host_params.items()}
-        if self.takes_sparse_step and choose_step(self.config.step, self.config.k, self.config.hidden) == "sparse":
+        if self.takes_sparse_step and not self._captures \
+                and choose_step(self.config.step, self.config.k, self.config.hidden) == "sparse":
             params["W_dh"] = sparse_layout(params["W_dh"])
         return params
 
@@ -332,31 +341,32 @@ class Trainer:
         loss_sum, loss_batches = (self.epoch_loss_sum, self.epoch_loss_batches) if self.batch_in_epoch else (0.0, 0)
         self._aux_loss_sum, self._aux_batches = 0.0, 0  # with aux_k: this session's batches of the epoch
         first_batch = self.batch_in_epoch
+        captured = self._captured
+        if captured is not None:  # the whole step on the device; its loss and unit counts summed there
+            captured.begin(X_train_nd, k, loss_sum)
         parts["shuffle"] = clock() - start
         for b in range(first_batch, n_batches):
             t0 = clock()
-            X_nd = X_train_nd[order[b * cfg.batch_size:(b + 1) * cfg.batch_size]]  # a copy of this batch's rows only
-            t1 = clock()
-            loss, grads, kept_h = self._gradients(X_nd, k)
-            if not math.isfinite(loss):
-                raise TrainingDiverged(f"the loss became {loss} at epoch {self.epoch + 1}, step {self.step + 1} with "
-                                       f"learning rate {cfg.lr}", loss, self.epoch + 1, self.step + 1, cfg.lr)
-            t2 = clock()
-            step.update(self.optimizer, self.params, grads, cfg.lr)
-            parts["batches"] += t1 - t0
-            parts["steps"] += t2 - t1
-            parts["updates"] += clock() - t2  # on a GPU the parts are launch times until the synchronize below
-            kept_count_h += kept_h
-            self._note_kept(kept_h, X_nd.shape[0])
-            loss_sum += loss
+            rows = order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
+            if captured is not None:
+                captured.run(X_train_nd, rows)
+                parts["steps"] += clock() - t0  # launch time: the GPU's own is in the epoch's total
+            else:
+                loss = self._take_step(X_train_nd[rows], k, step, kept_count_h, parts, t0)  # a copy of the rows
+                loss_sum += loss
+                self.epoch_loss_sum = loss_sum
             loss_batches += 1
-            self.epoch_loss_sum, self.epoch_loss_batches = loss_sum, loss_batches
+            self.epoch_loss_batches = loss_batches
             self.step += 1
             self.batch_in_epoch = b + 1
             if on_batch is not None:
                 on_batch(b + 1, n_batches)
             if self.stop_requested and b + 1 < n_batches:
+                if captured is not None:
+                    self.epoch_loss_sum = captured.loss_sum()
                 return None
+        if captured is not None:
+            loss_sum, kept_count_h = captured.loss_sum(), captured.kept_count_h()
         self.backend.synchronize()
         seconds = clock() - start
         samples = min(N, n_batches * cfg.batch_size) - first_batch * cfg.batch_size
@@ -379,6 +389,24 @@ class Trainer:
             dead_window_fraction=self.dead_window_fraction() if self.tracks_dead_units else None,
             aux_loss=self._aux_loss_sum / max(self._aux_batches, 1) if self.config.aux_k else None,
         )
+
+    def _take_step(self, X_nd, k: int, step, kept_count_h, parts: dict, t0: float) -> float:
+        """One step of the generic path on the batch ``X_nd``: gradients, update, unit counts; its loss."""
+        clock = time.perf_counter
+        t1 = clock()
+        cfg = self.config
+        loss, grads, kept_h = self._gradients(X_nd, k)
+        if not math.isfinite(loss):
+            raise TrainingDiverged(f"the loss became {loss} at epoch {self.epoch + 1}, step {self.step + 1} with "
+                                   f"learning rate {cfg.lr}", loss, self.epoch + 1, self.step + 1, cfg.lr)
+        t2 = clock()
+        step.update(self.optimizer, self.params, grads, cfg.lr)
+        parts["batches"] += t1 - t0
+        parts["steps"] += t2 - t1
+        parts["updates"] += clock() - t2  # on a GPU the parts are launch times until the epoch's synchronize
+        kept_count_h += kept_h
+        self._note_kept(kept_h, X_nd.shape[0])
+        return loss
 
     def _check_health(self, loss_sum: float, valid_loss: float | None) -> None:
         """Stop as diverged when the epoch's summed loss or the validation loss is not finite

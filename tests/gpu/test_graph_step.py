@@ -1,0 +1,103 @@
+"""The trainer's GPU step captured as a CUDA graph (ksae_cupy/gpu/graph_step.py) against the CPU trainer.
+
+On a GPU with CuPy these run the real capture and replay; elsewhere the CuPy stand-in, which records
+captured work instead of running it, replays it on launch, and refuses any allocation or read-back
+during capture (tests/cupy_standin/README.md). The reference is the CPU trainer of the same seed: the
+same batches, initial weights and kept units, so in float64 the two runs agree to rounding.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ksae_cupy.backend import resolve_device, to_host
+from ksae_cupy.training.trainer import TrainConfig, Trainer
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu_cupy")]
+
+N, D, H = 50, 16, 32  # batches of 8: six full ones and a last one of 2 rows (a second captured step)
+
+
+def data(seed=0):
+    X = np.random.default_rng(seed).standard_normal((N, D))
+    return X, X[:12]
+
+
+def config(**changes):
+    values = dict(hidden=H, k=4, k_start=None, epochs=3, batch_size=8, lr=0.01, momentum=0.9, dtype="float64",
+                  topk="threshold", seed=5, dead_window=20)
+    values.update(changes)
+    return TrainConfig(**values)
+
+
+def fit(cfg, device: str, stop_after_batches: int | None = None):
+    """``(trainer, reports)`` of ``cfg`` trained on ``device``; with ``stop_after_batches``, stopped once
+    that many batches ran, then resumed from its checkpoint in a new trainer (as ``--resume`` does)."""
+    backend = resolve_device(device)
+    X_host, V_host = data()
+    X, V = backend.asarray(X_host), backend.asarray(V_host)
+    trainer = Trainer(cfg, backend, D=D)
+    reports = []
+    if stop_after_batches is not None:
+        def on_batch(done, total, count=[0]):
+            count[0] += 1
+            trainer.stop_requested = count[0] >= stop_after_batches
+
+        trainer.fit(X, V, on_epoch=reports.append, on_batch=on_batch)
+        trainer = Trainer(cfg, backend, D=D, checkpoint=trainer.checkpoint())
+    trainer.fit(X, V, on_epoch=reports.append)
+    return trainer, reports
+
+
+def host(trainer):
+    return {name: to_host(value) for name, value in trainer.params.items()}
+
+
+@pytest.mark.parametrize("topk", ["threshold", "sort"])
+def test_captured_steps_equal_the_cpu_trainer(topk):
+    cfg = config(topk=topk)
+    gpu, gpu_reports = fit(cfg, "gpu")
+    cpu, cpu_reports = fit(cfg, "cpu")
+    # The step was captured (one graph per batch size: 8 and the last batch's 2) and replayed.
+    steps = gpu._captured._steps
+    assert sorted(steps) == [2, 8]
+    for step in steps.values():  # every part between the products, except any the pool allocated in (said on stderr)
+        assert {"_select", "_residual", "_mask_to_kept", "_momentum_update"} <= set(step.graphs)
+    for name, value in host(cpu).items():
+        np.testing.assert_allclose(host(gpu)[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
+    for g, c in zip(gpu_reports, cpu_reports, strict=True):
+        assert g.train_loss == pytest.approx(c.train_loss, rel=1e-10)
+        assert g.valid_loss == pytest.approx(c.valid_loss, rel=1e-10)
+        assert g.dead_fraction == c.dead_fraction
+        assert g.dead_window_fraction == c.dead_window_fraction
+    np.testing.assert_array_equal(to_host(gpu.since_kept_h), to_host(cpu.since_kept_h))
+    assert gpu.step == cpu.step == 3 * 7
+
+
+def test_a_run_stopped_mid_epoch_resumes_to_the_uninterrupted_run():
+    cfg = config()
+    whole, whole_reports = fit(cfg, "gpu")
+    resumed, resumed_reports = fit(cfg, "gpu", stop_after_batches=10)  # epoch 2, batch 3
+    for name, value in host(whole).items():
+        np.testing.assert_allclose(host(resumed)[name], value, rtol=1e-12, atol=1e-14, err_msg=name)
+    # The resumed epoch's report counts the batches before the stop too (their loss sum was checkpointed).
+    assert [r.train_loss for r in resumed_reports] == pytest.approx([r.train_loss for r in whole_reports], rel=1e-12)
+
+
+def test_the_sparsity_schedule_recaptures_at_each_new_k_and_matches_the_cpu():
+    cfg = config(k_start=12, epochs=4, k_schedule_epochs=3)
+    gpu, gpu_reports = fit(cfg, "gpu")
+    cpu, cpu_reports = fit(cfg, "cpu")
+    assert [r.k for r in gpu_reports] == [r.k for r in cpu_reports]
+    assert len(set(r.k for r in gpu_reports)) > 1
+    assert gpu._captured._key[0] == gpu_reports[-1].k  # the graphs held now are the last k's
+    for name, value in host(cpu).items():
+        np.testing.assert_allclose(host(gpu)[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+def test_relu_and_auxk_take_the_generic_step_on_the_gpu():
+    for cfg in (config(activation="relu"), config(aux_k=8)):
+        trainer = Trainer(cfg, resolve_device("gpu"), D=D)
+        assert trainer._captured is None
+    assert Trainer(config(), resolve_device("gpu"), D=D)._captured is not None
+    assert Trainer(config(), resolve_device("cpu"), D=D)._captured is None
