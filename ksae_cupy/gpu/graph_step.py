@@ -11,7 +11,7 @@ are captured once as five CUDA graphs and replayed per batch: nine launches a st
 CuPy refuses cuBLAS calls during capture.
 
 The arithmetic is :func:`ksae_cupy.model.loss_and_grads` followed by :class:`~ksae_cupy.optim.MomentumSGD`
-(the linear activation, no AuxK; the trainer takes the generic step otherwise), with the top-k kernel
+(linear units, with AuxK's parts when asked, :mod:`ksae_cupy.gpu.graph_auxk`; ReLU takes the generic step), with the top-k kernel
 writing the dense sparse code itself and one mask kernel for the gradient through the kept units, as in
 :mod:`ksae_cupy.gpu.fused_step`. Results agree with the generic step to float32 rounding
 (``tests/gpu/test_graph_step.py``).
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ksae_cupy.gpu.cuda_kernels import mask_rows_gpu, topk_gpu
+from ksae_cupy.gpu.graph_auxk import AuxKParts
 
 
 @dataclass
@@ -37,21 +38,25 @@ class EpochCounters:
     """What the steps of one epoch add up on the device, read back once at its end.
 
     ``loss_sum``: 0-d float64, the sum over batches of each batch's mean ``0.5 ||xhat - x||^2``;
+    ``aux_sum``: 0-d float64, the same of the auxiliary loss (with AuxK; this session's batches only);
     ``kept_count_h``: float32, per unit, the examples that kept it this epoch;
     ``since_kept_h``: int64, the trainer's per-unit count of examples since one last kept it (updated in place).
     """
 
     loss_sum: object
+    aux_sum: object
     kept_count_h: object
     since_kept_h: object
 
     @classmethod
     def zeros(cls, cupy, H: int, since_kept_h):
-        return cls(cupy.zeros((), dtype=np.float64), cupy.zeros(H, dtype=np.float32), since_kept_h)
+        return cls(cupy.zeros((), dtype=np.float64), cupy.zeros((), dtype=np.float64), cupy.zeros(H, dtype=np.float32),
+                   since_kept_h)
 
     def start_epoch(self, loss_so_far: float) -> None:
         """Zero the epoch's counts; ``loss_so_far`` is the loss summed before an interruption, if resumed."""
         self.loss_sum.fill(loss_so_far)
+        self.aux_sum.fill(0)
         self.kept_count_h.fill(0)
 
 
@@ -63,7 +68,8 @@ class GraphStep:
     """
 
     def __init__(self, cupy, params, velocities, X_train_nd, batch_size: int, k: int, topk_method: str,
-                 lr: float, momentum: float, counters: EpochCounters, stream, capture: bool = True):
+                 lr: float, momentum: float, counters: EpochCounters, stream, capture: bool = True,
+                 auxk: tuple | None = None):
         W_dh = params["W_dh"]
         if not W_dh.flags.c_contiguous:
             raise ValueError("GraphStep needs W_dh C-contiguous (the trainer stores it so on a GPU)")
@@ -90,6 +96,8 @@ class GraphStep:
         self.kept_b_h = empty(H, dtype=dtype)
         self.not_kept_h = empty(H, dtype=np.bool_)
         self.grads = {name: empty(value.shape, dtype=value.dtype) for name, value in params.items()}
+        # With AuxK, ``auxk = (aux_k, aux_coef, dead_window)``: its parts (ksae_cupy.gpu.graph_auxk).
+        self.auxk = None if auxk is None else AuxKParts(self, *auxk)
         self.graphs = None  # {part name: CUDA graph} once captured (the parts that allocate left out)
         self._capture_wanted = capture
         self._ran = False
@@ -103,7 +111,7 @@ class GraphStep:
             if self.graphs is None and self._ran and self._capture_wanted:
                 self.graphs = self._capture()
             for captured, part in self._parts():
-                graph = self.graphs.get(part.__name__) if captured and self.graphs else None
+                graph = self.graphs.get(part.__qualname__) if captured and self.graphs else None
                 if graph is not None:
                     graph.launch(self.stream)
                 else:
@@ -114,10 +122,14 @@ class GraphStep:
         """The step in order, as ``(captured, function)``: CuPy refuses cuBLAS calls during stream capture
         ("calling cuBLAS API during stream capture is currently unsupported"), so the four products are
         launched as they come and the operations between them are replayed as five graphs."""
-        return ((True, self._gather), (False, self._encode), (True, self._select), (False, self._decode),
-                (True, self._residual), (True, self._batch_loss), (False, self._back_through_W),
-                (True, self._mask_to_kept), (False, self._weight_gradient), (True, self._bias_gradients),
-                (True, self._momentum_update), (True, self._count_kept))
+        forward = ((True, self._gather), (False, self._encode), (True, self._select), (False, self._decode),
+                   (True, self._residual), (True, self._batch_loss))
+        backward = ((False, self._back_through_W), (True, self._mask_to_kept), (False, self._weight_gradient),
+                    (True, self._bias_gradients))
+        update = ((True, self._momentum_update), (True, self._count_kept))
+        if self.auxk is None:
+            return forward + backward + update
+        return forward + self.auxk.parts() + backward + ((True, self.auxk.add_gradients),) + update
 
     def _capture(self) -> dict:
         """``{part name: graph}``; a part during whose capture the memory pool allocated is left out (it
@@ -133,9 +145,9 @@ class GraphStep:
                 finally:
                     graph = self.stream.end_capture()
             if allocations.count:
-                uncaptured.append(part.__name__)
+                uncaptured.append(part.__qualname__)
             else:
-                graphs[part.__name__] = graph
+                graphs[part.__qualname__] = graph
         _say_uncaptured_once(uncaptured)
         return graphs
 
@@ -254,9 +266,9 @@ class _PoolAllocations:
 
 
 def graph_step_applies(config) -> bool:
-    """Whether a single-process trainer with ``config`` on a GPU takes the captured step: the paper's
-    linear units without the AuxK loss (the generic step covers ReLU and AuxK)."""
-    return config.activation == "linear" and not config.aux_k
+    """Whether a single-process trainer with ``config`` on a GPU takes the captured step: linear units,
+    with or without AuxK (the generic step covers ReLU)."""
+    return config.activation == "linear"
 
 
 class CapturedEpochs:
@@ -285,15 +297,22 @@ class CapturedEpochs:
         step = self._steps.get(B)
         if step is None:
             cfg = self.config
+            auxk = (cfg.aux_k, cfg.aux_coef, cfg.dead_window) if cfg.aux_k else None
             with self.stream:  # its buffers' fills queued where its steps run
-                step = self._steps[B] = GraphStep(self.cupy, self.params, self.velocities, X_train_nd, B, self._key[0],
-                                                  cfg.topk, cfg.lr, cfg.momentum, self.counters, self.stream)
+                step = self._steps[B] = GraphStep(self.cupy, self.params, self.velocities, X_train_nd, B,
+                                                  self._key[0], cfg.topk, cfg.lr, cfg.momentum, self.counters,
+                                                  self.stream, auxk=auxk)
         step.run(rows_b)
 
     def loss_sum(self) -> float:
         """The epoch's summed batch losses so far (waits for the queued steps)."""
         self.stream.synchronize()
         return float(self.counters.loss_sum)
+
+    def aux_loss_sum(self) -> float:
+        """The epoch's summed auxiliary losses (this session's batches; waits for the queued steps)."""
+        self.stream.synchronize()
+        return float(self.counters.aux_sum)
 
     def kept_count_h(self):
         """Per unit, the examples that kept it this epoch (a device array; waits for the queued steps)."""

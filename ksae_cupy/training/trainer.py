@@ -25,8 +25,8 @@ from ksae_cupy.backend import Backend, to_host
 from ksae_cupy.gpu.graph_step import CapturedEpochs, graph_step_applies
 from ksae_cupy.training.checkpoint import Checkpoint
 from ksae_cupy.errors import KsaeError, OptionError, TrainingDiverged, literal, python_name  # TrainingDiverged is re-exported here
-from ksae_cupy.training.options import (DictConfig, check_batch_size, check_dtype, check_in_dtype, check_momentum,
-                                        check_positive_count, check_positive_finite)
+from ksae_cupy.training.options import (DictConfig, ValidatedOnce, check_batch_size, check_dtype, check_in_dtype,
+                                        check_momentum, check_positive_count, check_positive_finite)
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.schedules import sparsity_at_epoch
 from ksae_cupy.sparse_step import choose_step, sparse_layout
@@ -56,7 +56,7 @@ class _Diverged(TrainingDiverged, OptionError):
 
 
 @dataclass
-class TrainConfig(DictConfig):
+class TrainConfig(DictConfig, ValidatedOnce):
     """Options of one training run; defaults are the paper's unsupervised MNIST settings.
 
     Sources: sigma, momentum, lr and epochs from section 4.3.2; the k schedule (k_start
@@ -150,6 +150,18 @@ class TrainConfig(DictConfig):
             checked("aux_coef", check_positive_finite, self.aux_coef, "weight of the auxiliary loss")
         checked("dead_window", check_positive_count, self.dead_window, "examples")
 
+    def resolve_lr(self, lr: float) -> None:
+        """``lr="auto"`` resolved to the rate derived from the data (``lr_auto`` records it). A validated
+        configuration stays validated: the rate is positive and finite, all :meth:`validate` asks of one."""
+        if isinstance(lr, bool) or not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+            raise ValueError(f"a learning rate derived from the data must be positive and finite, not {lr!r}")
+        self.changed_validly(lr=lr, lr_auto=True)
+
+    def drop_schedule(self) -> None:
+        """Train with ``k`` from the first epoch (``k_start`` None, which :meth:`validate` allows with any
+        other values): a validated configuration stays validated."""
+        self.changed_validly(k_start=None)
+
 
 @dataclass
 class EpochReport:
@@ -188,7 +200,7 @@ class Trainer:
     captures_gpu_step = True
 
     def __init__(self, config: TrainConfig, backend: Backend, D: int, checkpoint: Checkpoint | None = None):
-        config.validate()
+        config.check()  # validated here unless the caller already did (a command validates its options once)
         if config.lr == "auto":  # a programming error, not the user's: the callers resolve it
             raise ValueError("TrainConfig.lr 'auto' must be resolved from the data before training")
         self.config = config
@@ -367,6 +379,8 @@ class Trainer:
                 return None
         if captured is not None:
             loss_sum, kept_count_h = captured.loss_sum(), captured.kept_count_h()
+            if cfg.aux_k:
+                self._aux_loss_sum, self._aux_batches = captured.aux_loss_sum(), n_batches - first_batch
         self.backend.synchronize()
         seconds = clock() - start
         samples = min(N, n_batches * cfg.batch_size) - first_batch * cfg.batch_size

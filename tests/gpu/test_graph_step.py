@@ -62,7 +62,8 @@ def test_captured_steps_equal_the_cpu_trainer(topk):
     steps = gpu._captured._steps
     assert sorted(steps) == [2, 8]
     for step in steps.values():  # every part between the products, except any the pool allocated in (said on stderr)
-        assert {"_select", "_residual", "_mask_to_kept", "_momentum_update"} <= set(step.graphs)
+        assert {f"GraphStep.{part}" for part in ("_select", "_residual", "_mask_to_kept", "_momentum_update")} \
+            <= set(step.graphs)
     for name, value in host(cpu).items():
         np.testing.assert_allclose(host(gpu)[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
     for g, c in zip(gpu_reports, cpu_reports, strict=True):
@@ -95,9 +96,24 @@ def test_the_sparsity_schedule_recaptures_at_each_new_k_and_matches_the_cpu():
         np.testing.assert_allclose(host(gpu)[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
 
 
-def test_relu_and_auxk_take_the_generic_step_on_the_gpu():
-    for cfg in (config(activation="relu"), config(aux_k=8)):
-        trainer = Trainer(cfg, resolve_device("gpu"), D=D)
-        assert trainer._captured is None
+def test_relu_takes_the_generic_step_on_the_gpu():
+    assert Trainer(config(activation="relu"), resolve_device("gpu"), D=D)._captured is None
     assert Trainer(config(), resolve_device("gpu"), D=D)._captured is not None
+    assert Trainer(config(aux_k=8), resolve_device("gpu"), D=D)._captured is not None
     assert Trainer(config(), resolve_device("cpu"), D=D)._captured is None
+
+
+@pytest.mark.parametrize("aux_k", [8, 30])  # 30: at times fewer units dead than aux_k
+def test_captured_auxk_steps_equal_the_cpu_trainer(aux_k):
+    cfg = config(aux_k=aux_k, aux_coef=0.25, dead_window=12, epochs=4)
+    gpu, gpu_reports = fit(cfg, "gpu")
+    cpu, cpu_reports = fit(cfg, "cpu")
+    assert gpu._captured._steps[8].auxk is not None
+    assert "AuxKParts._select_dead" in gpu._captured._steps[8].graphs
+    for name, value in host(cpu).items():
+        np.testing.assert_allclose(host(gpu)[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
+    for g, c in zip(gpu_reports, cpu_reports, strict=True):
+        assert g.aux_loss == pytest.approx(c.aux_loss, rel=1e-9)
+        assert g.train_loss == pytest.approx(c.train_loss, rel=1e-10)
+        assert g.dead_window_fraction == c.dead_window_fraction
+    assert any(r.aux_loss > 0 for r in gpu_reports)  # units were dead: the auxiliary loss did act
