@@ -53,6 +53,17 @@ def host(trainer):
     return {name: to_host(value) for name, value in trainer.params.items()}
 
 
+def assert_same_training(gpu, gpu_reports, cpu, cpu_reports):
+    """The two trainers' parameters, epoch reports and dead-unit counts agree (float64: to rounding)."""
+    for name, value in host(cpu).items():
+        np.testing.assert_allclose(host(gpu)[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
+    for g, c in zip(gpu_reports, cpu_reports, strict=True):
+        assert (g.k, g.train_loss, g.valid_loss) == (c.k, pytest.approx(c.train_loss, rel=1e-10),
+                                                     pytest.approx(c.valid_loss, rel=1e-10))
+        assert (g.dead_fraction, g.dead_window_fraction) == (c.dead_fraction, c.dead_window_fraction)
+    np.testing.assert_array_equal(to_host(gpu.since_kept_h), to_host(cpu.since_kept_h))
+
+
 @pytest.mark.parametrize("topk", ["threshold", "sort"])
 def test_captured_steps_equal_the_cpu_trainer(topk):
     cfg = config(topk=topk)
@@ -64,14 +75,7 @@ def test_captured_steps_equal_the_cpu_trainer(topk):
     for step in steps.values():  # every part between the products, except any the pool allocated in (said on stderr)
         assert {f"GraphStep.{part}" for part in ("_select", "_residual", "_mask_to_kept", "_momentum_update")} \
             <= set(step.graphs)
-    for name, value in host(cpu).items():
-        np.testing.assert_allclose(host(gpu)[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
-    for g, c in zip(gpu_reports, cpu_reports, strict=True):
-        assert g.train_loss == pytest.approx(c.train_loss, rel=1e-10)
-        assert g.valid_loss == pytest.approx(c.valid_loss, rel=1e-10)
-        assert g.dead_fraction == c.dead_fraction
-        assert g.dead_window_fraction == c.dead_window_fraction
-    np.testing.assert_array_equal(to_host(gpu.since_kept_h), to_host(cpu.since_kept_h))
+    assert_same_training(gpu, gpu_reports, cpu, cpu_reports)
     assert gpu.step == cpu.step == 3 * 7
 
 
@@ -89,11 +93,9 @@ def test_the_sparsity_schedule_recaptures_at_each_new_k_and_matches_the_cpu():
     cfg = config(k_start=12, epochs=4, k_schedule_epochs=3)
     gpu, gpu_reports = fit(cfg, "gpu")
     cpu, cpu_reports = fit(cfg, "cpu")
-    assert [r.k for r in gpu_reports] == [r.k for r in cpu_reports]
     assert len(set(r.k for r in gpu_reports)) > 1
     assert gpu._captured._key[0] == gpu_reports[-1].k  # the graphs held now are the last k's
-    for name, value in host(cpu).items():
-        np.testing.assert_allclose(host(gpu)[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
+    assert_same_training(gpu, gpu_reports, cpu, cpu_reports)
 
 
 def test_relu_takes_the_generic_step_on_the_gpu():
@@ -110,10 +112,6 @@ def test_captured_auxk_steps_equal_the_cpu_trainer(aux_k):
     cpu, cpu_reports = fit(cfg, "cpu")
     assert gpu._captured._steps[8].auxk is not None
     assert "AuxKParts._select_dead" in gpu._captured._steps[8].graphs
-    for name, value in host(cpu).items():
-        np.testing.assert_allclose(host(gpu)[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
-    for g, c in zip(gpu_reports, cpu_reports, strict=True):
-        assert g.aux_loss == pytest.approx(c.aux_loss, rel=1e-9)
-        assert g.train_loss == pytest.approx(c.train_loss, rel=1e-10)
-        assert g.dead_window_fraction == c.dead_window_fraction
+    assert_same_training(gpu, gpu_reports, cpu, cpu_reports)
+    assert [g.aux_loss for g in gpu_reports] == pytest.approx([c.aux_loss for c in cpu_reports], rel=1e-9)
     assert any(r.aux_loss > 0 for r in gpu_reports)  # units were dead: the auxiliary loss did act
