@@ -30,7 +30,7 @@ def new_config(values: dict):
         raise KsaeError(f"missing --model; use one of {', '.join(MODELS)}")
     config = bt.config_for(values["model"], **{name: values[name] for name in (
         "hidden", "epochs", "batch_size", "lr", "momentum", "weight_decay", "sigma", "seed", "dtype")})
-    config.validate()
+    config.check()
     return config
 
 

@@ -80,18 +80,15 @@ def config_to_dict(config) -> dict:
 
 def config_from_dict(values: dict):
     """The config a checkpoint's ``config`` describes (unknown keys are left out)."""
-    import dataclasses
-
     cls = baselines.RBMConfig if values.get("model") == "rbm" else baselines.AutoencoderConfig
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{key: value for key, value in values.items() if key in names})
+    return cls.from_dict(values)
 
 
 class BaselineTrainer:
     """Parameters, velocities and random state of one baseline run, resident on ``backend``."""
 
     def __init__(self, config, backend: Backend, D: int, checkpoint: Checkpoint | None = None):
-        config.validate()
+        config.check()  # validated here unless the caller already did (ksae-baseline validates its options once)
         self.config, self.backend = config, backend
         self.is_rbm = isinstance(config, baselines.RBMConfig)
         self.dtype = np.dtype(config.dtype)

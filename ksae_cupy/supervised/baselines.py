@@ -47,7 +47,6 @@ as such in the config classes.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -55,8 +54,8 @@ import numpy as np
 
 from ksae_cupy.backend import array_module, to_host
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.training.options import (check_batch_size, check_dtype, check_in_dtype, check_momentum,
-                                        check_positive_count, check_positive_finite)
+from ksae_cupy.training.options import (DictConfig, ValidatedOnce, check_batch_size, check_dtype, check_in_dtype,
+                                        check_momentum, check_positive_count, check_positive_finite)
 from ksae_cupy.model import reconstruction_loss
 from ksae_cupy.paper import ERR_MNIST, FN_MNIST, errors
 from ksae_cupy.supervised.units import check_dropout_rate, sigmoid
@@ -185,7 +184,7 @@ def encode(params, X_nd, chunk: int = 8192):
 # -- training ----------------------------------------------------------------------------------
 
 @dataclass
-class AutoencoderConfig:
+class AutoencoderConfig(DictConfig, ValidatedOnce):
     """Options of one dropout / denoising / dropout + denoising autoencoder run.
 
     Paper: hidden dropout 0.5 (dropout AE), input dropout 0.2 (denoising AE), both (dropout +
@@ -217,12 +216,9 @@ class AutoencoderConfig:
         _check_weight_decay(self.weight_decay)
         _check_common(self, n_train)
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
 
 @dataclass
-class RBMConfig:
+class RBMConfig(DictConfig, ValidatedOnce):
     """Options of one RBM run (CD-1). None of these are in the paper; ours follow Hinton's
     practical guide (2010): lr 0.05, momentum 0.9, weight decay 2e-4, sigma 0.01."""
 
@@ -240,9 +236,6 @@ class RBMConfig:
         """Raise :class:`KsaeError` naming the first bad option and what is allowed."""
         _check_weight_decay(self.weight_decay)
         _check_common(self, n_train)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 def _check_weight_decay(weight_decay) -> None:

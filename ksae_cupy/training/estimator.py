@@ -185,15 +185,19 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         """
         check_parameters(self)  # every parameter's type and range, in scikit-learn's words
         resume = self.warm_start and self.trainer_ is not None
-        X_nd = self._check_X(X, reset=not resume)
-        if not resume:
-            self._record_input_mean(X_nd)
-        X_nd = self._centred(X_nd)
-        if not resume:
-            self._trainer = self._new_trainer(X_nd, option_names)
+        prepared = self.__dict__.pop("_prepared", None)
+        if not resume and prepared is not None and prepared[0] is X and prepared[2] == self.get_params():
+            X_nd = prepared[1]  # prepare(X) checked X and built the trainer: train that one
+        else:
+            X_nd = self._check_X(X, reset=not resume)
+            if not resume:
+                self._record_input_mean(X_nd)
+            X_nd = self._centred(X_nd)
+            if not resume:
+                self._trainer = self._new_trainer(X_nd, option_names)
         trainer = self.trainer_
         trainer.config.epochs = self.epochs  # a warm fit may have been given more epochs
-        trainer.config.validate(name=option_names)
+        trainer.config.check(name=option_names)  # validated again only if that changed it
         X_valid_nd = self._centred(self._check_X(X_valid, reset=False)) if X_valid is not None else None
         X_dev, X_valid_dev = self._to_device(X_nd), self._to_device(X_valid_nd)
         step_before = trainer.step
@@ -208,6 +212,26 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         # A finished run resumed again trains nothing: leave its checkpoint file untouched.
         if checkpoint_path is not None and (trainer.step != step_before or not Path(checkpoint_path).exists()):
             self.save(checkpoint_path)
+        return self
+
+    def prepare(self, X, *, config: TrainConfig | None = None, option_names=parameter_name, on_config=None):
+        """The first half of a fresh :meth:`fit`, done now; returns ``self``. ``X`` and the parameters are
+        checked, the configuration made (``lr="auto"`` resolved from ``X``) and validated, and the trainer
+        built after the checks fit makes before training (memory, the data's scale, a rate that moves the
+        weights): a command calls it to refuse bad input before it writes anything. The next ``fit`` of
+        the same ``X`` object, the parameters unchanged, trains that trainer instead of building another.
+
+        ``config``: the :class:`TrainConfig` these parameters make, already validated (``ksae-train``
+        validates its options before it reads the data), taken instead of a new one (its ``"auto"`` rate
+        resolved in place). ``on_config(config, X_nd)`` is called once the rate is resolved, before the
+        checks (``ksae-train`` says there which rate ``--lr auto`` chose).
+        """
+        check_parameters(self)
+        X_nd = self._check_X(X, reset=True)
+        self._record_input_mean(X_nd)
+        X_nd = self._centred(X_nd)
+        self._trainer = self._new_trainer(X_nd, option_names, config, on_config)
+        self._prepared = (X, X_nd, self.get_params())
         return self
 
     def partial_fit(self, X, y=None):
@@ -272,11 +296,16 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
 
         return report_then
 
-    def _new_trainer(self, X_nd, option_names=parameter_name) -> Trainer:
-        config = self.config(X_nd)
+    def _new_trainer(self, X_nd, option_names=parameter_name, config=None, on_config=None) -> Trainer:
+        if config is None:
+            config = self.config(X_nd)
+        elif config.lr == "auto":
+            config.resolve_lr(auto_learning_rate(X_nd))
+        if on_config is not None:
+            on_config(config, X_nd)
         if isinstance(config.batch_size, (int, np.integer)):
-            config.batch_size = min(config.batch_size, X_nd.shape[0])
-        config.validate(n_train=X_nd.shape[0], name=option_names)
+            config.batch_size = min(config.batch_size, X_nd.shape[0])  # so no more rows than X's to check for
+        config.check(name=option_names)
         backend = resolve_device(self.device)
         # Before anything is allocated: as ksae-train does (10^9 hidden units would ask for 477 GiB).
         check_training_memory(backend, X_nd.shape[1], config.hidden, config.batch_size, config.dtype,
@@ -338,13 +367,6 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         if self.input_scale is not None:
             X = X * X.dtype.type(self.input_scale)
         return X
-
-    def training_rows(self, X_nd):
-        """The rows a fresh ``fit(X_nd)`` trains on: ``X_nd`` itself, or with ``center_input`` minus its mean
-        (what ``ksae-train`` derives ``--lr auto`` and its checks from before fitting)."""
-        if not self.center_input:
-            return X_nd
-        return X_nd - to_host(X_nd.mean(axis=0, dtype=np.float64)).astype(self.dtype).astype(X_nd.dtype)
 
     def _record_input_mean(self, X_nd) -> None:
         """With ``center_input``: the training rows' mean into ``preprocess_["input_mean"]`` (kept with the

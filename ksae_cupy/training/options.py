@@ -110,3 +110,36 @@ class DictConfig:
 
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{key: value for key, value in values.items() if key in names})
+
+
+class ValidatedOnce:
+    """A dataclass configuration validated once per command, however many layers receive it:
+    :meth:`check` runs the class's ``validate`` unless it already passed on these very values (a field
+    changed since, or a check for a number of training rows it was not made for, validates again).
+    ``validate`` itself always checks; :meth:`changed_validly` is for a change every valid configuration
+    allows (the one place that may keep the mark across a change)."""
+
+    def _values(self) -> tuple:
+        import dataclasses
+
+        return tuple(getattr(self, field.name) for field in dataclasses.fields(self))
+
+    def is_validated(self, n_train: int | None = None) -> bool:
+        """Whether :meth:`check` passed on the current values (for ``n_train`` rows too, when given)."""
+        passed = self.__dict__.get("_passed")
+        return passed is not None and passed[0] == self._values() and n_train in (None, passed[1])
+
+    def check(self, n_train: int | None = None, **how) -> None:
+        """``validate(n_train, **how)`` unless :meth:`is_validated`; the values that passed are remembered."""
+        if not self.is_validated(n_train):
+            self.validate(n_train, **how)
+            self.__dict__["_passed"] = (self._values(), n_train)
+
+    def changed_validly(self, **fields) -> None:
+        """Set ``fields`` to values that keep any valid configuration valid (the caller says why); a
+        configuration validated before stays validated, for the same training rows."""
+        passed = self.__dict__.get("_passed") if self.is_validated() else None
+        for name, value in fields.items():
+            setattr(self, name, value)
+        if passed is not None:
+            self.__dict__["_passed"] = (self._values(), passed[1])

@@ -112,13 +112,19 @@ def apply(names, given: set, values: dict, trainer) -> list[str]:
         if name not in given or values[name] == getattr(config, name):
             continue
         value, change = values[name], f"{name} {getattr(config, name)} -> {values[name]}"
+        fields = {name: value}
         if name == "epochs":
             check_epochs(value, trainer)
             if getattr(config, "k_start", None) is not None:
                 planned = config.k_schedule_epochs or config.epochs
-                config.k_schedule_epochs = min(planned, value)
+                fields["k_schedule_epochs"] = min(planned, value)
                 if value < planned:
                     change += f" (the k schedule now spans {value} epochs)"
-        setattr(config, name, value)
+            # check_epochs asks of the epochs all a config's validate does (a positive count), and more
+            if hasattr(config, "changed_validly"):
+                config.changed_validly(**fields)
+                fields = {}
+        for field, field_value in fields.items():
+            setattr(config, field, field_value)  # validated again where the config is next checked
         changes.append(change)
     return changes

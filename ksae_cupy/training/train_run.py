@@ -35,37 +35,36 @@ def new_config(values: dict, lr):
     k_start = values["k_start"] if values["k_start"] is not None else "auto"
     config = TrainConfig(**{**fields, "lr": lr, "k_start": None if values["no_k_schedule"]
                             else resolve_k_start(k_start, values["k"], values["hidden"])})
-    config.validate()
+    config.check()
     return config
 
 
 def new_model(config, data, backend, say):
-    """The estimator of a new run on ``data``: the schedule kept only if it reaches k, --lr auto resolved
-    and said, and the checks fit makes (memory, the data's scale, a rate that moves the weights) made
-    now, before the run folder is written."""
+    """The estimator of a new run on ``data``, prepared (:meth:`KSparseAutoencoder.prepare`) with ``config``
+    (validated by :func:`new_config`, and not again): the schedule kept only if it reaches k, --lr auto
+    resolved and said, and the checks fit makes (memory, the data's scale, a rate that moves the weights)
+    made now, before the run folder is written; ``fit(data.X_train)`` then trains the trainer built here."""
+    from ksae_cupy.errors import cli_name
     from ksae_cupy.schedules import schedule_reaches_k
     from ksae_cupy.training.estimator import KSparseAutoencoder
-    from ksae_cupy.training.learning_rate import check_data_scale, check_rate_moves_weights
-    from ksae_cupy.training.options import check_batch_size, check_training_memory
-    from ksae_cupy.training.trainer import Trainer
+    from ksae_cupy.training.options import check_batch_size
 
     if config.k_start is not None and not schedule_reaches_k(config.epochs, config.k, config.k_start):
         say(f"note: in {config.epochs} epoch the k schedule would stay at k-start {config.k_start} and never "
             f"reach k {config.k}; training with k {config.k} from the start (as --no-k-schedule)")
-        config.k_start = None
+        config.drop_schedule()
     params = {name: getattr(config, name) for name in config.to_dict() if name not in ("hidden", "k_schedule_epochs",
                                                                                            "lr_auto")}
     model = KSparseAutoencoder(n_hidden=config.hidden, device=backend.name, **params)
-    X_fit = model.training_rows(data.X_train)  # what fit trains on (--center-input: minus their mean)
-    resolved = model.config(X_fit)  # --lr auto: the rate derived from the training rows
-    check_batch_size("--batch-size", resolved.batch_size, len(data.X_train))
-    if resolved.lr_auto:
-        say(f"--lr auto: {resolved.lr} for this data ({describe_auto_lr(X_fit)})")
-    check_training_memory(backend, data.dim, config.hidden, config.batch_size, config.dtype)
-    check_data_scale(X_fit, resolved, "--lr")
-    check_rate_moves_weights(Trainer(resolved, backend, D=data.dim), X_fit, "--lr")
-    model.preprocess_ = dict(data.preprocess)
-    return model, resolved
+    check_batch_size("--batch-size", config.batch_size, len(data.X_train))
+    model.preprocess_ = dict(data.preprocess)  # before prepare, which adds the mean --center-input subtracts
+
+    def said(resolved, X_fit):  # X_fit: what fit trains on (--center-input: minus the rows' mean)
+        if resolved.lr_auto:
+            say(f"--lr auto: {resolved.lr} for this data ({describe_auto_lr(X_fit)})")
+
+    model.prepare(data.X_train, config=config, option_names=cli_name, on_config=said)
+    return model, config
 
 
 def same(name: str, value, saved: dict):

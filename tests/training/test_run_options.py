@@ -1,13 +1,16 @@
 """The paper's defaults are typed once (TrainConfig): the estimator's parameters and the commands' options
-agree with them; and one fresh ksae-train validates its configuration a counted number of times."""
+agree with them; and each command validates its configuration a counted number of times (once)."""
 from __future__ import annotations
 
 import inspect
+
+import pytest
 
 from click.testing import CliRunner
 
 from ksae_cupy.cli.baseline import baseline_command
 from ksae_cupy.cli.train import train_command
+from ksae_cupy.errors import KsaeError
 from ksae_cupy.schedules import resolve_k_start
 from ksae_cupy.training.estimator import KSparseAutoencoder
 from ksae_cupy.training.trainer import TrainConfig
@@ -35,26 +38,64 @@ def test_the_commands_defaults_are_train_configs():
                 assert shown[name] == getattr(PAPER, name), (command.name, name)
 
 
-def test_one_fresh_ksae_train_validates_its_configuration_a_counted_number_of_times(tmp_path, monkeypatch):
+def counted_validations(monkeypatch, *classes):
+    """The calls of ``validate`` (the checks themselves, whoever asks for them) on ``classes``, as they come."""
     calls = []
-    validate = TrainConfig.validate
+    for cls in classes:
+        def counted(self, *args, _validate=cls.validate, **kwargs):
+            calls.append((type(self).__name__, args, kwargs))
+            return _validate(self, *args, **kwargs)
 
-    def counted(self, *args, **kwargs):
-        calls.append(args or kwargs)
-        return validate(self, *args, **kwargs)
+        monkeypatch.setattr(cls, "validate", counted)
+    return calls
 
-    monkeypatch.setattr(TrainConfig, "validate", counted)
+
+def test_ksae_train_validates_its_configuration_once_fresh_and_on_resume(tmp_path, monkeypatch):
+    calls = counted_validations(monkeypatch, TrainConfig)
+    run = str(tmp_path / "run")
     result = CliRunner().invoke(train_command, ["synthetic", "--hidden", "16", "--k", "4", "--epochs", "1",
-                                                "--device", "cpu", "--run-dir", str(tmp_path / "run")])
+                                                "--device", "cpu", "--run-dir", run])
     assert result.exit_code == 0, result.output
-    # The command validates the options once, before any data is read, and builds one Trainer (which
-    # validates) to check before the run folder is written that the rate moves the weights; the other
-    # three are the estimator's fit (its new trainer, that Trainer, and fit itself): issue 36 item 2
-    # asks them to become one.
+    # The command validates the options once, before any data is read; the trainer it prepares to check the
+    # rate before the run folder is written, and the estimator's fit that trains that trainer, take the
+    # configuration as validated (TrainConfig.check) instead of validating it again (issue 36 item 2).
+    assert "training with k 4 from the start" in result.output  # the schedule dropped: a change that stays valid
+    assert len(calls) == VALIDATIONS, calls
+    calls.clear()
+    # On resume the configuration is the checkpoint's, validated when the trainer is rebuilt from it; --epochs,
+    # applied, is checked on its own (at least the epochs begun) and keeps it valid.
+    result = CliRunner().invoke(train_command, ["--resume", run, "--epochs", "2"])
+    assert result.exit_code == 0, result.output
+    assert "applied: epochs 1 -> 2" in result.output
     assert len(calls) == VALIDATIONS, calls
 
 
-VALIDATIONS = 5
+VALIDATIONS = 1
+
+
+def test_a_changed_configuration_is_validated_again(monkeypatch):
+    """What makes the count honest: a configuration is taken as validated only with the values that passed."""
+    calls = counted_validations(monkeypatch, TrainConfig)
+    config = TrainConfig(hidden=16, k=4, k_start=None, epochs=1, batch_size=50)
+    config.check()
+    config.check()
+    assert len(calls) == 1
+    config.k = 17  # more than the hidden units: no longer valid, and found so
+    with pytest.raises(KsaeError, match="k 17 is not allowed"):
+        config.check()
+    config.k = 4
+    config.check(n_train=100)  # a check for a number of rows it was not made for validates again
+    assert [call[1] for call in calls[1:]] == [(None,), (100,)]
+
+
+def test_one_fresh_ksae_baseline_validates_its_configuration_once(tmp_path, monkeypatch):
+    from ksae_cupy.supervised.baselines import AutoencoderConfig, RBMConfig
+
+    calls = counted_validations(monkeypatch, AutoencoderConfig, RBMConfig)
+    result = CliRunner().invoke(baseline_command, ["synthetic", "--model", "dropout-ae", "--hidden", "16", "--epochs",
+                                                   "1", "--device", "cpu", "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert len(calls) == 1, calls  # by the command, before the data is read; the trainer takes it as validated
 
 
 def test_one_fresh_ksae_finetune_validates_its_configuration_once(tmp_path, monkeypatch):
