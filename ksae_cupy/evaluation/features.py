@@ -403,14 +403,24 @@ def markdown_report(result: dict) -> str:
                      f"{_pct(svm['test_error_fit_on_train'])} | - |")
         lines.append(f"| same features, linear SVM (C {svm['selected_C']:g}), refit on {svm['n_train_valid']:,} | "
                      f"{_fmt_alpha(svm['alpha'])} | - | - | {_pct(svm['test_error_refit_on_train_valid'])} | - |")
-    lines += ["", "Every setting tried (classifier fit on the training set only):", "",
-              "| features | alpha | L2 | valid error | train error | L-BFGS iterations | converged |",
-              "|---|---|---|---|---|---|---|"]
-    for name, block in (("sparse", feats), ("raw", raw)):
-        for t in (block or {}).get("trials", []):
-            lines.append(f"| {name} | {_fmt_alpha(t['alpha'])} | {t['l2']:g} | {_pct(t['valid_error'])} | "
-                         f"{_pct(t['train_error'])} | {t['n_iter']} | {'yes' if t['converged'] else 'no'} |")
+    lines += trials_table((("sparse", feats), ("raw", raw)))
     return "\n".join(lines) + "\n"
+
+
+def trials_table(blocks, alpha: bool = True) -> list[str]:
+    """The lines of the table of every setting tried: a row per trial of each ``(name, block)`` (a block
+    None or without trials adds none); with ``alpha``, the features' alpha column (ksae-eval's; the
+    baselines' features have none)."""
+    alpha_head, alpha_rule = (" alpha |", "---|") if alpha else ("", "")
+    lines = ["", "Every setting tried (classifier fit on the training set only):", "",
+             f"| features |{alpha_head} L2 | valid error | train error | L-BFGS iterations | converged |",
+             f"|---|{alpha_rule}---|---|---|---|---|"]
+    for name, block in blocks:
+        for t in (block or {}).get("trials", []):
+            alpha_cell = f" {_fmt_alpha(t['alpha'])} |" if alpha else ""
+            lines.append(f"| {name} |{alpha_cell} {t['l2']:g} | {_pct(t['valid_error'])} | {_pct(t['train_error'])} | "
+                         f"{t['n_iter']} | {'yes' if t['converged'] else 'no'} |")
+    return lines
 
 
 def _pct(x) -> str:

@@ -85,6 +85,8 @@ def evaluate_baseline_run(run_dir, l2_grid, refit: str = "train+valid", raw_base
 
 def markdown_report(result: dict) -> str:
     """The chosen L2, valid and test error against the paper's figure, and every setting tried."""
+    from ksae_cupy.evaluation.features import trials_table
+
     feats, paper = result["features"], result.get("paper_test_error")
     sel = feats["selected"]
     name = NAMES.get(result["model"], result["model"])
@@ -99,12 +101,7 @@ def markdown_report(result: dict) -> str:
     if raw:
         lines.append(f"| raw pixels | {raw['selected']['l2']:g} | {_pct(raw['selected']['valid_error'])} | "
                      f"{_pct(raw['test_error'])} | - |")
-    lines += ["", "Every setting tried (classifier fit on the training set only):", "",
-              "| features | L2 | valid error | train error | L-BFGS iterations | converged |", "|---|---|---|---|---|---|"]
-    for block_name, block in (("hidden units", feats), ("raw", raw)):
-        for t in (block or {}).get("trials", []):
-            lines.append(f"| {block_name} | {t['l2']:g} | {_pct(t['valid_error'])} | {_pct(t['train_error'])} | "
-                         f"{t['n_iter']} | {'yes' if t['converged'] else 'no'} |")
+    lines += trials_table((("hidden units", feats), ("raw", raw)), alpha=False)
     return "\n".join(lines) + "\n"
 
 
