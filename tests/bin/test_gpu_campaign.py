@@ -110,10 +110,22 @@ def test_second_call_resumes_the_interrupted_training(tmp_path):
     (["--stage", "bench"], ["--stage 'bench'", "env, tests, topk"]),
     (["--device", "tpu"], ["--device 'tpu'", "gpu, gpu:N or cpu"]),
     (["--device", "cpu"], ["--device cpu needs --tiny"]),
-    (["--ks", "25,x"], ["--ks", "positive integers"]),
+    (["--ks", "25,x"], ["--ks 'x'", "positive integers"]),
+    (["--ks", "25+dropout"], ["--ks '25+dropout'", "K[+auxkA][+center][+seedS]"]),
     (["--stop-after-epochs", "0"], ["--stop-after-epochs 0", "positive"]),
 ])
 def test_bad_options_are_one_line_errors_and_write_nothing(tmp_path, args, fragments):
     result = campaign(tmp_path, "out", *args, timeout=60)  # refused before any work: ~0.3 s under two busy loops
     assert_one_line_error(result, *fragments, status=2)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_run_spec_trains_with_its_options(tmp_path):
+    result = campaign(tmp_path, "out", "--dry-run", "--stage", "mnist", "--ks", "3+auxk4+center+seed1", "--epochs", "2",
+                      *BUDGET)
+    assert result.exit_code == 0, result.output
+    run_dir = tmp_path / "out" / "mnist" / "k3-auxk4-center-seed1"
+    train = json.loads((run_dir / "config.json").read_text())["train"]
+    assert (train["k"], train["aux_k"], train["center_input"], train["seed"]) == (3, 4, True, 1)
+    row = json.loads((tmp_path / "out" / "mnist.json").read_text())["rows"][0]
+    assert (row["name"], row["k"], row["epochs"]) == ("k3-auxk4-center-seed1", 3, 2)
