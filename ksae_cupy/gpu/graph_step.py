@@ -5,10 +5,11 @@ about 35 array operations, each a Python call and a kernel launch, and the gener
 loss back to the host after every batch. On an H100 that made the trainer launch-bound, about
 2 s per epoch (2026-11-25, ``results/benchmarks/gpu-campaign-2026-11-25``). Here every operation
 writes into buffers allocated once, so the operations between the step's four matrix products
-(gather the batch's rows, bias, top-k, residual and loss, mask, momentum update, dead-unit counts)
-are captured once as five CUDA graphs and replayed per batch: nine launches a step instead of about
-35, and the host waits on the GPU once per epoch. The products stay outside the graphs because
-CuPy refuses cuBLAS calls during capture.
+(gather the batch's rows, bias, top-k, residual, loss, mask, bias gradients, momentum update,
+dead-unit counts) are captured once, part by part, as CUDA graphs and replayed per batch: on an H100
+with CuPy 14, 4 products, 7 graphs and the 5 operations of the loss's part (whose sum allocates)
+a step instead of about 35 operations, and the host waits on the GPU once per epoch. The products
+stay outside the graphs because CuPy refuses cuBLAS calls during capture.
 
 The arithmetic is :func:`ksae_cupy.model.loss_and_grads` followed by :class:`~ksae_cupy.optim.MomentumSGD`
 (linear units, with AuxK's parts when asked, :mod:`ksae_cupy.gpu.graph_auxk`; ReLU takes the generic step), with the top-k kernel
@@ -121,7 +122,7 @@ class GraphStep:
     def _parts(self):
         """The step in order, as ``(captured, function)``: CuPy refuses cuBLAS calls during stream capture
         ("calling cuBLAS API during stream capture is currently unsupported"), so the four products are
-        launched as they come and the operations between them are replayed as five graphs."""
+        launched as they come and each part between them is replayed as a graph of its own."""
         forward = ((True, self._gather), (False, self._encode), (True, self._select), (False, self._decode),
                    (True, self._residual), (True, self._batch_loss))
         backward = ((False, self._back_through_W), (True, self._mask_to_kept), (False, self._weight_gradient),
