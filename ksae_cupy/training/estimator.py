@@ -28,7 +28,7 @@ from ksae_cupy.errors import KsaeError
 from ksae_cupy.schedules import resolve_k_start
 from ksae_cupy.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from ksae_cupy.training.learning_rate import (auto_learning_rate, check_data_scale, check_rate_moves_weights,
-                                              round_significant)
+                                              round_significant, scale_of)
 from ksae_cupy.training.options import check_positive_finite, check_training_memory
 from ksae_cupy.training.sklearn_compat import (BaseEstimator, ClassNamePrefixFeaturesOutMixin, Integral, Interval,
                                                Real, StrOptions, TransformerMixin, check_is_fitted, check_parameters,
@@ -188,13 +188,11 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         prepared = self.__dict__.pop("_prepared", None)
         if not resume and prepared is not None and prepared[0] is X and prepared[2] == self.get_params():
             X_nd = prepared[1]  # prepare(X) checked X and built the trainer: train that one
+        elif resume:
+            X_nd = self._centred(self._check_X(X, reset=False))
         else:
-            X_nd = self._check_X(X, reset=not resume)
-            if not resume:
-                self._record_input_mean(X_nd)
-            X_nd = self._centred(X_nd)
-            if not resume:
-                self._trainer = self._new_trainer(X_nd, option_names)
+            X_nd = self._fresh_rows(X)
+            self._trainer = self._new_trainer(X_nd, option_names)
         trainer = self.trainer_
         trainer.config.epochs = self.epochs  # a warm fit may have been given more epochs
         trainer.config.check(name=option_names)  # validated again only if that changed it
@@ -223,13 +221,12 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
 
         ``config``: the :class:`TrainConfig` these parameters make, already validated (``ksae-train``
         validates its options before it reads the data), taken instead of a new one (its ``"auto"`` rate
-        resolved in place). ``on_config(config, X_nd)`` is called once the rate is resolved, before the
-        checks (``ksae-train`` says there which rate ``--lr auto`` chose).
+        resolved in place). ``on_config(config, scale)`` is called once the rate is resolved, before the
+        checks, with the rows' :class:`~ksae_cupy.training.learning_rate.DataScale` (``ksae-train`` says there
+        which rate ``--lr auto`` chose, and from what).
         """
         check_parameters(self)
-        X_nd = self._check_X(X, reset=True)
-        self._record_input_mean(X_nd)
-        X_nd = self._centred(X_nd)
+        X_nd = self._fresh_rows(X)
         self._trainer = self._new_trainer(X_nd, option_names, config, on_config)
         self._prepared = (X, X_nd, self.get_params())
         return self
@@ -239,13 +236,11 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
 
         With ``lr="auto"`` the rate is derived from the first ``X`` and kept after it."""
         check_parameters(self)
-        X_nd = self._check_X(X, reset=self.trainer_ is None)
         if self.trainer_ is None:
-            self._record_input_mean(X_nd)  # the first batch's mean: the one partial_fit sees first
-            X_nd = self._centred(X_nd)
+            X_nd = self._fresh_rows(X)  # the first batch's mean: the one partial_fit sees first
             self._trainer = self._new_trainer(X_nd)
         else:
-            X_nd = self._centred(X_nd)
+            X_nd = self._centred(self._check_X(X, reset=False))
         trainer = self.trainer_
         if trainer.finished:
             trainer.config.epochs += 1  # partial_fit may go on past the configured epochs
@@ -297,22 +292,23 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         return report_then
 
     def _new_trainer(self, X_nd, option_names=parameter_name, config=None, on_config=None) -> Trainer:
-        if config is None:
-            config = self.config(X_nd)
-        elif config.lr == "auto":
-            config.resolve_lr(auto_learning_rate(X_nd))
+        scale = scale_of(X_nd)  # what the checks read of the rows, measured once
+        config = self.config() if config is None else config
+        if config.lr == "auto":
+            config.resolve_lr(scale.auto_lr())
         if on_config is not None:
-            on_config(config, X_nd)
+            on_config(config, scale)
         if isinstance(config.batch_size, (int, np.integer)):
-            config.batch_size = min(config.batch_size, X_nd.shape[0])  # so no more rows than X's to check for
+            config.batch_size = min(config.batch_size, scale.rows)  # so no more rows than X's to check for
         config.check(name=option_names)
         backend = resolve_device(self.device)
         # Before anything is allocated: as ksae-train does (10^9 hidden units would ask for 477 GiB).
-        check_training_memory(backend, X_nd.shape[1], config.hidden, config.batch_size, config.dtype,
+        check_training_memory(backend, scale.dim, config.hidden, config.batch_size, config.dtype,
                               flag=option_names("hidden"))
-        check_data_scale(X_nd, config, option_names("lr"))  # data this scale would diverge: say so, not blame lr
-        trainer = Trainer(config, backend, D=X_nd.shape[1])
-        check_rate_moves_weights(trainer, X_nd, option_names("lr"))  # a step of 0 would train for nothing
+        check_data_scale(scale, config, option_names("lr"))  # data this scale would diverge: say so, not blame lr
+        trainer = Trainer(config, backend, D=scale.dim)
+        # a step of 0 would train for nothing: checked on the first batch
+        check_rate_moves_weights(trainer, X_nd[:config.batch_size], option_names("lr"))
         return trainer
 
     def _diverged(self, exc: TrainingDiverged, X_nd, checkpoint_path, option_names) -> TrainingDiverged:
@@ -368,14 +364,19 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
             X = X * X.dtype.type(self.input_scale)
         return X
 
-    def _record_input_mean(self, X_nd) -> None:
-        """With ``center_input``: the training rows' mean into ``preprocess_["input_mean"]`` (kept with the
-        model, in its checkpoints), in the model's dtype, summed in float64; without: none kept."""
+    def _fresh_rows(self, X):
+        """The rows a fresh fit trains on: ``X`` checked (its width learned), then with ``center_input`` minus
+        their mean, which is kept in ``preprocess_["input_mean"]`` (with the model, in its checkpoints), in the
+        model's dtype, summed in float64; without, none is kept."""
+        X_nd = self._check_X(X, reset=True)
         preprocess = dict(self.preprocess_)
         preprocess.pop(INPUT_MEAN, None)
         if self.center_input:
-            preprocess[INPUT_MEAN] = to_host(X_nd.mean(axis=0, dtype=np.float64)).astype(self.dtype)
+            mean_d = X_nd.mean(axis=0, dtype=np.float64).astype(self.dtype)  # on X's device
+            preprocess[INPUT_MEAN] = to_host(mean_d)
+            X_nd = X_nd - mean_d.astype(X_nd.dtype)  # as _centred subtracts it
         self.preprocess_ = preprocess
+        return X_nd
 
     def _centred(self, X_nd):
         """``X_nd`` minus the training mean when the model was trained on centred inputs, else as it is."""

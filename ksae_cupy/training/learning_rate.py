@@ -36,12 +36,7 @@ EIGEN_ROWS, EIGEN_ITERATIONS = 20_000, 30
 
 def mean_squared_norm(X_nd, chunk: int = 8192) -> float:
     """E||x||^2, the mean over rows of each row's squared Euclidean norm (in float64)."""
-    xp = array_module(X_nd)
-    total = 0.0
-    for start in range(0, X_nd.shape[0], chunk):
-        rows = X_nd[start:start + chunk].astype(np.float64)
-        total += float(xp.vdot(rows, rows))
-    return total / max(X_nd.shape[0], 1)
+    return scale_of(X_nd, chunk).mean_squared_norm
 
 
 def top_eigenvalue(X_nd, rows: int = EIGEN_ROWS, iterations: int = EIGEN_ITERATIONS, seed: int = 0) -> float:
@@ -67,11 +62,47 @@ def top_eigenvalue(X_nd, rows: int = EIGEN_ROWS, iterations: int = EIGEN_ITERATI
 def auto_learning_rate(X_nd) -> float:
     """The rate ``lr="auto"`` / ``--lr auto`` trains ``X_nd`` with: 0.01 on MNIST, lower on data
     of a larger scale (see the module's docstring), two significant digits."""
-    msq, top = mean_squared_norm(X_nd), top_eigenvalue(X_nd)
-    if msq <= 0 or top <= 0:
-        return PAPER_LR  # all-zero data: any rate is stable; keep the paper's
-    ratio = min(MNIST_MEAN_SQUARED_NORM / msq, MNIST_TOP_EIGENVALUE / top)
-    return round_significant(PAPER_LR * ratio, 2)
+    return scale_of(X_nd).auto_lr()
+
+
+class DataScale:
+    """What the checks before training read of the training rows, measured once where the rows enter, so
+    that the checks take these numbers instead of the rows: their count and width, the largest magnitude,
+    E||x||^2, and the top eigenvalue of E[x x^T] (a power iteration, about a second on MNIST, made on first
+    use: only ``lr="auto"`` and the advice of a refused fixed rate need it; until then the rows are kept
+    for it, by reference)."""
+
+    def __init__(self, rows: int, dim: int, peak: float, mean_squared_norm: float, top_eigenvalue):
+        self.rows, self.dim, self.peak, self.mean_squared_norm = rows, dim, peak, mean_squared_norm
+        self._top_eigenvalue = top_eigenvalue  # a number, or the function that computes it
+
+    @property
+    def top_eigenvalue(self) -> float:
+        if callable(self._top_eigenvalue):
+            self._top_eigenvalue = self._top_eigenvalue()
+        return self._top_eigenvalue
+
+    def auto_lr(self) -> float:
+        """The rate ``lr="auto"`` gives these rows (:func:`auto_learning_rate`)."""
+        msq = self.mean_squared_norm
+        if msq <= 0 or self.top_eigenvalue <= 0:
+            return PAPER_LR  # all-zero data: any rate is stable; keep the paper's
+        ratio = min(MNIST_MEAN_SQUARED_NORM / msq, MNIST_TOP_EIGENVALUE / self.top_eigenvalue)
+        return round_significant(PAPER_LR * ratio, 2)
+
+
+def scale_of(X_nd, chunk: int = 8192) -> DataScale:
+    """The :class:`DataScale` of the rows ``X_nd``: one pass, ``chunk`` rows at a time in float64, for the
+    largest magnitude and E||x||^2 (each row's squared norm, summed in row order)."""
+    xp = array_module(X_nd)
+    peak, total = 0.0, 0.0
+    with np.errstate(over="ignore", invalid="ignore"):  # data too large to train is check_data_scale's to word
+        for start in range(0, X_nd.shape[0], chunk):
+            rows = X_nd[start:start + chunk].astype(np.float64)
+            if rows.size:
+                peak = max(peak, float(xp.abs(rows).max()))
+            total += float(xp.vdot(rows, rows))
+    return DataScale(X_nd.shape[0], X_nd.shape[1], peak, total / max(X_nd.shape[0], 1), lambda: top_eigenvalue(X_nd))
 
 
 def round_significant(value: float, digits: int) -> float:
@@ -115,9 +146,9 @@ def check_rate_moves_weights(trainer, X_nd, flag: str = "lr") -> None:
                         f"smallest rate that moves a weight here is about {moving:g}")
 
 
-def check_data_scale(X_nd, config, flag: str = "lr") -> None:
-    """Refuse, before training, data whose scale makes training meaningless, naming the data (not
-    the rate) as the cause, on any dtype (integers are converted to float first):
+def check_data_scale(scale: DataScale, config, flag: str = "lr") -> None:
+    """Refuse, before training, data whose scale (:class:`DataScale`) makes training meaningless, naming
+    the data (not the rate) as the cause, on any dtype (integers are converted to float first):
 
     * values so large that one example's squared error, summed over its D features, overflows
       the model's dtype (``1e30`` in float32): the loss would be infinite at the first step;
@@ -128,10 +159,8 @@ def check_data_scale(X_nd, config, flag: str = "lr") -> None:
     """
     from ksae_cupy.errors import KsaeError
 
-    xp = array_module(X_nd)
-    D = X_nd.shape[1]
+    D, peak = scale.dim, scale.peak
     with np.errstate(over="ignore"):
-        peak = float(xp.abs(X_nd).max()) if X_nd.size else 0.0
         largest = float(np.finfo(config.dtype).max)
         if peak * peak * D > largest / 4:  # 4: room for the reconstruction's own error
             raise KsaeError(f"X's values reach {peak:.3g}: in {config.dtype} one example's squared error, summed over "
@@ -139,7 +168,7 @@ def check_data_scale(X_nd, config, flag: str = "lr") -> None:
                             f"e.g. to [0, 1] (X / {peak:.3g})")
     if config.lr_auto or isinstance(config.lr, str):
         return
-    msq = mean_squared_norm(X_nd)
+    msq = scale.mean_squared_norm
     if msq <= 0:
         return
     limit = (1 + config.momentum) * D / (2 * msq)
@@ -149,5 +178,5 @@ def check_data_scale(X_nd, config, flag: str = "lr") -> None:
         pixels = "divide by 255" if command_line else "divide by 255, or input_scale=1/255"
         raise KsaeError(f"{flag} {config.lr} is above the rate at which momentum SGD can train this data: X's mean "
                         f"squared norm is {msq:.4g} over {D} features, and above (1 + momentum) D / (2 E||x||^2) = "
-                        f"{limit:.3g} it diverges; use a smaller rate or {auto} ({auto_learning_rate(X_nd)} for this "
+                        f"{limit:.3g} it diverges; use a smaller rate or {auto} ({scale.auto_lr()} for this "
                         f"data), or scale X down (8-bit pixels: {pixels})")

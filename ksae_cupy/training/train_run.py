@@ -14,11 +14,11 @@ AUTO_LR_DATASETS = ("fashion-mnist",)
 IN_CHECKPOINT = ("epochs", "topk", "step")  # applied options kept in the checkpoint's configuration
 
 
-def describe_auto_lr(X_nd) -> str:
-    from ksae_cupy.training.learning_rate import (MNIST_MEAN_SQUARED_NORM, MNIST_TOP_EIGENVALUE, mean_squared_norm,
-                                                  top_eigenvalue)
+def describe_auto_lr(scale) -> str:
+    """What --lr auto derived its rate from: the training rows' :class:`DataScale` against MNIST's."""
+    from ksae_cupy.training.learning_rate import MNIST_MEAN_SQUARED_NORM, MNIST_TOP_EIGENVALUE
 
-    return (f"E||x||^2 {mean_squared_norm(X_nd):.4g} and top eigenvalue of E[xx^T] {top_eigenvalue(X_nd):.4g}; "
+    return (f"E||x||^2 {scale.mean_squared_norm:.4g} and top eigenvalue of E[xx^T] {scale.top_eigenvalue:.4g}; "
             f"MNIST's {MNIST_MEAN_SQUARED_NORM:g} and {MNIST_TOP_EIGENVALUE:g} give 0.01")
 
 
@@ -59,9 +59,9 @@ def new_model(config, data, backend, say):
     check_batch_size("--batch-size", config.batch_size, len(data.X_train))
     model.preprocess_ = dict(data.preprocess)  # before prepare, which adds the mean --center-input subtracts
 
-    def said(resolved, X_fit):  # X_fit: what fit trains on (--center-input: minus the rows' mean)
+    def said(resolved, scale):  # the scale of what fit trains on (--center-input: the rows minus their mean)
         if resolved.lr_auto:
-            say(f"--lr auto: {resolved.lr} for this data ({describe_auto_lr(X_fit)})")
+            say(f"--lr auto: {resolved.lr} for this data ({describe_auto_lr(scale)})")
 
     model.prepare(data.X_train, config=config, option_names=cli_name, on_config=said)
     return model, config
