@@ -217,7 +217,8 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         checked, the configuration made (``lr="auto"`` resolved from ``X``) and validated, and the trainer
         built after the checks fit makes before training (memory, the data's scale, a rate that moves the
         weights): a command calls it to refuse bad input before it writes anything. The next ``fit`` of
-        the same ``X`` object, the parameters unchanged, trains that trainer instead of building another.
+        the same ``X`` object, the parameters unchanged, trains that trainer instead of building another
+        (until then the model holds its initial weights).
 
         ``config``: the :class:`TrainConfig` these parameters make, already validated (``ksae-train``
         validates its options before it reads the data), taken instead of a new one (its ``"auto"`` rate
@@ -505,6 +506,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         # The trainer holds its backend, and a CuPy backend holds a module (not picklable):
         # pickle the host copy of the training state instead.
         state = dict(super().__getstate__())
+        state.pop("_prepared", None)  # prepare()'s rows: a pickle holds the model, not its training data
         if state.get("_trainer") is not None:
             state["_trainer"] = state["_trainer"].checkpoint()
         return state

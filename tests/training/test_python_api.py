@@ -168,3 +168,20 @@ def test_lr_auto_is_the_papers_rate_on_mnist():
     assert mean_squared_norm(X_train) == pytest.approx(MNIST_MEAN_SQUARED_NORM, abs=1e-3)
     assert top_eigenvalue(X_train) == pytest.approx(MNIST_TOP_EIGENVALUE, abs=1e-2)
     assert auto_learning_rate(X_train) == 0.01
+
+
+def test_prepare_checks_before_fit_and_fit_trains_the_prepared_trainer():
+    X = unit_scale()
+    model = small(lr="auto").prepare(X)
+    prepared = model.trainer_
+    assert prepared.step == 0 and prepared.config.lr == auto_learning_rate(X) and prepared.config.lr_auto
+    model.fit(X)
+    assert model.trainer_ is prepared and prepared.epoch == 3  # trained, not built again
+    trained = small(lr="auto").fit(X)  # the same as a fit without prepare
+    np.testing.assert_array_equal(model.components_, trained.components_)
+    again = small(lr="auto").prepare(X)
+    unused = again.trainer_
+    again.fit(X.copy())  # other rows (an equal copy): a trainer of their own
+    assert again.trainer_ is not unused and again.trainer_.epoch == 3 and unused.step == 0
+    with pytest.raises(KsaeError, match="lr 1e-20 is not allowed for this data"):  # the checks fit makes, made now
+        small(lr=1e-20).prepare(X)
