@@ -160,8 +160,13 @@ def test_command_names_its_flags_where_the_library_names_parameters(synthetic_ru
 
 
 HELD_EVAL = """\
+import signal
 import sys
 from ksae_cupy.evaluation import grid
+
+# Ctrl-C's handler, as in a terminal: a test run started in the background (`cmd &` in a script, as a CI
+# runner may) hands its children SIGINT ignored, and Python then installs no handler of its own.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 put, held = grid.FitStore.put, []
 
