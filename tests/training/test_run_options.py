@@ -88,14 +88,20 @@ def test_a_changed_configuration_is_validated_again(monkeypatch):
     assert [call[1] for call in calls[1:]] == [(None,), (100,)]
 
 
-def test_one_fresh_ksae_baseline_validates_its_configuration_once(tmp_path, monkeypatch):
+def test_ksae_baseline_validates_its_configuration_once_fresh_and_on_resume(tmp_path, monkeypatch):
     from ksae_cupy.supervised.baselines import AutoencoderConfig, RBMConfig
 
     calls = counted_validations(monkeypatch, AutoencoderConfig, RBMConfig)
+    run = str(tmp_path / "run")
     result = CliRunner().invoke(baseline_command, ["synthetic", "--model", "dropout-ae", "--hidden", "16", "--epochs",
-                                                   "1", "--device", "cpu", "--run-dir", str(tmp_path / "run")])
+                                                   "1", "--device", "cpu", "--run-dir", run])
     assert result.exit_code == 0, result.output
     assert len(calls) == 1, calls  # by the command, before the data is read; the trainer takes it as validated
+    calls.clear()
+    result = CliRunner().invoke(baseline_command, ["--resume", run, "--epochs", "2"])
+    assert result.exit_code == 0, result.output
+    assert "applied: epochs 1 -> 2" in result.output
+    assert len(calls) == 1, calls  # the checkpoint's, when its trainer is rebuilt
 
 
 def test_one_fresh_ksae_finetune_validates_its_configuration_once(tmp_path, monkeypatch):
