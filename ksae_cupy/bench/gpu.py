@@ -220,6 +220,65 @@ def _torch_epoch_fn(torch, W0, X_host, k: int, batch: int, lr: float, momentum: 
     return run_epoch
 
 
+def _torch_graph_epoch_fn(torch, W0, X_host, k: int, batch: int, lr: float, momentum: float):
+    """The PyTorch step of :func:`_torch_epoch_fn` captured whole as one CUDA graph (forward, autograd's
+    backward and the momentum update; PyTorch captures cuBLAS and keeps the graph's memory in a pool of its
+    own), replayed per batch on a static input buffer: what a PyTorch user would write to remove the
+    launch overhead. The batch's loss stays on the device until the epoch ends."""
+    dev = torch.device("cuda")
+    W = torch.tensor(W0, device=dev, requires_grad=True)
+    b = torch.zeros(W0.shape[1], device=dev, requires_grad=True)
+    c = torch.zeros(W0.shape[0], device=dev, requires_grad=True)
+    params = [W, b, c]
+    vel = [torch.zeros_like(p) for p in params]
+    X = torch.tensor(X_host, device=dev)
+    x_static = torch.empty((batch, X.shape[1]), device=dev)
+
+    def step():
+        z = x_static @ W + b
+        vals, idx = torch.topk(z, k, dim=1)
+        zs = torch.zeros_like(z).scatter(1, idx, vals)
+        xhat = zs @ W.T + c
+        loss = 0.5 * ((xhat - x_static) ** 2).sum() / batch
+        grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            for p, v, g in zip(params, vel, grads):  # v <- m v - lr g ; p <- p + v (ksae_cupy.optim)
+                v.mul_(momentum).sub_(lr * g)
+                p.add_(v)
+        return loss.detach()
+
+    side = torch.cuda.Stream()  # warm-up on a side stream before capture, as PyTorch's CUDA-graph recipe says
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(3):
+            x_static.copy_(X[i * batch:(i + 1) * batch])
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss_static = step()
+    starts = range(0, X.shape[0] - batch + 1, batch)
+
+    def run_epoch():
+        losses = torch.empty(len(starts), device=dev)
+        for j, i in enumerate(starts):
+            x_static.copy_(X[i:i + batch])
+            graph.replay()
+            losses[j] = loss_static
+        torch.cuda.synchronize()
+        return losses.tolist()
+
+    return run_epoch
+
+
+def _failed_variant(message: str):
+    """A variant that could not be set up: its epoch raises, so its row records ``message`` as its error."""
+    def run_epoch():
+        raise RuntimeError(message)
+
+    return run_epoch
+
+
 def bench_train_gpu(n_samples: int = 60000, D: int = 784, H: int = 1000, k: int = 25, batch: int = 128, *,
                     lr: float = 0.01, momentum: float = 0.9, sigma: float = 0.01, topk_methods=("sort", "threshold"),
                     epochs: int = 3, project_epochs: int = 5000, device: int = 0, include_torch: bool = True,
@@ -229,7 +288,8 @@ def bench_train_gpu(n_samples: int = 60000, D: int = 784, H: int = 1000, k: int 
     Ours: :func:`ksae_cupy.model.loss_and_grads` + :class:`ksae_cupy.optim.MomentumSGD` on cupy
     arrays, for each top-k method; also the fused-kernel step :func:`ksae_cupy.gpu.fused_step.loss_and_grads_fused`.
     Against: the same model in PyTorch (torch.topk + autograd, float32, same batch), when torch
-    imports with CUDA. Synthetic uniform [0, 1) data of MNIST's shape. Every variant runs one
+    imports with CUDA, eager and captured whole as one CUDA graph (``torch_cuda_graph``). Ours also as
+    the trainer itself, its step captured as CUDA graphs (``trainer_graph_*``) or not (``trainer_generic_*``). Synthetic uniform [0, 1) data of MNIST's shape. Every variant runs one
     warm-up epoch, then ``epochs`` timed epochs; the median epoch time is projected to
     ``project_epochs`` epochs. Returns the result dict (``"path"`` of the JSON unless ``write=False``).
     """
@@ -290,6 +350,10 @@ def bench_train_gpu(n_samples: int = 60000, D: int = 784, H: int = 1000, k: int 
             variants[f"trainer_generic_{method}"] = trainer_epochs(method, captured=False)
         if torch is not None:
             variants["torch"] = _torch_epoch_fn(torch, W0, X_host, k, batch, lr, momentum)
+            try:
+                variants["torch_cuda_graph"] = _torch_graph_epoch_fn(torch, W0, X_host, k, batch, lr, momentum)
+            except RuntimeError as exc:  # capture refused: recorded as the variant's error, the others go on
+                variants["torch_cuda_graph"] = _failed_variant(f"{type(exc).__name__}: {exc}".splitlines()[0])
 
         results = {}
         for name, run_epoch in variants.items():
