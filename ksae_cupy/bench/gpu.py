@@ -187,15 +187,19 @@ def bench_topk(Ns=TOPK_NS, Hs=TOPK_HS, ks=TOPK_KS, *, repeats: int = 50, warmup:
 # ------------------------------------------------------------------------------------------------
 # Training epochs.
 
-def _torch_epoch_fn(torch, W0, X_host, k: int, batch: int, lr: float, momentum: float):
-    """The same model in PyTorch (torch.topk + autograd, float32): returns (run_epoch, params)."""
+def _torch_model(torch, W0, X_host):
+    """``(device, (W, b, c), velocities, X)`` of the PyTorch variants, on the GPU, float32."""
     dev = torch.device("cuda")
     W = torch.tensor(W0, device=dev, requires_grad=True)
     b = torch.zeros(W0.shape[1], device=dev, requires_grad=True)
     c = torch.zeros(W0.shape[0], device=dev, requires_grad=True)
+    return dev, (W, b, c), [torch.zeros_like(p) for p in (W, b, c)], torch.tensor(X_host, device=dev)
+
+
+def _torch_epoch_fn(torch, W0, X_host, k: int, batch: int, lr: float, momentum: float):
+    """The same model in PyTorch (torch.topk + autograd, float32): returns (run_epoch, params)."""
+    dev, (W, b, c), vel, X = _torch_model(torch, W0, X_host)
     params = [W, b, c]
-    vel = [torch.zeros_like(p) for p in params]
-    X = torch.tensor(X_host, device=dev)
 
     def step(x):
         z = x @ W + b
@@ -225,13 +229,8 @@ def _torch_graph_epoch_fn(torch, W0, X_host, k: int, batch: int, lr: float, mome
     backward and the momentum update; PyTorch captures cuBLAS and keeps the graph's memory in a pool of its
     own), replayed per batch on a static input buffer: what a PyTorch user would write to remove the
     launch overhead. The batch's loss stays on the device until the epoch ends."""
-    dev = torch.device("cuda")
-    W = torch.tensor(W0, device=dev, requires_grad=True)
-    b = torch.zeros(W0.shape[1], device=dev, requires_grad=True)
-    c = torch.zeros(W0.shape[0], device=dev, requires_grad=True)
+    dev, (W, b, c), vel, X = _torch_model(torch, W0, X_host)
     params = [W, b, c]
-    vel = [torch.zeros_like(p) for p in params]
-    X = torch.tensor(X_host, device=dev)
     x_static = torch.empty((batch, X.shape[1]), device=dev)
 
     def step():
