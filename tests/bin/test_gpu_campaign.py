@@ -58,6 +58,16 @@ def test_dry_run_runs_every_stage_and_records_where_it_ran(tmp_path):
     assert json.loads((out / "train.json").read_text())["result_file"].startswith("train/")
     rows = json.loads((out / "mnist.json").read_text())["rows"]
     assert [r["k"] for r in rows] == [4, 2]
+
+    # A second call runs again only the checks of the code done at another commit (here: tests).
+    state = json.loads((out / "campaign.json").read_text())
+    state["stages"]["tests"]["commit"] = "0" * 40
+    (out / "campaign.json").write_text(json.dumps(state))
+    again = campaign(tmp_path, "out", "--dry-run", *BUDGET)
+    assert again.exit_code == 0, again.output
+    assert "tests: start" in again.stdout
+    for stage in ("env", "topk", "train", "mnist", "finetune"):
+        assert f"{stage}: {statuses(out)[stage]} in an earlier call" in again.stdout
     for r in rows:
         assert r["epochs"] == r["target"] == 3
         assert 0.0 <= r["test_error"] < 1.0
