@@ -47,6 +47,7 @@ class AuxKParts:
         self.any_dead = cp.empty((), dtype=np.bool_)
         self.gW_dh = cp.empty((D, H), dtype=dtype)
         self.gb_h = cp.empty(H, dtype=dtype)
+        self.positive_bh = cp.empty((B, H), dtype=np.bool_) if step.relu else None
 
     def parts(self):
         """``(captured, function)`` in order; the three products (cuBLAS) uncaptured."""
@@ -65,6 +66,8 @@ class AuxKParts:
         cp.add(self.Zm_bh, self.floor_h, out=self.Zm_bh)
         topk_gpu(self.Zm_bh, self.aux_k, s.topk_method, dense=True, out=(self.idx_ba, self.val_ba, self.Za_bh))
         cp.multiply(self.Za_bh, self.deadf_h, out=self.Za_bh)
+        if s.relu:
+            cp.maximum(self.Za_bh, 0, out=self.Za_bh)
         cp.copyto(self.Xa_bd, s.X_bd)
 
     def _decode(self):
@@ -98,6 +101,9 @@ class AuxKParts:
         """``dZa``: ``Ra W`` at the selected dead units, zeros elsewhere."""
         mask_rows_gpu(self.dZaf_bh, self.idx_ba, out=self.dZa_bh)
         self.step.cupy.multiply(self.dZa_bh, self.deadf_h, out=self.dZa_bh)
+        if self.step.relu:  # a selected unit clipped to zero passes no gradient
+            self.step.cupy.greater(self.Za_bh, 0, out=self.positive_bh)
+            self.step.cupy.multiply(self.dZa_bh, self.positive_bh, out=self.dZa_bh)
 
     def _weight_gradient(self):
         """``dW_aux = [X; Ra]^T [dZa; Za]`` (cuBLAS)."""

@@ -12,7 +12,7 @@ a step instead of about 35 operations, and the host waits on the GPU once per ep
 stay outside the graphs because CuPy refuses cuBLAS calls during capture.
 
 The arithmetic is :func:`ksae_cupy.model.loss_and_grads` followed by :class:`~ksae_cupy.optim.MomentumSGD`
-(linear units, with AuxK's parts when asked, :mod:`ksae_cupy.gpu.graph_auxk`; ReLU takes the generic step), with the top-k kernel
+(linear or ReLU units, with AuxK's parts when asked, :mod:`ksae_cupy.gpu.graph_auxk`), with the top-k kernel
 writing the dense sparse code itself and one mask kernel for the gradient through the kept units, as in
 :mod:`ksae_cupy.gpu.fused_step`. Results agree with the generic step to float32 rounding
 (``tests/gpu/test_graph_step.py``).
@@ -70,7 +70,7 @@ class GraphStep:
 
     def __init__(self, cupy, params, velocities, X_train_nd, batch_size: int, k: int, topk_method: str,
                  lr: float, momentum: float, counters: EpochCounters, stream, capture: bool = True,
-                 auxk: tuple | None = None):
+                 auxk: tuple | None = None, activation: str = "linear"):
         W_dh = params["W_dh"]
         if not W_dh.flags.c_contiguous:
             raise ValueError("GraphStep needs W_dh C-contiguous (the trainer stores it so on a GPU)")
@@ -96,6 +96,8 @@ class GraphStep:
         self.kept_bh = empty((B, H), dtype=dtype)
         self.kept_b_h = empty(H, dtype=dtype)
         self.not_kept_h = empty(H, dtype=np.bool_)
+        self.relu = activation == "relu"  # kept values clipped at 0; a kept unit at 0 passes no gradient
+        self.positive_bh = empty((B, H), dtype=np.bool_) if self.relu else None
         self.grads = {name: empty(value.shape, dtype=value.dtype) for name, value in params.items()}
         # With AuxK, ``auxk = (aux_k, aux_coef, dead_window)``: its parts (ksae_cupy.gpu.graph_auxk).
         self.auxk = None if auxk is None else AuxKParts(self, *auxk)
@@ -166,6 +168,8 @@ class GraphStep:
         """``Z += b``; the k largest of each row (``Zs``: the kept values in place, zeros elsewhere)."""
         self.cupy.add(self.Z_bh, self.params["b_h"], out=self.Z_bh)
         topk_gpu(self.Z_bh, self.k, self.topk_method, dense=True, out=(self.idx_bk, self.val_bk, self.Zs_bh))
+        if self.relu:
+            self.cupy.maximum(self.Zs_bh, 0, out=self.Zs_bh)
 
     def _decode(self):
         """``R = Zs W^T`` (cuBLAS)."""
@@ -192,6 +196,9 @@ class GraphStep:
     def _mask_to_kept(self):
         """``dZ``: ``R W`` at the kept units, zeros elsewhere (the gradient passes the kept units only)."""
         mask_rows_gpu(self.dZs_bh, self.idx_bk, out=self.dZ_bh)
+        if self.relu:
+            self.cupy.greater(self.Zs_bh, 0, out=self.positive_bh)
+            self.cupy.multiply(self.dZ_bh, self.positive_bh, out=self.dZ_bh)
 
     def _weight_gradient(self):
         """``dW = [X; R]^T [dZ; Zs] = X^T dZ + R^T Zs`` (cuBLAS, one product for both uses of W)."""
@@ -267,9 +274,9 @@ class _PoolAllocations:
 
 
 def graph_step_applies(config) -> bool:
-    """Whether a single-process trainer with ``config`` on a GPU takes the captured step: linear units,
-    with or without AuxK (the generic step covers ReLU)."""
-    return config.activation == "linear"
+    """Whether a single-process trainer with ``config`` on a GPU takes the captured step: every
+    activation and AuxK setting it knows (linear and ReLU units; the generic step covers others)."""
+    return config.activation in ("linear", "relu")
 
 
 class CapturedEpochs:
@@ -302,7 +309,7 @@ class CapturedEpochs:
             with self.stream:  # its buffers' fills queued where its steps run
                 step = self._steps[B] = GraphStep(self.cupy, self.params, self.velocities, X_train_nd, B,
                                                   self._key[0], cfg.topk, cfg.lr, cfg.momentum, self.counters,
-                                                  self.stream, auxk=auxk)
+                                                  self.stream, auxk=auxk, activation=cfg.activation)
         step.run(rows_b)
 
     def loss_sum(self) -> float:

@@ -64,9 +64,11 @@ def assert_same_training(gpu, gpu_reports, cpu, cpu_reports):
     np.testing.assert_array_equal(to_host(gpu.since_kept_h), to_host(cpu.since_kept_h))
 
 
-@pytest.mark.parametrize("topk", ["threshold", "sort"])
-def test_captured_steps_equal_the_cpu_trainer(topk):
-    cfg = config(topk=topk)
+# ReLU at k = 20 of 32: some kept units are negative, so the clip acts (at k = 4 none is, in this data).
+@pytest.mark.parametrize("topk, activation, k", [("threshold", "linear", 4), ("sort", "linear", 4),
+                                                 ("threshold", "relu", 20)])
+def test_captured_steps_equal_the_cpu_trainer(topk, activation, k):
+    cfg = config(topk=topk, activation=activation, k=k)
     gpu, gpu_reports = fit(cfg, "gpu")
     cpu, cpu_reports = fit(cfg, "cpu")
     # The step was captured (one graph per batch size: 8 and the last batch's 2) and replayed.
@@ -98,16 +100,15 @@ def test_the_sparsity_schedule_recaptures_at_each_new_k_and_matches_the_cpu():
     assert_same_training(gpu, gpu_reports, cpu, cpu_reports)
 
 
-def test_relu_takes_the_generic_step_on_the_gpu():
-    assert Trainer(config(activation="relu"), resolve_device("gpu"), D=D)._captured is None
-    assert Trainer(config(), resolve_device("gpu"), D=D)._captured is not None
-    assert Trainer(config(aux_k=8), resolve_device("gpu"), D=D)._captured is not None
+def test_every_option_takes_the_captured_step_on_the_gpu_and_none_on_the_cpu():
+    for cfg in (config(), config(activation="relu"), config(aux_k=8)):
+        assert Trainer(cfg, resolve_device("gpu"), D=D)._captured is not None
     assert Trainer(config(), resolve_device("cpu"), D=D)._captured is None
 
 
-@pytest.mark.parametrize("aux_k", [8, 30])  # 30: at times fewer units dead than aux_k
-def test_captured_auxk_steps_equal_the_cpu_trainer(aux_k):
-    cfg = config(aux_k=aux_k, aux_coef=0.25, dead_window=12, epochs=4)
+@pytest.mark.parametrize("aux_k, activation", [(8, "linear"), (30, "linear"), (8, "relu")])  # 30: at times fewer dead
+def test_captured_auxk_steps_equal_the_cpu_trainer(aux_k, activation):
+    cfg = config(aux_k=aux_k, aux_coef=0.25, dead_window=12, epochs=4, activation=activation)
     gpu, gpu_reports = fit(cfg, "gpu")
     cpu, cpu_reports = fit(cfg, "cpu")
     assert gpu._captured._steps[8].auxk is not None
