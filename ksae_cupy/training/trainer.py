@@ -537,6 +537,12 @@ class Trainer:
 
     def checkpoint(self, preprocess: dict | None = None) -> Checkpoint:
         """A host copy of the whole state (what resuming needs)."""
+        if self._captured is not None:
+            # The captured steps run on a stream of their own: wait for them (the copies below run on the
+            # default stream); mid-epoch, the loss summed so far is on the device.
+            loss_so_far = self._captured.loss_sum()
+            if self.batch_in_epoch:
+                self.epoch_loss_sum = loss_so_far
         return Checkpoint(
             params={name: to_host(value) for name, value in self.params.items()},
             velocities={name: to_host(value) for name, value in self.optimizer.velocities.items()},

@@ -116,3 +116,25 @@ def test_captured_auxk_steps_equal_the_cpu_trainer(aux_k, activation):
     assert_same_training(gpu, gpu_reports, cpu, cpu_reports)
     assert [g.aux_loss for g in gpu_reports] == pytest.approx([c.aux_loss for c in cpu_reports], rel=1e-9)
     assert any(r.aux_loss > 0 for r in gpu_reports)  # units were dead: the auxiliary loss did act
+
+
+def test_a_checkpoint_taken_mid_epoch_without_stopping_resumes_to_the_uninterrupted_run():
+    # As ksae-train's checkpoint every few minutes does: taken from on_batch while the epoch goes on.
+    cfg = config()
+    whole, whole_reports = fit(cfg, "gpu")
+    backend = resolve_device("gpu")
+    X_host, V_host = data()
+    X, V = backend.asarray(X_host), backend.asarray(V_host)
+    trainer, taken = Trainer(cfg, backend, D=D), []
+
+    def on_batch(done, total):
+        if trainer.epoch == 1 and done == 3 and not taken:
+            taken.append(trainer.checkpoint())
+
+    trainer.fit(X, V, on_batch=on_batch)
+    resumed, reports = Trainer(cfg, backend, D=D, checkpoint=taken[0]), []
+    resumed.fit(X, V, on_epoch=reports.append)
+    for name, value in host(whole).items():
+        np.testing.assert_allclose(host(resumed)[name], value, rtol=1e-12, atol=1e-14, err_msg=name)
+    # The resumed epoch's report counts the three batches before the checkpoint too.
+    assert [r.train_loss for r in reports] == pytest.approx([r.train_loss for r in whole_reports[1:]], rel=1e-12)
