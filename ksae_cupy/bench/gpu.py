@@ -257,6 +257,10 @@ def _torch_graph_epoch_fn(torch, W0, X_host, k: int, batch: int, lr: float, mome
     with torch.cuda.graph(graph):
         loss_static = step()
     starts = range(0, X.shape[0] - batch + 1, batch)
+    # The graph reads and writes these tensors' memory by address: they must live as long as it does. Held
+    # by nothing else once this function returns, they would go back to PyTorch's allocator and the next
+    # tensor allocated there (another variant's weights) would be what the graph trains (NaN on the GPU).
+    graph_tensors = (*params, *vel, x_static, loss_static)
 
     def run_epoch():
         losses = torch.empty(len(starts), device=dev)
@@ -267,6 +271,7 @@ def _torch_graph_epoch_fn(torch, W0, X_host, k: int, batch: int, lr: float, mome
         torch.cuda.synchronize()
         return losses.tolist()
 
+    run_epoch.graph_tensors = graph_tensors
     return run_epoch
 
 
