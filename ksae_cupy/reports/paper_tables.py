@@ -60,6 +60,11 @@ class Found:
     state: RunState
 
     @property
+    def on_gpu(self) -> bool:
+        """Trained on a GPU: its own line beside the CPU runs' (a GPU run of seed 0 is not another seed)."""
+        return str(self.state.config.get("device") or "cpu").startswith("gpu")
+
+    @property
     def test_error(self):
         return _errors(self)[0]
 
@@ -226,7 +231,7 @@ def _length(table_name: str, key: str, s: Settings) -> Length:
 
 def _match(found: list[Found], table_name, key, length, seed) -> Found | None:
     matches = [f for f in found if (f.table, f.key, f.length, f.seed) == (table_name, key, length, seed)]
-    return max(matches, key=lambda f: (f.state.done, f.state.epochs_done), default=None)
+    return max(matches, key=lambda f: (not f.on_gpu, f.state.done, f.state.epochs_done), default=None)
 
 
 def _folder_name(table_name: str, key: str, length: Length, seed: int) -> str:
@@ -317,11 +322,12 @@ def _row_lines(root, table_name, row, found, targets, command_text) -> list[list
                  percent(raw["selected"]["valid_error"]), _gap([raw["test_error"]], row.error), "-", "-",
                  f"`{command_text('ksae-eval', [state.path, '--raw-baseline'])}`", _relative(root, state.path)]]
     mine = [f for f in found if (f.table, f.key) == (table_name, row.key)]
-    lengths = sorted({f.length for f in mine}, key=lambda length: (length.pretrain or 0, length.finetune or 0),
-                     reverse=True)
+    lengths = sorted({(f.length, f.on_gpu) for f in mine},
+                     key=lambda pair: (pair[0].pretrain or 0, pair[0].finetune or 0, not pair[1]), reverse=True)
     lines = []
-    for length in lengths:
-        group = sorted((f for f in mine if f.length == length), key=lambda f: (f.seed is None, f.seed))
+    for length, on_gpu in lengths:
+        group = sorted((f for f in mine if (f.length, f.on_gpu) == (length, on_gpu)),
+                       key=lambda f: (f.seed is None, f.seed))
         done = [f for f in group if f.test_error is not None]
         tests = [f.test_error for f in done]
         valids = [f.valid_error for f in done if f.valid_error is not None]
@@ -332,7 +338,7 @@ def _row_lines(root, table_name, row, found, targets, command_text) -> list[list
             seeds += "; " + ", ".join(f"{f.seed}: {f.state.describe()}" for f in waiting)
         target = next((t for t in targets if t.found is not None and t.found.state.path == group[0].state.path), None)
         command = _made_by(group[0], command_text, target)
-        lines.append([row.label, percent(row.error), ours, percent_spread(valids) if valids else "",
+        lines.append([row.label + (", on a GPU" if on_gpu else ""), percent(row.error), ours, percent_spread(valids) if valids else "",
                       _gap(tests, row.error) if tests else "", str(length), seeds, command,
                       ", ".join(_relative(root, f.state.path) for f in group)])
     if not lines:
@@ -351,7 +357,8 @@ def _made_by(found: Found, command_text, target: Target | None) -> str:
     if state.kind == TRAIN:
         train = config["train"]
         made = ("ksae-train", [paper.DATASET, "--hidden", train["hidden"], "--k", train["k"], "--epochs",
-                               train["epochs"], "--seed", train.get("seed", 0), "--run-dir", state.path])
+                               train["epochs"], "--seed", train.get("seed", 0),
+                               *(["--device", "gpu"] if found.on_gpu else []), "--run-dir", state.path])
     elif state.kind == BASELINE:
         baseline = config["baseline"]
         made = ("ksae-baseline", [paper.DATASET, "--model", found.key, "--lr", baseline.get("lr"), "--weight-decay",

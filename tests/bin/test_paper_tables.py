@@ -173,6 +173,23 @@ def test_the_report_shows_each_row_beside_the_paper_with_seeds_as_mean_and_sprea
     assert result.stdout.splitlines()[0] == f"tables: {out}"
 
 
+def test_a_run_trained_on_a_gpu_has_its_own_line_and_is_not_counted_as_a_seed(root, tmp_path):
+    gpu = train_run(root / "k25-gpu", 25, 5000, seed=0, test=0.0164, valid=0.0184)
+    config = json.loads((gpu / "config.json").read_text())
+    (gpu / "config.json").write_text(json.dumps({**config, "device": "gpu:0"}))
+    out = tmp_path / "tables.md"
+    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
+    text = out.read_text()
+    assert line_of(text, "k-Sparse Autoencoder, k = 25", "5000")[2:7] == ["1.90% ± 0.10", "2.00% ± 0.00", "+0.55",
+                                                                         "5000", "0, 1, 2"]
+    gpu_line = line_of(text, "k-Sparse Autoencoder, k = 25, on a GPU", "5000")
+    assert gpu_line[2:7] == ["1.64%", "1.84%", "+0.29", "5000", "0"] and gpu_line[8] == "k25-gpu"
+    assert "--device gpu" in gpu_line[7] and "--device" not in line_of(text, "k-Sparse Autoencoder, k = 25", "5000")[7]
+    # what is left to run is planned from the CPU runs: the GPU run of seed 0 stands for none of them
+    assert [f.state.path.name for f in [tables._match(tables.collect(root), "err_mnist", "k25",
+                                                      tables.Length(5000), 0)]] == ["k25-seed0"]
+
+
 def test_without_run_each_missing_row_says_the_command_that_makes_it(root, tmp_path):
     result = paper_tables("--runs-root", str(root), "--out", str(tmp_path / "t.md"), cwd=root)
     left = [line[len("left: "):] for line in result.stdout.splitlines() if line.startswith("left: ")]
