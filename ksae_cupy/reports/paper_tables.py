@@ -125,7 +125,8 @@ def _classify_finetune(state: RunState) -> Found | None:
         model = sources[0]["model"]
         key = model if len(sources) == 1 and model in FN_OF_BASELINE_RUN else None
         pretrain = _source_epochs(sources[0], state.path)
-    elif sources and all(source.get("k") == 25 and source.get("hidden") == paper.HIDDEN for source in sources):
+    elif sources and all(source.get("k") == 25 and source.get("hidden") == paper.HIDDEN and
+                         _paper_recipe(source, state.path) for source in sources):
         key = {1: "ksparse", 2: "deep-ksparse"}.get(len(sources))
         pretrain = _source_epochs(sources[0], state.path)
     else:
@@ -136,18 +137,33 @@ def _classify_finetune(state: RunState) -> Found | None:
     return Found(FN, key, Length(pretrain, tuned.get("epochs"), phases), tuned.get("seed"), state)
 
 
+def _paper_recipe(source: dict, folder: Path) -> bool:
+    """Whether a pretrained k-sparse run was trained the paper's way (linear units, no AuxK, no centring):
+    as the fine-tuning recorded it, or for a folder written before that was recorded, as the run's own
+    config.json says (found as :func:`_source_epochs` finds it; none found: the paper's, as runs then were)."""
+    train = source if "center_input" in source else (_source_config(source, folder).get("train") or {})
+    return train.get("activation", "linear") == "linear" and not train.get("aux_k") and not train.get("center_input")
+
+
+def _source_config(source: dict, folder: Path) -> dict:
+    """The pretrained run's config.json: the run of that name beside ``folder`` (run folders are moved
+    together), else at the path recorded; {} when neither is there."""
+    recorded = Path(source.get("run_dir", ""))
+    for place in (folder.parent / recorded.name, recorded):
+        config = read_json(place / "config.json")
+        if config:
+            return config
+    return {}
+
+
 def _source_epochs(source: dict, folder: Path) -> int | None:
     """The epochs of a pretrained run when the fine-tuning read it; for a folder written before
     that was recorded, the epochs its own config.json asks for: the run of that name beside
     ``folder`` (run folders are moved together), else at the path recorded."""
     if source.get("epochs_trained") is not None:
         return source["epochs_trained"]
-    recorded = Path(source.get("run_dir", ""))
-    for place in (folder.parent / recorded.name, recorded):
-        config = read_json(place / "config.json")
-        if config:
-            return (config.get("train") or config.get("baseline") or {}).get("epochs")
-    return None
+    config = _source_config(source, folder)
+    return (config.get("train") or config.get("baseline") or {}).get("epochs")
 
 
 def collect(root: Path) -> list[Found]:

@@ -115,10 +115,12 @@ def read_pretrained(pretrained) -> tuple[list, list, list, dict]:
         model, run_config = load_pretrained_run(path, device="cpu")
         encoders.append(encoder_of(model))
         ks.append(model.k)
-        # epochs_trained: the pretrained run's epochs when it was read (a run may go on training after)
+        # epochs_trained: the pretrained run's epochs when it was read (a run may go on training after);
+        # its units and the options beyond the paper, so a report can tell the paper's recipe from the others
         sources.append({"run_dir": str(path), "dataset": run_config.get("dataset"), "k": model.k,
                         "hidden": model.n_hidden, "data": run_config.get("data"),
-                        "epochs_trained": model.trainer_.epoch})
+                        "epochs_trained": model.trainer_.epoch, "activation": model.activation,
+                        "aux_k": int(model.aux_k), "center_input": bool(model.center_input)})
     return encoders, ks, sources, network
 
 

@@ -134,6 +134,19 @@ def test_each_folder_is_placed_in_its_row_by_its_config(root):
         "ft-relu": ("fn_mnist", "no-pretraining-relu", "200", 0)}
 
 
+def test_a_fine_tuning_of_a_run_trained_beyond_the_paper_is_no_row_of_the_paper(root):
+    centred = {**ksparse_source(root / "k25-centred", 500), "activation": "linear", "aux_k": 0, "center_input": True}
+    finetune_run(root / "ft-centred", [centred], test=0.0120)
+    paper_way = {**ksparse_source(root / "k25-short", 500), "activation": "linear", "aux_k": 0, "center_input": False}
+    finetune_run(root / "ft-paper-way", [paper_way], seed=1, test=0.0150)
+    # a folder written before the recipe was recorded: its pretrained run's own config.json says it
+    train_run(root / "k25-auxk-short", 25, 500, test=0.0150, aux_k=256)
+    finetune_run(root / "ft-legacy-auxk", [ksparse_source(root / "k25-auxk-short", 500)], test=0.0120)
+    placed = {f.state.path.name: (f.key, str(f.length), f.seed) for f in tables.collect(root)}
+    assert "ft-centred" not in placed and "ft-legacy-auxk" not in placed
+    assert placed["ft-paper-way"] == ("ksparse", "500 + 200", 1)
+
+
 def test_a_fine_tuning_written_before_epochs_were_recorded_reads_them_from_its_pretrained_run(root):
     source = ksparse_source(root / "k25-seed0", 5000)
     del source["epochs_trained"]

@@ -57,6 +57,8 @@ def test_deep_run_writes_results_and_resume_of_a_finished_run_is_idempotent(runs
     assert len(RunFolder(out).read_metrics()) == 3
     config = RunFolder(out).read_config()
     assert [p["run_dir"] for p in config["pretrained"]] == [str(runs["a"]), str(runs["b"])]
+    # the pretrained runs' recipe, for reports that tell the paper's from runs beyond it (bin/paper-tables)
+    assert [(p["activation"], p["aux_k"], p["center_input"]) for p in config["pretrained"]] == [("linear", 0, False)] * 2
     invoke(["--resume", out, "--device", "cpu"], expect=0)
     again = json.loads((out / "finetune.json").read_text())
     assert again["test_error"] == results["test_error"]
