@@ -189,14 +189,14 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         if not resume and prepared is not None and prepared[0] is X and prepared[2] == self.get_params():
             X_nd = prepared[1]  # prepare(X) checked X and built the trainer: train that one
         elif resume:
-            X_nd = self._centred(self._check_X(X, reset=False))
+            X_nd = self._centred(*self._check_X(X, reset=False))
         else:
-            X_nd = self._fresh_rows(X)
-            self._trainer = self._new_trainer(X_nd, option_names)
+            X_nd, xp = self._fresh_rows(X)
+            self._trainer = self._new_trainer(X_nd, xp, option_names)
         trainer = self.trainer_
         trainer.config.epochs = self.epochs  # a warm fit may have been given more epochs
         trainer.config.check(name=option_names)  # validated again only if that changed it
-        X_valid_nd = self._centred(self._check_X(X_valid, reset=False)) if X_valid is not None else None
+        X_valid_nd = self._centred(*self._check_X(X_valid, reset=False)) if X_valid is not None else None
         X_dev, X_valid_dev = self._to_device(X_nd), self._to_device(X_valid_nd)
         step_before = trainer.step
         self._saved_at = None
@@ -227,8 +227,8 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         which rate ``--lr auto`` chose, and from what).
         """
         check_parameters(self)
-        X_nd = self._fresh_rows(X)
-        self._trainer = self._new_trainer(X_nd, option_names, config, on_config)
+        X_nd, xp = self._fresh_rows(X)
+        self._trainer = self._new_trainer(X_nd, xp, option_names, config, on_config)
         self._prepared = (X, X_nd, self.get_params())
         return self
 
@@ -238,10 +238,10 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         With ``lr="auto"`` the rate is derived from the first ``X`` and kept after it."""
         check_parameters(self)
         if self.trainer_ is None:
-            X_nd = self._fresh_rows(X)  # the first batch's mean: the one partial_fit sees first
-            self._trainer = self._new_trainer(X_nd)
+            X_nd, xp = self._fresh_rows(X)  # the first batch's mean: the one partial_fit sees first
+            self._trainer = self._new_trainer(X_nd, xp)
         else:
-            X_nd = self._centred(self._check_X(X, reset=False))
+            X_nd = self._centred(*self._check_X(X, reset=False))
         trainer = self.trainer_
         if trainer.finished:
             trainer.config.epochs += 1  # partial_fit may go on past the configured epochs
@@ -292,8 +292,11 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
 
         return report_then
 
-    def _new_trainer(self, X_nd, option_names=parameter_name, config=None, on_config=None) -> Trainer:
-        scale = scale_of(X_nd)  # what the checks read of the rows, measured once
+    def _new_trainer(self, X_nd, xp, option_names=parameter_name, config=None, on_config=None) -> Trainer:
+        """The trainer of a fresh fit on the rows ``X_nd`` (of array module ``xp``, as :meth:`_fresh_rows` returns
+        them), after the checks that read their summary; it is built from the configuration and the width
+        recorded where the rows were checked (``n_features_in_``), as :meth:`load` builds one from a checkpoint's."""
+        scale = scale_of(X_nd, xp)  # what the checks read of the rows, measured once
         config = self.config() if config is None else config
         if config.lr == "auto":
             config.resolve_lr(scale.auto_lr())
@@ -304,10 +307,10 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         config.check(name=option_names)
         backend = resolve_device(self.device)
         # Before anything is allocated: as ksae-train does (10^9 hidden units would ask for 477 GiB).
-        check_training_memory(backend, scale.dim, config.hidden, config.batch_size, config.dtype,
+        check_training_memory(backend, self.n_features_in_, config.hidden, config.batch_size, config.dtype,
                               flag=option_names("hidden"))
         check_data_scale(scale, config, option_names("lr"))  # data this scale would diverge: say so, not blame lr
-        trainer = Trainer(config, backend, D=scale.dim)
+        trainer = Trainer(config, backend, D=self.n_features_in_)
         # a step of 0 would train for nothing: checked on the first batch
         check_rate_moves_weights(trainer, X_nd[:config.batch_size], option_names("lr"))
         return trainer
@@ -345,15 +348,16 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         """``X`` checked as scikit-learn does (2-D, non-empty, real, finite, right width), numeric
         integers converted to float as scikit-learn does (fit then checks the data's scale: see
         :func:`~ksae_cupy.training.learning_rate.check_data_scale`), then multiplied by ``input_scale``.
-
-        A CuPy array is already on a device: only its shape is checked, without a copy to the host.
+        Returns the rows and their array module, asked here once: NumPy, or CuPy for rows already on a device
+        (then only their shape is checked, without a copy to the host).
         """
         if self.input_scale is not None:
             check_positive_finite("input_scale", self.input_scale, "factor (e.g. 1/255 for 8-bit pixels)")
         dtype = getattr(X, "dtype", None) if hasattr(X, "dtype") else np.asarray(X).dtype if isinstance(X, list) else None
         if getattr(dtype, "kind", None) == "c":  # scikit-learn's message would print the whole array
             raise KsaeError(f"Complex data not supported: X has dtype {dtype}; use real numbers")
-        if array_module(X) is np:
+        xp = array_module(X)
+        if xp is np:
             X = validate_data(self, X, reset=reset, dtype=KEPT_DTYPES)
         else:
             if X.ndim != 2 or X.shape[0] == 0:
@@ -363,13 +367,13 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
                 X = X.astype(np.float32)
         if self.input_scale is not None:
             X = X * X.dtype.type(self.input_scale)
-        return X
+        return X, xp
 
     def _fresh_rows(self, X):
-        """The rows a fresh fit trains on: ``X`` checked (its width learned), then with ``center_input`` minus
-        their mean, which is kept in ``preprocess_["input_mean"]`` (with the model, in its checkpoints), in the
-        model's dtype, summed in float64; without, none is kept."""
-        X_nd = self._check_X(X, reset=True)
+        """The rows a fresh fit trains on, and their array module: ``X`` checked (its width learned), then with
+        ``center_input`` minus their mean, which is kept in ``preprocess_["input_mean"]`` (with the model, in its
+        checkpoints), in the model's dtype, summed in float64; without, none is kept."""
+        X_nd, xp = self._check_X(X, reset=True)
         preprocess = dict(self.preprocess_)
         preprocess.pop(INPUT_MEAN, None)
         if self.center_input:
@@ -377,14 +381,14 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
             preprocess[INPUT_MEAN] = to_host(mean_d)
             X_nd = X_nd - mean_d.astype(X_nd.dtype)  # as _centred subtracts it
         self.preprocess_ = preprocess
-        return X_nd
+        return X_nd, xp
 
-    def _centred(self, X_nd):
-        """``X_nd`` minus the training mean when the model was trained on centred inputs, else as it is."""
+    def _centred(self, X_nd, xp):
+        """``X_nd`` (of array module ``xp``) minus the training mean when the model was trained on centred
+        inputs, else as it is."""
         mean_d = self.preprocess_.get(INPUT_MEAN)
-        if mean_d is None or X_nd is None:
+        if mean_d is None:
             return X_nd
-        xp = array_module(X_nd)
         return X_nd - (xp.asarray(mean_d) if xp is not np else mean_d).astype(X_nd.dtype)
 
     def _to_device(self, X_nd):
@@ -413,10 +417,11 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         dtype (computed in the model's ``dtype``).
         """
         check_is_fitted(self)
-        X = self._centred(self._check_X(X, reset=False))
+        X, xp_in = self._check_X(X, reset=False)
+        X = self._centred(X, xp_in)
         alpha = self.alpha if alpha is None else alpha
         params, backend = self.params_, self.trainer_.backend
-        is_host = array_module(X) is np
+        is_host = xp_in is np
         out = []
         with backend.use():
             for start in range(0, X.shape[0], chunk):
@@ -452,7 +457,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         ``valid`` column for the validation set).
         """
         check_is_fitted(self)
-        X = self._centred(self._check_X(X, reset=False))
+        X = self._centred(*self._check_X(X, reset=False))
         with self.trainer_.backend.use():
             return -self.trainer_.evaluate_loss(self._to_device(X))
 

@@ -36,7 +36,7 @@ EIGEN_ROWS, EIGEN_ITERATIONS = 20_000, 30
 
 def mean_squared_norm(X_nd, chunk: int = 8192) -> float:
     """E||x||^2, the mean over rows of each row's squared Euclidean norm (in float64)."""
-    return scale_of(X_nd, chunk).mean_squared_norm
+    return scale_of(X_nd, array_module(X_nd), chunk).mean_squared_norm
 
 
 def top_eigenvalue(X_nd, rows: int = EIGEN_ROWS, iterations: int = EIGEN_ITERATIONS, seed: int = 0) -> float:
@@ -62,7 +62,7 @@ def top_eigenvalue(X_nd, rows: int = EIGEN_ROWS, iterations: int = EIGEN_ITERATI
 def auto_learning_rate(X_nd) -> float:
     """The rate ``lr="auto"`` / ``--lr auto`` trains ``X_nd`` with: 0.01 on MNIST, lower on data
     of a larger scale (see the module's docstring), two significant digits."""
-    return scale_of(X_nd).auto_lr()
+    return scale_of(X_nd, array_module(X_nd)).auto_lr()
 
 
 class DataScale:
@@ -91,10 +91,10 @@ class DataScale:
         return round_significant(PAPER_LR * ratio, 2)
 
 
-def scale_of(X_nd, chunk: int = 8192) -> DataScale:
-    """The :class:`DataScale` of the rows ``X_nd``: one pass, ``chunk`` rows at a time in float64, for the
-    largest magnitude and E||x||^2 (each row's squared norm, summed in row order)."""
-    xp = array_module(X_nd)
+def scale_of(X_nd, xp, chunk: int = 8192) -> DataScale:
+    """The :class:`DataScale` of the rows ``X_nd``, of array module ``xp`` (NumPy, or CuPy for rows on a device,
+    measured there; the caller that checked the rows knows which): one pass, ``chunk`` rows at a time in float64,
+    for the largest magnitude and E||x||^2 (each row's squared norm, summed in row order)."""
     peak, total = 0.0, 0.0
     with np.errstate(over="ignore", invalid="ignore"):  # data too large to train is check_data_scale's to word
         for start in range(0, X_nd.shape[0], chunk):
