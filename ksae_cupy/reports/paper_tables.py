@@ -61,8 +61,11 @@ class Found:
 
     @property
     def on_gpu(self) -> bool:
-        """Trained on a GPU: its own line beside the CPU runs' (a GPU run of seed 0 is not another seed)."""
-        return str(self.state.config.get("device") or "cpu").startswith("gpu")
+        """Trained, or for a fine-tuning pretrained, on a GPU: its own line beside the CPU runs' (a GPU run
+        of seed 0 is not another seed, and float32 on another device takes another path)."""
+        configs = [self.state.config, *(_source_config(source, self.state.path)
+                                        for source in self.state.config.get("pretrained") or [])]
+        return any(str(config.get("device") or "cpu").startswith("gpu") for config in configs)
 
     @property
     def test_error(self):
@@ -145,15 +148,17 @@ def _paper_recipe(source: dict, folder: Path) -> bool:
     return train.get("activation", "linear") == "linear" and not train.get("aux_k") and not train.get("center_input")
 
 
-def _source_config(source: dict, folder: Path) -> dict:
-    """The pretrained run's config.json: the run of that name beside ``folder`` (run folders are moved
-    together), else at the path recorded; {} when neither is there."""
+def _source_folder(source: dict, folder: Path) -> Path:
+    """The pretrained run's folder: the run of that name beside ``folder`` (run folders are moved together,
+    e.g. into results/runs), else the path recorded."""
     recorded = Path(source.get("run_dir", ""))
-    for place in (folder.parent / recorded.name, recorded):
-        config = read_json(place / "config.json")
-        if config:
-            return config
-    return {}
+    beside = folder.parent / recorded.name
+    return beside if (beside / "config.json").is_file() else recorded
+
+
+def _source_config(source: dict, folder: Path) -> dict:
+    """The pretrained run's config.json (:func:`_source_folder`); {} when it is not there."""
+    return read_json(_source_folder(source, folder) / "config.json") or {}
 
 
 def _source_epochs(source: dict, folder: Path) -> int | None:
@@ -354,7 +359,8 @@ def _row_lines(root, table_name, row, found, targets, command_text) -> list[list
             seeds += "; " + ", ".join(f"{f.seed}: {f.state.describe()}" for f in waiting)
         target = next((t for t in targets if t.found is not None and t.found.state.path == group[0].state.path), None)
         command = _made_by(group[0], command_text, target)
-        lines.append([row.label + (", on a GPU" if on_gpu else ""), percent(row.error), ours, percent_spread(valids) if valids else "",
+        on_a_gpu = (", pretrained on a GPU" if table_name == FN else ", trained on a GPU") if on_gpu else ""
+        lines.append([row.label + on_a_gpu, percent(row.error), ours, percent_spread(valids) if valids else "",
                       _gap(tests, row.error) if tests else "", str(length), seeds, command,
                       ", ".join(_relative(root, f.state.path) for f in group)])
     if not lines:
@@ -388,7 +394,7 @@ def _made_by(found: Found, command_text, target: Target | None) -> str:
             how = ["--baseline", config["baseline"], "--hidden", ",".join([str(paper.HIDDEN)] * len(tuned["kept"])),
                    "--pretrain-epochs", config.get("pretrain_epochs"), "--dataset", paper.DATASET]
         else:
-            how = [source["run_dir"] for source in config.get("pretrained") or []]
+            how = [_source_folder(source, state.path) for source in config.get("pretrained") or []]
         made = ("ksae-finetune", [*how, "--epochs", tuned["epochs"], "--seed", tuned.get("seed", 0), "--run-dir",
                                   state.path])
         return f"`{command_text(*made)}`"

@@ -195,9 +195,15 @@ def test_a_run_trained_on_a_gpu_has_its_own_line_and_is_not_counted_as_a_seed(ro
     text = out.read_text()
     assert line_of(text, "k-Sparse Autoencoder, k = 25", "5000")[2:7] == ["1.90% ± 0.10", "2.00% ± 0.00", "+0.55",
                                                                          "5000", "0, 1, 2"]
-    gpu_line = line_of(text, "k-Sparse Autoencoder, k = 25, on a GPU", "5000")
+    gpu_line = line_of(text, "k-Sparse Autoencoder, k = 25, trained on a GPU", "5000")
     assert gpu_line[2:7] == ["1.64%", "1.84%", "+0.29", "5000", "0"] and gpu_line[8] == "k25-gpu"
     assert "--device gpu" in gpu_line[7] and "--device" not in line_of(text, "k-Sparse Autoencoder, k = 25", "5000")[7]
+    # a fine-tuning on the CPU of the GPU run: its own line too
+    finetune_run(root / "ft-of-gpu", [ksparse_source(gpu, 5000)], test=0.0159)
+    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
+    text = out.read_text()
+    assert line_of(text, "k-Sparse AE + F.T. (k=25)", "5000 + 200")[2] == "1.56%"
+    assert line_of(text, "k-Sparse AE + F.T. (k=25), pretrained on a GPU", "5000 + 200")[2] == "1.59%"
     # what is left to run is planned from the CPU runs: the GPU run of seed 0 stands for none of them
     assert [f.state.path.name for f in [tables._match(tables.collect(root), "err_mnist", "k25",
                                                       tables.Length(5000), 0)]] == ["k25-seed0"]
