@@ -16,6 +16,7 @@ seeds, what is left to run (a new run, a resume, an evaluation), as the commands
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from ksae_cupy import paper
@@ -59,7 +60,7 @@ class Found:
     seed: int | None
     state: RunState
 
-    @property
+    @cached_property  # reads the pretrained runs' config.json: once per folder, not per use
     def on_gpu(self) -> bool:
         """Trained, or for a fine-tuning pretrained, on a GPU: its own line beside the CPU runs' (a GPU run
         of seed 0 is not another seed, and float32 on another device takes another path)."""
@@ -95,9 +96,7 @@ def classify(state: RunState) -> Found | None:
         return None
     if state.kind == TRAIN:
         train = config.get("train") or {}
-        recipe = train.get("activation", "linear") == "linear" and not train.get("aux_k") and \
-            not train.get("center_input")
-        if train.get("hidden") != paper.HIDDEN or not recipe or train.get("k") not in paper.KSPARSE_KS:
+        if train.get("hidden") != paper.HIDDEN or not _paper_recipe(train) or train.get("k") not in paper.KSPARSE_KS:
             return None
         return Found(ERR, paper.ksparse_key(train["k"]), Length(train.get("epochs")), train.get("seed"), state)
     if state.kind == BASELINE:
@@ -129,7 +128,7 @@ def _classify_finetune(state: RunState) -> Found | None:
         key = model if len(sources) == 1 and model in FN_OF_BASELINE_RUN else None
         pretrain = _source_epochs(sources[0], state.path)
     elif sources and all(source.get("k") == 25 and source.get("hidden") == paper.HIDDEN and
-                         _paper_recipe(source, state.path) for source in sources):
+                         _paper_recipe(_source_train(source, state.path)) for source in sources):
         key = {1: "ksparse", 2: "deep-ksparse"}.get(len(sources))
         pretrain = _source_epochs(sources[0], state.path)
     else:
@@ -140,12 +139,16 @@ def _classify_finetune(state: RunState) -> Found | None:
     return Found(FN, key, Length(pretrain, tuned.get("epochs"), phases), tuned.get("seed"), state)
 
 
-def _paper_recipe(source: dict, folder: Path) -> bool:
-    """Whether a pretrained k-sparse run was trained the paper's way (linear units, no AuxK, no centring):
-    as the fine-tuning recorded it, or for a folder written before that was recorded, as the run's own
-    config.json says (found as :func:`_source_epochs` finds it; none found: the paper's, as runs then were)."""
-    train = source if "center_input" in source else (_source_config(source, folder).get("train") or {})
+def _paper_recipe(train: dict) -> bool:
+    """Whether a k-sparse run's ``train`` settings are the paper's: linear units, no AuxK, no centring."""
     return train.get("activation", "linear") == "linear" and not train.get("aux_k") and not train.get("center_input")
+
+
+def _source_train(source: dict, folder: Path) -> dict:
+    """A pretrained k-sparse run's settings as the fine-tuning recorded them, or for a folder written before
+    that was recorded, as the run's own config.json says (:func:`_source_folder`; none found: {}, the paper's,
+    as runs then were)."""
+    return source if "center_input" in source else (_source_config(source, folder).get("train") or {})
 
 
 def _source_folder(source: dict, folder: Path) -> Path:
