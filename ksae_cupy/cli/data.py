@@ -1,4 +1,5 @@
-"""``ksae-data``: fetch, verify and list the built-in datasets under the data root."""
+"""``ksae-data``: fetch, verify and list the built-in datasets under the data root; write a run's codes as the
+dataset of a next layer."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -64,6 +65,32 @@ def data_list(data_dir):
         click.echo(f"note: data root {root} does not exist yet (ksae-data fetch NAME creates it)", err=True)
     for name, description, state in list_datasets(root):
         click.echo(f"{name:14s} {state:44s} {description}")
+
+
+@data_command.command("codes")
+@click.argument("run_dir", type=GivenPath(path_type=Path))
+@click.argument("out", type=GivenPath(path_type=Path))
+@click.option("--alpha", type=float, default=3.0, show_default=True,
+              help="A ksae-train run's codes keep alpha*k units (the fine-tuned net's; 1: the plain k-sparse "
+                   "codes). A ksae-baseline run's features are every sigmoid unit.")
+@DATA_DIR
+@report_errors
+def data_codes(run_dir, out, alpha, data_dir):
+    """Write RUN_DIR's codes of its training rows to OUT (.npy): layer 2's dataset (section 4.6).
+
+    RUN_DIR is a ksae-train run (its alpha*k-sparse codes) or a ksae-baseline run (every sigmoid unit of
+    the uncorrupted input). Then: ksae-train OUT (or ksae-baseline OUT --model ...) trains the next layer,
+    and ksae-finetune RUN_DIR LAYER2_RUN fine-tunes both.
+    """
+    from ksae_cupy.supervised.pretrain import write_codes
+
+    if alpha <= 0 or alpha != alpha:
+        raise KsaeError(f"--alpha {alpha} is not allowed; use a positive number (the paper's 3, or 1)")
+    if out.suffix != ".npy":
+        raise KsaeError(f"OUT {out} is not allowed; name an .npy file (ksae-train and ksae-baseline read it)")
+    info = write_codes(run_dir, out, alpha=alpha, data_dir=data_dir)
+    click.echo(f"wrote {out}: {info['shape'][0]} x {info['shape'][1]} float32, from {run_dir} after "
+               f"{info['epochs_trained']} epochs, in {info['seconds']:.1f} s")
 
 
 def checked_root(data_dir) -> Path:

@@ -41,6 +41,8 @@ FINETUNE = [
            None),
     Option("lr_start", "First learning rate (paper, MNIST: 1; NORB: 0.01).", FINETUNE_PAPER.lr_start, float),
     Option("lr_end", "Last learning rate, reached linearly (paper: 0.001).", FINETUNE_PAPER.lr_end, float),
+    Option("softmax_lr_start", "Beyond the paper: first learning rate of the softmax-only phase of a deep net "
+           "(1000 dense sigmoid features want far less than --lr-start 1). [default: --lr-start]", None, float),
     Option("rising_lr", "Allow --lr-end above --lr-start (a schedule that rises).", False, bool),
     Option("momentum", "Momentum (paper, MNIST: 0.25; NORB: 0.9).", FINETUNE_PAPER.momentum, float),
     Option("batch_size", "Minibatch size of the fine-tuning (and of --baseline's pretraining).",

@@ -275,6 +275,7 @@ class FinetuneConfig(DictConfig):
     batch_size: int = 128
     lr_start: float = 1.0
     lr_end: float = 0.001
+    softmax_lr_start: float | None = None  # beyond the paper: the softmax-only phase's own first rate
     momentum: float = 0.25
     sigma: float = 0.01
     topk: str = "sort"
@@ -296,12 +297,20 @@ class FinetuneConfig(DictConfig):
         check_batch_size("--batch-size", self.batch_size, n_train)
         check_positive_finite("--lr-start", self.lr_start, "learning rate")
         check_positive_finite("--lr-end", self.lr_end, "learning rate")
+        if self.softmax_lr_start is not None:
+            check_positive_finite("--softmax-lr-start", self.softmax_lr_start, "learning rate")
+            if "softmax" not in self.phases:
+                raise OptionError("softmax_lr_start", f"{{name}} {self.softmax_lr_start} applies to the softmax phase, "
+                                                      f"and the phases are {','.join(self.phases)}; drop it or "
+                                                      f"add softmax to {{phases}}")
         check_momentum("--momentum", self.momentum)
         if self.topk not in TOPK_METHODS:
             raise OptionError("topk", f"{{name}} {literal(repr(self.topk))} is not allowed; use one of "
                                       f"{', '.join(TOPK_METHODS)}")
         check_dtype("--dtype", self.dtype)
         check_in_dtype(self.dtype, **{"--lr-start": ("rate", self.lr_start), "--lr-end": ("rate", self.lr_end),
+                                      **({} if self.softmax_lr_start is None else
+                                         {"--softmax-lr-start": ("rate", self.softmax_lr_start)}),
                                       "--sigma": ("sigma", self.sigma), "--momentum": ("momentum", self.momentum)})
         if len(self.activations) != len(self.kept):
             raise KsaeError(f"activations {self.activations} name {len(self.activations)} layers but kept "
@@ -396,7 +405,13 @@ class FinetuneTrainer:
         return self.config.phases[self.phase_index]
 
     def current_lr(self) -> float:
-        return linear_decay(self.epoch, self.config.epochs, self.config.lr_start, self.config.lr_end)
+        return linear_decay(self.epoch, self.config.epochs, self.phase_lr_start(), self.config.lr_end)
+
+    def phase_lr_start(self) -> float:
+        """The current phase's first rate: ``lr_start``, or ``softmax_lr_start`` in the softmax phase when set
+        (the softmax on 1000 dense sigmoid features takes steps far larger than on alpha*k sparse ones)."""
+        cfg = self.config
+        return cfg.softmax_lr_start if self.phase == "softmax" and cfg.softmax_lr_start is not None else cfg.lr_start
 
     def run_epoch(self, X_nd, y_n, X_valid_nd=None, y_valid_n=None, on_batch=None) -> FinetuneReport | None:
         """One epoch (or the rest of an interrupted one) of the current phase, on device arrays.
@@ -428,8 +443,9 @@ class FinetuneTrainer:
             if not math.isfinite(loss):
                 from ksae_cupy.training.trainer import TrainingDiverged
 
+                rate = "softmax_lr_start" if self.phase_lr_start() != cfg.lr_start else "lr_start"
                 raise TrainingDiverged(f"the cross-entropy became {loss} in phase {self.phase}, epoch "
-                                       f"{self.epoch + 1}; try a smaller {{lr_start}} (now {cfg.lr_start})", fields=True)
+                                       f"{self.epoch + 1}; try a smaller {{{rate}}} (now {self.phase_lr_start()})", fields=True)
             self._update(self.optimizer, live, grads, lr)
             loss_sum, loss_batches = loss_sum + loss, loss_batches + 1
             self.step += 1

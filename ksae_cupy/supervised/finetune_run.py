@@ -80,6 +80,10 @@ def check_new(values: dict, pretrained, given: set) -> None:
         raise KsaeError(f"--lr-end {values['lr_end']} is above --lr-start {values['lr_start']}: the rate would rise "
                         f"over the run (the paper's falls from 1 to 0.001); swap them, or give --rising-lr if that is "
                         f"meant")
+    softmax_start = values.get("softmax_lr_start")
+    if softmax_start is not None and values["lr_end"] > softmax_start and not values["rising_lr"]:
+        raise KsaeError(f"--lr-end {values['lr_end']} is above --softmax-lr-start {softmax_start}: the softmax "
+                        f"phase's rate would rise; give a smaller --lr-end, or --rising-lr if that is meant")
     typed = {name for name in ("hidden", "k") if name in given}
     if pretrained and typed:
         many = len(typed) > 1
@@ -108,9 +112,14 @@ def read_pretrained(pretrained) -> tuple[list, list, list, dict]:
     from ksae_cupy.supervised.pretrain import encoder_of, load_pretrained_run
 
     encoders, ks, sources, network = [], [], [], {}
+    baseline = [is_baseline_run(path) for path in pretrained]
+    if any(baseline) and not all(baseline):
+        kinds = ", ".join(f"{path} ({'ksae-baseline' if b else 'ksae-train'})" for path, b in zip(pretrained, baseline))
+        raise KsaeError(f"the pretrained runs mix k-sparse and baseline layers ({kinds}); give ksae-train runs only "
+                        f"or ksae-baseline runs only")
     for path in pretrained:
         if is_baseline_run(path):  # a ksae-baseline run: its sigmoid layer, fine-tuned with its dropout (4.5)
-            network = _baseline_source(path, len(pretrained), encoders, ks, sources)
+            network = _baseline_source(path, encoders, ks, sources)
             continue
         model, run_config = load_pretrained_run(path, device="cpu")
         encoders.append(encoder_of(model))
@@ -182,7 +191,8 @@ def new_trainer(values: dict, pretrained, read, data, backend, say):
     sizes = [host_params[finetune.layer_names(l)[0]].shape[1] for l in range(1, L + 1)]
     kept = [None if k_l is None else alpha_k(k_l, values["alpha"], H_l) for k_l, H_l in zip(ks, sizes)]
     config = finetune.FinetuneConfig(kept=kept, phases=_parse_phases(values["phases"], L), **network, **{
-        name: values[name] for name in ("epochs", "batch_size", "lr_start", "lr_end", "momentum", "sigma", "seed",
+        name: values[name] for name in ("epochs", "batch_size", "lr_start", "lr_end", "softmax_lr_start", "momentum",
+                                        "sigma", "seed",
                                         "dtype", "step", "topk")})
     check_batch_size("--batch-size", config.batch_size, len(data.X_train))  # the rest: the trainer validates
     record = {"alpha": values["alpha"], "pretrained": sources, "no_pretraining": bool(values["no_pretraining"]),
@@ -208,22 +218,29 @@ def write_results(folder, trainer, data, dataset: str, backend, started: float) 
     return results
 
 
-def _baseline_source(path, n_runs: int, encoders: list, ks: list, sources: list) -> dict:
+def _baseline_source(path, encoders: list, ks: list, sources: list) -> dict:
     """Add a ``ksae-baseline`` run's sigmoid layer to ``encoders`` (no k: every unit is kept) and its
-    record to ``sources``; return the network options that fine-tune it with its own dropout (section 4.5)."""
+    record to ``sources``; return the network options that fine-tune it with its own dropout (section 4.5).
+
+    A stack (section 4.6: layer l+1 a ``ksae-baseline`` run on layer l's features, written by
+    :func:`~ksae_cupy.supervised.pretrain.write_codes`) is one baseline throughout, so that one
+    dropout setting fine-tunes every layer as each was pretrained.
+    """
     from ksae_cupy.supervised.baselines import encoder
     from ksae_cupy.supervised.pretrain import load_baseline_run
 
-    if n_runs > 1:
-        raise KsaeError(f"{path} is a ksae-baseline run; it fine-tunes alone (shallow): give it as the only "
-                        f"PRETRAINED_RUN_DIR")
     ckpt, run_config = load_baseline_run(path)
+    model = ckpt.config.get("model")
+    if sources and model != sources[0]["model"]:
+        raise KsaeError(f"{path} is a {model} run but layer 1 ({sources[0]['run_dir']}) is a {sources[0]['model']} "
+                        f"run; a stack of baseline layers is one baseline throughout (its dropout is fine-tuned "
+                        f"in every layer)")
     encoders.append(encoder(ckpt.params))
     ks.append(None)
-    sources.append({"run_dir": str(path), "dataset": run_config.get("dataset"), "model": ckpt.config.get("model"),
+    sources.append({"run_dir": str(path), "dataset": run_config.get("dataset"), "model": model,
                     "hidden": int(ckpt.params["W_dh"].shape[1]), "data": run_config.get("data"),
                     "epochs_trained": ckpt.epoch})
-    return {"activations": ["sigmoid"], "input_dropout": ckpt.config.get("input_dropout", 0.0),
+    return {"activations": ["sigmoid"] * len(encoders), "input_dropout": ckpt.config.get("input_dropout", 0.0),
             "hidden_dropout": ckpt.config.get("hidden_dropout", 0.0)}
 
 

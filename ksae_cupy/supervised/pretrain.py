@@ -11,7 +11,8 @@ in the fine-tuned network, where every hidden layer keeps its alpha*k largest un
 ``code_alpha=1`` gives the plain k-sparse codes instead.
 
 :func:`write_codes` writes those codes of a ``ksae-train`` run's training set to an ``.npy``
-file, for ``ksae-train CODES.npy`` to learn layer 2 in a process of its own (``bin/reproduce-finetune``).
+file, for ``ksae-train CODES.npy`` to learn layer 2 in a process of its own (``bin/reproduce-finetune``);
+of a ``ksae-baseline`` run it writes every sigmoid feature, for ``ksae-baseline FEATURES.npy``.
 """
 from __future__ import annotations
 
@@ -81,23 +82,34 @@ def encoder_of(model: KSparseAutoencoder):
 
 
 def write_codes(run_dir, out_path, alpha: float = 3.0, data_dir=None, device: str = "cpu") -> dict:
-    """Write the ``alpha*k``-sparse codes of a ``ksae-train`` run's training rows to ``out_path`` (.npy).
+    """Write the features of a pretrained run's training rows to ``out_path`` (.npy), for the next layer.
 
+    A ``ksae-train`` run gives its ``alpha*k``-sparse codes (:meth:`KSparseAutoencoder.transform`);
+    a ``ksae-baseline`` run every sigmoid unit of the uncorrupted input (:func:`baselines.encode`,
+    the features the paper's stacks use; ``alpha`` does not apply and is recorded as None).
     The rows are those the run trained on: its dataset and data options (``config.json``),
     loaded and preprocessed as the run loaded them, from ``data_dir`` or else the run's own
-    data root. The codes are :meth:`KSparseAutoencoder.transform` of them (float32, N x H),
-    written to ``<out_path>.tmp`` and renamed, so ``out_path`` only ever holds a whole file.
-    Returns what was written: the run folder, its epochs, alpha, the shape and the seconds taken.
+    data root. float32, N x H, written to ``<out_path>.tmp`` and renamed, so ``out_path`` only
+    ever holds a whole file. Returns what was written: the run folder, its epochs, alpha, the
+    shape and the seconds taken.
     """
     from ksae_cupy.datasets import load_dataset
     from ksae_cupy.datasets.user_files import DataSpec
+    from ksae_cupy.supervised.baseline_trainer import is_baseline_run
 
     start = time.perf_counter()
-    model, config = load_pretrained_run(run_dir, device=device)
+    if is_baseline_run(run_dir):
+        from ksae_cupy.supervised.baselines import encode
+
+        ckpt, config = load_baseline_run(run_dir)
+        features, epochs, alpha = (lambda X: encode(ckpt.params, X.astype(np.float32))), ckpt.epoch, None
+    else:
+        model, config = load_pretrained_run(run_dir, device=device)
+        features, epochs = (lambda X: model.transform(X, alpha=alpha)), model.trainer_.epoch
     spec = DataSpec.from_record(config["dataset"], config.get("data"))
     root = data_dir if data_dir is not None else config.get("data_dir")
     data = load_dataset(spec, root=Path(root) if root else None)
-    codes = model.transform(data.X_train, alpha=alpha)
+    codes = np.asarray(features(data.X_train), dtype=np.float32)
     out_path = Path(out_path)
     tmp = out_path.with_name(out_path.name + ".tmp")
     try:
@@ -109,5 +121,5 @@ def write_codes(run_dir, out_path, alpha: float = 3.0, data_dir=None, device: st
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise KsaeError(f"could not write {out_path} ({exc.strerror or exc})") from None
-    return {"run_dir": str(run_dir), "dataset": config["dataset"], "epochs_trained": model.trainer_.epoch,
+    return {"run_dir": str(run_dir), "dataset": config["dataset"], "epochs_trained": epochs,
             "alpha": alpha, "shape": list(codes.shape), "seconds": time.perf_counter() - start}

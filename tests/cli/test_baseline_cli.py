@@ -195,4 +195,78 @@ def test_finetune_starts_from_a_baseline_run_with_its_dropout(data_file, tmp_pat
     assert load_finetune_checkpoint(out / "checkpoint.h5")["params"]["W1_dh"].shape == (16, 12)
     two = CliRunner().invoke(finetune_command, [str(run), str(run), "--device", "cpu", "--run-dir", str(tmp_path / "b")],
                              catch_exceptions=False)
-    assert_one_line_error(two, "is a ksae-baseline run; it fine-tunes alone", status=2)
+    assert_one_line_error(two, "layer 2 takes 16 inputs but layer 1 has 12 hidden units", "do not stack", status=2)
+
+
+def test_a_stack_of_baseline_runs_fine_tunes_deep_layer_wise(data_file, tmp_path):
+    """Section 4.6 with run folders: layer 2 a ksae-baseline run on layer 1's features (write_codes),
+    fine-tuned softmax -> top -> all with the baseline's dropout in both layers and the softmax phase's
+    own first rate."""
+    from ksae_cupy.cli.data import data_command
+    from ksae_cupy.cli.finetune import finetune_command
+    from ksae_cupy.datasets import load_dataset
+    from ksae_cupy.datasets.user_files import DataSpec
+    from ksae_cupy.supervised.checkpoint import load_finetune_checkpoint
+    from ksae_cupy.supervised.pretrain import write_codes
+
+    layer1, layer2, features, out = (tmp_path / name for name in ("layer1", "layer2", "features.npy", "ft"))
+    invoke(common(data_file, "dropout-ae") + ["--epochs", "2", "--run-dir", layer1, "--quiet"])
+    wrote = CliRunner().invoke(data_command, ["codes", str(layer1), str(features)], catch_exceptions=False)
+    assert wrote.exit_code == 0 and f"wrote {features}: 490 x 12 float32" in wrote.output, wrote.output
+    info = write_codes(layer1, tmp_path / "again.npy")
+    assert np.load(tmp_path / "again.npy").tobytes() == np.load(features).tobytes()
+    config1, ckpt1 = RunFolder(layer1).read_config(), load_baseline_checkpoint(layer1 / "checkpoint.h5")
+    X_train = load_dataset(DataSpec.from_record(config1["dataset"], config1["data"])).X_train
+    expected = 1 / (1 + np.exp(-(X_train.astype(np.float64) @ ckpt1.params["W_dh"] + ckpt1.params["b_h"])))
+    written = np.load(features)
+    assert info["alpha"] is None and info["shape"] == [len(X_train), 12] and written.dtype == np.float32
+    np.testing.assert_allclose(written, expected, rtol=1e-5, atol=1e-6)  # every unit of the uncorrupted input
+    invoke([features, "--model", "dropout-ae", "--hidden", "8", "--batch-size", "50", "--device", "cpu",
+            "--threads", "1", "--lr", "0.01", "--seed", "1", "--epochs", "2", "--run-dir", layer2, "--quiet"])
+    result = CliRunner().invoke(finetune_command, [str(layer1), str(layer2), "--epochs", "2", "--batch-size", "50",
+                                                   "--device", "cpu", "--lr-start", "0.1", "--lr-end", "0.01",
+                                                   "--softmax-lr-start", "0.03", "--run-dir", str(out)],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    config = RunFolder(out).read_config()
+    assert config["finetune"]["activations"] == ["sigmoid", "sigmoid"] and config["finetune"]["kept"] == [None, None]
+    assert config["finetune"]["phases"] == ["softmax", "top", "all"] and config["finetune"]["hidden_dropout"] == 0.5
+    assert [source["model"] for source in config["pretrained"]] == ["dropout-ae", "dropout-ae"]
+    params = load_finetune_checkpoint(out / "checkpoint.h5")["params"]
+    assert params["W1_dh"].shape == (16, 12) and params["W2_hh"].shape == (12, 8)
+    first_rates = {}
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        first_rates.setdefault(record["phase"], record["lr"])
+    assert first_rates == pytest.approx({"softmax": 0.03, "top": 0.1, "all": 0.1})
+    assert 0 <= json.loads((out / "finetune.json").read_text())["test_error"] <= 1
+
+
+def test_a_baseline_stack_is_one_baseline_and_not_mixed_with_k_sparse_layers(data_file, tmp_path):
+    from ksae_cupy.cli.data import data_command
+    from ksae_cupy.cli.finetune import finetune_command
+    from ksae_cupy.cli.train import train_command
+    from ksae_cupy.supervised.pretrain import write_codes
+
+    layer1, layer2, ksparse = tmp_path / "layer1", tmp_path / "layer2", tmp_path / "ksparse"
+    invoke(common(data_file, "dropout-ae") + ["--epochs", "1", "--run-dir", layer1, "--quiet"])
+    write_codes(layer1, tmp_path / "features.npy")
+    invoke([tmp_path / "features.npy", "--model", "rbm", "--hidden", "8", "--batch-size", "50", "--device", "cpu",
+            "--epochs", "1", "--run-dir", layer2, "--quiet"])
+    other = CliRunner().invoke(finetune_command, [str(layer1), str(layer2), "--device", "cpu", "--run-dir",
+                                                  str(tmp_path / "a")], catch_exceptions=False)
+    assert_one_line_error(other, f"{layer2} is a rbm run but layer 1 ({layer1}) is a dropout-ae run",
+                          "one baseline throughout", status=2)
+    for args, fragments in ((["codes", str(layer1), str(tmp_path / "f.txt")], ["OUT", "f.txt", "name an .npy file"]),
+                            (["codes", str(tmp_path / "none"), str(tmp_path / "f.npy")], ["no such run folder"]),
+                            (["codes", str(layer1), str(tmp_path / "f.npy"), "--alpha", "0"], ["--alpha 0.0"])):
+        assert_one_line_error(CliRunner().invoke(data_command, args, catch_exceptions=False), *fragments)
+        assert not (tmp_path / "f.npy").exists() and not (tmp_path / "f.txt").exists()
+    trained = CliRunner().invoke(train_command, [str(data_file), "--hidden", "12", "--k", "3", "--epochs", "1",
+                                                 "--batch-size", "50", "--device", "cpu", "--run-dir", str(ksparse),
+                                                 "--quiet"], catch_exceptions=False)
+    assert trained.exit_code == 0, trained.output
+    mixed = CliRunner().invoke(finetune_command, [str(ksparse), str(layer1), "--device", "cpu", "--run-dir",
+                                                  str(tmp_path / "b")], catch_exceptions=False)
+    assert_one_line_error(mixed, "mix k-sparse and baseline layers", f"{layer1} (ksae-baseline)",
+                          f"{ksparse} (ksae-train)", status=2)

@@ -112,6 +112,10 @@ def test_a_rising_finetune_schedule_needs_rising_lr(run, tmp_path):
     assert not (tmp_path / "a").exists()
     result = invoke(finetune_command, *args, "--run-dir", tmp_path / "b", "--rising-lr")
     assert result.exit_code == 0, result.output
+    softmax = [run, *FT, "--phases", "softmax,all", "--lr-end", "0.01", "--softmax-lr-start", "0.005"]
+    assert_one_line_error(invoke(finetune_command, *softmax, "--run-dir", tmp_path / "c"),
+                          "--lr-end 0.01 is above --softmax-lr-start 0.005", "--rising-lr", status=2)
+    assert not (tmp_path / "c").exists()
 
 
 def test_options_that_do_not_apply_are_named(run, tmp_path):

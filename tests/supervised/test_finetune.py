@@ -257,17 +257,33 @@ def test_relu_net_learns_a_small_labelled_problem_and_zeroes_negative_units():
     assert after < 0.35 and after < before - 0.2, (before, after)  # chance: 2/3
 
 
+def test_softmax_lr_start_sets_the_softmax_phase_rate_and_no_other():
+    """Each phase's rate falls linearly from its first rate to lr_end; softmax_lr_start is the softmax
+    phase's first rate, lr_start every other phase's."""
+    rng = np.random.default_rng(0)
+    X, y = rng.random((80, 16)), rng.integers(0, 3, 80)
+    trainer = make_trainer(["softmax", "top", "all"], epochs=3)
+    trainer.config.softmax_lr_start = 0.05
+    rates = {}
+    trainer.fit(X, y, on_epoch=lambda r: rates.setdefault(r.phase, []).append(r.lr))
+    assert rates["softmax"] == pytest.approx([0.05, 0.03, 0.01])  # 0.05 -> 0.01 over 3 epochs
+    assert rates["top"] == pytest.approx([0.3, 0.155, 0.01]) and rates["all"] == rates["top"]
+    plain = make_trainer(["softmax", "top", "all"], epochs=3)
+    plain.fit(X, y, on_epoch=lambda r: rates.setdefault("plain " + r.phase, []).append(r.lr))
+    assert rates["plain softmax"] == rates["top"]  # unset: the paper's one schedule for every phase
+
+
 def test_config_round_trips_and_old_configs_load_with_defaults(tmp_path):
     import json
 
     config = finetune.FinetuneConfig(kept=[None, 6], activations=["sigmoid", "ksparse"], input_dropout=0.2,
-                                     hidden_dropout=0.5, phases=["softmax", "all"], epochs=3)
+                                     hidden_dropout=0.5, phases=["softmax", "all"], epochs=3, softmax_lr_start=0.02)
     assert finetune.FinetuneConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
     old = {"kept": [75, 75], "phases": ["all"], "epochs": 200, "batch_size": 128, "lr_start": 1.0,
            "lr_end": 0.001, "momentum": 0.25, "sigma": 0.01, "topk": "sort", "seed": 0, "dtype": "float32"}
     loaded = finetune.FinetuneConfig.from_dict(old)
     assert loaded.activations == ["ksparse", "ksparse"]
-    assert (loaded.input_dropout, loaded.hidden_dropout) == (0.0, 0.0)
+    assert (loaded.input_dropout, loaded.hidden_dropout, loaded.softmax_lr_start) == (0.0, 0.0, None)
     loaded.validate(hidden=[1000, 1000])
 
 
@@ -279,6 +295,9 @@ def test_config_round_trips_and_old_configs_load_with_defaults(tmp_path):
     (dict(activations=["sigmoid"]), ["alpha*k = 4 units kept in sigmoid layer 1", "use None"]),
     (dict(kept=[None]), ["alpha*k = None units kept in layer 1", "1 <= alpha*k <= 8"]),
     (dict(activations=["ksparse", "sigmoid"]), ["name 2 layers", "has 1"]),
+    (dict(softmax_lr_start=0.1), ["softmax_lr_start 0.1 applies to the softmax phase", "phases are all",
+                                  "add softmax to phases"]),
+    (dict(softmax_lr_start=0.0, phases=["softmax", "all"]), ["--softmax-lr-start", "0.0"]),
 ])
 def test_bad_network_options_are_one_line_errors(changes, fragments):
     from ksae_cupy.errors import KsaeError
