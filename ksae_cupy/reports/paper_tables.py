@@ -16,7 +16,7 @@ seeds, what is left to run (a new run, a resume, an evaluation), as the commands
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 from ksae_cupy import paper
@@ -67,6 +67,15 @@ class Found:
         configs = [self.state.config, *(_source_config(source, self.state.path)
                                         for source in self.state.config.get("pretrained") or [])]
         return any(str(config.get("device") or "cpu").startswith("gpu") for config in configs)
+
+    @cached_property
+    def notes(self) -> tuple[str, ...]:
+        """What sets this run apart from the paper's recipe while still being its row: a GPU, a fine-tuning's
+        own softmax-phase rate. Runs with the same notes share a line; the notes follow the row's label."""
+        tuned = self.state.config.get("finetune") or {}
+        gpu = ("pretrained on a GPU" if self.table == FN else "trained on a GPU") if self.on_gpu else None
+        softmax = tuned.get("softmax_lr_start")
+        return tuple(note for note in (gpu, None if softmax is None else f"softmax phase from lr {softmax:g}") if note)
 
     @property
     def test_error(self):
@@ -124,8 +133,9 @@ def _classify_finetune(state: RunState) -> Found | None:
         key = {(1, "rbm"): "rbm", (1, "dropout-ae"): "dropout-ae", (1, "denoising-ae"): "denoising-ae",
                (2, "dropout-ae"): "deep-dropout-ae"}.get((layers, baseline))
     elif sources and all(source.get("model") for source in sources):  # a ksae-baseline run, fine-tuned
-        model = sources[0]["model"]
-        key = model if len(sources) == 1 and model in FN_OF_BASELINE_RUN else None
+        model = sources[0]["model"] if len({source["model"] for source in sources}) == 1 else None
+        key = (model if model in FN_OF_BASELINE_RUN else None) if len(sources) == 1 else \
+            ("deep-dropout-ae" if (len(sources), model) == (2, "dropout-ae") else None)
         pretrain = _source_epochs(sources[0], state.path)
     elif sources and all(source.get("k") == 25 and source.get("hidden") == paper.HIDDEN and
                          _paper_recipe(_source_train(source, state.path)) for source in sources):
@@ -152,11 +162,25 @@ def _source_train(source: dict, folder: Path) -> dict:
 
 
 def _source_folder(source: dict, folder: Path) -> Path:
-    """The pretrained run's folder: the run of that name beside ``folder`` (run folders are moved together,
-    e.g. into results/runs), else the path recorded."""
+    """The pretrained run's folder: the run beside ``folder`` (run folders are moved together, e.g. into
+    results/runs) of that name, or that was at the path recorded (a copy renamed: its config.json keeps the
+    folder it ran in); else the path recorded."""
     recorded = Path(source.get("run_dir", ""))
     beside = folder.parent / recorded.name
-    return beside if (beside / "config.json").is_file() else recorded
+    if (beside / "config.json").is_file():
+        return beside
+    return _copies_beside(folder.parent).get(str(recorded), recorded)
+
+
+@lru_cache(maxsize=8)
+def _copies_beside(parent: Path) -> dict[str, Path]:
+    """``{the folder a run ran in: where it is now}`` for the run folders in ``parent`` (read once per report)."""
+    copies = {}
+    for config_path in sorted(parent.glob("*/config.json")):
+        ran_in = (read_json(config_path) or {}).get("run_dir")
+        if ran_in and Path(ran_in) != config_path.parent:
+            copies.setdefault(str(ran_in), config_path.parent)
+    return copies
 
 
 def _source_config(source: dict, folder: Path) -> dict:
@@ -346,11 +370,11 @@ def _row_lines(root, table_name, row, found, targets, command_text) -> list[list
                  percent(raw["selected"]["valid_error"]), _gap([raw["test_error"]], row.error), "-", "-",
                  f"`{command_text('ksae-eval', [state.path, '--raw-baseline'])}`", _relative(root, state.path)]]
     mine = [f for f in found if (f.table, f.key) == (table_name, row.key)]
-    lengths = sorted({(f.length, f.on_gpu) for f in mine},
-                     key=lambda pair: (pair[0].pretrain or 0, pair[0].finetune or 0, not pair[1]), reverse=True)
+    lengths = sorted({(f.length, f.notes) for f in mine},
+                     key=lambda pair: (pair[0].pretrain or 0, pair[0].finetune or 0, not pair[1], pair[1]), reverse=True)
     lines = []
-    for length, on_gpu in lengths:
-        group = sorted((f for f in mine if (f.length, f.on_gpu) == (length, on_gpu)),
+    for length, notes in lengths:
+        group = sorted((f for f in mine if (f.length, f.notes) == (length, notes)),
                        key=lambda f: (f.seed is None, f.seed))
         done = [f for f in group if f.test_error is not None]
         tests = [f.test_error for f in done]
@@ -362,8 +386,7 @@ def _row_lines(root, table_name, row, found, targets, command_text) -> list[list
             seeds += "; " + ", ".join(f"{f.seed}: {f.state.describe()}" for f in waiting)
         target = next((t for t in targets if t.found is not None and t.found.state.path == group[0].state.path), None)
         command = _made_by(group[0], command_text, target)
-        on_a_gpu = (", pretrained on a GPU" if table_name == FN else ", trained on a GPU") if on_gpu else ""
-        lines.append([row.label + on_a_gpu, percent(row.error), ours, percent_spread(valids) if valids else "",
+        lines.append([row.label + "".join(", " + note for note in notes), percent(row.error), ours, percent_spread(valids) if valids else "",
                       _gap(tests, row.error) if tests else "", str(length), seeds, command,
                       ", ".join(_relative(root, f.state.path) for f in group)])
     if not lines:
@@ -398,6 +421,8 @@ def _made_by(found: Found, command_text, target: Target | None) -> str:
                    "--pretrain-epochs", config.get("pretrain_epochs"), "--dataset", paper.DATASET]
         else:
             how = [_source_folder(source, state.path) for source in config.get("pretrained") or []]
+            if tuned.get("softmax_lr_start") is not None:
+                how += ["--softmax-lr-start", f"{tuned['softmax_lr_start']:g}"]
         made = ("ksae-finetune", [*how, "--epochs", tuned["epochs"], "--seed", tuned.get("seed", 0), "--run-dir",
                                   state.path])
         return f"`{command_text(*made)}`"
@@ -440,6 +465,7 @@ def write_tables(root: Path, out: Path, rows, settings: Settings, command_text, 
     from ksae_cupy.atomic import write_text_atomic
     from ksae_cupy.reports.folders import utc_now
 
+    _copies_beside.cache_clear()  # folders come and go between two writes (bin/paper-tables --run)
     found = collect(root)
     targets = plan(root, rows, settings, found, script)
     intro = (f"# The paper's MNIST tables beside ours\n\nWritten {utc_now()} from the run folders under `{root}`. "

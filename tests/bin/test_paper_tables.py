@@ -209,6 +209,40 @@ def test_a_run_trained_on_a_gpu_has_its_own_line_and_is_not_counted_as_a_seed(ro
                                                       tables.Length(5000), 0)]] == ["k25-seed0"]
 
 
+def test_a_deep_stack_of_baseline_runs_is_the_deep_dropout_row_on_a_line_naming_its_softmax_rate(root, tmp_path):
+    layer1 = baseline_run(root / "dropout-l1", "dropout-ae", 500, test=0.0199)
+    sources = [{"run_dir": str(layer1), "model": "dropout-ae", "hidden": 1000, "epochs_trained": 500},
+               {"run_dir": "/elsewhere/layer2", "model": "dropout-ae", "hidden": 1000, "epochs_trained": 500}]
+    for name, softmax, test in (("ft-deep-dropout", 0.01, 0.0110), ("ft-deep-dropout-paper", None, 0.0126)):
+        folder = finetune_run(root / name, sources, phases=("softmax", "top", "all"), test=test)
+        config = json.loads((folder / "config.json").read_text())
+        config["finetune"].update(kept=[None, None], softmax_lr_start=softmax)
+        (folder / "config.json").write_text(json.dumps(config))
+    mixed = finetune_run(root / "ft-mixed", [sources[0], {**sources[1], "model": "rbm"}], phases=("softmax", "top",
+                                                                                                  "all"), test=0.009)
+    placed = {f.state.path.name: (f.key, f.notes) for f in tables.collect(root)}
+    assert placed["ft-deep-dropout"] == ("deep-dropout-ae", ("softmax phase from lr 0.01",))
+    assert placed["ft-deep-dropout-paper"] == ("deep-dropout-ae", ()) and mixed.name not in placed
+    out = tmp_path / "tables.md"
+    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
+    label = "Deep Dropout AE + F.T. (layer-wise pre-training, 50% hidden)"
+    text = out.read_text()
+    assert line_of(text, label, "500 + 200 x 3")[2] == "1.26%"
+    own = line_of(text, label + ", softmax phase from lr 0.01", "500 + 200 x 3")
+    assert own[2] == "1.10%" and own[8] == "ft-deep-dropout" and "--softmax-lr-start 0.01" in own[7]
+
+
+def test_a_pretrained_run_copied_under_another_name_is_named_where_it_is_now(root, tmp_path):
+    copy = train_run(root / "k25-copied", 25, 500, seed=4, test=0.0170)
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, "run_dir": "/elsewhere/k25-original"}))
+    finetune_run(root / "ft-of-copy", [ksparse_source(Path("/elsewhere/k25-original"), 500)], seed=4, test=0.0150)
+    out = tmp_path / "tables.md"
+    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
+    command = line_of(out.read_text(), "k-Sparse AE + F.T. (k=25)", "500 + 200")[7]
+    assert command.startswith("`ksae-finetune runs/k25-copied --epochs 200") and "/elsewhere" not in command
+
+
 def test_without_run_each_missing_row_says_the_command_that_makes_it(root, tmp_path):
     result = paper_tables("--runs-root", str(root), "--out", str(tmp_path / "t.md"), cwd=root)
     left = [line[len("left: "):] for line in result.stdout.splitlines() if line.startswith("left: ")]
