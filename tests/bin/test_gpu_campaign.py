@@ -73,6 +73,11 @@ def test_dry_run_runs_every_stage_and_records_where_it_ran(tmp_path):
         assert 0.0 <= r["test_error"] < 1.0
         assert epochs_logged(out / r["run_dir"]) == [1, 2, 3]
     assert "k-Sparse AE + F.T." in (out / "finetune.md").read_text()
+    # layer 1 of the fine-tuning rows is the mnist stage's finished k = 4 run, not trained again
+    command = json.loads((out / "finetune.json").read_text())["command"]
+    assert command[command.index("--ksparse1") + 1] == str(out / "mnist" / "k4")
+    assert not (out / "finetune" / "pretrain" / "ksparse1").exists()
+    assert epochs_logged(out / "finetune" / "pretrain" / "ksparse2") == [1, 2, 3]
     summary = (out / "summary.md").read_text()
     for stage in STAGES[:-1]:
         assert f"| {stage} |" in summary
