@@ -20,6 +20,9 @@ from ksae_cupy.errors import KsaeError
 @click.argument("run_dir", type=RUN_DIR)
 @click.option("--alphas", default="1,2,3,4", help="Comma-separated alpha values; features keep the alpha*k largest units.")
 @click.option("--l2", "l2_text", default="1e-3,1e-4,1e-5", help="Comma-separated L2 strengths of the classifier.")
+@click.option("--l2-extend", type=int, default=3, show_default=True,
+              help="While the best L2 is the grid's weakest (or strongest), try a decade beyond it, at most this "
+                   "many each way (0: the grid as given).")
 @click.option("--refit", type=click.Choice(["train+valid", "train"]), default="train+valid",
               help="Data the classifier is refit on once alpha and L2 are chosen on the validation set.")
 @click.option("--raw-baseline", is_flag=True, help="Also run the raw-pixel baseline through the same classifier.")
@@ -35,7 +38,7 @@ from ksae_cupy.errors import KsaeError
 @DATA_DIR
 @QUIET
 @report_errors
-def eval_command(run_dir, alphas, l2_text, refit, raw_baseline, max_iter, linear_svm, threads, device, data_dir,
+def eval_command(run_dir, alphas, l2_text, l2_extend, refit, raw_baseline, max_iter, linear_svm, threads, device, data_dir,
                  quiet, **data):
     """Classify with logistic regression on supp_{alpha k}(W^T x + b) features (paper, section 4.5).
 
@@ -67,6 +70,8 @@ def eval_command(run_dir, alphas, l2_text, refit, raw_baseline, max_iter, linear
         require_sklearn()  # before any work
     if max_iter < 1:
         raise KsaeError(f"--max-iter {max_iter} is not allowed; use a positive number")
+    if l2_extend < 0:
+        raise KsaeError(f"--l2-extend {l2_extend} is not allowed; use 0 (the grid as given) or a positive number")
     check_run_outputs(run_dir, "eval.json", "eval.md", FITS_FILE)
     backend = resolve_device(device)
     log = progress_printer(quiet)
@@ -78,11 +83,13 @@ def eval_command(run_dir, alphas, l2_text, refit, raw_baseline, max_iter, linear
         try:
             if baseline_eval.is_baseline_run(run_dir):  # a ksae-baseline run: its own features, the same classifier
                 result = baseline_eval.evaluate_baseline_run(run_dir, l2_list, refit, raw_baseline, backend, None,
-                                                             data_dir, max_iter, linear_svm, log, data_overrides(data))
+                                                             data_dir, max_iter, linear_svm, log, data_overrides(data),
+                                                             l2_extend=l2_extend)
             else:
                 result = evaluate_run(run_dir, alpha_list, l2_list, refit=refit, raw_baseline=raw_baseline,
                                       backend=backend, data_root=data_dir, max_iter=max_iter, linear_svm=linear_svm,
-                                      log=log, data_overrides=data_overrides(data), workers=workers)
+                                      log=log, data_overrides=data_overrides(data), workers=workers,
+                                      l2_extend=l2_extend)
         except (EvaluationInterrupted, KeyboardInterrupt) as exc:
             kept = Path(run_dir) / FITS_FILE
             message = str(exc) if isinstance(exc, EvaluationInterrupted) else (

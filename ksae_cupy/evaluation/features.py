@@ -36,6 +36,7 @@ DEFAULT_ALPHAS = (1.0, 2.0, 3.0, 4.0)
 # Mean cross-entropy + l2/2 ||W||^2: on 50k MNIST images the useful range sits around
 # 1e-4 (raw pixels and alpha*k features alike); a decade either side brackets it.
 DEFAULT_L2 = (1e-3, 1e-4, 1e-5)
+DEFAULT_L2_EXTEND = 3  # decades tried beyond DEFAULT_L2's edge while the best L2 is on it
 REFIT_CHOICES = ("train+valid", "train")
 
 
@@ -83,8 +84,14 @@ def sparse_features(params, X_nd, k: int, alpha: float = 1.0, topk_method: str =
 
 
 def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid", max_iter: int = 500,
-                    backend: Backend = CPU, log=print, workers: int = 1, store=None, block: str = "sparse") -> dict:
+                    backend: Backend = CPU, log=print, workers: int = 1, store=None, block: str = "sparse",
+                    extend: int = 0) -> dict:
     """Choose (alpha, L2) on validation error, refit, and report the test error once.
+
+    ``extend``: while the best L2 is the grid's weakest (or strongest) and the grid has two values or
+    more, try a decade beyond it (every alpha, warm-started from its nearest fit), at most ``extend``
+    decades each way: a choice on the grid's edge is not the validation set's choice (the baselines'
+    sigmoid features chose 1e-5, the default grid's weakest, with the validation error still falling).
 
     ``encode(alpha, X_nd)`` returns the classifier's features for host rows ``X_nd``.
     Returns a JSON-ready dict: every trial, the choice, and the test error.
@@ -116,10 +123,10 @@ def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid"
     log(f"{len(alphas) * len(l2_grid)} classifier fits ({len(alphas)} alpha x {len(l2_grid)} L2{side}) "
         f"and a refit{again}")
 
-    def chain(alpha) -> list:
-        """The fits of one alpha, L2 strongest first, each warm-started from the one before."""
-        features, previous, rows = None, None, []
-        for l2 in l2_grid:
+    def chain(alpha, l2s, previous=None) -> list:
+        """The fits of one alpha over ``l2s``, each warm-started from the one before (the first from ``previous``)."""
+        features, rows = None, []
+        for l2 in l2s:
             stored = store.get(fit_key(alpha, l2)) if store is not None else None
             if stored is not None:
                 trial, model = Trial(**stored[0]), stored[1]
@@ -143,15 +150,39 @@ def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid"
             previous = model
         return rows
 
-    try:
-        chains = grid.run_chains(chain, list(alphas), workers, stop)
-    except (KeyboardInterrupt, classifier.FitStopped):
-        raise grid.EvaluationInterrupted(*_kept(store)) from None
-    trials, best, best_model = [], None, None
-    for trial, model in (row for rows in chains for row in rows):  # alpha order, then L2 strongest first
-        trials.append(trial)
-        if best is None or trial.valid_error < best.valid_error:  # strict: ties keep the earlier (simpler) pair
-            best, best_model = trial, model
+    def fits(l2s, start=None) -> dict:
+        """``{alpha: [(trial, model), ...]}`` over ``l2s``; ``start``: each alpha's warm start."""
+        if start is not None:  # a decade more: its fits join the count
+            progress.total += len(alphas) * len(l2s)
+        try:
+            chains = grid.run_chains(lambda alpha: chain(alpha, l2s, (start or {}).get(alpha)), list(alphas),
+                                     workers, stop)
+        except (KeyboardInterrupt, classifier.FitStopped):
+            raise grid.EvaluationInterrupted(*_kept(store)) from None
+        return dict(zip(alphas, chains))
+
+    rows = fits(l2_grid)  # per alpha, L2 strongest first
+    weaker = stronger = 0
+    while True:
+        best, best_model = _best(rows, alphas)
+        tried = [trial.l2 for trial, _ in rows[alphas[0]]]
+        if len(tried) < 2 or not (0 < best.l2 == tried[-1] or best.l2 == tried[0]):
+            break
+        if best.l2 == tried[-1] and weaker < extend:  # the weakest: one decade weaker, from each alpha's weakest fit
+            weaker += 1
+            log(f"the best L2 ({best.l2:g}) is the grid's weakest: trying {best.l2 / 10:g} as well")
+            more = fits([_decade(best.l2, -1)], {alpha: rows[alpha][-1][1] for alpha in alphas})
+            rows = {alpha: rows[alpha] + more[alpha] for alpha in alphas}
+        elif best.l2 == tried[0] and best.l2 != tried[-1] and stronger < extend:
+            stronger += 1
+            log(f"the best L2 ({best.l2:g}) is the grid's strongest: trying {best.l2 * 10:g} as well")
+            more = fits([_decade(best.l2, +1)], {alpha: rows[alpha][0][1] for alpha in alphas})
+            rows = {alpha: more[alpha] + rows[alpha] for alpha in alphas}
+        else:
+            log(f"the best L2 ({best.l2:g}) is on the grid's edge after {max(weaker, stronger)} more decade(s); "
+                f"a wider --l2 grid may do better")
+            break
+    trials = [trial for alpha in alphas for trial, _ in rows[alpha]]  # alpha order, then L2 strongest first
     log(f"chosen on validation: alpha={_fmt_alpha(best.alpha)} l2={best.l2:g} "
         f"(valid error {100 * best.valid_error:.2f}%); refit on {refit}")
     refit_key = f"{fit_key(best.alpha, best.l2)}|refit={refit}"
@@ -185,6 +216,22 @@ def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid"
         "refit_converged": final.converged,
         "test_error": test_error,
     }
+
+
+def _decade(l2: float, step: int) -> float:
+    """``l2`` times ten to the ``step``, without the float noise (1e-5 / 10 is 1.0000000000000002e-06)."""
+    return float(f"{l2 * 10.0 ** step:.6g}")
+
+
+def _best(rows: dict, alphas) -> tuple:
+    """The (trial, model) of lowest validation error, alpha order then L2 strongest first; strict, so that
+    ties keep the earlier (simpler) pair."""
+    best, best_model = None, None
+    for alpha in alphas:
+        for trial, model in rows[alpha]:
+            if best is None or trial.valid_error < best.valid_error:
+                best, best_model = trial, model
+    return best, best_model
 
 
 def _kept(store) -> tuple:
@@ -319,12 +366,13 @@ def load_run_dataset(run: Run, data_root=None, log=print, overrides: dict | None
 def evaluate_run(run_dir, alphas=DEFAULT_ALPHAS, l2_grid=DEFAULT_L2, refit: str = "train+valid",
                  raw_baseline: bool = False, backend: Backend = CPU, dataset=None, data_root=None,
                  max_iter: int = 500, linear_svm: bool = False, log=print, data_overrides: dict | None = None,
-                 workers: int = 1) -> dict:
+                 workers: int = 1, l2_extend: int = DEFAULT_L2_EXTEND) -> dict:
     """Evaluate the checkpoint of ``run_dir``; write ``eval.json`` and ``eval.md`` there.
 
     ``dataset`` defaults to the run's own (named in ``config.json``, with the labels and
     splits recorded there and ``data_overrides``' labels or test set), loaded from ``data_root``.
     ``linear_svm`` adds the classifier bracketing rows of :mod:`ksae_cupy.evaluation.svm`.
+    ``l2_extend``: decades tried beyond the grid's edge while the best L2 is on it (:func:`select_and_test`).
     ``workers``: classifier fits run side by side. Finished fits are kept in
     ``RUN_DIR/eval-fits.npz`` until the report is written, so an interrupted evaluation
     (:class:`~ksae_cupy.evaluation.grid.EvaluationInterrupted`) continues where it stopped.
@@ -355,7 +403,9 @@ def evaluate_run(run_dir, alphas=DEFAULT_ALPHAS, l2_grid=DEFAULT_L2, refit: str 
     result = {
         "run_dir": str(run_dir), "dataset": dataset.name, "k": k, "hidden": H, "epoch": ckpt.epoch,
         "device": backend.name, "alphas": list(alphas), "l2_grid": sorted(l2_grid, reverse=True), "max_iter": max_iter,
-        "features": select_and_test(encode, dataset, alphas, l2_grid, refit, max_iter, backend, log, workers, store),
+        "l2_extend": l2_extend,
+        "features": select_and_test(encode, dataset, alphas, l2_grid, refit, max_iter, backend, log, workers, store,
+                                    extend=l2_extend),
     }
     if linear_svm:
         from ksae_cupy.evaluation.svm import linear_svm_rows
@@ -364,7 +414,8 @@ def evaluate_run(run_dir, alphas=DEFAULT_ALPHAS, l2_grid=DEFAULT_L2, refit: str 
     if raw_baseline:
         log("raw-pixel baseline through the same classifier")
         result["raw_baseline"] = select_and_test(lambda alpha, X_nd: backend.asarray(X_nd), dataset, [None],
-                                                 l2_grid, refit, max_iter, backend, log, workers, store, "raw")
+                                                 l2_grid, refit, max_iter, backend, log, workers, store, "raw",
+                                                 extend=l2_extend)
     result["seconds"] = round(time.perf_counter() - start, 1)
     if (dataset.name, H) == (DATASET, HIDDEN):  # the paper's setting: its figure (None for a k it lacks)
         result["paper_test_error"] = err_mnist_error(ksparse_key(k), dataset.name, H)

@@ -18,6 +18,7 @@ from pathlib import Path
 from ksae_cupy.backend import CPU, Backend
 from ksae_cupy.errors import KsaeError, OptionError
 from ksae_cupy.supervised.baseline_trainer import KIND, is_baseline_run, load_baseline_checkpoint  # noqa: F401 (re-export)
+from ksae_cupy.evaluation.features import DEFAULT_L2_EXTEND
 from ksae_cupy.supervised.baselines import PAPER_ERR_MNIST, encode
 
 NAMES = {"rbm": "RBM", "dropout-ae": "dropout autoencoder (50% hidden)",
@@ -49,7 +50,8 @@ def open_baseline_run(run_dir):
 
 def evaluate_baseline_run(run_dir, l2_grid, refit: str = "train+valid", raw_baseline: bool = False,
                           backend: Backend = CPU, dataset=None, data_root=None, max_iter: int = 500,
-                          linear_svm: bool = False, log=print, data_overrides: dict | None = None) -> dict:
+                          linear_svm: bool = False, log=print, data_overrides: dict | None = None,
+                          l2_extend: int = DEFAULT_L2_EXTEND) -> dict:
     """Evaluate a baseline run's features; write ``eval.json`` and ``eval.md`` there."""
     from ksae_cupy.evaluation.features import _write_atomic, load_run_dataset, select_and_test
 
@@ -70,11 +72,12 @@ def evaluate_baseline_run(run_dir, l2_grid, refit: str = "train+valid", raw_base
 
     result = {"run_dir": str(run.path), "dataset": dataset.name, "model": model, "hidden": run.H,
               "epoch": run.ckpt.epoch, "device": backend.name, "l2_grid": sorted(l2_grid, reverse=True),
-              "features": select_and_test(features, dataset, [None], l2_grid, refit, max_iter, backend, log)}
+              "l2_extend": l2_extend, "features": select_and_test(features, dataset, [None], l2_grid, refit, max_iter, backend, log,
+                                          extend=l2_extend)}
     if raw_baseline:
         log("raw-pixel baseline through the same classifier")
         result["raw_baseline"] = select_and_test(lambda alpha, X_nd: backend.asarray(X_nd), dataset, [None],
-                                                 l2_grid, refit, max_iter, backend, log)
+                                                 l2_grid, refit, max_iter, backend, log, extend=l2_extend)
     result["seconds"] = round(time.perf_counter() - start, 1)
     if dataset.name == "mnist" and run.H == 1000:
         result["paper_test_error"] = PAPER_ERR_MNIST.get(model)

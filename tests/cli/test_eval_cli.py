@@ -59,6 +59,8 @@ def test_bad_alphas(run_dir, alphas, fragment):
 def test_bad_l2_and_device(run_dir):
     assert_user_error(invoke(eval_command, [run_dir, "--l2", "-1"]), "l2")
     assert_user_error(invoke(eval_command, [run_dir, "--device", "tpu"]), "--device")
+    assert_user_error(invoke(eval_command, [run_dir, "--l2-extend", "-1"]), "--l2-extend -1", "0 (the grid as given)")
+    assert not (run_dir / "eval.json").exists()
 
 
 def test_eval_writes_results_on_the_synthetic_run(run_dir):
@@ -70,6 +72,8 @@ def test_eval_writes_results_on_the_synthetic_run(run_dir):
     assert saved["features"]["selected"]["alpha"] in (1.0, 2.0)
     assert 0 <= saved["features"]["test_error"] < 0.75  # better than chance on 4 classes
     assert "raw pixels" in result.stdout and (run_dir / "eval.md").read_text() == result.stdout
+    assert saved["l2_extend"] == 3  # the default; a one-value grid is the user's choice and is not extended
+    assert {t["l2"] for t in saved["features"]["trials"]} == {1e-3}
 
 
 def test_plot_filters_png(run_dir, tmp_path):

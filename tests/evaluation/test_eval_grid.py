@@ -47,10 +47,12 @@ def run_and_data(tmp_path):
 
 def test_fits_side_by_side_give_the_same_trials_as_one_at_a_time(run_and_data):
     run, data = run_and_data
-    one = evaluate.evaluate_run(run, alphas=[1, 2, 3], l2_grid=[1e-2, 1e-4], dataset=data, log=lambda *_: None)
+    # the grid as given (l2_extend=0): its fits are counted below
+    one = evaluate.evaluate_run(run, alphas=[1, 2, 3], l2_grid=[1e-2, 1e-4], dataset=data, log=lambda *_: None,
+                                l2_extend=0)
     lines = []
     two = evaluate.evaluate_run(run, alphas=[1, 2, 3], l2_grid=[1e-2, 1e-4], dataset=data, log=lines.append,
-                                workers=2)
+                                workers=2, l2_extend=0)
     assert without_seconds(two["features"]["trials"]) == without_seconds(one["features"]["trials"])
     assert two["features"]["test_error"] == one["features"]["test_error"]
     assert any("2 side by side" in line for line in lines), lines
@@ -63,7 +65,8 @@ def test_fits_side_by_side_give_the_same_trials_as_one_at_a_time(run_and_data):
 def test_each_alpha_walks_the_l2_path_warm_started(run_and_data, monkeypatch):
     run, data = run_and_data
     warm = counting_fits(monkeypatch)
-    evaluate.evaluate_run(run, alphas=[1, 2], l2_grid=[1e-4, 1e-2, 1e-3], dataset=data, log=lambda *_: None)
+    evaluate.evaluate_run(run, alphas=[1, 2], l2_grid=[1e-4, 1e-2, 1e-3], dataset=data, log=lambda *_: None,
+                          l2_extend=0)
     # Per alpha: the strongest L2 from zero, the two weaker ones from the fit before; then the refit.
     assert warm == [False, True, True, False, True, True, True]
 
@@ -83,7 +86,8 @@ def test_an_unconverged_fit_is_a_warning_line(run_and_data):
 
 def test_ctrl_c_keeps_the_finished_fits_and_a_rerun_continues_from_them(run_and_data, monkeypatch):
     run, data = run_and_data
-    grid_args = dict(alphas=[1, 2], l2_grid=[1e-2, 1e-3, 1e-4], dataset=data, log=lambda *_: None)
+    grid_args = dict(alphas=[1, 2], l2_grid=[1e-2, 1e-3, 1e-4], dataset=data, log=lambda *_: None,
+                     l2_extend=0)
     counting_fits(monkeypatch, stop_after=4)
     with pytest.raises(grid.EvaluationInterrupted, match="4 finished classifier fit"):
         evaluate.evaluate_run(run, **grid_args)
@@ -101,7 +105,7 @@ def test_ctrl_c_keeps_the_finished_fits_and_a_rerun_continues_from_them(run_and_
 
 def test_fits_of_another_checkpoint_are_not_reused(run_and_data, monkeypatch):
     run, data = run_and_data
-    grid_args = dict(alphas=[1], l2_grid=[1e-2, 1e-3], dataset=data, log=lambda *_: None)
+    grid_args = dict(alphas=[1], l2_grid=[1e-2, 1e-3], dataset=data, log=lambda *_: None, l2_extend=0)
     counting_fits(monkeypatch, stop_after=1)
     with pytest.raises(grid.EvaluationInterrupted):
         evaluate.evaluate_run(run, **grid_args)
@@ -128,7 +132,8 @@ def synthetic_run(tmp_path):
 
 
 def test_command_ctrl_c_then_the_same_command_continues(synthetic_run, monkeypatch):
-    args = [str(synthetic_run), "--alphas", "1,2", "--l2", "1e-2,1e-3", "--device", "cpu", "--threads", "1"]
+    args = [str(synthetic_run), "--alphas", "1,2", "--l2", "1e-2,1e-3", "--l2-extend", "0", "--device", "cpu",
+            "--threads", "1"]
     counting_fits(monkeypatch, stop_after=3)
     stopped = CliRunner().invoke(eval_command, args)
     assert stopped.exit_code == 130, stopped.output
@@ -190,7 +195,8 @@ eval_command()
                                              ("2", signal.SIGINT)])
 def test_a_stop_signal_mid_grid_exits_128_plus_it_and_keeps_the_fits(synthetic_run, threads, signum):
     # The evaluation holds after its first stored fit; the signal lands then, however loaded the machine.
-    args = [str(synthetic_run), "--alphas", "1,2", "--l2", "1e-2,1e-3", "--device", "cpu", "--threads", threads]
+    args = [str(synthetic_run), "--alphas", "1,2", "--l2", "1e-2,1e-3", "--l2-extend", "0", "--device", "cpu",
+            "--threads", threads]
     proc = subprocess.Popen([sys.executable, "-c", HELD_EVAL, *args], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in proc.stdout:
@@ -226,7 +232,7 @@ def test_a_long_fit_says_it_is_still_working(run_and_data, monkeypatch):
 
 def test_fits_made_with_other_labels_are_not_reused(run_and_data, monkeypatch):
     run, data = run_and_data
-    grid_args = dict(alphas=[1], l2_grid=[1e-2, 1e-3], log=lambda *_: None)
+    grid_args = dict(alphas=[1], l2_grid=[1e-2, 1e-3], log=lambda *_: None, l2_extend=0)
     counting_fits(monkeypatch, stop_after=1)
     with pytest.raises(grid.EvaluationInterrupted):
         evaluate.evaluate_run(run, dataset=data, **grid_args)

@@ -112,3 +112,42 @@ def test_linear_svm_rows_choose_C_on_validation_and_refit_on_train_and_valid(tmp
     assert poisoned["selected_C"] == clean["selected_C"] and poisoned["trials"] == [
         dict(t, seconds=p["seconds"]) for t, p in zip(clean["trials"], poisoned["trials"])]
     assert poisoned["test_error_fit_on_train"] > clean["test_error_fit_on_train"] + 0.2
+
+
+def selection_over(data, encode, l2_grid, extend):
+    """select_and_test over one feature map (no alpha); its log lines too."""
+    lines = []
+    result = evaluate.select_and_test(lambda alpha, X: encode(X), data, [None], list(l2_grid), log=lines.append,
+                                      extend=extend)
+    return result, lines
+
+
+def test_a_best_l2_on_the_grids_weak_edge_is_followed_a_decade_further_per_step():
+    data, _ = sparse_signal_dataset(n_train=600, n_valid=300, n_test=300)
+    # On these rows the validation error falls with every weaker L2 down to about 1e-4.
+    as_given, said = selection_over(data, lambda X: X, (1.0, 0.1), extend=0)
+    assert [t["l2"] for t in as_given["trials"]] == [1.0, 0.1] and as_given["selected"]["l2"] == 0.1
+    assert any("is on the grid's edge after 0 more decade(s)" in line for line in said)
+    extended, said = selection_over(data, lambda X: X, (1.0, 0.1), extend=3)
+    tried = [t["l2"] for t in extended["trials"]]
+    assert tried == [1.0, 0.1, 0.01, 0.001, 0.0001]  # exact decades: no float noise in the new values
+    assert "the best L2 (0.1) is the grid's weakest: trying 0.01 as well" in said
+    assert extended["selected"]["valid_error"] < as_given["selected"]["valid_error"] - 0.03
+    assert extended["selected"]["valid_error"] == min(t["valid_error"] for t in extended["trials"])
+    assert extended["selected"]["l2"] == 0.0001 and any("a wider --l2 grid may do better" in line for line in said)
+
+
+def test_a_best_l2_on_the_grids_strong_edge_is_followed_stronger_until_a_best_inside():
+    # 40 training rows, 400 features: weak L2s overfit, and the grid's strongest is best.
+    data, _ = sparse_signal_dataset(n_train=40, n_valid=400, n_test=100)
+    R_dh = np.random.default_rng(1).standard_normal((64, 400)).astype(np.float32)
+    encode = lambda X: np.tanh(X @ R_dh)  # noqa: E731
+    as_given, _ = selection_over(data, encode, (1e-3, 1e-4, 1e-5), extend=0)
+    assert as_given["selected"]["l2"] == 1e-3
+    extended, said = selection_over(data, encode, (1e-3, 1e-4, 1e-5), extend=3)
+    tried = [t["l2"] for t in extended["trials"]]
+    assert tried[-3:] == [1e-3, 1e-4, 1e-5] and tried[0] > 1e-3 and tried == sorted(tried, reverse=True)
+    assert "the best L2 (0.001) is the grid's strongest: trying 0.01 as well" in said
+    assert extended["selected"]["valid_error"] < as_given["selected"]["valid_error"]
+    # the search stopped at a best inside what was tried: one decade past it, no more
+    assert tried[0] == extended["selected"]["l2"] * 10 and not any("edge after" in line for line in said)
