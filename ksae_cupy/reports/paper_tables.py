@@ -426,7 +426,23 @@ def _made_by(found: Found, command_text, target: Target | None) -> str:
         made = ("ksae-finetune", [*how, "--epochs", tuned["epochs"], "--seed", tuned.get("seed", 0), "--run-dir",
                                   state.path])
         return f"`{command_text(*made)}`"
-    return f"`{command_text(*made)}`, then `{command_text('ksae-eval', [state.path])}`"
+    return f"`{command_text(*made)}`, then `{command_text('ksae-eval', [state.path, *_eval_options(state.results)])}`"
+
+
+def _eval_options(results: dict | None) -> list:
+    """ksae-eval's options that made ``results`` (eval.json) where they are not its defaults: the L2 grid, the
+    grid's extension, the iterations per fit."""
+    from ksae_cupy.evaluation.features import DEFAULT_L2, DEFAULT_L2_EXTEND
+
+    results = results or {}
+    grid, options = results.get("l2_grid"), []
+    if grid and sorted(grid) != sorted(DEFAULT_L2):
+        options += ["--l2", ",".join(f"{value:g}" for value in sorted(grid, reverse=True))]
+    if results.get("l2_extend", 0) != DEFAULT_L2_EXTEND:  # before the option existed: the grid as given
+        options += ["--l2-extend", results.get("l2_extend", 0)]
+    if results.get("max_iter") not in (None, 500):
+        options += ["--max-iter", results["max_iter"]]
+    return options
 
 
 def _random_net(key: str) -> list:

@@ -72,7 +72,7 @@ def evaluate_baseline_run(run_dir, l2_grid, refit: str = "train+valid", raw_base
 
     result = {"run_dir": str(run.path), "dataset": dataset.name, "model": model, "hidden": run.H,
               "epoch": run.ckpt.epoch, "device": backend.name, "l2_grid": sorted(l2_grid, reverse=True),
-              "l2_extend": l2_extend, "features": select_and_test(features, dataset, [None], l2_grid, refit, max_iter, backend, log,
+              "l2_extend": l2_extend, "max_iter": max_iter, "features": select_and_test(features, dataset, [None], l2_grid, refit, max_iter, backend, log,
                                           extend=l2_extend)}
     if raw_baseline:
         log("raw-pixel baseline through the same classifier")

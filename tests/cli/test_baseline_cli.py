@@ -137,7 +137,8 @@ def test_eval_classifies_every_hidden_unit_of_the_uncorrupted_input(data_file, t
     seen = []
     real = features.select_and_test
     monkeypatch.setattr(features, "select_and_test", lambda encode, *a, **k: seen.append(encode) or real(encode, *a, **k))
-    result = CliRunner().invoke(eval_command, [str(run), "--device", "cpu", "--l2", "1e-3,1e-5", "--threads", "1"],
+    result = CliRunner().invoke(eval_command, [str(run), "--device", "cpu", "--l2", "1e-3,1e-5", "--l2-extend", "0",
+                                                    "--threads", "1"],
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
     saved = json.loads((run / "eval.json").read_text())
