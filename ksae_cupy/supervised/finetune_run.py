@@ -117,8 +117,8 @@ def read_pretrained(pretrained) -> tuple[list, list, list, dict]:
         kinds = ", ".join(f"{path} ({'ksae-baseline' if b else 'ksae-train'})" for path, b in zip(pretrained, baseline))
         raise KsaeError(f"the pretrained runs mix k-sparse and baseline layers ({kinds}); give ksae-train runs only "
                         f"or ksae-baseline runs only")
-    for path in pretrained:
-        if is_baseline_run(path):  # a ksae-baseline run: its sigmoid layer, fine-tuned with its dropout (4.5)
+    for path, is_baseline in zip(pretrained, baseline):
+        if is_baseline:  # a ksae-baseline run: its sigmoid layer, fine-tuned with its dropout (4.5)
             network = _baseline_source(path, encoders, ks, sources)
             continue
         model, run_config = load_pretrained_run(path, device="cpu")
