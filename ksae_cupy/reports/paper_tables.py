@@ -75,6 +75,8 @@ class Found:
         tuned = self.state.config.get("finetune") or {}
         gpu = ("pretrained on a GPU" if self.table == FN else "trained on a GPU") if self.on_gpu else None
         softmax = tuned.get("softmax_lr_start")
+        if softmax is not None and softmax == tuned.get("lr_start"):
+            softmax = None  # the paper's schedule, typed out: the recipe's own row
         return tuple(note for note in (gpu, None if softmax is None else f"softmax phase from lr {softmax:g}") if note)
 
     @property

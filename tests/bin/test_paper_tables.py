@@ -213,21 +213,24 @@ def test_a_deep_stack_of_baseline_runs_is_the_deep_dropout_row_on_a_line_naming_
     layer1 = baseline_run(root / "dropout-l1", "dropout-ae", 500, test=0.0199)
     sources = [{"run_dir": str(layer1), "model": "dropout-ae", "hidden": 1000, "epochs_trained": 500},
                {"run_dir": "/elsewhere/layer2", "model": "dropout-ae", "hidden": 1000, "epochs_trained": 500}]
-    for name, softmax, test in (("ft-deep-dropout", 0.01, 0.0110), ("ft-deep-dropout-paper", None, 0.0126)):
-        folder = finetune_run(root / name, sources, phases=("softmax", "top", "all"), test=test)
+    for name, softmax, test, seed in (("ft-deep-dropout", 0.01, 0.0110, 0), ("ft-deep-dropout-paper", None, 0.0126, 0),
+                                      ("ft-deep-dropout-typed", 1.0, 0.0128, 1)):
+        folder = finetune_run(root / name, sources, seed=seed, phases=("softmax", "top", "all"), test=test)
         config = json.loads((folder / "config.json").read_text())
-        config["finetune"].update(kept=[None, None], softmax_lr_start=softmax)
+        config["finetune"].update(kept=[None, None], softmax_lr_start=softmax, lr_start=1.0)
         (folder / "config.json").write_text(json.dumps(config))
     mixed = finetune_run(root / "ft-mixed", [sources[0], {**sources[1], "model": "rbm"}], phases=("softmax", "top",
                                                                                                   "all"), test=0.009)
     placed = {f.state.path.name: (f.key, f.notes) for f in tables.collect(root)}
     assert placed["ft-deep-dropout"] == ("deep-dropout-ae", ("softmax phase from lr 0.01",))
     assert placed["ft-deep-dropout-paper"] == ("deep-dropout-ae", ()) and mixed.name not in placed
+    # a softmax rate equal to the schedule's own start is the paper's recipe, on its row
+    assert placed["ft-deep-dropout-typed"] == ("deep-dropout-ae", ())
     out = tmp_path / "tables.md"
     assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
     label = "Deep Dropout AE + F.T. (layer-wise pre-training, 50% hidden)"
     text = out.read_text()
-    assert line_of(text, label, "500 + 200 x 3")[2] == "1.26%"
+    assert line_of(text, label, "500 + 200 x 3")[2] == "1.27% ± 0.01"  # seeds 0 and 1 (the typed rate)
     own = line_of(text, label + ", softmax phase from lr 0.01", "500 + 200 x 3")
     assert own[2] == "1.10%" and own[8] == "ft-deep-dropout" and "--softmax-lr-start 0.01" in own[7]
 
