@@ -128,6 +128,7 @@ def test_second_call_resumes_the_interrupted_training(tmp_path):
     (["--ks", "25,x"], ["--ks 'x'", "positive integers"]),
     (["--ks", "25+dropout"], ["--ks '25+dropout'", "K[+auxkA][+center][+seedS]"]),
     (["--stop-after-epochs", "0"], ["--stop-after-epochs 0", "positive"]),
+    (["--side-by-side", "0"], ["--side-by-side 0", "positive number of runs"]),
 ])
 def test_bad_options_are_one_line_errors_and_write_nothing(tmp_path, args, fragments):
     result = campaign(tmp_path, "out", *args, timeout=60)  # refused before any work: ~0.3 s under two busy loops
@@ -144,3 +145,28 @@ def test_a_run_spec_trains_with_its_options(tmp_path):
     assert (train["k"], train["aux_k"], train["center_input"], train["seed"]) == (3, 4, True, 1)
     row = json.loads((tmp_path / "out" / "mnist.json").read_text())["rows"][0]
     assert (row["name"], row["k"], row["epochs"]) == ("k3-auxk4-center-seed1", 3, 2)
+
+
+def test_runs_side_by_side_stop_and_resume_each_in_the_order_given(tmp_path):
+    """Three runs, two at once: each is stopped (checkpoint saved) and each continues on the next call;
+    the table keeps the order of --ks whichever run ends first."""
+    args = ["out", "--dry-run", "--stage", "mnist", "--ks", "3,2,4", "--epochs", "6", "--side-by-side", "2", *BUDGET]
+    out = tmp_path / "out"
+    first = campaign(tmp_path, *args, "--stop-after-epochs", "2")
+    assert first.exit_code == 0, first.output
+    assert "mnist: 3 runs, 2 side by side" in first.stdout
+    assert statuses(out)["mnist"] == "partial"
+    stopped = {k: epochs_logged(out / "mnist" / f"k{k}") for k in (3, 2, 4)}
+    assert all(2 <= len(epochs) < 6 for epochs in stopped.values()), stopped
+    payload = json.loads((out / "mnist.json").read_text())
+    assert payload["side_by_side"] == 2 and [r["name"] for r in payload["rows"]] == ["k3", "k2", "k4"]
+
+    second = campaign(tmp_path, *args)
+    assert second.exit_code == 0, second.output
+    assert statuses(out)["mnist"] == "done"
+    for k, epochs in stopped.items():
+        assert f"mnist k{k}: training from epoch {len(epochs)} to 6" in second.stdout
+        assert epochs_logged(out / "mnist" / f"k{k}") == list(range(1, 7))  # continued, not restarted
+    rows = json.loads((out / "mnist.json").read_text())["rows"]
+    assert [(r["name"], r["epochs"]) for r in rows] == [("k3", 6), ("k2", 6), ("k4", 6)]
+    assert all(r["test_error"] is not None for r in rows)
