@@ -425,6 +425,9 @@ def _made_by(found: Found, command_text, target: Target | None) -> str:
             how = [_source_folder(source, state.path) for source in config.get("pretrained") or []]
             if tuned.get("softmax_lr_start") is not None:
                 how += ["--softmax-lr-start", f"{tuned['softmax_lr_start']:g}"]
+            default_phases = ["all"] if len(how) < 2 else ["softmax", "top", "all"]
+            if tuned.get("phases") and list(tuned["phases"]) != default_phases:  # e.g. a deep net fine-tuned jointly
+                how += ["--phases", ",".join(tuned["phases"])]
         made = ("ksae-finetune", [*how, "--epochs", tuned["epochs"], "--seed", tuned.get("seed", 0), "--run-dir",
                                   state.path])
         return f"`{command_text(*made)}`"

@@ -233,6 +233,21 @@ def test_a_deep_stack_of_baseline_runs_is_the_deep_dropout_row_on_a_line_naming_
     assert line_of(text, label, "500 + 200 x 3")[2] == "1.27% ± 0.01"  # seeds 0 and 1 (the typed rate)
     own = line_of(text, label + ", softmax phase from lr 0.01", "500 + 200 x 3")
     assert own[2] == "1.10%" and own[8] == "ft-deep-dropout" and "--softmax-lr-start 0.01" in own[7]
+    assert "--phases" not in line_of(text, label, "500 + 200 x 3")[7]  # the deep default: softmax, top, all
+
+
+def test_a_deep_stack_fine_tuned_jointly_is_its_own_line_whose_command_names_the_phases(root, tmp_path):
+    layer1 = baseline_run(root / "dropout-l1", "dropout-ae", 500, test=0.0199)
+    sources = [{"run_dir": str(layer1), "model": "dropout-ae", "hidden": 1000, "epochs_trained": 500},
+               {"run_dir": "/elsewhere/layer2", "model": "dropout-ae", "hidden": 1000, "epochs_trained": 500}]
+    folder = finetune_run(root / "ft-deep-joint", sources, phases=("all",), test=0.0133)
+    config = json.loads((folder / "config.json").read_text())
+    config["finetune"].update(kept=[None, None])
+    (folder / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "tables.md"
+    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
+    joint = line_of(out.read_text(), "Deep Dropout AE + F.T. (layer-wise pre-training, 50% hidden)", "500 + 200")
+    assert joint[2] == "1.33%" and joint[8] == "ft-deep-joint" and "--phases all" in joint[7]
 
 
 def test_a_pretrained_run_copied_under_another_name_is_named_where_it_is_now(root, tmp_path):
