@@ -84,10 +84,13 @@ def finetune_command(ctx, pretrained, **values):
     say(data.summary())
     record.update({"finetune": trainer.config.to_dict(), "step_kind": trainer.step_kind})
     run.begin(record, "finetune", trainer)
-    X_train, y_train, X_valid, y_valid = (backend.asarray(a, dtype=t) for a, t in (
-        (data.X_train, trainer.dtype), (data.y_train, "int64"), (data.X_valid, trainer.dtype), (data.y_valid, "int64")))
+    rows = ft.training_rows(data, trainer.config.train_on)
+    if trainer.config.train_on == "train+valid":
+        say(f"fine-tuning on train+valid: {len(rows[0])} rows; no validation error (--train-on)")
+    X_train, y_train, X_valid, y_valid = (None if a is None else backend.asarray(a, dtype=t) for a, t in
+                                          zip(rows, (trainer.dtype, "int64", trainer.dtype, "int64")))
     pace = PhasePace(trainer.config.phases, trainer.config.epochs)
-    progress = PhaseProgress(trainer, pace, len(data.X_train), enabled=not values["quiet"], tty=sys.stderr.isatty(),
+    progress = PhaseProgress(trainer, pace, len(rows[0]), enabled=not values["quiet"], tty=sys.stderr.isatty(),
                              interval_s=run.settings["progress_seconds"], echo=click.echo)
     run.fit(lambda: trainer,
             lambda on_epoch, on_batch: trainer.fit(X_train, y_train, X_valid, y_valid, on_epoch=on_epoch,
@@ -96,5 +99,6 @@ def finetune_command(ctx, pretrained, **values):
             on_batch=progress.on_batch, on_end=progress.clear)
     run.end(trainer, None, where=lambda t: f"in phase {t.phase}, epoch {t.epoch + 1}")
     results = ft.write_results(run.folder, trainer, data, dataset, backend, run.started)
-    test = f", test error {100 * results['test_error']:.2f}%" if results["test_error"] is not None else ""
-    click.echo(f"done: valid error {100 * results['valid_error']:.2f}%{test}; results {run.folder.path / RESULTS}")
+    errors = [f"{name} error {100 * results[f'{name}_error']:.2f}%" for name in ("valid", "test")
+              if results[f"{name}_error"] is not None]
+    click.echo(f"done: {', '.join(errors) or 'fine-tuned'}; results {run.folder.path / RESULTS}")

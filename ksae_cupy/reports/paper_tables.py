@@ -71,13 +71,15 @@ class Found:
     @cached_property
     def notes(self) -> tuple[str, ...]:
         """What sets this run apart from the paper's recipe while still being its row: a GPU, a fine-tuning's
-        own softmax-phase rate. Runs with the same notes share a line; the notes follow the row's label."""
+        own softmax-phase rate or rows. Runs with the same notes share a line; the notes follow the row's label."""
         tuned = self.state.config.get("finetune") or {}
         gpu = ("pretrained on a GPU" if self.table == FN else "trained on a GPU") if self.on_gpu else None
         softmax = tuned.get("softmax_lr_start")
         if softmax is not None and softmax == tuned.get("lr_start"):
             softmax = None  # the paper's schedule, typed out: the recipe's own row
-        return tuple(note for note in (gpu, None if softmax is None else f"softmax phase from lr {softmax:g}") if note)
+        rows = tuned.get("train_on", "train")
+        return tuple(note for note in (gpu, None if softmax is None else f"softmax phase from lr {softmax:g}",
+                                       None if rows == "train" else f"fine-tuned on {rows}") if note)
 
     @property
     def test_error(self):
@@ -428,6 +430,8 @@ def _made_by(found: Found, command_text, target: Target | None) -> str:
             default_phases = ["all"] if len(how) < 2 else ["softmax", "top", "all"]
             if tuned.get("phases") and list(tuned["phases"]) != default_phases:  # e.g. a deep net fine-tuned jointly
                 how += ["--phases", ",".join(tuned["phases"])]
+        if tuned.get("train_on", "train") != "train":
+            how += ["--train-on", tuned["train_on"]]
         made = ("ksae-finetune", [*how, "--epochs", tuned["epochs"], "--seed", tuned.get("seed", 0), "--run-dir",
                                   state.path])
         return f"`{command_text(*made)}`"

@@ -44,6 +44,9 @@ FINETUNE = [
     Option("softmax_lr_start", "Beyond the paper: first learning rate of the softmax-only phase of a deep net "
            "(1000 dense sigmoid features want far less than --lr-start 1). [default: --lr-start]", None, float),
     Option("rising_lr", "Allow --lr-end above --lr-start (a schedule that rises).", False, bool),
+    Option("train_on", "Rows fine-tuned on: train (MNIST: 50,000; the validation error is reported), or beyond the "
+           "paper's stated split train+valid (60,000: the schedule is fixed, so validation chooses nothing; no "
+           "validation error then).", FINETUNE_PAPER.train_on, ("train", "train+valid")),
     Option("momentum", "Momentum (paper, MNIST: 0.25; NORB: 0.9).", FINETUNE_PAPER.momentum, float),
     Option("batch_size", "Minibatch size of the fine-tuning (and of --baseline's pretraining).",
            FINETUNE_PAPER.batch_size, int),

@@ -75,6 +75,7 @@ from ksae_cupy.sparse_step import sparse_layout
 PHASES = ("softmax", "top", "all")
 ACTIVATIONS = ("ksparse", "sigmoid", "relu")
 STEPS = ("dense", "sparse", "auto")  # the training step: FinetuneConfig.step, ksae-finetune --step
+TRAIN_ON = ("train", "train+valid")  # the rows fine-tuned on: FinetuneConfig.train_on, ksae-finetune --train-on
 
 
 # -- the network ---------------------------------------------------------------------------
@@ -282,6 +283,9 @@ class FinetuneConfig(DictConfig):
     seed: int = 0
     dtype: str = "float32"
     step: str = "auto"
+    # Beyond the paper's stated split: "train+valid" fine-tunes on the validation rows too (the schedule is
+    # fixed, so validation chooses nothing here; the paper does not say which rows it fine-tuned on).
+    train_on: str = "train"
 
     def __post_init__(self):
         self.kept = list(self.kept)
@@ -329,6 +333,9 @@ class FinetuneConfig(DictConfig):
                                 f"1 <= alpha*k <= {H}")
         if self.step not in STEPS:
             raise OptionError("step", f"{{name}} {literal(repr(self.step))} is not allowed; use one of {', '.join(STEPS)}")
+        if self.train_on not in TRAIN_ON:
+            raise OptionError("train_on", f"{{name}} {literal(repr(self.train_on))} is not allowed; use one of "
+                                          f"{', '.join(TRAIN_ON)}")
         if self.step == "sparse" and not self.sparse_step_applies():
             raise OptionError("step", f"{{name}} sparse needs every hidden layer ksparse and no dropout (here: "
                                       f"activations {literal(self.activations)}, input dropout {self.input_dropout}, "

@@ -193,7 +193,7 @@ def new_trainer(values: dict, pretrained, read, data, backend, say):
     config = finetune.FinetuneConfig(kept=kept, phases=_parse_phases(values["phases"], L), **network, **{
         name: values[name] for name in ("epochs", "batch_size", "lr_start", "lr_end", "softmax_lr_start", "momentum",
                                         "sigma", "seed",
-                                        "dtype", "step", "topk")})
+                                        "dtype", "step", "topk", "train_on")})
     check_batch_size("--batch-size", config.batch_size, len(data.X_train))  # the rest: the trainer validates
     record = {"alpha": values["alpha"], "pretrained": sources, "no_pretraining": bool(values["no_pretraining"]),
               "units": values["units"],
@@ -202,15 +202,27 @@ def new_trainer(values: dict, pretrained, read, data, backend, say):
     return finetune.FinetuneTrainer(config, backend, host_params, rng), record
 
 
+def training_rows(data, train_on: str):
+    """``(X_nd, y_n, X_valid_nd, y_valid_n)`` fine-tuned on and reported (host arrays): the training rows,
+    and for ``train+valid`` the validation rows with them (then nothing is reported as validation)."""
+    if train_on == "train+valid":
+        return (np.concatenate([data.X_train, data.X_valid]), np.concatenate([data.y_train, data.y_valid]),
+                None, None)
+    return data.X_train, data.y_train, data.X_valid, data.y_valid
+
+
 def write_results(folder, trainer, data, dataset: str, backend, started: float) -> dict:
-    """finetune.json: the validation and test error of the fine-tuned net (atomically)."""
+    """finetune.json: the validation and test error of the fine-tuned net (atomically); no validation
+    error when the validation rows were fine-tuned on (``--train-on train+valid``)."""
     with backend.use():
         def error(X, y):
             return trainer.error(backend.asarray(X, dtype=trainer.dtype), backend.asarray(y, dtype=np.int64))
 
+        on_valid = trainer.config.train_on == "train+valid"
         results = {"dataset": dataset, "device": backend.name, "phases": trainer.config.phases,
                    "epochs_per_phase": trainer.config.epochs, "kept": trainer.config.kept,
-                   "valid_error": error(data.X_valid, data.y_valid),
+                   "train_on": trainer.config.train_on,
+                   "valid_error": None if on_valid else error(data.X_valid, data.y_valid),
                    "test_error": error(data.X_test, data.y_test) if data.X_test is not None else None,
                    "wall_seconds_this_session": time.perf_counter() - started,
                    "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}

@@ -426,3 +426,24 @@ def test_the_raw_pixel_classifier_is_asked_of_k25s_evaluation_only_while_its_row
     assert evaluation(tmp_path / "empty") == ("ksae-eval", [tmp_path / "empty" / "mnist-k25-1000", "--threads", 1,
                                                             "--raw-baseline"])
     assert evaluation(root) == ("ksae-eval", [root / "mnist-k25-1000", "--threads", 1])  # k25-seed0 has it
+
+
+def test_a_fine_tuning_on_train_plus_valid_is_its_own_line_whose_command_says_so(root, tmp_path):
+    relu = finetune_run(root / "ft-relu", [], test=0.0169, no_pretraining=True)
+    wide = finetune_run(root / "ft-relu-60k", [], test=0.0150, no_pretraining=True)
+    for folder, rows in ((relu, "train"), (wide, "train+valid")):
+        config = json.loads((folder / "config.json").read_text())
+        config["units"] = "relu"
+        config["finetune"].update(train_on=rows, activations=["relu"], kept=[None])
+        (folder / "config.json").write_text(json.dumps(config))
+    placed = {f.state.path.name: f.notes for f in tables.collect(root)}
+    assert (placed["ft-relu"], placed["ft-relu-60k"]) == ((), ("fine-tuned on train+valid",))
+    out = tmp_path / "tables.md"
+    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
+    text = out.read_text()
+    label = next(cells[0] for cells in ([c.strip() for c in line.strip("|").split("|")] for line in text.splitlines())
+                 if cells[0].endswith(", fine-tuned on train+valid"))
+    wide_line = line_of(text, label, "200")
+    assert wide_line[2] == "1.50%" and "--train-on train+valid" in wide_line[7] and wide_line[8] == "ft-relu-60k"
+    own = line_of(text, label.removesuffix(", fine-tuned on train+valid"), "200")
+    assert own[2] == "1.69%" and "--train-on" not in own[7] and own[8] == "ft-relu"

@@ -81,6 +81,34 @@ def test_no_pretraining_plain_relu_net_keeps_every_unit(tmp_path):
     assert config["units"] == "relu" and config["finetune"]["activations"] == ["relu"]
 
 
+
+def test_train_on_train_plus_valid_fine_tunes_on_both_and_reports_no_validation_error(runs, tmp_path):
+    """--train-on train+valid (beyond the paper's stated split): the validation rows join the training rows,
+    so no validation error is reported anywhere; the choice is the run's, recorded and kept on --resume."""
+    from ksae_cupy.datasets import load_dataset
+    from ksae_cupy.supervised.finetune_run import training_rows
+
+    data = load_dataset("synthetic")
+    X_nd, y_n, X_valid_nd, y_valid_n = training_rows(data, "train+valid")
+    assert X_valid_nd is None and y_valid_n is None
+    np.testing.assert_array_equal(X_nd, np.concatenate([data.X_train, data.X_valid]))
+    np.testing.assert_array_equal(y_n, np.concatenate([data.y_train, data.y_valid]))
+    assert training_rows(data, "train")[2] is data.X_valid
+
+    out = tmp_path / "ft"
+    result = invoke([runs["a"], "synthetic", "--train-on", "train+valid", "--run-dir", out, *QUICK, "--epochs", "2"],
+                    expect=0)
+    rows = len(data.X_train) + len(data.X_valid)
+    assert f"fine-tuning on train+valid: {rows} rows" in result.output
+    epoch_lines = [line for line in result.output.splitlines() if line.startswith("phase ")]
+    assert len(epoch_lines) == 2 and not any("valid" in line for line in epoch_lines)
+    results = json.loads((out / "finetune.json").read_text())
+    assert results["train_on"] == "train+valid" and results["valid_error"] is None
+    assert 0 <= results["test_error"] < 1 and "done: test error" in result.output
+    assert json.loads((out / "config.json").read_text())["finetune"]["train_on"] == "train+valid"
+    refused = invoke(["--resume", out, "--train-on", "train"], expect=2)
+    assert "--train-on cannot change a run in progress" in refused.output
+
 @pytest.mark.parametrize("args,message", [
     (["--units", "relu", "--k", "3"], "--k does not apply with --units relu"),
     (["--units", "relu", "--baseline", "rbm"], "--units relu only applies with --no-pretraining"),

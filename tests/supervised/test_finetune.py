@@ -298,6 +298,7 @@ def test_config_round_trips_and_old_configs_load_with_defaults(tmp_path):
     (dict(softmax_lr_start=0.1), ["softmax_lr_start 0.1 applies to the softmax phase", "phases are all",
                                   "add softmax to phases"]),
     (dict(softmax_lr_start=0.0, phases=["softmax", "all"]), ["--softmax-lr-start", "0.0"]),
+    (dict(train_on="all"), ["train_on 'all' is not allowed", "train, train+valid"]),
 ])
 def test_bad_network_options_are_one_line_errors(changes, fragments):
     from ksae_cupy.errors import KsaeError
