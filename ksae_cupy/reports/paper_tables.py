@@ -78,8 +78,14 @@ class Found:
         if softmax is not None and softmax == tuned.get("lr_start"):
             softmax = None  # the paper's schedule, typed out: the recipe's own row
         rows = tuned.get("train_on", "train")
+        config = self.state.config
+        # ksae-finetune --baseline before its upper autoencoder layers had their own start (sigma 0.1):
+        # at sigma 0.01 layer 2 learnt only the mean, so its command no longer makes that run
+        mean_only = (config.get("baseline") not in (None, "rbm") and len(tuned.get("kept") or []) > 1
+                     and config.get("pretrain_layers") is None)
         return tuple(note for note in (gpu, None if softmax is None else f"softmax phase from lr {softmax:g}",
-                                       None if rows == "train" else f"fine-tuned on {rows}") if note)
+                                       None if rows == "train" else f"fine-tuned on {rows}",
+                                       "layer 2 pretrained at sigma 0.01" if mean_only else None) if note)
 
     @property
     def test_error(self):

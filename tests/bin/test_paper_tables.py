@@ -447,3 +447,18 @@ def test_a_fine_tuning_on_train_plus_valid_is_its_own_line_whose_command_says_so
     assert wide_line[2] == "1.50%" and "--train-on train+valid" in wide_line[7] and wide_line[8] == "ft-relu-60k"
     own = line_of(text, label.removesuffix(", fine-tuned on train+valid"), "200")
     assert own[2] == "1.69%" and "--train-on" not in own[7] and own[8] == "ft-relu"
+
+
+def test_an_in_memory_deep_autoencoder_from_before_upper_layers_had_their_own_start_is_its_own_line(root):
+    """ksae-finetune --baseline runs that record no pretrain_layers pretrained layer 2 at sigma 0.01 (it
+    learnt only the mean): their command no longer makes them, so they stand apart; today's runs do not."""
+    old = finetune_run(root / "ft-deep-inmemory-old", [], phases=("softmax", "top", "all"), test=0.0126,
+                       baseline="dropout-ae", layers=2, pretrain_epochs=500)
+    new = finetune_run(root / "ft-deep-inmemory-new", [], phases=("softmax", "top", "all"), test=0.0110,
+                       baseline="dropout-ae", layers=2, pretrain_epochs=500,
+                       pretrain_layers=[{"hidden": 1000, "sigma": 0.01}, {"hidden": 1000, "sigma": 0.1}])
+    shallow = finetune_run(root / "ft-shallow-inmemory", [], test=0.0131, baseline="dropout-ae", pretrain_epochs=500)
+    placed = {f.state.path.name: (f.key, f.notes) for f in tables.collect(root)}
+    assert placed[old.name] == ("deep-dropout-ae", ("layer 2 pretrained at sigma 0.01",))
+    assert placed[new.name] == ("deep-dropout-ae", ())
+    assert placed[shallow.name][1] == ()  # one layer: nothing above it

@@ -197,6 +197,10 @@ def test_baseline_pretrained_here_then_fine_tuned_with_its_dropout(tmp_path, bas
     assert config["baseline"] == baseline and config["pretrain_epochs"] == 1
     assert config["finetune"]["activations"] == ["sigmoid"] * L
     assert {k: config["finetune"][k] for k in regularisation} == regularisation
+    # each layer's pretraining settings, recorded: an autoencoder's upper layers start at sigma 0.1
+    layers = config["pretrain_layers"]
+    assert [layer["hidden"] for layer in layers] == [int(h) for h in hidden.split(",")]
+    assert [layer["sigma"] for layer in layers] == ([0.01] * L if baseline == "rbm" else [0.01, 0.1][:L])
     invoke(["--resume", out, "--device", "cpu"], expect=0)  # a finished run: no pretraining again
     assert json.loads((out / "finetune.json").read_text())["test_error"] == results["test_error"]
 
