@@ -200,7 +200,7 @@ def new_trainer(values: dict, pretrained, read, data, backend, say):
               "baseline": baseline, "pretrain_epochs": values["pretrain_epochs"] if baseline else None,
               "pretrain_seconds": pretrain_seconds if baseline else None,
               # each layer's pretraining settings (reports tell runs from before upper layers had their own)
-              "pretrain_layers": [config.to_dict() for config in baseline_fit.stack_configs(
+              "pretrain_layers": [layer.to_dict() for layer in baseline_fit.stack_configs(
                   baseline, sizes, values["pretrain_epochs"], values["seed"])] if baseline else None}
     return finetune.FinetuneTrainer(config, backend, host_params, rng), record
 
