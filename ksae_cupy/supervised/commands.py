@@ -3,7 +3,7 @@ for what a declaration holds and what each resume policy means). The options eve
 shares are :data:`~ksae_cupy.training.fields.SHARED`'s; the paper's numbers are read from the configs."""
 from __future__ import annotations
 
-from ksae_cupy.supervised.finetune import FinetuneConfig
+from ksae_cupy.supervised.finetune import TRAIN_ON, FinetuneConfig
 from ksae_cupy.training.fields import APPLIED, KEPT, PAPER, SHARED, THREADS_DEFAULT, Option, shared
 
 MODELS = ("rbm", "dropout-ae", "denoising-ae", "dropout-denoising-ae")  # baselines.REGULARISATION's keys
@@ -46,7 +46,7 @@ FINETUNE = [
     Option("rising_lr", "Allow --lr-end above --lr-start (a schedule that rises).", False, bool),
     Option("train_on", "Rows fine-tuned on: train (MNIST: 50,000; the validation error is reported), or beyond the "
            "paper's stated split train+valid (60,000: the schedule is fixed, so validation chooses nothing; no "
-           "validation error then).", FINETUNE_PAPER.train_on, ("train", "train+valid")),
+           "validation error then).", FINETUNE_PAPER.train_on, TRAIN_ON),
     Option("momentum", "Momentum (paper, MNIST: 0.25; NORB: 0.9).", FINETUNE_PAPER.momentum, float),
     Option("batch_size", "Minibatch size of the fine-tuning (and of --baseline's pretraining).",
            FINETUNE_PAPER.batch_size, int),

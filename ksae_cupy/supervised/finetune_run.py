@@ -157,7 +157,7 @@ def new_trainer(values: dict, pretrained, read, data, backend, say):
         raise KsaeError(f"dataset {data.name!r} has no labels; fine-tuning needs labels: --labels, or an .npz "
                         f"holding y, or a labelled dataset such as mnist")
     rng, dtype, baseline = np.random.default_rng(values["seed"]), np.dtype(values["dtype"]), values["baseline"]
-    pretrain_seconds = []
+    pretrain_seconds, pretrain_layers = [], None
     if values["no_pretraining"]:
         sizes = _parse_hidden(values["hidden"])
         plain = values["units"] == "relu"  # every unit kept: Table fn_mnist's row read as a plain ReLU network
@@ -177,8 +177,9 @@ def new_trainer(values: dict, pretrained, read, data, backend, say):
             pretrain_seconds[layer - 1] += r.seconds
             say(f"pretrain layer {layer} epoch {r.epoch}/{epochs}  loss {r.train_loss:.4f}  {r.seconds:.1f} s")
 
-        stack = baseline_fit.pretrain_baseline(baseline, data.X_train, sizes, epochs, values["seed"], backend,
-                                               on_epoch=pretrain_epoch)
+        configs = baseline_fit.stack_configs(baseline, sizes, epochs, values["seed"])
+        pretrain_layers = [layer.to_dict() for layer in configs]  # config.json: each layer's settings
+        stack = baseline_fit.fit_stack(data.X_train, configs, backend, on_epoch=pretrain_epoch)
         host_params = finetune.init_from_encoders([baselines.encoder(p) for p in stack], data.n_classes,
                                                   values["sigma"], rng, dtype)
         network = dict(activations=["sigmoid"] * len(sizes), **baselines.REGULARISATION[baseline])  # section 4.5
@@ -199,9 +200,8 @@ def new_trainer(values: dict, pretrained, read, data, backend, say):
               "units": values["units"],
               "baseline": baseline, "pretrain_epochs": values["pretrain_epochs"] if baseline else None,
               "pretrain_seconds": pretrain_seconds if baseline else None,
-              # each layer's pretraining settings (reports tell runs from before upper layers had their own)
-              "pretrain_layers": [layer.to_dict() for layer in baseline_fit.stack_configs(
-                  baseline, sizes, values["pretrain_epochs"], values["seed"])] if baseline else None}
+              # reports tell runs from before upper layers had their own start by its absence
+              "pretrain_layers": pretrain_layers}
     return finetune.FinetuneTrainer(config, backend, host_params, rng), record
 
 
