@@ -84,8 +84,8 @@ def finetune_command(ctx, pretrained, **values):
     say(data.summary())
     record.update({"finetune": trainer.config.to_dict(), "step_kind": trainer.step_kind})
     run.begin(record, "finetune", trainer)
-    rows = ft.training_rows(data, trainer.config.train_on)
-    if trainer.config.train_on == "train+valid":
+    rows = ft.training_rows(data, trainer.config)
+    if trainer.config.fits_valid_rows:
         say(f"fine-tuning on train+valid: {len(rows[0])} rows; no validation error (--train-on)")
     X_train, y_train, X_valid, y_valid = (None if a is None else backend.asarray(a, dtype=t) for a, t in
                                           zip(rows, (trainer.dtype, "int64", trainer.dtype, "int64")))

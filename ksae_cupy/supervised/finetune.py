@@ -287,6 +287,11 @@ class FinetuneConfig(DictConfig):
     # fixed, so validation chooses nothing here; the paper does not say which rows it fine-tuned on).
     train_on: str = "train"
 
+    @property
+    def fits_valid_rows(self) -> bool:
+        """True when the validation rows are fine-tuned on (``train+valid``): no validation error then."""
+        return self.train_on == "train+valid"
+
     def __post_init__(self):
         self.kept = list(self.kept)
         self.activations = ["ksparse"] * len(self.kept) if self.activations is None else list(self.activations)

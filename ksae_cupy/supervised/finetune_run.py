@@ -205,10 +205,10 @@ def new_trainer(values: dict, pretrained, read, data, backend, say):
     return finetune.FinetuneTrainer(config, backend, host_params, rng), record
 
 
-def training_rows(data, train_on: str):
+def training_rows(data, config):
     """``(X_nd, y_n, X_valid_nd, y_valid_n)`` fine-tuned on and reported (host arrays): the training rows,
     and for ``train+valid`` the validation rows with them (then nothing is reported as validation)."""
-    if train_on == "train+valid":
+    if config.fits_valid_rows:
         return (np.concatenate([data.X_train, data.X_valid]), np.concatenate([data.y_train, data.y_valid]),
                 None, None)
     return data.X_train, data.y_train, data.X_valid, data.y_valid
@@ -221,7 +221,7 @@ def write_results(folder, trainer, data, dataset: str, backend, started: float) 
         def error(X, y):
             return trainer.error(backend.asarray(X, dtype=trainer.dtype), backend.asarray(y, dtype=np.int64))
 
-        on_valid = trainer.config.train_on == "train+valid"
+        on_valid = trainer.config.fits_valid_rows
         results = {"dataset": dataset, "device": backend.name, "phases": trainer.config.phases,
                    "epochs_per_phase": trainer.config.epochs, "kept": trainer.config.kept,
                    "train_on": trainer.config.train_on,

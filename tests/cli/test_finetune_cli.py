@@ -86,14 +86,17 @@ def test_train_on_train_plus_valid_fine_tunes_on_both_and_reports_no_validation_
     """--train-on train+valid (beyond the paper's stated split): the validation rows join the training rows,
     so no validation error is reported anywhere; the choice is the run's, recorded and kept on --resume."""
     from ksae_cupy.datasets import load_dataset
+    from ksae_cupy.supervised.finetune import FinetuneConfig
     from ksae_cupy.supervised.finetune_run import training_rows
 
     data = load_dataset("synthetic")
-    X_nd, y_n, X_valid_nd, y_valid_n = training_rows(data, "train+valid")
+    both, train = FinetuneConfig(train_on="train+valid"), FinetuneConfig(train_on="train")
+    assert both.fits_valid_rows and not train.fits_valid_rows
+    X_nd, y_n, X_valid_nd, y_valid_n = training_rows(data, both)
     assert X_valid_nd is None and y_valid_n is None
     np.testing.assert_array_equal(X_nd, np.concatenate([data.X_train, data.X_valid]))
     np.testing.assert_array_equal(y_n, np.concatenate([data.y_train, data.y_valid]))
-    assert training_rows(data, "train")[2] is data.X_valid
+    assert training_rows(data, train)[2] is data.X_valid
 
     out = tmp_path / "ft"
     result = invoke([runs["a"], "synthetic", "--train-on", "train+valid", "--run-dir", out, *QUICK, "--epochs", "2"],
