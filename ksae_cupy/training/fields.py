@@ -128,7 +128,8 @@ TRAIN = [
             "progress_seconds", "quiet",
             run_dir="Folder for checkpoint.h5, config.json, metrics.jsonl. [default: runs/<dataset>-h<H>-k<k>-<time>]",
             resume="Continue the run in this folder; options given are applied (--epochs, --topk, --device, "
-                   "--checkpoint-*, --threads) or, if they would change the model, refused by name."),
+                   "--checkpoint-*, --threads) or, if they would change the model, refused by name. DATASET may name the "
+                   "run's data file at a new path (its SHA-256 is checked)."),
 ]
 
 

@@ -46,20 +46,39 @@ def check_run_dir(run_dir: Path | None, resume: Path) -> None:
 
 def check_dataset(dataset: str | None, previous: dict) -> str:
     """The run's dataset; a DATASET given again must name the same data, and a user file must
-    still hold the bytes it held when the run started."""
+    still hold the bytes it held when the run started. A user file given at another path is the
+    run's data moved (run folders and their data travel between machines) when its bytes are the
+    run's, by SHA-256: that path is returned, and the run records it from then on."""
     recorded = previous["dataset"]
-    if dataset is not None and dataset_record(dataset, False)["dataset"] != dataset_record(recorded, False)["dataset"]:
-        raise KsaeError(f"--resume: DATASET {dataset!r} contradicts the run's dataset {recorded!r}")
     expected = previous.get("dataset_sha256")
+    if dataset is not None and dataset_record(dataset, False)["dataset"] != dataset_record(recorded, False)["dataset"]:
+        moved = dataset_record(dataset, False)["dataset"]
+        moved_file = _data_file(moved)
+        if expected and _member(moved) == _member(recorded) and moved_file.is_file() \
+                and file_sha256(moved_file) == expected:
+            return moved
+        raise KsaeError(f"--resume: DATASET {dataset!r} contradicts the run's dataset {recorded!r}"
+                        + (" (a moved data file is taken when its bytes are the run's; these are not)"
+                           if expected and moved_file.is_file() else ""))
     if expected:
-        path = Path(recorded.rsplit(":", 1)[0] if ".h5:" in recorded or ".hdf5:" in recorded else recorded)
+        path = _data_file(recorded)
         if not path.is_file():
-            raise KsaeError(f"--resume: the run's data file {path} does not exist any more")
+            raise KsaeError(f"--resume: the run's data file {path} does not exist any more; if it moved, give its "
+                            f"new path as DATASET (its bytes are checked against the run's)")
         found = file_sha256(path)
         if found != expected:
             raise KsaeError(f"--resume: the run's data file {path} changed since the run started "
                             f"(SHA-256 {found[:16]}..., the run has {expected[:16]}...)")
     return recorded
+
+
+def _data_file(dataset: str) -> Path:
+    """The file of a user dataset as config.json records it (an HDF5 file's ``:member`` dropped)."""
+    return Path(dataset.rsplit(":", 1)[0] if ".h5:" in dataset or ".hdf5:" in dataset else dataset)
+
+
+def _member(dataset: str) -> str:
+    return dataset.rsplit(":", 1)[1] if ".h5:" in dataset or ".hdf5:" in dataset else ""
 
 
 def check_data_options(given: set, values: dict, dataset: str, previous: dict):

@@ -227,6 +227,9 @@ def wait_unlocked(folder: Path) -> None:
      signal.SIGINT, "pretrain-ksparse2"),
     ("layer 2, its codes deleted", "ksparse2 1", ["$ ksae-train", "codes: 10000", "$ ksae-train",
                                                   "held after epoch 1 (ksparse2)"], signal.SIGINT, "pretrain-ksparse2"),
+    ("layer 2, its --out folder moved", "ksparse2 1", ["$ ksae-train", "codes: 10000", "$ ksae-train",
+                                                       "held after epoch 1 (ksparse2)"], signal.SIGINT,
+     "pretrain-ksparse2"),
     ("fine-tuning", "deep_ksparse top 1", ["$ ksae-finetune", "phase softmax epoch 10/10",
                                            "held after epoch 1 (deep_ksparse)"], signal.SIGTERM,
      "finetune-deep_ksparse"),
@@ -265,6 +268,9 @@ def test_stopped_then_continued_ends_bit_identical_to_an_uninterrupted_run(refer
         assert status.startswith("not started (pretraining: ksparse1 ") if where.startswith("layer") else \
             status.startswith("in progress"), status
 
+    if where == "layer 2, its --out folder moved":  # run folders record absolute paths; the data is found again
+        out = out.rename(tmp_path / "moved")
+        deep = out / "finetune" / "deep_ksparse"
     codes = out / "pretrain" / "ksparse1-codes.npy"
     if where == "layer 2, its codes deleted":  # 200 MB at the paper's sizes: a stopped run may drop them
         codes.unlink()

@@ -258,6 +258,32 @@ def test_user_data_is_recorded_absolute_with_its_hash_and_a_change_is_noticed(da
     assert_one_line_error(result, str(data_file.resolve()), "changed since the run started", status=2)
 
 
+
+def test_a_moved_data_file_is_taken_when_its_bytes_are_the_runs(data_file, tmp_path):
+    """Run folders and their data travel between machines (a lent GPU, results/runs): the data file at a
+    new path, given as DATASET, is the run's when its SHA-256 is; the run records the new path."""
+    run = tmp_path / "run"
+    assert train(data_file, *SMALL, "--epochs", "2", "--run-dir", run).returncode == 0
+    sha = json.loads((run / "config.json").read_text())["dataset_sha256"]
+    moved = tmp_path / "moved" / "x.npy"
+    moved.parent.mkdir()
+    data_file.rename(moved)
+    result = CliRunner().invoke(train_command, ["--resume", str(run), "--epochs", "3"], catch_exceptions=False)
+    assert_one_line_error(result, "does not exist any more", "give its new path as DATASET", status=2)
+    other = tmp_path / "other.npy"  # the same shape, other bytes
+    np.save(other, make_sparse_signals(1000, D=16, H=32, k=3, seed=3)[0])
+    result = CliRunner().invoke(train_command, [str(other), "--resume", str(run), "--epochs", "3"],
+                                catch_exceptions=False)
+    assert_one_line_error(result, "contradicts the run's dataset", "these are not", status=2)
+    assert epochs_logged(run) == [1, 2]
+    result = train(moved, "--resume", run, "--epochs", "3")
+    assert result.returncode == 0, result.stderr
+    config = json.loads((run / "config.json").read_text())
+    assert config["dataset"] == str(moved.resolve()) and config["dataset_sha256"] == sha
+    result = train("--resume", run, "--epochs", "4")  # from now on without DATASET
+    assert result.returncode == 0, result.stderr
+    assert epochs_logged(run) == [1, 2, 3, 4]
+
 # -- BLAS threads, the k schedule -----------------------------------------------------------------
 
 def test_threads_option_sets_and_reports_the_blas_threads(data_file, tmp_path):
