@@ -37,17 +37,20 @@ FN_OF_BASELINE_RUN = ("rbm", "dropout-ae", "denoising-ae")  # fn_mnist rows that
 @dataclass(frozen=True)
 class Length:
     """How long a row's runs trained: ``pretrain`` epochs (of the first layer, for a fine-tuning
-    row; None without pretraining) and ``finetune`` epochs per phase times ``phases``."""
+    row; None without pretraining), ``finetune`` epochs per phase times ``phases``, and ``layer2``:
+    a deep row's second layer's epochs where they differ from the first's (else None)."""
 
     pretrain: int | None
     finetune: int | None = None
     phases: int = 1
+    layer2: int | None = None
 
     def __str__(self) -> str:
         if self.finetune is None:
             return str(self.pretrain)
         tuned = f"{self.finetune}" + (f" x {self.phases}" if self.phases > 1 else "")
-        return tuned if self.pretrain is None else f"{self.pretrain} + {tuned}"
+        pretrain = f"{self.pretrain}" + (f" (layer 2: {self.layer2})" if self.layer2 is not None else "")
+        return tuned if self.pretrain is None else f"{pretrain} + {tuned}"
 
 
 @dataclass
@@ -156,7 +159,9 @@ def _classify_finetune(state: RunState) -> Found | None:
     if key is None:
         return None
     phases = len(tuned.get("phases") or ["all"])
-    return Found(FN, key, Length(pretrain, tuned.get("epochs"), phases), tuned.get("seed"), state)
+    layer2 = _source_epochs(sources[1], state.path) if len(sources) > 1 else None
+    layer2 = None if layer2 == pretrain else layer2  # the row's length says it once
+    return Found(FN, key, Length(pretrain, tuned.get("epochs"), phases, layer2), tuned.get("seed"), state)
 
 
 def _paper_recipe(train: dict) -> bool:

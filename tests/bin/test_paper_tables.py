@@ -236,6 +236,21 @@ def test_a_deep_stack_of_baseline_runs_is_the_deep_dropout_row_on_a_line_naming_
     assert "--phases" not in line_of(text, label, "500 + 200 x 3")[7]  # the deep default: softmax, top, all
 
 
+def test_a_deep_row_whose_layer_2_trained_other_epochs_than_layer_1_says_so_on_its_own_line(root, tmp_path):
+    finetune_run(root / "ft-deep-short-layer2", [ksparse_source(root / "k25-seed0", 5000),
+                                                 ksparse_source(Path("/elsewhere/layer2"), 500)],
+                 phases=("softmax", "top", "all"), test=0.0135)
+    placed = {f.state.path.name: str(f.length) for f in tables.collect(root)}
+    assert placed["ft-deep-short-layer2"] == "5000 (layer 2: 500) + 200 x 3"
+    assert placed["ft-deep"] == "5000 + 200 x 3"  # both layers 5000: said once
+    out = tmp_path / "tables.md"
+    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
+    text = out.read_text()
+    cells = line_of(text, "Deep k-Sparse AE + F.T. (k=25, layer-wise pre-training)", "5000 (layer 2: 500) + 200 x 3")
+    assert cells[2] == "1.35%" and cells[8] == "ft-deep-short-layer2"
+    assert "ksae-finetune --resume runs/ft-deep`" in text  # the asked row (both layers 5000) is still to finish
+
+
 def test_a_deep_stack_fine_tuned_jointly_is_its_own_line_whose_command_names_the_phases(root, tmp_path):
     layer1 = baseline_run(root / "dropout-l1", "dropout-ae", 500, test=0.0199)
     sources = [{"run_dir": str(layer1), "model": "dropout-ae", "hidden": 1000, "epochs_trained": 500},
