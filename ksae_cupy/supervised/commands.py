@@ -3,6 +3,7 @@ for what a declaration holds and what each resume policy means). The options eve
 shares are :data:`~ksae_cupy.training.fields.SHARED`'s; the paper's numbers are read from the configs."""
 from __future__ import annotations
 
+from ksae_cupy.supervised.baselines import AutoencoderConfig, RBMConfig
 from ksae_cupy.supervised.finetune import TRAIN_ON, FinetuneConfig
 from ksae_cupy.training.fields import APPLIED, KEPT, PAPER, SHARED, THREADS_DEFAULT, Option, shared
 
@@ -10,15 +11,26 @@ MODELS = ("rbm", "dropout-ae", "denoising-ae", "dropout-denoising-ae")  # baseli
 BASELINES = MODELS  # what ksae-finetune --baseline pretrains
 FINETUNE_PAPER = FinetuneConfig()  # the paper's supervised settings (section 4.3.2)
 
+
+
+def _per_model(rbm, autoencoders) -> str:
+    """A default that is the config classes' (read there, so that the help cannot drift from them)."""
+    if rbm == autoencoders:
+        return f"[default: {rbm:g}]"
+    return f"[default: {rbm:g} (rbm), {autoencoders:g} (autoencoders)]"
+
+
 BASELINE = [
     Option("model", "The baseline: rbm (CD-1), dropout-ae (50% hidden dropout), denoising-ae (20% input dropout), "
            "dropout-denoising-ae (both).", None, MODELS),
     Option("hidden", "Hidden units (paper: 1000 on MNIST).", PAPER.hidden, int),
     Option("epochs", "Epochs (the paper's unsupervised length: 5000).", PAPER.epochs, int, APPLIED),
     Option("batch_size", "Minibatch size.", PAPER.batch_size, int),
-    Option("lr", "Learning rate. [default: 0.05 (rbm), 0.003 (autoencoders)]", None, float),
+    Option("lr", f"Learning rate (chosen on MNIST validation: docs/baselines-grid.md). "
+           f"{_per_model(RBMConfig.lr, AutoencoderConfig.lr)}", None, float),
     Option("momentum", "Momentum (paper: 0.9).", PAPER.momentum, float),
-    Option("weight_decay", "L2 weight decay on W. [default: 2e-4 (rbm), 0 (autoencoders)]", None, float),
+    Option("weight_decay", f"L2 weight decay on W. {_per_model(RBMConfig.weight_decay, AutoencoderConfig.weight_decay)}",
+           None, float),
     Option("sigma", "Std of the Gaussian initial weights (paper: 0.01).", PAPER.sigma, float),
     SHARED["seed"].but(help="Seed of the initial weights, the batch order and the noise."),
     SHARED["dtype"],

@@ -265,6 +265,30 @@ def test_a_deep_stack_fine_tuned_jointly_is_its_own_line_whose_command_names_the
     assert joint[2] == "1.33%" and joint[8] == "ft-deep-joint" and "--phases all" in joint[7]
 
 
+def test_lines_of_one_row_at_equal_epochs_come_out_in_one_order_whatever_the_hash_seed(root, tmp_path):
+    """The layer-wise (200 x 3) and joint (200) deep dropout lines share pretraining and fine-tuning epochs;
+    their order once followed the set they were gathered in, so results/paper-tables.md changed between runs."""
+    layer1 = baseline_run(root / "dropout-l1", "dropout-ae", 500, test=0.0199)
+    sources = [{"run_dir": str(layer1), "model": "dropout-ae", "hidden": 1000, "epochs_trained": 500},
+               {"run_dir": "/elsewhere/layer2", "model": "dropout-ae", "hidden": 1000, "epochs_trained": 500}]
+    for name, phases, test in (("ft-deep-joint", ("all",), 0.0133), ("ft-deep-layerwise", ("softmax", "top", "all"),
+                                                                      0.0123)):
+        folder = finetune_run(root / name, sources, phases=phases, test=test)
+        config = json.loads((folder / "config.json").read_text())
+        config["finetune"].update(kept=[None, None])
+        (folder / "config.json").write_text(json.dumps(config))
+    orders = set()
+    for hash_seed in ("1", "2", "3", "4"):
+        out = tmp_path / f"tables-{hash_seed}.md"
+        env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1", PYTHONHASHSEED=hash_seed)
+        proc = subprocess.run([sys.executable, str(SCRIPT), "--runs-root", str(root), "--out", str(out)], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=300)  # against a hang only
+        assert proc.returncode == 0, proc.stderr
+        orders.add(tuple(line.split("|")[-2].strip() for line in out.read_text().splitlines()
+                         if line.startswith("| Deep Dropout AE")))
+    assert orders == {("ft-deep-layerwise", "ft-deep-joint")}, orders  # the longer fine-tuning (3 phases) first
+
+
 def test_a_pretrained_run_copied_under_another_name_is_named_where_it_is_now(root, tmp_path):
     copy = train_run(root / "k25-copied", 25, 500, seed=4, test=0.0170)
     config = json.loads((copy / "config.json").read_text())

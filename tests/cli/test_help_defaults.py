@@ -159,9 +159,22 @@ def test_ksae_baseline_uses_the_defaults_its_help_shows(tmp_path):
     for name in ("checkpoint_every", "checkpoint_minutes", "progress_seconds"):
         assert config[name] == shown_default(baseline_command, name), name
     help_of = {o.name: o.help for o in options(baseline_command)}
-    # "[default: 0.05 (rbm), 0.003 (autoencoders)]" and "[default: 2e-4 (rbm), 0 (autoencoders)]".
-    assert "0.003 (autoencoders)" in help_of["lr"] and config["baseline"]["lr"] == 0.003
+    # "[default: 0.01]" (the grid's choice for every baseline) and "[default: 0.0002 (rbm), 0 (autoencoders)]".
+    assert "[default: 0.01]" in help_of["lr"] and config["baseline"]["lr"] == 0.01
     assert "0 (autoencoders)" in help_of["weight_decay"] and config["baseline"]["weight_decay"] == 0
+    assert "0.0002 (rbm)" in help_of["weight_decay"]  # the RBM's: its config class's, which the next test ties
+
+
+def test_the_tables_commands_train_each_baseline_with_ksae_baselines_defaults():
+    """bin/paper-tables spells out --lr and --weight-decay; they are the defaults (the grid's choice), so a
+    reader's `ksae-baseline mnist --model M` is the tables' run."""
+    from ksae_cupy.reports.paper_tables import BASELINE_SETTINGS
+    from ksae_cupy.supervised.baselines import AutoencoderConfig, RBMConfig
+
+    assert set(BASELINE_SETTINGS) == {"rbm", "dropout-ae", "denoising-ae", "dropout-denoising-ae"}
+    for model, (lr, decay) in BASELINE_SETTINGS.items():
+        config = RBMConfig() if model == "rbm" else AutoencoderConfig()
+        assert (float(lr), float(decay)) == (config.lr, config.weight_decay), model
 
 
 def test_ksae_finetune_uses_the_defaults_its_help_shows(tmp_path):

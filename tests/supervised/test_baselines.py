@@ -138,7 +138,7 @@ def test_pretrain_baseline_uses_the_papers_dropout(kind, p_in, p_hid, monkeypatc
     assert [(c.hidden, c.input_dropout, c.hidden_dropout, c.seed) for c in seen] == [(6, p_in, p_hid, 3),
                                                                                     (4, p_in, p_hid, 4)]
     # layer 1 the config's defaults, the layers above it their own start (baseline_fit.UPPER_AUTOENCODER)
-    assert [(c.lr, c.sigma) for c in seen] == [(0.003, 0.01), (0.01, 0.1)]
+    assert [(c.lr, c.sigma) for c in seen] == [(0.01, 0.01), (0.01, 0.1)]
 
 
 
@@ -146,9 +146,9 @@ def test_stack_configs_give_upper_autoencoder_layers_their_own_start_and_leave_t
     """The settings fit_stack receives are stack_configs' (what ksae-finetune --baseline records)."""
     ae = baseline_fit.stack_configs("denoising-ae", [10, 8, 6], epochs=2, seed=5)
     assert [(c.hidden, c.seed, c.lr, c.sigma, c.input_dropout) for c in ae] == [
-        (10, 5, 0.003, 0.01, 0.2), (8, 6, 0.01, 0.1, 0.2), (6, 7, 0.01, 0.1, 0.2)]
+        (10, 5, 0.01, 0.01, 0.2), (8, 6, 0.01, 0.1, 0.2), (6, 7, 0.01, 0.1, 0.2)]
     rbm = baseline_fit.stack_configs("rbm", [10, 8], epochs=2)
-    assert [(c.lr, c.sigma) for c in rbm] == [(0.05, 0.01), (0.05, 0.01)]  # not measured for RBMs: unchanged
+    assert [(c.lr, c.sigma) for c in rbm] == [(0.01, 0.01), (0.01, 0.01)]  # not measured for RBMs: unchanged
 
 def test_unknown_baseline_is_a_one_line_error():
     with pytest.raises(KsaeError, match="baseline 'sae' is not allowed; use one of rbm, dropout-ae, denoising-ae, dropout-denoising-ae"):
