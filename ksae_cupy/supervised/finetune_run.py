@@ -170,7 +170,9 @@ def new_trainer(values: dict, pretrained, read, data, backend, say):
 
         sizes = _parse_hidden(values["hidden"])
         ks, epochs = [None] * len(sizes), values["pretrain_epochs"]  # sigmoid layers keep every unit
-        say(f"pretraining {baseline}: {len(sizes)} layer(s) of {values['hidden']} units, {epochs} epochs each")
+        say(f"pretraining {baseline}: {len(sizes)} layer(s) of {values['hidden']} units, {epochs} epochs each, in "
+            f"memory (a stop before fine-tuning starts loses it; ksae-baseline run folders given as "
+            f"PRETRAINED_RUN_DIR keep checkpoints)")
         pretrain_seconds = [0.0] * len(sizes)  # per layer, the sum of its epochs' seconds (config.json)
 
         def pretrain_epoch(layer, r):

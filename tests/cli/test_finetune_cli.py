@@ -191,8 +191,10 @@ def test_kill_9_then_resume_ends_where_an_uninterrupted_run_does(runs, tmp_path)
 ])
 def test_baseline_pretrained_here_then_fine_tuned_with_its_dropout(tmp_path, baseline, hidden, regularisation):
     out = tmp_path / "ft"
-    invoke(["--baseline", baseline, "--hidden", hidden, "--pretrain-epochs", "1", "--dataset", "synthetic",
-            "--run-dir", out, *QUICK], expect=0)
+    shown = invoke(["--baseline", baseline, "--hidden", hidden, "--pretrain-epochs", "1", "--dataset", "synthetic",
+                    "--run-dir", out, *QUICK], expect=0).output
+    # the user learns before the pretraining that it has no checkpoints, and what has them
+    assert "in memory (a stop before fine-tuning starts loses it" in shown and "PRETRAINED_RUN_DIR" in shown
     L = len(hidden.split(","))
     results = json.loads((out / "finetune.json").read_text())
     assert results["kept"] == [None] * L and 0 <= results["test_error"] <= 1
