@@ -223,11 +223,11 @@ def write_results(folder, trainer, data, dataset: str, backend, started: float) 
         def error(X, y):
             return trainer.error(backend.asarray(X, dtype=trainer.dtype), backend.asarray(y, dtype=np.int64))
 
-        on_valid = trainer.config.fits_valid_rows
+        valid_rows_tuned = trainer.config.fits_valid_rows
         results = {"dataset": dataset, "device": backend.name, "phases": trainer.config.phases,
                    "epochs_per_phase": trainer.config.epochs, "kept": trainer.config.kept,
                    "train_on": trainer.config.train_on,
-                   "valid_error": None if on_valid else error(data.X_valid, data.y_valid),
+                   "valid_error": None if valid_rows_tuned else error(data.X_valid, data.y_valid),
                    "test_error": error(data.X_test, data.y_test) if data.X_test is not None else None,
                    "wall_seconds_this_session": time.perf_counter() - started,
                    "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
