@@ -54,9 +54,10 @@ def fit_stack(X_nd, configs: list, backend: Backend = CPU, on_epoch=None) -> lis
 
 
 # An autoencoder above the first layer starts from sigma 0.1 and learns at lr 0.01 (a stated deviation from
-# the paper's sigma 0.01; the lr is also layer 1's default, chosen apart on layer 1): on 1000 sigmoid features of ||h||^2 ~ 3 a layer drawn at sigma 0.01 has every unit
-# at 0.5, and its tied decoder learns only the mean (MNIST: validation loss 1.11-1.14 after 156 epochs, the
-# mean's 1.097); an 8-epoch validation grid chose these (docs/baselines.md, "The deep dropout AE again").
+# the paper's sigma 0.01; the lr is also layer 1's default, chosen apart on layer 1): on 1000 sigmoid
+# features of ||h||^2 ~ 3 a layer drawn at sigma 0.01 has every unit at 0.5, and its tied decoder learns
+# only the mean (MNIST: validation loss 1.11-1.14 after 156 epochs, the mean's 1.097); an 8-epoch
+# validation grid chose these (docs/baselines.md, "The deep dropout AE again").
 UPPER_AUTOENCODER = {"lr": 0.01, "sigma": 0.1}
 
 

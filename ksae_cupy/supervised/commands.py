@@ -12,7 +12,6 @@ BASELINES = MODELS  # what ksae-finetune --baseline pretrains
 FINETUNE_PAPER = FinetuneConfig()  # the paper's supervised settings (section 4.3.2)
 
 
-
 def _per_model(rbm, autoencoders) -> str:
     """A default that is the config classes' (read there, so that the help cannot drift from them)."""
     if rbm == autoencoders:
@@ -29,8 +28,8 @@ BASELINE = [
     Option("lr", f"Learning rate (chosen on MNIST validation: docs/baselines-grid.md). "
            f"{_per_model(RBMConfig.lr, AutoencoderConfig.lr)}", None, float),
     Option("momentum", "Momentum (paper: 0.9).", PAPER.momentum, float),
-    Option("weight_decay", f"L2 weight decay on W. {_per_model(RBMConfig.weight_decay, AutoencoderConfig.weight_decay)}",
-           None, float),
+    Option("weight_decay", "L2 weight decay on W. "
+           f"{_per_model(RBMConfig.weight_decay, AutoencoderConfig.weight_decay)}", None, float),
     Option("sigma", "Std of the Gaussian initial weights (paper: 0.01).", PAPER.sigma, float),
     SHARED["seed"].but(help="Seed of the initial weights, the batch order and the noise."),
     SHARED["dtype"],
