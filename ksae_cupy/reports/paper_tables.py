@@ -23,7 +23,8 @@ from ksae_cupy import paper
 from ksae_cupy.reports.children import exit_meaning
 from ksae_cupy.reports.folders import BASELINE, DIVERGED, RunState, clear_unstarted, find_runs, read_json, record_diverged
 from ksae_cupy.reports.markdown import percent, percent_spread, table
-from ksae_cupy.supervised.baselines import AutoencoderConfig, RBMConfig
+from ksae_cupy.supervised.baseline_trainer import config_for
+from ksae_cupy.supervised.baselines import REGULARISATION
 from ksae_cupy.training.runs import FINETUNE, TRAIN
 
 ERR, FN = "err_mnist", "fn_mnist"
@@ -32,9 +33,7 @@ TABLES = {ERR: paper.ERR_MNIST, FN: paper.FN_MNIST}
 # (5 epochs a point; the paper gives none; docs/baselines-grid.md), which the config classes hold as their
 # defaults; the commands still spell them out, so that a row's command keeps its meaning.
 BASELINE_SETTINGS = {model: (f"{config.lr:g}", f"{config.weight_decay:g}")
-                     for model, config in (("rbm", RBMConfig()), ("dropout-ae", AutoencoderConfig()),
-                                           ("denoising-ae", AutoencoderConfig()),
-                                           ("dropout-denoising-ae", AutoencoderConfig()))}
+                     for model, config in ((m, config_for(m)) for m in REGULARISATION)}
 FN_OF_BASELINE_RUN = ("rbm", "dropout-ae", "denoising-ae")  # fn_mnist rows that fine-tune a ksae-baseline run
 
 

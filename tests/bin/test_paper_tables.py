@@ -88,8 +88,10 @@ def line_of(markdown: str, label: str, epochs: str) -> list[str]:
     raise AssertionError(f"no line {label!r} at {epochs} epochs in:\n{markdown}")
 
 
-def paper_tables(*args: str, cwd: Path):
+def paper_tables(*args: str, cwd: Path, hash_seed: str | None = None):
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1")
+    if hash_seed is not None:  # the order of sets and dicts of strings, which the tables must not follow
+        env["PYTHONHASHSEED"] = hash_seed
     proc = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=300)  # against a hang only
     return SimpleNamespace(exit_code=proc.returncode, returncode=proc.returncode, stdout=proc.stdout,
@@ -251,14 +253,22 @@ def test_a_deep_row_whose_layer_2_trained_other_epochs_than_layer_1_says_so_on_i
     assert "ksae-finetune --resume runs/ft-deep`" in text  # the asked row (both layers 5000) is still to finish
 
 
-def test_a_deep_stack_fine_tuned_jointly_is_its_own_line_whose_command_names_the_phases(root, tmp_path):
-    layer1 = baseline_run(root / "dropout-l1", "dropout-ae", 500, test=0.0199)
+def deep_dropout_finetune(root, name, phases, test):
+    """A fine-tuning of a two-layer dropout AE stack (layer 1 a baseline run, every unit kept)."""
+    layer1 = root / "dropout-l1"
+    if not layer1.exists():
+        baseline_run(layer1, "dropout-ae", 500, test=0.0199)
     sources = [{"run_dir": str(layer1), "model": "dropout-ae", "hidden": 1000, "epochs_trained": 500},
                {"run_dir": "/elsewhere/layer2", "model": "dropout-ae", "hidden": 1000, "epochs_trained": 500}]
-    folder = finetune_run(root / "ft-deep-joint", sources, phases=("all",), test=0.0133)
+    folder = finetune_run(root / name, sources, phases=phases, test=test)
     config = json.loads((folder / "config.json").read_text())
     config["finetune"].update(kept=[None, None])
     (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_deep_stack_fine_tuned_jointly_is_its_own_line_whose_command_names_the_phases(root, tmp_path):
+    deep_dropout_finetune(root, "ft-deep-joint", ("all",), 0.0133)
     out = tmp_path / "tables.md"
     assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
     joint = line_of(out.read_text(), "Deep Dropout AE + F.T. (layer-wise pre-training, 50% hidden)", "500 + 200")
@@ -268,21 +278,12 @@ def test_a_deep_stack_fine_tuned_jointly_is_its_own_line_whose_command_names_the
 def test_lines_of_one_row_at_equal_epochs_come_out_in_one_order_whatever_the_hash_seed(root, tmp_path):
     """The layer-wise (200 x 3) and joint (200) deep dropout lines share pretraining and fine-tuning epochs;
     their order once followed the set they were gathered in, so results/paper-tables.md changed between runs."""
-    layer1 = baseline_run(root / "dropout-l1", "dropout-ae", 500, test=0.0199)
-    sources = [{"run_dir": str(layer1), "model": "dropout-ae", "hidden": 1000, "epochs_trained": 500},
-               {"run_dir": "/elsewhere/layer2", "model": "dropout-ae", "hidden": 1000, "epochs_trained": 500}]
-    for name, phases, test in (("ft-deep-joint", ("all",), 0.0133), ("ft-deep-layerwise", ("softmax", "top", "all"),
-                                                                      0.0123)):
-        folder = finetune_run(root / name, sources, phases=phases, test=test)
-        config = json.loads((folder / "config.json").read_text())
-        config["finetune"].update(kept=[None, None])
-        (folder / "config.json").write_text(json.dumps(config))
+    deep_dropout_finetune(root, "ft-deep-joint", ("all",), 0.0133)
+    deep_dropout_finetune(root, "ft-deep-layerwise", ("softmax", "top", "all"), 0.0123)
     orders = set()
     for hash_seed in ("1", "2", "3", "4"):
         out = tmp_path / f"tables-{hash_seed}.md"
-        env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1", PYTHONHASHSEED=hash_seed)
-        proc = subprocess.run([sys.executable, str(SCRIPT), "--runs-root", str(root), "--out", str(out)], cwd=tmp_path,
-                              env=env, capture_output=True, text=True, timeout=300)  # against a hang only
+        proc = paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path, hash_seed=hash_seed)
         assert proc.returncode == 0, proc.stderr
         orders.add(tuple(line.split("|")[-2].strip() for line in out.read_text().splitlines()
                          if line.startswith("| Deep Dropout AE")))
