@@ -8,9 +8,10 @@
 
 ``--baseline rbm|dropout-ae|denoising-ae|dropout-denoising-ae`` pretrains that learner of
 :mod:`ksae_cupy.supervised.baselines` (one layer per ``--hidden`` size, ``--pretrain-epochs`` each) on
-the training set in this process, then fine-tunes its sigmoid layers with the same dropout
-(section 4.5). The pretrained weights are the run's initial parameters; a resumed run
-continues from its checkpoint and does not pretrain again.
+the training set, each layer a ``ksae-baseline`` run folder inside the run's (``RUN/pretrain-layer1``,
+...: :mod:`ksae_cupy.supervised.baseline_pretrain`), then fine-tunes its sigmoid layers with the same
+dropout (section 4.5). A stop during the pretraining saves the layer's checkpoint, and ``--resume RUN``
+goes on from there, bit for bit.
 
 ``--step auto|dense|sparse`` picks the training step: sparse (only layer 1's ``X W1`` dense, every
 later product through the kept units; :mod:`ksae_cupy.supervised.sparse_finetune`) for k-sparse
@@ -32,7 +33,9 @@ import click
 
 from ksae_cupy.cli.common import GivenPath, data_options, report_errors
 from ksae_cupy.cli.options import CONTEXT, declared, run_of
+from ksae_cupy.supervised.baseline_pretrain import still_pretraining
 from ksae_cupy.supervised.commands import FINETUNE
+from ksae_cupy.supervised.finetune import FinetuneConfig
 from ksae_cupy.supervised.finetune_progress import PhasePace, PhaseProgress
 from ksae_cupy.supervised.finetune_run import RESULTS
 
@@ -60,8 +63,10 @@ def finetune_command(ctx, pretrained, **values):
     say = run.say
     if run.resuming:
         ft.refuse_on_resume(given, pretrained)
-        previous = run.open()
-        trainer = ft.resumed_trainer(run.folder, run.start(), values, given)
+        pretraining = still_pretraining(values["resume"])  # stopped before fine-tuning began: no checkpoint yet
+        previous = run.open(needs_checkpoint=not pretraining)
+        backend = run.start()
+        trainer = None if pretraining else ft.resumed_trainer(run.folder, backend, values, given)
         record = {key: value for key, value in previous.items() if key not in ("run_id", "kind")}
         spec = run.spec
         dataset = spec.data
@@ -75,15 +80,19 @@ def finetune_command(ctx, pretrained, **values):
         dataset = spec.data
         run.new_folder(lambda: ft.default_run_dir(dataset))
         data = run.load(spec)
-        trainer, record = ft.new_trainer(values, pretrained, read, data, run.backend, say)
+        trainer, record = ft.new_trainer(values, pretrained, read, data, run.backend)
         record.update({"dataset": spec.data, "data": spec.record()})
     backend = run.backend
+    config = trainer.config if trainer is not None else FinetuneConfig.from_dict(record["finetune"])
+    step_kind = config.resolved_step(backend)
     say(backend.description)
     say(run.threads_line)
-    say(f"step: {trainer.step_kind} (--step {trainer.config.step})")
+    say(f"step: {step_kind} (--step {config.step})")
     say(data.summary())
-    record.update({"finetune": trainer.config.to_dict(), "step_kind": trainer.step_kind})
+    record.update({"finetune": config.to_dict(), "step_kind": step_kind})
     run.begin(record, "finetune", trainer)
+    if trainer is None:  # --baseline: its layers first, each a run folder in this one (a stop keeps them)
+        trainer = ft.baseline_trainer(run, record, spec, data, say)
     rows = ft.training_rows(data, trainer.config)
     if trainer.config.fits_valid_rows:
         say(f"fine-tuning on train+valid: {len(rows[0])} rows; no validation error (--train-on)")

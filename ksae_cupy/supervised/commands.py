@@ -66,8 +66,8 @@ FINETUNE = [
     Option("units", "With --no-pretraining: the hidden units, ksparse (alpha*k kept: the k-sparse net without "
            "its pretraining) or relu (a plain network, every unit max(z, 0)).", "ksparse", ("ksparse", "relu")),
     Option("baseline", "Pretrain this baseline here and fine-tune its sigmoid layers with its dropout (section 4.5). "
-           "The pretraining is held in memory, without checkpoints: for long pretraining train ksae-baseline run "
-           "folders and give them as PRETRAINED_RUN_DIR.", None, BASELINES),
+           "Each layer is a ksae-baseline run folder inside the run's (RUN/pretrain-layer1, ...), with "
+           "checkpoints: a stopped run goes on with --resume RUN.", None, BASELINES),
     Option("pretrain_epochs", "With --baseline: epochs per layer (paper: 5000).", PAPER.epochs, int),
     Option("hidden", "With --no-pretraining or --baseline: hidden units per layer, e.g. 1000 or 1000,1000.",
            str(PAPER.hidden)),

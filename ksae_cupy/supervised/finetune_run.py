@@ -146,9 +146,10 @@ def data_of(dataset, sources, data_given: dict):
     return DataSpec.from_record(sources[0]["dataset"], sources[0]["data"]).for_run(**given)
 
 
-def new_trainer(values: dict, pretrained, read, data, backend, say):
-    """The network of a new run (pretrained, a baseline pretrained here, or random) and its trainer;
-    returns it and config.json's record of where its weights came from."""
+def new_trainer(values: dict, pretrained, read, data, backend):
+    """The network of a new run (pretrained, or random) and its trainer; returns it and config.json's record
+    of where its weights came from. With ``--baseline`` the trainer is None: its layers are pretrained once
+    the run folder exists (:func:`baseline_trainer`), and the record holds their settings."""
     from ksae_cupy.model import alpha_k
     from ksae_cupy.training.options import check_batch_size
 
@@ -157,7 +158,7 @@ def new_trainer(values: dict, pretrained, read, data, backend, say):
         raise KsaeError(f"dataset {data.name!r} has no labels; fine-tuning needs labels: --labels, or an .npz "
                         f"holding y, or a labelled dataset such as mnist")
     rng, dtype, baseline = np.random.default_rng(values["seed"]), np.dtype(values["dtype"]), values["baseline"]
-    pretrain_seconds, pretrain_layers = [], None
+    host_params, pretrain_layers = None, None
     if values["no_pretraining"]:
         sizes = _parse_hidden(values["hidden"])
         plain = values["units"] == "relu"  # every unit kept: Table fn_mnist's row read as a plain ReLU network
@@ -167,33 +168,26 @@ def new_trainer(values: dict, pretrained, read, data, backend, say):
             network = dict(activations=["relu"] * len(sizes))
     elif baseline:
         from ksae_cupy.supervised import baseline_fit, baselines
+        from ksae_cupy.supervised.baseline_trainer import config_to_dict
 
         sizes = _parse_hidden(values["hidden"])
-        ks, epochs = [None] * len(sizes), values["pretrain_epochs"]  # sigmoid layers keep every unit
-        say(f"pretraining {baseline}: {len(sizes)} layer(s) of {values['hidden']} units, {epochs} epochs each, in "
-            f"memory (a stop before fine-tuning starts loses it; ksae-baseline run folders given as "
-            f"PRETRAINED_RUN_DIR keep checkpoints)")
-        pretrain_seconds = [0.0] * len(sizes)  # per layer, the sum of its epochs' seconds (config.json)
-
-        def pretrain_epoch(layer, r):
-            pretrain_seconds[layer - 1] += r.seconds
-            say(f"pretrain layer {layer} epoch {r.epoch}/{epochs}  loss {r.train_loss:.4f}  {r.seconds:.1f} s")
-
-        configs = baseline_fit.stack_configs(baseline, sizes, epochs, values["seed"])
-        pretrain_layers = [layer.to_dict() for layer in configs]  # config.json: each layer's settings
-        stack = baseline_fit.fit_stack(data.X_train, configs, backend, on_epoch=pretrain_epoch)
-        host_params = finetune.init_from_encoders([baselines.encoder(p) for p in stack], data.n_classes,
-                                                  values["sigma"], rng, dtype)
+        ks = [None] * len(sizes)  # sigmoid layers keep every unit
+        configs = baseline_fit.stack_configs(baseline, sizes, values["pretrain_epochs"], values["seed"])
+        for config in configs:  # before the folder is made: a bad input writes nothing
+            config.validate(n_train=len(data.X_train))
+        if baseline == "rbm":
+            baselines.check_rbm_input(data.X_train)  # layer 1's visible units; the layers above get sigmoids
+        pretrain_layers = [config_to_dict(layer) for layer in configs]  # config.json: each layer's settings
         network = dict(activations=["sigmoid"] * len(sizes), **baselines.REGULARISATION[baseline])  # section 4.5
     else:
         if encoders[0][0].shape[0] != data.dim:
             raise KsaeError(f"the pretrained run {pretrained[0]} takes {encoders[0][0].shape[0]} dimensions, "
                             f"{data.name} has {data.dim}")
         host_params = finetune.init_from_encoders(encoders, data.n_classes, values["sigma"], rng, dtype)
-    L = len(ks)
-    sizes = [host_params[finetune.layer_names(l)[0]].shape[1] for l in range(1, L + 1)]
+    sizes = ([host_params[finetune.layer_names(l)[0]].shape[1] for l in range(1, len(ks) + 1)]
+             if host_params is not None else sizes)
     kept = [None if k_l is None else alpha_k(k_l, values["alpha"], H_l) for k_l, H_l in zip(ks, sizes)]
-    config = finetune.FinetuneConfig(kept=kept, phases=_parse_phases(values["phases"], L), **network, **{
+    config = finetune.FinetuneConfig(kept=kept, phases=_parse_phases(values["phases"], len(ks)), **network, **{
         name: values[name] for name in ("epochs", "batch_size", "lr_start", "lr_end", "softmax_lr_start", "momentum",
                                         "sigma", "seed",
                                         "dtype", "step", "topk", "train_on")})
@@ -201,10 +195,33 @@ def new_trainer(values: dict, pretrained, read, data, backend, say):
     record = {"alpha": values["alpha"], "pretrained": sources, "no_pretraining": bool(values["no_pretraining"]),
               "units": values["units"],
               "baseline": baseline, "pretrain_epochs": values["pretrain_epochs"] if baseline else None,
-              "pretrain_seconds": pretrain_seconds if baseline else None,
+              "pretrain_seconds": None,  # --baseline: each layer's seconds, once pretrained
               # reports tell runs from before upper layers had their own start by its absence
-              "pretrain_layers": pretrain_layers}
+              "pretrain_layers": pretrain_layers, "finetune": config.to_dict()}
+    if baseline:
+        return None, record
     return finetune.FinetuneTrainer(config, backend, host_params, rng), record
+
+
+def baseline_trainer(run, record: dict, spec, data, say):
+    """``--baseline``: pretrain its layers, each a ``ksae-baseline`` run folder inside the run's
+    (:mod:`~ksae_cupy.supervised.baseline_pretrain`; a resume goes on where a stop left them), then the
+    fine-tuning trainer they initialise, seeded as ``--seed`` says; config.json gets each layer's
+    pretraining seconds. Ends the session with the resume line when a stop signal came first."""
+    from ksae_cupy.supervised import baseline_pretrain, baselines
+    from ksae_cupy.supervised.baseline_trainer import config_from_dict
+
+    config = finetune.FinetuneConfig.from_dict(record["finetune"])
+    configs = [config_from_dict(layer) for layer in record["pretrain_layers"]]
+    stack = baseline_pretrain.pretrain_layers(run, configs, spec, data, say)
+    seconds = [sum(r["seconds"] for r in baseline_pretrain.layer_folder(run.folder.path, l).read_metrics())
+               for l in range(1, len(configs) + 1)]  # every epoch's, whichever session trained it
+    run.config["pretrain_seconds"] = record["pretrain_seconds"] = seconds
+    run.folder.write_config(run.config)
+    rng = np.random.default_rng(config.seed)  # as a run that was never stopped: the pretraining draws from its own
+    host_params = finetune.init_from_encoders([baselines.encoder(p) for p in stack], data.n_classes, config.sigma,
+                                              rng, np.dtype(config.dtype))
+    return finetune.FinetuneTrainer(config, run.backend, host_params, rng)
 
 
 def training_rows(data, config):

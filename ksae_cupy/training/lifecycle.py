@@ -52,8 +52,8 @@ class RunLifecycle:
         self.say(message, err=True)
 
     # -- before any work ---------------------------------------------------------------------
-    def open(self, default_dir=None) -> dict | None:
-        """--resume: the run's folder checked, locked (until the process ends or :meth:`release`), its
+    def open(self, default_dir=None, needs_checkpoint: bool = True) -> dict | None:
+        """--resume: the run's folder checked (holding a checkpoint unless ``needs_checkpoint`` is False), locked (until the process ends or :meth:`release`), its
         data checked (:attr:`spec`) and its config.json returned. A new run: its folder checked (made and
         locked by :meth:`begin`) when ``default_dir`` is given, else by :meth:`new_folder` later. Then the
         session's settings (:attr:`settings`) and checkpoint policy (:attr:`policy`)."""
@@ -62,7 +62,7 @@ class RunLifecycle:
             resume = values["resume"]
             resuming.check_overwrite(resume, values.get("overwrite", False))
             self.folder = RunFolder(resume, kind=self.kind)
-            self.folder.check_resumable()
+            self.folder.check_resumable(needs_checkpoint)
             resuming.check_run_dir(values.get("run_dir"), resume)
             self.folder.lock(log=self.log)
             self.previous = self.folder.read_config()
@@ -128,6 +128,14 @@ class RunLifecycle:
     def release(self) -> None:
         if self.folder is not None:
             self.folder.release()
+
+    def nested(self, folder: RunFolder) -> "RunLifecycle":
+        """The lifecycle of a run folder inside this run's (a layer ``ksae-finetune --baseline`` pretrains),
+        made and locked by the caller: this session's settings, device and checkpoint policy."""
+        inner = RunLifecycle(self.command, folder.kind, self.values, self.given, self.echo)
+        inner.folder, inner.settings, inner.backend = folder, self.settings, self.backend
+        inner.policy = CheckpointPolicy(self.settings["checkpoint_every"], self.settings["checkpoint_minutes"])
+        return inner
 
     # -- training --------------------------------------------------------------------------------
     def fit(self, trainer_of, fit, save, epoch_lines, on_batch=None, saves_itself: bool = False, on_end=None) -> None:

@@ -107,10 +107,12 @@ class RunFolder:
                         f"{command or self.kind} --resume {self.path}, discard it with --overwrite, or choose another "
                         f"--run-dir")
 
-    def check_resumable(self) -> None:
+    def check_resumable(self, needs_checkpoint: bool = True) -> None:
+        """A folder ``--resume`` may continue: there, of this kind, writable, not running; with its
+        checkpoint unless ``needs_checkpoint`` is False (a fine-tuning run still pretraining its layers)."""
         if not self.path.is_dir():
             raise KsaeError(f"--resume {self.path}: no such run folder")
-        if not self.checkpoint.is_file():
+        if needs_checkpoint and not self.checkpoint.is_file():
             raise KsaeError(f"--resume {self.path}: the folder holds no {CHECKPOINT}")
         self.check_kind("--resume", f"continue it with {{kind}} --resume {self.path}")
         check_writable_folder(self.path, "--resume")  # its checkpoints are rewritten

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from ksae_cupy.cli.finetune import finetune_command
 from ksae_cupy.datasets.synthetic import make_sparse_signals
+from ksae_cupy.supervised.baseline_trainer import load_baseline_checkpoint
 from ksae_cupy.training.estimator import KSparseAutoencoder
 from ksae_cupy.training.runs import RunFolder
 from clicheck import assert_one_line_error
@@ -193,9 +194,14 @@ def test_baseline_pretrained_here_then_fine_tuned_with_its_dropout(tmp_path, bas
     out = tmp_path / "ft"
     shown = invoke(["--baseline", baseline, "--hidden", hidden, "--pretrain-epochs", "1", "--dataset", "synthetic",
                     "--run-dir", out, *QUICK], expect=0).output
-    # the user learns before the pretraining that it has no checkpoints, and what has them
-    assert "in memory (a stop before fine-tuning starts loses it" in shown and "PRETRAINED_RUN_DIR" in shown
     L = len(hidden.split(","))
+    # each layer is a ksae-baseline run folder inside the run's, with its checkpoint and every epoch's metrics
+    for layer in range(1, L + 1):
+        folder = out / f"pretrain-layer{layer}"
+        assert f"pretraining layer {layer} ({baseline}," in shown and f"run folder {folder}" in shown
+        assert load_baseline_checkpoint(folder / "checkpoint.h5").epoch == 1
+        assert [r["epoch"] for r in RunFolder(folder).read_metrics()] == [1]
+        assert RunFolder(folder).read_config()["kind"] == "ksae-baseline"
     results = json.loads((out / "finetune.json").read_text())
     assert results["kept"] == [None] * L and 0 <= results["test_error"] <= 1
     config = RunFolder(out).read_config()
@@ -206,8 +212,51 @@ def test_baseline_pretrained_here_then_fine_tuned_with_its_dropout(tmp_path, bas
     layers = config["pretrain_layers"]
     assert [layer["hidden"] for layer in layers] == [int(h) for h in hidden.split(",")]
     assert [layer["sigma"] for layer in layers] == ([0.01] * L if baseline == "rbm" else [0.01, 0.1][:L])
-    invoke(["--resume", out, "--device", "cpu"], expect=0)  # a finished run: no pretraining again
+    assert len(config["pretrain_seconds"]) == L and all(seconds > 0 for seconds in config["pretrain_seconds"])
+    again = invoke(["--resume", out, "--device", "cpu"], expect=0).output  # a finished run: no pretraining again
+    assert "pretraining layer" not in again
     assert json.loads((out / "finetune.json").read_text())["test_error"] == results["test_error"]
+    assert RunFolder(out / "pretrain-layer1").read_config()["dataset"] == "synthetic"  # ksae-eval reads it
+
+
+@pytest.mark.parametrize("held_epoch", [1, 3])
+def test_baseline_stopped_while_pretraining_resumes_there_and_ends_bit_identical(tmp_path, held_epoch):
+    """SIGTERM while --baseline pretrains layer 1 (at epoch 1 of 3, or at its last epoch, where the layer is
+    done but the session must still stop): the layer's checkpoint is saved, the stop line tells to resume
+    the fine-tuning run, and that resume goes on pretraining (layer 1 from its checkpoint, then layer 2)
+    and fine-tunes to the very parameters of a run that was never stopped. The signal waits for the
+    run to hold at the epoch (tests/heldrun.py): an event, not a clock."""
+    from heldrun import held_train, wait_until_held
+
+    from ksae_cupy.supervised.checkpoint import load_finetune_checkpoint
+
+    common = ["synthetic", "--baseline", "dropout-ae", "--hidden", "16,8", "--pretrain-epochs", "3", "--epochs", "1",
+              "--batch-size", "500", "--device", "cpu", "--lr-start", "0.1", "--lr-end", "0.01", "--threads", "1"]
+    whole = subprocess.run(FINETUNE + common + ["--quiet", "--run-dir", str(tmp_path / "whole")], capture_output=True,
+                           text=True, env=ENV, timeout=600)
+    assert whole.returncode == 0, whole.stderr
+    stopped = tmp_path / "stopped"
+    proc = subprocess.Popen(held_train(held_epoch, command="finetune") + common + ["--run-dir", str(stopped)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    assert wait_until_held(proc) == held_epoch
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=600)  # closes stdin: the run goes on and stops
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    layer1 = stopped / "pretrain-layer1"
+    assert err.splitlines()[-1] == (f"interrupted in pretraining layer 1, after epoch {held_epoch}; checkpoint saved "
+                                    f"to {layer1 / 'checkpoint.h5'}; continue with: ksae-finetune --resume {stopped}")
+    assert load_baseline_checkpoint(layer1 / "checkpoint.h5").epoch == held_epoch
+    assert not (stopped / "pretrain-layer2").exists() and not (stopped / "checkpoint.h5").exists()
+    resumed = subprocess.run(FINETUNE + ["--resume", str(stopped)], capture_output=True, text=True, env=ENV,
+                             timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert ("pretraining layer 1: done earlier" in resumed.stdout) == (held_epoch == 3)
+    assert [r["epoch"] for r in RunFolder(layer1).read_metrics()] == [1, 2, 3]
+    expected = load_finetune_checkpoint(tmp_path / "whole" / "checkpoint.h5")["params"]
+    got = load_finetune_checkpoint(stopped / "checkpoint.h5")["params"]
+    assert sorted(got) == sorted(expected)
+    for name, value in expected.items():
+        assert got[name].tobytes() == value.tobytes(), name
 
 
 @pytest.mark.parametrize("case,fragments", [
@@ -297,3 +346,29 @@ def test_progress_lines_name_the_phase_and_the_batch(runs, tmp_path):
     assert n_batches >= 2 and lines[0].startswith("  phase softmax epoch 1/1  batch 1/")
     assert any(line.startswith("  phase all epoch 1/1  batch ") and "samples/s  ETA " in line for line in lines)
     assert json.loads((tmp_path / "ft" / "config.json").read_text())["progress_seconds"] == 0
+
+
+def test_baseline_overwrite_pretrains_again_and_a_foreign_layer_is_refused_on_resume(tmp_path):
+    """A new --baseline run never takes up the layers an earlier run left in its folder: without --overwrite
+    it is refused, with it the layers train again (their epoch count is the new run's); a resume refuses a
+    layer checkpoint whose settings are not the run's (one copied in from another run)."""
+    out = tmp_path / "ft"
+    args = ["--baseline", "dropout-ae", "--hidden", "16", "--dataset", "synthetic", "--run-dir", out, *QUICK]
+    invoke(args + ["--pretrain-epochs", "2"], expect=0)
+    (out / "finetune.json").unlink()
+    (out / "checkpoint.h5").unlink()
+    (out / "config.json").unlink()
+    (out / "metrics.jsonl").unlink()
+    assert_one_line_error(invoke(args + ["--pretrain-epochs", "1"], expect=2),
+                          f"{out / 'pretrain-layer1'} holds an earlier run's pretraining", "--overwrite")
+    invoke(args + ["--pretrain-epochs", "1", "--overwrite"], expect=0)
+    assert load_baseline_checkpoint(out / "pretrain-layer1" / "checkpoint.h5").epoch == 1
+    other = tmp_path / "other"
+    invoke(["--baseline", "denoising-ae", "--hidden", "16", "--dataset", "synthetic", "--run-dir", other,
+            "--pretrain-epochs", "1", *QUICK], expect=0)
+    for name in ("checkpoint.h5", "finetune.json"):
+        (out / name).unlink()  # as if stopped before fine-tuning began
+    shutil.copy(other / "pretrain-layer1" / "checkpoint.h5", out / "pretrain-layer1" / "checkpoint.h5")
+    shutil.copy(other / "pretrain-layer1" / "config.json", out / "pretrain-layer1" / "config.json")
+    assert_one_line_error(invoke(["--resume", out], expect=2), "is not the layer this run pretrains",
+                          "input_dropout 0.2 (config.json: 0.0)")

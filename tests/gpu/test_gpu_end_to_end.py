@@ -94,3 +94,26 @@ def test_eval_and_finetune_on_the_gpu_agree_with_the_cpu(tmp_path):
     assert finetuned["gpu"]["device"] == "gpu:0" and finetuned["gpu"]["kept"] == finetuned["cpu"]["kept"] == [10]
     for split in ("valid_error", "test_error"):
         assert abs(finetuned["gpu"][split] - finetuned["cpu"][split]) <= 0.01, (split, finetuned)
+
+
+def test_finetune_baseline_pretrains_its_layers_on_the_gpu_as_on_the_cpu(tmp_path):
+    """ksae-finetune --baseline on the GPU: each layer a ksae-baseline run folder trained on the device
+    (the dropout masks drawn on the host, so the same as the CPU run's), equal to the CPU run's layers
+    within float32 rounding, then fine-tuned to the same errors within 2 of the 200 signals."""
+    from ksae_cupy.supervised.baseline_trainer import load_baseline_checkpoint
+
+    layers, results = {}, {}
+    for device in ("cpu", "gpu"):
+        out = tmp_path / f"ft-{device}"
+        invoke(finetune_command, ["synthetic", "--baseline", "dropout-denoising-ae", "--hidden", "32,16",
+                                  "--pretrain-epochs", "2", "--epochs", "1", "--batch-size", "100", "--lr-start", "0.1",
+                                  "--lr-end", "0.01", "--device", device, "--run-dir", out, "--quiet"])
+        layers[device] = [load_baseline_checkpoint(out / f"pretrain-layer{l}" / "checkpoint.h5") for l in (1, 2)]
+        results[device] = json.loads((out / "finetune.json").read_text())
+    assert results["gpu"]["device"] == "gpu:0"
+    for cpu, gpu in zip(layers["cpu"], layers["gpu"]):
+        assert gpu.epoch == cpu.epoch == 2
+        for name, value in cpu.params.items():
+            np.testing.assert_allclose(gpu.params[name], value, rtol=1e-3, atol=1e-5, err_msg=name)
+    for split in ("valid_error", "test_error"):
+        assert abs(results["gpu"][split] - results["cpu"][split]) <= 0.01, (split, results)
