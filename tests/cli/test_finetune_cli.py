@@ -216,7 +216,14 @@ def test_baseline_pretrained_here_then_fine_tuned_with_its_dropout(tmp_path, bas
     again = invoke(["--resume", out, "--device", "cpu"], expect=0).output  # a finished run: no pretraining again
     assert "pretraining layer" not in again
     assert json.loads((out / "finetune.json").read_text())["test_error"] == results["test_error"]
-    assert RunFolder(out / "pretrain-layer1").read_config()["dataset"] == "synthetic"  # ksae-eval reads it
+    if L == 1:  # layer 1 is a baseline run of the fine-tuning run's data: ksae-eval classifies its features
+        from ksae_cupy.cli.evaluate import eval_command
+
+        evaluated = CliRunner().invoke(eval_command, [str(out / "pretrain-layer1"), "--device", "cpu", "--l2", "1e-3",
+                                                      "--l2-extend", "0", "--quiet"], catch_exceptions=False)
+        assert evaluated.exit_code == 0, evaluated.output
+        report = json.loads((out / "pretrain-layer1" / "eval.json").read_text())
+        assert report["dataset"] == "synthetic" and 0 <= report["features"]["test_error"] <= 1
 
 
 @pytest.mark.parametrize("held_epoch", [1, 3])
