@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ksae_cupy.training.runs import CHECKPOINT, CONFIG, FINETUNE, METRICS, TRAIN, config_kind, parse_metrics
+from ksae_cupy.training.runs import (CHECKPOINT, CONFIG, FINETUNE, METRICS, PRETRAIN_LAYER, TRAIN, config_kind,
+                                    parse_metrics)
 
 BASELINE = "ksae-baseline"
 EVAL, FINETUNE_RESULTS = "eval.json", "finetune.json"
@@ -75,6 +76,13 @@ class RunState:
     diverged: str | None = None  # the message of a run that diverged (diverged.json)
 
     @property
+    def pretraining(self) -> bool:
+        """A ``ksae-finetune --baseline`` run stopped while pretraining its layers: no checkpoint of its own
+        yet, but its layer 1's (``--resume`` goes on from there)."""
+        return (self.kind == FINETUNE and not self.has_checkpoint and bool(self.config.get("pretrain_layers"))
+                and (self.path / PRETRAIN_LAYER.format(1) / CHECKPOINT).is_file())
+
+    @property
     def trained(self) -> bool:
         return self.epochs_asked is not None and self.epochs_done >= self.epochs_asked
 
@@ -99,6 +107,8 @@ class RunState:
             return f"trained ({self.epochs_done} epochs), not evaluated"
         if self.has_checkpoint:
             return f"stopped at epoch {self.epochs_done} of {self.epochs_asked}"
+        if self.pretraining:
+            return "stopped while pretraining its layers"
         return "not started" + (f" (stopped at epoch {self.epochs_done}, before its first checkpoint)"
                                 if self.epochs_done else "")
 

@@ -332,7 +332,7 @@ def _steps(t: Target, root: Path, s: Settings, found: list[Found], script: str, 
                                        "--weight-decay", decay, "--epochs", t.length.pretrain, "--seed", t.seed,
                                        *threads, "--run-dir", t.folder])
         return [train, evaluate]
-    if state is not None and state.has_checkpoint:
+    if state is not None and (state.has_checkpoint or state.pretraining):
         return [("ksae-finetune", ["--resume", t.folder])]
     tune = ["--epochs", t.length.finetune, "--seed", t.seed, *threads]
     if t.key.startswith("no-pretraining"):

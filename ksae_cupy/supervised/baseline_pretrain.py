@@ -23,7 +23,7 @@ from ksae_cupy.errors import KsaeError
 from ksae_cupy.supervised import baseline_run
 from ksae_cupy.supervised import baseline_trainer as bt
 from ksae_cupy.supervised.baselines import encode
-from ksae_cupy.training.runs import RunFolder, dataset_record
+from ksae_cupy.training.runs import PRETRAIN_LAYER, RunFolder, dataset_record
 from ksae_cupy.training.wording import interrupted, position
 
 
@@ -40,7 +40,7 @@ def still_pretraining(run_dir) -> bool:
 
 def layer_folder(run_path: Path, layer: int) -> RunFolder:
     """Layer ``layer``'s (1-based) ``ksae-baseline`` run folder inside the fine-tuning run at ``run_path``."""
-    return RunFolder(Path(run_path) / f"pretrain-layer{layer}", kind=bt.KIND)
+    return RunFolder(Path(run_path) / PRETRAIN_LAYER.format(layer), kind=bt.KIND)
 
 
 def pretrain_layers(run, configs: list, spec, data, say) -> list[dict]:

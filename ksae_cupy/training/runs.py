@@ -39,6 +39,8 @@ METRICS = "metrics.jsonl"
 RUN_FILES = (CHECKPOINT, CONFIG, METRICS)
 # The commands whose run folders hold a checkpoint, and what each one's checkpoint is.
 TRAIN, FINETUNE = "ksae-train", "ksae-finetune"
+# Layer l's folder inside a ksae-finetune --baseline run (supervised/baseline_pretrain.py): a ksae-baseline run.
+PRETRAIN_LAYER = "pretrain-layer{}"
 # Model- and batch-shaping options a checkpoint and config.json's "train" must agree on when
 # either lacks a run_id (folders written before identities existed).
 SHAPING = ("hidden", "k", "batch_size", "seed", "dtype", "sigma", "momentum")

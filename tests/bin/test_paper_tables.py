@@ -502,3 +502,19 @@ def test_an_in_memory_deep_autoencoder_from_before_upper_layers_had_their_own_st
     assert placed[old.name] == ("deep-dropout-ae", ("layer 2 pretrained at sigma 0.01",))
     assert placed[new.name] == ("deep-dropout-ae", ())
     assert placed[shallow.name][1] == ()  # one layer: nothing above it
+
+
+def test_a_baseline_fine_tuning_stopped_while_pretraining_is_resumed_not_started_again(root):
+    """ksae-finetune --baseline writes its config.json before pretraining its layers, each a run folder
+    inside its own; stopped there it has no checkpoint of its own, only its layers': the tables resume it
+    (starting it again would clear its config.json and be refused by the layers' folders)."""
+    folder = finetune_run(root / "fn-deep-dropout-ae-500-200", [], phases=("softmax", "top", "all"), done=0,
+                          baseline="dropout-ae", layers=2, pretrain_epochs=500,
+                          pretrain_layers=[{"hidden": 1000, "sigma": 0.01}, {"hidden": 1000, "sigma": 0.1}])
+    (folder / "checkpoint.h5").unlink()
+    baseline_run(folder / "pretrain-layer1", "dropout-ae", 500, done=120)  # its checkpoint: what a resume goes on from
+    state = next(f.state for f in tables.collect(root) if f.state.path == folder)
+    assert state.pretraining and state.describe() == "stopped while pretraining its layers"
+    target = next(t for t in tables.plan(root, [("fn_mnist", "deep-dropout-ae")], tables.Settings())
+                  if t.key == "deep-dropout-ae")
+    assert target.folder == folder and target.steps == [("ksae-finetune", ["--resume", folder])]
