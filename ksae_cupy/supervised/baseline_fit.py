@@ -1,5 +1,6 @@
 """Training the paper's baselines to completion in one call (the Python API; ``ksae-finetune --baseline``
-takes only :func:`stack_configs` and trains each layer as a run folder, :mod:`.baseline_pretrain`): each through :class:`~ksae_cupy.supervised.baseline_trainer.BaselineTrainer`, the
+takes only :func:`stack_configs`, and trains each layer as a run folder: :mod:`.baseline_pretrain`):
+each through :class:`~ksae_cupy.supervised.baseline_trainer.BaselineTrainer`, the
 resumable loop ``ksae-baseline`` runs; and greedy layer-wise stacks of them (section 4.6).
 
 The models and their gradients are in :mod:`ksae_cupy.supervised.baselines`; this module sits

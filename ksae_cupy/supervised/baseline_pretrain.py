@@ -23,6 +23,7 @@ from ksae_cupy.errors import KsaeError
 from ksae_cupy.supervised import baseline_run
 from ksae_cupy.supervised import baseline_trainer as bt
 from ksae_cupy.supervised.baselines import encode
+from ksae_cupy.training.progress import RunProgress
 from ksae_cupy.training.runs import PRETRAIN_LAYER, RunFolder, dataset_record
 from ksae_cupy.training.wording import interrupted, position
 
@@ -68,10 +69,15 @@ def pretrain_layers(run, configs: list, spec, data, say) -> list[dict]:
             say(f"pretraining layer {layer} ({record['model']}, {config.hidden} units, {config.epochs} epochs): "
                 f"run folder {folder.path}")
             layer_run = run.nested(folder)
+            progress = RunProgress(baseline_run.progress_view(trainer), X_train.shape[0],
+                                   enabled=not run.values.get("quiet"), tty=sys.stderr.isatty(),
+                                   interval_s=run.settings["progress_seconds"], echo=run.echo)
             layer_run.fit(lambda: trainer,
                           lambda on_epoch, on_batch: baseline_run.fit(trainer, X_train, X_valid, on_epoch, on_batch),
                           lambda: trainer.save(folder.checkpoint),
-                          lambda report: [_epoch_line(layer, report, config.epochs)])
+                          lambda report: [f"pretrain layer {layer} {line}"  # ksae-baseline's lines, ETA included
+                                          for line in baseline_run.epoch_lines(report, trainer, progress)],
+                          on_batch=progress.on_batch, on_end=progress.clear)
             if trainer.stop_requested:  # a stop signal: the session ends here, even after the layer's last epoch
                 at = position(trainer.epoch, trainer.batch_in_epoch)
                 run.echo(interrupted(f"in pretraining layer {layer}, {at}", folder.checkpoint, run.command,
@@ -116,9 +122,3 @@ def _data_record(spec) -> dict:
     if spec.is_user_file:
         record["data"] = spec.record()  # labels and splits, for ksae-eval
     return record
-
-
-def _epoch_line(layer: int, report, epochs: int) -> str:
-    valid = f"  valid {report.valid_loss:.4f}" if report.valid_loss is not None else ""
-    return (f"pretrain layer {layer} epoch {report.epoch}/{epochs}  loss {report.train_loss:.4f}{valid}  "
-            f"{report.seconds:.1f} s")
