@@ -83,7 +83,11 @@ def finetune_command(ctx, pretrained, **values):
         trainer, record = ft.new_trainer(values, pretrained, read, data, run.backend)
         record.update({"dataset": spec.data, "data": spec.record()})
     backend = run.backend
-    config = trainer.config if trainer is not None else FinetuneConfig.from_dict(record["finetune"])
+    if trainer is None:  # --baseline before its fine-tuning: on a resume, --step and --topk apply as to a checkpoint
+        applied = {name: values[name] for name in ft.IN_CHECKPOINT if run.resuming and name in given}
+        config = FinetuneConfig.from_dict({**record["finetune"], **applied})
+    else:
+        config = trainer.config
     step_kind = config.resolved_step(backend)
     say(backend.description)
     say(run.threads_line)

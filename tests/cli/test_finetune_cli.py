@@ -254,9 +254,11 @@ def test_baseline_stopped_while_pretraining_resumes_there_and_ends_bit_identical
                                     f"to {layer1 / 'checkpoint.h5'}; continue with: ksae-finetune --resume {stopped}")
     assert load_baseline_checkpoint(layer1 / "checkpoint.h5").epoch == held_epoch
     assert not (stopped / "pretrain-layer2").exists() and not (stopped / "checkpoint.h5").exists()
-    resumed = subprocess.run(FINETUNE + ["--resume", str(stopped)], capture_output=True, text=True, env=ENV,
-                             timeout=600)
+    # --topk is applied on a resume, as to a checkpoint (the same math: sigmoid layers keep every unit)
+    resumed = subprocess.run(FINETUNE + ["--resume", str(stopped), "--topk", "threshold"], capture_output=True,
+                             text=True, env=ENV, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
+    assert RunFolder(stopped).read_config()["finetune"]["topk"] == "threshold"
     assert ("pretraining layer 1: done earlier" in resumed.stdout) == (held_epoch == 3)
     assert [r["epoch"] for r in RunFolder(layer1).read_metrics()] == [1, 2, 3]
     expected = load_finetune_checkpoint(tmp_path / "whole" / "checkpoint.h5")["params"]
