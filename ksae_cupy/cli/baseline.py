@@ -43,7 +43,7 @@ def baseline_command(ctx, dataset, **values):
     from ksae_cupy.training.progress import RunProgress
     from ksae_cupy.supervised import baseline_run
     from ksae_cupy.supervised import baseline_trainer as bt
-    from ksae_cupy.training.runs import dataset_record
+    from ksae_cupy.training.runs import data_record
 
     values["dataset"] = dataset
     run = run_of(ctx, "ksae-baseline", KIND, values)
@@ -64,9 +64,7 @@ def baseline_command(ctx, dataset, **values):
         run.open(lambda: default_run_dir(dataset, values["model"], values["hidden"]))
         run.start()
         trainer = None
-    record = dataset_record(spec.data)
-    if spec.is_user_file:
-        record["data"] = spec.record()  # labels and splits, for ksae-eval and --resume
+    record = data_record(spec)
     backend = run.backend
     say(backend.description)
     say(run.threads_line)

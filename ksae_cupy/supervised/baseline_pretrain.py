@@ -24,7 +24,7 @@ from ksae_cupy.supervised import baseline_run
 from ksae_cupy.supervised import baseline_trainer as bt
 from ksae_cupy.supervised.baselines import encode
 from ksae_cupy.training.progress import RunProgress
-from ksae_cupy.training.runs import PRETRAIN_LAYER, RunFolder, dataset_record
+from ksae_cupy.training.runs import PRETRAIN_LAYER, RunFolder, data_record
 from ksae_cupy.training.wording import interrupted, position
 
 
@@ -57,7 +57,7 @@ def pretrain_layers(run, configs: list, spec, data, say) -> list[dict]:
     for layer, config in enumerate(configs, start=1):
         folder = layer_folder(run.folder.path, layer)
         trainer = _layer_trainer(folder, config, X_train.shape[1], backend, run, layer)
-        record = {**(_data_record(spec) if layer == 1 else
+        record = {**(data_record(spec) if layer == 1 else
                      {"dataset": None, "input": f"the features of {layer_folder(run.folder.path, layer - 1).path}"}),
                   "model": bt.model_name(config), "baseline": bt.config_to_dict(trainer.config),
                   **run.settings, "device": backend.name, "run_dir": str(folder.path)}
@@ -115,10 +115,3 @@ def _layer_trainer(folder: RunFolder, config, D: int, backend, run, layer: int):
                         f"discard it with --overwrite, or choose another --run-dir")
     folder.create(log=run.log, new=True, overwrite=overwrite)
     return bt.BaselineTrainer(config, backend, D)
-
-
-def _data_record(spec) -> dict:
-    record = dataset_record(spec.data)
-    if spec.is_user_file:
-        record["data"] = spec.record()  # labels and splits, for ksae-eval
-    return record

@@ -320,6 +320,15 @@ def dataset_record(dataset: str, with_sha256: bool = True) -> dict:
     return record
 
 
+def data_record(spec) -> dict:
+    """config.json's record of a run's data (:class:`~ksae_cupy.datasets.user_files.DataSpec`): the
+    dataset (:func:`dataset_record`) and, for a user file, its labels and splits (for ksae-eval and --resume)."""
+    record = dataset_record(spec.data)
+    if spec.is_user_file:
+        record["data"] = spec.record()
+    return record
+
+
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
