@@ -58,7 +58,12 @@ FINETUNE = [
     Option("train_on", "Rows fine-tuned on: train (MNIST: 50,000; the validation error is reported), or beyond the "
            "paper's stated split train+valid (60,000: the schedule is fixed, so validation chooses nothing; no "
            "validation error then).", FINETUNE_PAPER.train_on, TRAIN_ON),
-    Option("momentum", "Momentum (paper, MNIST: 0.25; NORB: 0.9).", FINETUNE_PAPER.momentum, float),
+    Option("momentum", "Momentum (paper, MNIST: 0.25; NORB: 0.9); with --momentum-end the first of a ramp.",
+           FINETUNE_PAPER.momentum, float),
+    Option("momentum_end", "Beyond the paper's numbers (it says training \"started with\" 0.25): the momentum rises "
+           "linearly from --momentum to this over each phase's first --momentum-epochs, then stays. "
+           "[default: none, --momentum throughout]", None, float),
+    Option("momentum_epochs", "With --momentum-end: the ramp's length in epochs. [default: --epochs]", None, int),
     Option("batch_size", "Minibatch size of the fine-tuning (and of --baseline's pretraining).",
            FINETUNE_PAPER.batch_size, int),
     Option("sigma", "Std of the Gaussian initial softmax (and random) weights.", FINETUNE_PAPER.sigma, float),

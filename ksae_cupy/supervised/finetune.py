@@ -278,6 +278,11 @@ class FinetuneConfig(DictConfig):
     lr_end: float = 0.001
     softmax_lr_start: float | None = None  # beyond the paper: the softmax-only phase's own first rate
     momentum: float = 0.25
+    # Beyond the paper's stated numbers: "training started with m = 0.25" read as a momentum that rises, linearly
+    # to ``momentum_end`` over each phase's first ``momentum_epochs`` epochs (None: all of them), then stays.
+    # None (the default, and every config written before the field existed): 0.25 throughout.
+    momentum_end: float | None = None
+    momentum_epochs: int | None = None
     sigma: float = 0.01
     topk: str = "sort"
     seed: int = 0
@@ -313,6 +318,13 @@ class FinetuneConfig(DictConfig):
                                                       f"and the phases are {','.join(self.phases)}; drop it or "
                                                       f"add softmax to {{phases}}")
         check_momentum("--momentum", self.momentum)
+        if self.momentum_end is not None:
+            check_momentum("--momentum-end", self.momentum_end)
+        if self.momentum_epochs is not None:
+            check_positive_count("--momentum-epochs", self.momentum_epochs, "epochs")
+            if self.momentum_end is None:
+                raise KsaeError(f"--momentum-epochs {self.momentum_epochs} is the length of a momentum ramp, and "
+                                f"there is none; give --momentum-end too, or drop --momentum-epochs")
         if self.topk not in TOPK_METHODS:
             raise OptionError("topk", f"{{name}} {literal(repr(self.topk))} is not allowed; use one of "
                                       f"{', '.join(TOPK_METHODS)}")
@@ -320,7 +332,9 @@ class FinetuneConfig(DictConfig):
         check_in_dtype(self.dtype, **{"--lr-start": ("rate", self.lr_start), "--lr-end": ("rate", self.lr_end),
                                       **({} if self.softmax_lr_start is None else
                                          {"--softmax-lr-start": ("rate", self.softmax_lr_start)}),
-                                      "--sigma": ("sigma", self.sigma), "--momentum": ("momentum", self.momentum)})
+                                      "--sigma": ("sigma", self.sigma), "--momentum": ("momentum", self.momentum),
+                                      **({} if self.momentum_end is None else
+                                         {"--momentum-end": ("momentum", self.momentum_end)})})
         if len(self.activations) != len(self.kept):
             raise KsaeError(f"activations {self.activations} name {len(self.activations)} layers but kept "
                             f"{self.kept} has {len(self.kept)}; give one activation per hidden layer")
@@ -371,6 +385,7 @@ class FinetuneReport:
     train_loss: float  # mean over the epoch's batches of the cross-entropy
     valid_error: float | None
     seconds: float
+    momentum: float | None = None  # the epoch's momentum (it varies only with a --momentum-end ramp)
 
 
 class FinetuneTrainer:
@@ -419,6 +434,15 @@ class FinetuneTrainer:
     def current_lr(self) -> float:
         return linear_decay(self.epoch, self.config.epochs, self.phase_lr_start(), self.config.lr_end)
 
+    def current_momentum(self) -> float:
+        """The momentum of the current epoch: ``momentum``, or on its ramp to ``momentum_end`` (restarted with each
+        phase, as the learning rate's schedule is)."""
+        cfg = self.config
+        if cfg.momentum_end is None:
+            return cfg.momentum
+        ramp = cfg.epochs if cfg.momentum_epochs is None else cfg.momentum_epochs
+        return linear_decay(min(self.epoch, ramp - 1), ramp, cfg.momentum, cfg.momentum_end)
+
     def phase_lr_start(self) -> float:
         """The current phase's first rate: ``lr_start``, or ``softmax_lr_start`` in the softmax phase when set
         (the softmax on 1000 dense sigmoid features takes steps far larger than on alpha*k sparse ones)."""
@@ -433,7 +457,8 @@ class FinetuneTrainer:
         cfg = self.config
         trainable = trainable_names(self.phase, self.L)
         N = X_nd.shape[0]
-        lr = self.current_lr()
+        lr, momentum = self.current_lr(), self.current_momentum()
+        self.optimizer.momentum = momentum
         if self.epoch_perm is None:
             self.epoch_perm = self.rng.permutation(N)
             self.batch_in_epoch = 0
@@ -473,7 +498,7 @@ class FinetuneTrainer:
         report = FinetuneReport(
             phase=phase, epoch=self.epoch, step=self.step, lr=lr, train_loss=loss_sum / max(loss_batches, 1),
             valid_error=self.error(X_valid_nd, y_valid_n) if X_valid_nd is not None else None,
-            seconds=time.perf_counter() - start)
+            seconds=time.perf_counter() - start, momentum=momentum)
         if self.epoch >= cfg.epochs:
             self._next_phase()
         return report

@@ -41,7 +41,8 @@ class PhasePace:
         self.add(report)
         eta = self.eta(trainer)
         return (f"phase {report.phase} epoch {report.epoch}/{trainer.config.epochs}  lr {report.lr:.4g}  "
-                f"loss {report.train_loss:.4f}  "
+                + ("" if trainer.config.momentum_end is None else f"momentum {report.momentum:.3g}  ")
+                + f"loss {report.train_loss:.4f}  "
                 + ("" if report.valid_error is None else f"valid error {100 * report.valid_error:.2f}%  ")
                 + f"{report.seconds:.1f} s"
                 + (f"  ETA {eta}" if eta else ""))

@@ -189,7 +189,7 @@ def new_trainer(values: dict, pretrained, read, data, backend):
     kept = [None if k_l is None else alpha_k(k_l, values["alpha"], H_l) for k_l, H_l in zip(ks, sizes)]
     config = finetune.FinetuneConfig(kept=kept, phases=_parse_phases(values["phases"], len(ks)), **network, **{
         name: values[name] for name in ("epochs", "batch_size", "lr_start", "lr_end", "softmax_lr_start", "momentum",
-                                        "sigma", "seed",
+                                        "momentum_end", "momentum_epochs", "sigma", "seed",
                                         "dtype", "step", "topk", "train_on")})
     check_batch_size("--batch-size", config.batch_size, len(data.X_train))  # the rest: the trainer validates
     record = {"alpha": values["alpha"], "pretrained": sources, "no_pretraining": bool(values["no_pretraining"]),

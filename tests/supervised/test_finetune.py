@@ -273,17 +273,78 @@ def test_softmax_lr_start_sets_the_softmax_phase_rate_and_no_other():
     assert rates["plain softmax"] == rates["top"]  # unset: the paper's one schedule for every phase
 
 
+def test_momentum_end_ramps_the_momentum_in_each_phase_and_the_update_uses_it():
+    """--momentum-end: the momentum rises linearly from --momentum over --momentum-epochs (default: the
+    phase's epochs), then stays; each phase starts the ramp again, as it does the rate."""
+    rng = np.random.default_rng(0)
+    X, y = rng.random((80, 16)), rng.integers(0, 3, 80)
+    trainer = make_trainer(["top", "all"], epochs=4)
+    trainer.config.momentum_end = 0.8
+    seen = {}
+    trainer.fit(X, y, on_epoch=lambda r: seen.setdefault(r.phase, []).append(r.momentum))
+    assert seen["top"] == pytest.approx([0.5, 0.6, 0.7, 0.8]) and seen["all"] == seen["top"]
+    short = make_trainer(["all"], epochs=4)
+    short.config.momentum_end, short.config.momentum_epochs = 0.8, 2
+    short.fit(X, y, on_epoch=lambda r: seen.setdefault("short", []).append(r.momentum))
+    assert seen["short"] == pytest.approx([0.5, 0.8, 0.8, 0.8])
+    plain = make_trainer(["all"], epochs=4)
+    plain.fit(X, y, on_epoch=lambda r: seen.setdefault("plain", []).append(r.momentum))
+    assert seen["plain"] == [0.5] * 4  # unset: the paper's one momentum throughout
+
+    # The update applies the epoch's momentum: epoch 1 (momentum 0.5 on either) is the same to the bit,
+    # epoch 2 is not, and it is what a constant 0.8 from the same state would do.
+    ramped, constant = make_trainer(["all"], epochs=2), make_trainer(["all"], epochs=2)
+    ramped.config.momentum_end = 0.8
+    for trainer in (ramped, constant):
+        trainer.run_epoch(X, y)
+    assert all(ramped.params[n].tobytes() == constant.params[n].tobytes() for n in ramped.params)
+    constant.config.momentum = 0.8  # the second epoch of the ramp
+    for trainer in (ramped, constant):
+        trainer.run_epoch(X, y)
+    assert all(ramped.params[n].tobytes() == constant.params[n].tobytes() for n in ramped.params)
+    unramped = make_trainer(["all"], epochs=2)
+    unramped.fit(X, y)
+    assert not np.array_equal(unramped.params["W1_dh"], ramped.params["W1_dh"])
+
+
+def test_stopped_mid_ramp_then_resumed_equals_uninterrupted(tmp_path):
+    from ksae_cupy.supervised.checkpoint import load_finetune_checkpoint, save_finetune_checkpoint
+
+    def ramped():
+        trainer = make_trainer(["top", "all"], epochs=3, **VARIANTS["sigmoid+dropout"])
+        trainer.config.momentum_end, trainer.config.momentum_epochs = 0.9, 2
+        return trainer
+
+    uninterrupted = ramped()
+    uninterrupted.fit(X_tr, y_tr)
+    stopped = ramped()
+
+    def stop_in_phase_two(done, total):
+        if stopped.phase_index == 1 and stopped.epoch == 1 and done == 2:
+            stopped.stop_requested = True
+
+    stopped.fit(X_tr, y_tr, on_batch=stop_in_phase_two)
+    save_finetune_checkpoint(tmp_path / "f.h5", stopped.state())
+    resumed = finetune.FinetuneTrainer.from_state(load_finetune_checkpoint(tmp_path / "f.h5"), CPU)
+    assert (resumed.config.momentum_end, resumed.config.momentum_epochs) == (0.9, 2)
+    resumed.fit(X_tr, y_tr)
+    for name, value in uninterrupted.params.items():
+        assert resumed.params[name].tobytes() == value.tobytes(), name
+
+
 def test_config_round_trips_and_old_configs_load_with_defaults(tmp_path):
     import json
 
     config = finetune.FinetuneConfig(kept=[None, 6], activations=["sigmoid", "ksparse"], input_dropout=0.2,
-                                     hidden_dropout=0.5, phases=["softmax", "all"], epochs=3, softmax_lr_start=0.02)
+                                     hidden_dropout=0.5, phases=["softmax", "all"], epochs=3, softmax_lr_start=0.02,
+                                     momentum_end=0.9, momentum_epochs=2)
     assert finetune.FinetuneConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
     old = {"kept": [75, 75], "phases": ["all"], "epochs": 200, "batch_size": 128, "lr_start": 1.0,
            "lr_end": 0.001, "momentum": 0.25, "sigma": 0.01, "topk": "sort", "seed": 0, "dtype": "float32"}
     loaded = finetune.FinetuneConfig.from_dict(old)
     assert loaded.activations == ["ksparse", "ksparse"]
     assert (loaded.input_dropout, loaded.hidden_dropout, loaded.softmax_lr_start) == (0.0, 0.0, None)
+    assert (loaded.momentum_end, loaded.momentum_epochs) == (None, None)
     loaded.validate(hidden=[1000, 1000])
 
 
@@ -299,6 +360,9 @@ def test_config_round_trips_and_old_configs_load_with_defaults(tmp_path):
                                   "add softmax to phases"]),
     (dict(softmax_lr_start=0.0, phases=["softmax", "all"]), ["--softmax-lr-start", "0.0"]),
     (dict(train_on="all"), ["train_on 'all' is not allowed", "train, train+valid"]),
+    (dict(momentum_end=1.0), ["--momentum-end 1.0", "0 <= momentum < 1"]),
+    (dict(momentum_end=0.9, momentum_epochs=0), ["--momentum-epochs 0", "epochs"]),
+    (dict(momentum_epochs=5), ["--momentum-epochs 5", "give --momentum-end too"]),
 ])
 def test_bad_network_options_are_one_line_errors(changes, fragments):
     from ksae_cupy.errors import KsaeError
