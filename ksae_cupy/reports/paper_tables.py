@@ -25,6 +25,7 @@ from ksae_cupy.reports.folders import BASELINE, DIVERGED, RunState, clear_unstar
 from ksae_cupy.reports.markdown import percent, percent_spread, table
 from ksae_cupy.supervised.baseline_trainer import config_for
 from ksae_cupy.supervised.baselines import REGULARISATION
+from ksae_cupy.supervised.finetune import FinetuneConfig
 from ksae_cupy.training.runs import FINETUNE, TRAIN
 
 ERR, FN = "err_mnist", "fn_mnist"
@@ -90,6 +91,7 @@ class Found:
         mean_only = (config.get("baseline") not in (None, "rbm") and len(tuned.get("kept") or []) > 1
                      and config.get("pretrain_layers") is None)
         return tuple(note for note in (gpu, None if softmax is None else f"softmax phase from lr {softmax:g}",
+                                       _momentum_note(tuned) if self.table == FN else None,
                                        None if rows == "train" else f"fine-tuned on {rows}",
                                        "layer 2 pretrained at sigma 0.01" if mean_only else None) if note)
 
@@ -100,6 +102,30 @@ class Found:
     @property
     def valid_error(self):
         return _errors(self)[1]
+
+
+PAPER_FINETUNE = FinetuneConfig()  # the paper's supervised settings: momentum 0.25 throughout
+
+
+def _momentum_note(tuned: dict) -> str | None:
+    """A fine-tuning's momentum where it is not the paper's 0.25 throughout: a rising one, or another constant."""
+    start, end = tuned.get("momentum", PAPER_FINETUNE.momentum), tuned.get("momentum_end")
+    if end is not None:
+        return f"momentum {start:g} -> {end:g}" + (f" over {tuned['momentum_epochs']} epochs"
+                                                   if tuned.get("momentum_epochs") is not None else "")
+    return None if start == PAPER_FINETUNE.momentum else f"momentum {start:g}"
+
+
+def _momentum_options(tuned: dict) -> list:
+    """ksae-finetune's momentum options that made ``tuned`` where they are not the paper's."""
+    options = []
+    if tuned.get("momentum", PAPER_FINETUNE.momentum) != PAPER_FINETUNE.momentum:
+        options += ["--momentum", f"{tuned['momentum']:g}"]
+    if tuned.get("momentum_end") is not None:
+        options += ["--momentum-end", f"{tuned['momentum_end']:g}"]
+    if tuned.get("momentum_epochs") is not None:
+        options += ["--momentum-epochs", tuned["momentum_epochs"]]
+    return options
 
 
 def _errors(found: Found):
@@ -448,6 +474,7 @@ def _made_by(found: Found, command_text, target: Target | None) -> str:
                 how += ["--phases", ",".join(tuned["phases"])]
         if tuned.get("train_on", "train") != "train":
             how += ["--train-on", tuned["train_on"]]
+        how += _momentum_options(tuned)
         made = ("ksae-finetune", [*how, "--epochs", tuned["epochs"], "--seed", tuned.get("seed", 0), "--run-dir",
                                   state.path])
         return f"`{command_text(*made)}`"

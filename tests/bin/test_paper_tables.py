@@ -518,3 +518,27 @@ def test_a_baseline_fine_tuning_stopped_while_pretraining_is_resumed_not_started
     target = next(t for t in tables.plan(root, [("fn_mnist", "deep-dropout-ae")], tables.Settings())
                   if t.key == "deep-dropout-ae")
     assert target.folder == folder and target.steps == [("ksae-finetune", ["--resume", folder])]
+
+
+def test_a_fine_tuning_with_another_momentum_is_its_own_line_not_a_seed_and_its_command_says_so(root, tmp_path):
+    source = [ksparse_source(root / "k25-seed0", 5000)]
+    rising = finetune_run(root / "ft-ksparse-rising", source, test=0.0150)
+    steady = finetune_run(root / "ft-ksparse-steady", source, test=0.0160)
+    for folder, settings in ((rising, dict(momentum=0.25, momentum_end=0.9)), (steady, dict(momentum=0.5))):
+        config = json.loads((folder / "config.json").read_text())
+        config["finetune"].update(settings)
+        (folder / "config.json").write_text(json.dumps(config))
+    placed = {f.state.path.name: f.notes for f in tables.collect(root)}
+    assert (placed["ft-ksparse"], placed["ft-ksparse-rising"], placed["ft-ksparse-steady"]) == \
+        ((), ("momentum 0.25 -> 0.9",), ("momentum 0.5",))
+    out = tmp_path / "tables.md"
+    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
+    text = out.read_text()
+    label = next(cells[0] for cells in ([c.strip() for c in line.strip("|").split("|")] for line in text.splitlines())
+                 if cells[0].endswith(", momentum 0.25 -> 0.9"))
+    own = line_of(text, label.removesuffix(", momentum 0.25 -> 0.9"), "5000 + 200")
+    assert own[2] == "1.56%" and own[6] == "0" and "--momentum" not in own[7] and own[8] == "ft-ksparse"
+    ramp = line_of(text, label, "5000 + 200")
+    assert ramp[2] == "1.50%" and "--momentum-end 0.9" in ramp[7] and "--momentum 0.25" not in ramp[7]
+    other = line_of(text, label.removesuffix(", momentum 0.25 -> 0.9") + ", momentum 0.5", "5000 + 200")
+    assert other[2] == "1.60%" and "--momentum 0.5" in other[7] and other[8] == "ft-ksparse-steady"
