@@ -25,7 +25,7 @@ from ksae_cupy.reports.folders import BASELINE, DIVERGED, RunState, clear_unstar
 from ksae_cupy.reports.markdown import percent, percent_spread, table
 from ksae_cupy.supervised.baseline_trainer import config_for
 from ksae_cupy.supervised.baselines import REGULARISATION
-from ksae_cupy.supervised.finetune import FinetuneConfig
+from ksae_cupy.supervised.commands import FINETUNE_PAPER as PAPER_FINETUNE  # momentum 0.25 throughout
 from ksae_cupy.training.runs import FINETUNE, TRAIN
 
 ERR, FN = "err_mnist", "fn_mnist"
@@ -102,9 +102,6 @@ class Found:
     @property
     def valid_error(self):
         return _errors(self)[1]
-
-
-PAPER_FINETUNE = FinetuneConfig()  # the paper's supervised settings: momentum 0.25 throughout
 
 
 def _momentum_note(tuned: dict) -> str | None:
