@@ -92,6 +92,7 @@ class Found:
                      and config.get("pretrain_layers") is None)
         return tuple(note for note in (gpu, None if softmax is None else f"softmax phase from lr {softmax:g}",
                                        _momentum_note(tuned) if self.table == FN else None,
+                                       _dropout_note(self.key, tuned) if self.table == FN else None,
                                        None if rows == "train" else f"fine-tuned on {rows}",
                                        "layer 2 pretrained at sigma 0.01" if mean_only else None) if note)
 
@@ -123,6 +124,24 @@ def _momentum_options(tuned: dict) -> list:
     if tuned.get("momentum_epochs") is not None:
         options += ["--momentum-epochs", tuned["momentum_epochs"]]
     return options
+
+
+def _changed_dropout(key: str, tuned: dict) -> dict:
+    """A fine-tuning's dropout rates where they are not its row's own (the baseline's, section 4.5; none for
+    the k-sparse and random rows): ``ksae-finetune --input-dropout / --hidden-dropout``."""
+    own = REGULARISATION.get(key.removeprefix("deep-"), {})
+    rates = {name: tuned.get(name, own.get(name, 0.0)) for name in ("input_dropout", "hidden_dropout")}
+    return {name: rate for name, rate in rates.items() if rate != own.get(name, 0.0)}
+
+
+def _dropout_note(key: str, tuned: dict) -> str | None:
+    changed = _changed_dropout(key, tuned)
+    return ", ".join(f"{name.replace('_', ' ')} {rate:g}" for name, rate in changed.items()) or None
+
+
+def _dropout_options(key: str, tuned: dict) -> list:
+    return [option for name, rate in _changed_dropout(key, tuned).items()
+            for option in ("--" + name.replace("_", "-"), f"{rate:g}")]
 
 
 def _errors(found: Found):
@@ -471,7 +490,7 @@ def _made_by(found: Found, command_text, target: Target | None) -> str:
                 how += ["--phases", ",".join(tuned["phases"])]
         if tuned.get("train_on", "train") != "train":
             how += ["--train-on", tuned["train_on"]]
-        how += _momentum_options(tuned)
+        how += _momentum_options(tuned) + _dropout_options(found.key, tuned)
         made = ("ksae-finetune", [*how, "--epochs", tuned["epochs"], "--seed", tuned.get("seed", 0), "--run-dir",
                                   state.path])
         return f"`{command_text(*made)}`"

@@ -64,6 +64,12 @@ FINETUNE = [
            "linearly from --momentum to this over each phase's first --momentum-epochs, then stays. "
            "[default: none, --momentum throughout]", None, float),
     Option("momentum_epochs", "With --momentum-end: the ramp's length in epochs. [default: --epochs]", None, int),
+    Option("input_dropout", "Beyond the paper's stated settings: the fraction of input pixels dropped in each "
+           "fine-tuning step (the dropout paper's MNIST nets drop 20%). [default: the pretrained baseline's own "
+           "(denoising AE: 0.2), else 0]", None, float),
+    Option("hidden_dropout", "Beyond the paper's stated settings: the fraction of every hidden layer's units dropped "
+           "in each fine-tuning step. [default: the pretrained baseline's own (dropout AE: 0.5), else 0]", None,
+           float),
     Option("batch_size", "Minibatch size of the fine-tuning (and of --baseline's pretraining).",
            FINETUNE_PAPER.batch_size, int),
     Option("sigma", "Std of the Gaussian initial softmax (and random) weights.", FINETUNE_PAPER.sigma, float),

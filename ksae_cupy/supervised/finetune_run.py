@@ -14,6 +14,7 @@ from ksae_cupy.atomic import write_json_atomic
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.supervised import finetune
 from ksae_cupy.supervised.commands import FINETUNE
+from ksae_cupy.supervised.units import check_dropout_rate
 from ksae_cupy.training.fields import APPLIED, DATA, KEPT, REFUSED, named
 
 RESULTS = "finetune.json"
@@ -98,6 +99,9 @@ def check_new(values: dict, pretrained, given: set) -> None:
     if baseline and "k" in typed:
         raise KsaeError(f"--k only applies with --no-pretraining: --baseline {baseline} gives sigmoid layers, which "
                         f"keep every unit; leave it out")
+    for name in ("input_dropout", "hidden_dropout"):  # before --baseline's pretraining, not after it
+        if values.get(name) is not None:
+            check_dropout_rate(name, values[name])
     if values["pretrain_epochs"] <= 0:
         raise KsaeError(f"--pretrain-epochs {values['pretrain_epochs']} is not allowed; use a positive number of "
                         f"epochs")
@@ -184,6 +188,9 @@ def new_trainer(values: dict, pretrained, read, data, backend):
             raise KsaeError(f"the pretrained run {pretrained[0]} takes {encoders[0][0].shape[0]} dimensions, "
                             f"{data.name} has {data.dim}")
         host_params = finetune.init_from_encoders(encoders, data.n_classes, values["sigma"], rng, dtype)
+    # --input-dropout / --hidden-dropout: in place of the baseline's own rates (or of none)
+    network = {**network, **{name: values[name] for name in ("input_dropout", "hidden_dropout")
+                             if values.get(name) is not None}}
     sizes = ([host_params[finetune.layer_names(l)[0]].shape[1] for l in range(1, len(ks) + 1)]
              if host_params is not None else sizes)
     kept = [None if k_l is None else alpha_k(k_l, values["alpha"], H_l) for k_l, H_l in zip(ks, sizes)]

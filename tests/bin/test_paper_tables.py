@@ -542,3 +542,37 @@ def test_a_fine_tuning_with_another_momentum_is_its_own_line_not_a_seed_and_its_
     assert ramp[2] == "1.50%" and "--momentum-end 0.9" in ramp[7] and "--momentum 0.25" not in ramp[7]
     other = line_of(text, label.removesuffix(", momentum 0.25 -> 0.9") + ", momentum 0.5", "5000 + 200")
     assert other[2] == "1.60%" and "--momentum 0.5" in other[7] and other[8] == "ft-ksparse-steady"
+
+
+def test_a_fine_tuning_with_other_dropout_rates_is_its_own_line_and_its_command_says_so(root, tmp_path):
+    """ksae-finetune --input-dropout / --hidden-dropout: rates other than the row's own (the dropout AE's 50%
+    hidden dropout; none for k-sparse) make a line of their own, whose command gives them; the row's own rates,
+    typed out, do not."""
+    layer1 = baseline_run(root / "dropout-ae-500", "dropout-ae", 500, test=0.0160)
+    source = [{"run_dir": str(layer1), "model": "dropout-ae", "hidden": 1000, "epochs_trained": 500}]
+    rates = {"ft-dropout-own": dict(input_dropout=0.0, hidden_dropout=0.5),
+             "ft-dropout-input": dict(input_dropout=0.2, hidden_dropout=0.5)}
+    for name, settings in rates.items():
+        folder = finetune_run(root / name, source, test=0.0133 if name.endswith("own") else 0.0120)
+        config = json.loads((folder / "config.json").read_text())
+        config["finetune"].update(settings, activations=["sigmoid"], kept=[None])
+        (folder / "config.json").write_text(json.dumps(config))
+    ksparse = finetune_run(root / "ft-ksparse-hidden", [ksparse_source(root / "k25-seed0", 5000)], test=0.0150)
+    config = json.loads((ksparse / "config.json").read_text())
+    config["finetune"].update(input_dropout=0.0, hidden_dropout=0.5)
+    (ksparse / "config.json").write_text(json.dumps(config))
+    placed = {f.state.path.name: (f.key, f.notes) for f in tables.collect(root)}
+    assert placed["ft-dropout-own"] == ("dropout-ae", ())
+    assert placed["ft-dropout-input"] == ("dropout-ae", ("input dropout 0.2",))
+    assert placed["ft-ksparse-hidden"] == ("ksparse", ("hidden dropout 0.5",))
+    out = tmp_path / "tables.md"
+    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
+    text = out.read_text()
+    labels = [cells[0] for cells in ([c.strip() for c in line.strip("|").split("|")] for line in text.splitlines())]
+    added = next(label for label in labels if label.endswith(", input dropout 0.2"))
+    own = line_of(text, added.removesuffix(", input dropout 0.2"), "500 + 200")
+    assert own[2] == "1.33%" and "-dropout " not in own[7] and own[8] == "ft-dropout-own"
+    other = line_of(text, added, "500 + 200")
+    assert other[2] == "1.20%" and "--input-dropout 0.2" in other[7] and "--hidden-dropout" not in other[7]
+    ksparse_label = next(label for label in labels if label.endswith(", hidden dropout 0.5"))
+    assert "--hidden-dropout 0.5" in line_of(text, ksparse_label, "5000 + 200")[7]

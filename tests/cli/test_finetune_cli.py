@@ -287,6 +287,8 @@ def test_baseline_stopped_while_pretraining_resumes_there_and_ends_bit_identical
     ("baseline_epochs", ["--pretrain-epochs 0", "positive"]),
     ("checkpoint_minutes", ["--checkpoint-minutes -1", "minutes >= 0"]),
     ("rbm_on_signed_data", ["the RBM's input holds values in", "only values in [0, 1]"]),
+    ("input_dropout", ["--input-dropout 1.0", "0 <= rate < 1"]),
+    ("hidden_dropout_before_pretraining", ["--hidden-dropout -0.5", "0 <= rate < 1"]),
 ])
 def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, case, fragments):
     out = tmp_path / "ft"
@@ -313,6 +315,9 @@ def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, case, fragments):
         "checkpoint_minutes": [a, "--checkpoint-minutes", "-1"],
         "rbm_on_signed_data": ["--baseline", "rbm", "--hidden", "8", "--pretrain-epochs", "1", "--dataset",
                                "synthetic"],
+        "input_dropout": [a, "--input-dropout", "1"],
+        "hidden_dropout_before_pretraining": ["--baseline", "dropout-ae", "--hidden", "8", "--pretrain-epochs", "1",
+                                              "--dataset", "synthetic", "--hidden-dropout", "-0.5"],
     }[case]
     # The case's own options come last, so they win over QUICK's.
     quick = ["--device", "cpu"] if case.startswith("resume") else [*QUICK, "--run-dir", out]
@@ -321,6 +326,29 @@ def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, case, fragments):
     result = invoke([*quick, *args], expect=2)
     assert_one_line_error(result, *fragments)
     assert not (out / "checkpoint.h5").exists()
+    assert not (out / "pretrain-layer1").exists()  # nothing pretrained before a bad option is named
+
+
+def test_dropout_options_replace_the_baselines_own_rates_and_reach_each_step(runs, tmp_path):
+    """--input-dropout / --hidden-dropout: in place of a baseline's own rates (here the dropout AE's 50% hidden
+    dropout becomes 20% input dropout alone), or added to a k-sparse net (which then takes the dense step); the
+    masks reach the update: the same seed without them ends at other weights."""
+    from ksae_cupy.supervised.checkpoint import load_finetune_checkpoint
+
+    out = tmp_path / "baseline"
+    invoke(["--baseline", "dropout-ae", "--hidden", "16", "--pretrain-epochs", "1", "--dataset", "synthetic",
+            "--run-dir", out, *QUICK, "--input-dropout", "0.2", "--hidden-dropout", "0"], expect=0)
+    tuned = RunFolder(out).read_config()["finetune"]
+    assert (tuned["input_dropout"], tuned["hidden_dropout"]) == (0.2, 0.0)
+    weights = {}
+    for name, extra in (("plain", []), ("input", ["--input-dropout", "0.2"]), ("hidden", ["--hidden-dropout", "0.5"])):
+        folder = tmp_path / name
+        invoke([runs["a"], "--alpha", "2", "--run-dir", folder, *QUICK, *extra], expect=0)
+        tuned = RunFolder(folder).read_config()["finetune"]
+        assert (tuned["input_dropout"], tuned["hidden_dropout"]) == {"plain": (0.0, 0.0), "input": (0.2, 0.0),
+                                                                      "hidden": (0.0, 0.5)}[name]
+        weights[name] = load_finetune_checkpoint(folder / "checkpoint.h5")["params"]["W1_dh"]
+    assert not np.allclose(weights["plain"], weights["input"]) and not np.allclose(weights["plain"], weights["hidden"])
 
 
 def test_dataset_is_an_argument_as_in_ksae_train_and_topk_and_overwrite_are_offered(tmp_path):

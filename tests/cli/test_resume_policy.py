@@ -90,7 +90,8 @@ CHANGED = {"hidden": "24", "k": "3", "k_start": "9", "no_k_schedule": None, "epo
            "checkpoint_minutes": "1.5", "overwrite": None, "data_dir": "data2", "threads": "2",
            "progress_seconds": "9", "quiet": None, "model": "rbm", "weight_decay": "0.001", "alpha": "2",
            "phases": "all", "lr_start": "0.5", "lr_end": "0.0001", "softmax_lr_start": "0.05", "momentum_end": "0.9",
-           "momentum_epochs": "2", "rising_lr": None, "train_on": "train+valid", "no_pretraining": None, "units": "relu",
+           "momentum_epochs": "2", "input_dropout": "0.2", "hidden_dropout": "0.5",
+           "rising_lr": None, "train_on": "train+valid", "no_pretraining": None, "units": "relu",
            "baseline": "rbm", "pretrain_epochs": "3", "dataset": "mnist", "labels": "y.npy", "test": "t.npy",
            "test_labels": "ty.npy", "valid_fraction": "0.2", "test_fraction": "0.1", "split_seed": "3"}
 FIXED = ["--device", "cpu", "--threads", "1", "--checkpoint-every", "3", "--checkpoint-minutes", "2.5"]

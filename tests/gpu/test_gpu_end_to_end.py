@@ -138,3 +138,21 @@ def test_finetune_momentum_ramp_on_the_gpu_as_on_the_cpu(tmp_path):
     for name, value in params["cpu"].items():
         np.testing.assert_allclose(params["gpu"][name], value, rtol=1e-3, atol=1e-5, err_msg=name)
     assert not np.allclose(params["gpu-plain"]["W1_dh"], params["gpu"]["W1_dh"], rtol=1e-3, atol=1e-5)
+
+
+def test_finetune_dropout_options_on_the_gpu_as_on_the_cpu(tmp_path):
+    """--input-dropout / --hidden-dropout on the GPU: the masks (drawn on the host) drop the same units as on
+    the CPU, so the weights agree within float32 rounding; without them the GPU's weights differ."""
+    from ksae_cupy.supervised.checkpoint import load_finetune_checkpoint
+
+    run_dir, _, _, _ = train(tmp_path, "gpu", "dense")
+    params = {}
+    for name, device, dropout in (("cpu", "cpu", True), ("gpu", "gpu", True), ("gpu-plain", "gpu", False)):
+        out = tmp_path / f"ft-{name}"
+        invoke(finetune_command, [run_dir, "--alpha", "2", "--run-dir", out, "--epochs", "2", "--batch-size", "100",
+                                  "--lr-start", "0.1", "--lr-end", "0.01", "--device", device, "--quiet",
+                                  *(["--input-dropout", "0.2", "--hidden-dropout", "0.5"] if dropout else [])])
+        params[name] = load_finetune_checkpoint(out / "checkpoint.h5")["params"]
+    for name, value in params["cpu"].items():
+        np.testing.assert_allclose(params["gpu"][name], value, rtol=1e-3, atol=1e-5, err_msg=name)
+    assert not np.allclose(params["gpu-plain"]["W1_dh"], params["gpu"]["W1_dh"], rtol=1e-3, atol=1e-5)
