@@ -520,7 +520,8 @@ def _random_net(key: str) -> list:
 
 
 def _gap(tests: list[float], paper_error: float) -> str:
-    return f"{100 * (sum(tests) / len(tests) - paper_error):+.2f}"
+    gap = round(100 * (sum(tests) / len(tests) - paper_error), 2)
+    return f"{gap + 0.0:+.2f}"  # + 0.0: a gap that rounds to zero reads +0.00, never -0.00
 
 
 def _relative(root: Path, path: Path) -> str:

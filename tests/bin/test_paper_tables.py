@@ -576,3 +576,8 @@ def test_a_fine_tuning_with_other_dropout_rates_is_its_own_line_and_its_command_
     assert other[2] == "1.20%" and "--input-dropout 0.2" in other[7] and "--hidden-dropout" not in other[7]
     ksparse_label = next(label for label in labels if label.endswith(", hidden dropout 0.5"))
     assert "--hidden-dropout 0.5" in line_of(text, ksparse_label, "5000 + 200")[7]
+
+
+def test_a_gap_that_rounds_to_zero_reads_plus_zero_and_others_keep_their_sign():
+    assert tables._gap([0.0101, 0.0114, 0.0108], 0.0108) == "+0.00"  # mean 1.0767%: -0.0033 points
+    assert tables._gap([0.0158], 0.0108) == "+0.50" and tables._gap([0.0160], 0.0180) == "-0.20"
