@@ -89,10 +89,13 @@ def write_codes(run_dir, out_path, alpha: float = 3.0, data_dir=None, device: st
     the features the paper's stacks use; ``alpha`` does not apply and is recorded as None).
     The rows are those the run trained on: its dataset and data options (``config.json``),
     loaded and preprocessed as the run loaded them, from ``data_dir`` or else the run's own
-    data root. float32, N x H, written to ``<out_path>.tmp`` and renamed, so ``out_path`` only
-    ever holds a whole file. Returns what was written: the run folder, its epochs, alpha, the
-    shape and the seconds taken.
+    data root. Computed in float64 and written as float32, N x H, so that a file written again (with
+    other BLAS threads, on another device) holds the same bytes, which a layer 2 resuming on it checks
+    (float32 sums in another order differ in the last bit). Written to ``<out_path>.tmp`` and renamed,
+    so ``out_path`` only ever holds a whole file. Returns what was written: the run folder, its
+    epochs, alpha, the shape and the seconds taken.
     """
+    from ksae_cupy.backend import to_host
     from ksae_cupy.datasets import load_dataset
     from ksae_cupy.datasets.user_files import DataSpec
     from ksae_cupy.supervised.baseline_trainer import is_baseline_run
@@ -102,10 +105,11 @@ def write_codes(run_dir, out_path, alpha: float = 3.0, data_dir=None, device: st
         from ksae_cupy.supervised.baselines import encode
 
         ckpt, config = load_baseline_run(run_dir)
-        features, epochs, alpha = (lambda X: encode(ckpt.params, X.astype(np.float32))), ckpt.epoch, None
+        params64 = {name: np.asarray(to_host(ckpt.params[name]), dtype=np.float64) for name in ("W_dh", "b_h")}
+        features, epochs, alpha = (lambda X: encode(params64, X.astype(np.float64))), ckpt.epoch, None
     else:
         model, config = load_pretrained_run(run_dir, device=device)
-        features, epochs = (lambda X: model.transform(X, alpha=alpha)), model.trainer_.epoch
+        features, epochs = (lambda X: model.transform(X, alpha=alpha, dtype=np.float64)), model.trainer_.epoch
     spec = DataSpec.from_record(config["dataset"], config.get("data"))
     root = data_dir if data_dir is not None else config.get("data_dir")
     data = load_dataset(spec, root=Path(root) if root else None)

@@ -410,22 +410,27 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     def _n_features_out(self) -> int:
         return self.params_["b_h"].shape[0]  # for get_feature_names_out
 
-    def transform(self, X, alpha: float | None = None, chunk: int = 8192):
+    def transform(self, X, alpha: float | None = None, chunk: int = 8192, dtype=None):
         """The ``alpha*k``-sparse features ``supp_{alpha k}(W^T x + b)``, an N x H array.
 
         ``alpha`` defaults to the estimator's ``alpha`` parameter. Returns the array type of the input (NumPy in, NumPy out), in the input's float
-        dtype (computed in the model's ``dtype``).
+        dtype, computed in ``dtype`` (default: the model's ``dtype``). float64 makes float32 features the same bytes
+        whatever the BLAS threads or device (float32 sums in another order differ in the last bit).
         """
         check_is_fitted(self)
         X, xp_in = self._check_X(X, reset=False)
         X = self._centred(X, xp_in)
         alpha = self.alpha if alpha is None else alpha
         params, backend = self.params_, self.trainer_.backend
+        compute = self.trainer_.dtype if dtype is None else np.dtype(dtype)
+        if compute != self.trainer_.dtype:
+            with backend.use():
+                params = {name: backend.asarray(value, dtype=compute) for name, value in params.items()}
         is_host = xp_in is np
         out = []
         with backend.use():
             for start in range(0, X.shape[0], chunk):
-                X_chunk = backend.asarray(X[start:start + chunk], dtype=self.trainer_.dtype)
+                X_chunk = backend.asarray(X[start:start + chunk], dtype=compute)
                 H_nh = model.encode(params, X_chunk, self.trainer_.config.k, alpha, self.trainer_.config.topk,
                                     self.trainer_.config.activation)
                 out.append(to_host(H_nh) if is_host else H_nh)

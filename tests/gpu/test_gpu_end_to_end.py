@@ -96,6 +96,22 @@ def test_eval_and_finetune_on_the_gpu_agree_with_the_cpu(tmp_path):
         assert abs(finetuned["gpu"][split] - finetuned["cpu"][split]) <= 0.01, (split, finetuned)
 
 
+def test_layer_one_codes_written_on_the_gpu_are_the_bytes_the_cpu_writes(tmp_path):
+    """Layer 2 checks its codes file's SHA-256 on --resume; a file written again on another device must hold the
+    same bytes: write_codes computes in float64 and rounds once to float32."""
+    from ksae_cupy.supervised.pretrain import write_codes
+
+    run_dir, _, _, _ = train(tmp_path, "cpu", "dense")
+    written = {}
+    for device in ("cpu", "gpu"):
+        info = write_codes(run_dir, tmp_path / f"codes-{device}.npy", alpha=2.0, device=device)
+        written[device] = (tmp_path / f"codes-{device}.npy").read_bytes()
+        assert info["shape"] == [1000, 64]
+    assert written["gpu"] == written["cpu"]
+    codes = np.load(tmp_path / "codes-gpu.npy")
+    assert codes.dtype == np.float32 and ((codes != 0).sum(axis=1) <= 10).all()  # alpha*k = 10 kept
+
+
 def test_finetune_baseline_pretrains_its_layers_on_the_gpu_as_on_the_cpu(tmp_path):
     """ksae-finetune --baseline on the GPU: each layer a ksae-baseline run folder trained on the device
     (the dropout masks drawn on the host, so the same as the CPU run's), equal to the CPU run's layers

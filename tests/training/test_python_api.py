@@ -83,6 +83,22 @@ def test_score_is_minus_the_mean_reconstruction_loss():
     assert model.score(X) == pytest.approx(expected, rel=1e-4)
 
 
+def test_transform_computes_in_the_dtype_asked_for():
+    """A float32 model's features computed in float64 (what write_codes asks for, so that a codes file written
+    again with other BLAS threads holds the same bytes): W^T x + b and the alpha*k largest in float64, then
+    rounded once to the input's float32."""
+    from ksae_cupy import model as ksae_model
+
+    X = unit_scale(D=64)
+    fitted = small(n_hidden=48, k=4, alpha=2.0).fit(X)
+    params64 = {name: np.asarray(value, dtype=np.float64) for name, value in fitted.params_.items()}
+    expected = ksae_model.encode(params64, X.astype(np.float64), 4, 2.0).astype(np.float32)
+    in_float64 = fitted.transform(X, dtype=np.float64)
+    assert in_float64.dtype == np.float32 and np.array_equal(in_float64, expected)
+    assert not np.array_equal(fitted.transform(X), expected)  # float32 sums round otherwise: the option matters
+    assert np.array_equal(fitted.transform(X, dtype=np.float32), fitted.transform(X))
+
+
 def test_load_opens_a_ksae_train_checkpoint(tmp_path):
     from ksae_cupy.cli.train import train_command
 
