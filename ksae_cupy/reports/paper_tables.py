@@ -90,7 +90,8 @@ class Found:
         # at sigma 0.01 layer 2 learnt only the mean, so its command no longer makes that run
         mean_only = (config.get("baseline") not in (None, "rbm") and len(tuned.get("kept") or []) > 1
                      and config.get("pretrain_layers") is None)
-        return tuple(note for note in (gpu, None if softmax is None else f"softmax phase from lr {softmax:g}",
+        return tuple(note for note in (gpu, _rate_note(tuned) if self.table == FN else None,
+                                       None if softmax is None else f"softmax phase from lr {softmax:g}",
                                        _momentum_note(tuned) if self.table == FN else None,
                                        _dropout_note(self.key, tuned) if self.table == FN else None,
                                        None if rows == "train" else f"fine-tuned on {rows}",
@@ -103,6 +104,22 @@ class Found:
     @property
     def valid_error(self):
         return _errors(self)[1]
+
+
+def _rate_note(tuned: dict) -> str | None:
+    """A fine-tuning's learning-rate schedule where it is not the paper's (1 -> 0.001 on MNIST)."""
+    start = tuned.get("lr_start", PAPER_FINETUNE.lr_start)
+    end = tuned.get("lr_end", PAPER_FINETUNE.lr_end)
+    if (start, end) == (PAPER_FINETUNE.lr_start, PAPER_FINETUNE.lr_end):
+        return None
+    return f"lr {start:g} -> {end:g}"
+
+
+def _rate_options(tuned: dict) -> list:
+    """ksae-finetune's --lr-start / --lr-end that made ``tuned`` where they are not the paper's."""
+    return [option for name in ("lr_start", "lr_end")
+            if tuned.get(name, getattr(PAPER_FINETUNE, name)) != getattr(PAPER_FINETUNE, name)
+            for option in ("--" + name.replace("_", "-"), f"{tuned[name]:g}")]
 
 
 def _momentum_note(tuned: dict) -> str | None:
@@ -490,7 +507,7 @@ def _made_by(found: Found, command_text, target: Target | None) -> str:
                 how += ["--phases", ",".join(tuned["phases"])]
         if tuned.get("train_on", "train") != "train":
             how += ["--train-on", tuned["train_on"]]
-        how += _momentum_options(tuned) + _dropout_options(found.key, tuned)
+        how += _rate_options(tuned) + _momentum_options(tuned) + _dropout_options(found.key, tuned)
         made = ("ksae-finetune", [*how, "--epochs", tuned["epochs"], "--seed", tuned.get("seed", 0), "--run-dir",
                                   state.path])
         return f"`{command_text(*made)}`"

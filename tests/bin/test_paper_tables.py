@@ -544,6 +544,28 @@ def test_a_fine_tuning_with_another_momentum_is_its_own_line_not_a_seed_and_its_
     assert other[2] == "1.60%" and "--momentum 0.5" in other[7] and other[8] == "ft-ksparse-steady"
 
 
+def test_a_fine_tuning_with_another_learning_rate_is_its_own_line_and_its_command_says_so(root, tmp_path):
+    """ksae-finetune --lr-start / --lr-end other than the paper's 1 -> 0.001 (a deep net with input dropout diverges
+    at lr 1): a line of its own whose command gives the rates, not a seed of the paper's row."""
+    source = [ksparse_source(root / "k25-seed0", 5000)]
+    slower = finetune_run(root / "ft-ksparse-lr025", source, test=0.0140)
+    config = json.loads((slower / "config.json").read_text())
+    config["finetune"].update(lr_start=0.25, lr_end=0.001)
+    (slower / "config.json").write_text(json.dumps(config))
+    placed = {f.state.path.name: f.notes for f in tables.collect(root)}
+    assert (placed["ft-ksparse"], placed["ft-ksparse-lr025"]) == ((), ("lr 0.25 -> 0.001",))
+    out = tmp_path / "tables.md"
+    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
+    text = out.read_text()
+    label = next(cells[0] for cells in ([c.strip() for c in line.strip("|").split("|")] for line in text.splitlines())
+                 if cells[0].endswith(", lr 0.25 -> 0.001"))
+    own = line_of(text, label.removesuffix(", lr 0.25 -> 0.001"), "5000 + 200")
+    assert own[2] == "1.56%" and "--lr-" not in own[7] and own[8] == "ft-ksparse"
+    other = line_of(text, label, "5000 + 200")
+    assert other[2] == "1.40%" and "--lr-start 0.25" in other[7] and "--lr-end" not in other[7]
+    assert other[8] == "ft-ksparse-lr025"
+
+
 def test_a_fine_tuning_with_other_dropout_rates_is_its_own_line_and_its_command_says_so(root, tmp_path):
     """ksae-finetune --input-dropout / --hidden-dropout: rates other than the row's own (the dropout AE's 50%
     hidden dropout; none for k-sparse) make a line of their own, whose command gives them; the row's own rates,
