@@ -415,7 +415,9 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
 
         ``alpha`` defaults to the estimator's ``alpha`` parameter. Returns the array type of the input (NumPy in, NumPy out), in the input's float
         dtype, computed in ``dtype`` (default: the model's ``dtype``). float64 makes float32 features the same bytes
-        whatever the BLAS threads or device (float32 sums in another order differ in the last bit).
+        with other BLAS threads (MNIST's 50,000 x 1000 codes at 1 and 2 threads: identical; computed in float32,
+        555,216 values differ in the last bit); only a sum within float64 rounding of a float32 boundary could
+        still round apart, on another device.
         """
         check_is_fitted(self)
         X, xp_in = self._check_X(X, reset=False)
