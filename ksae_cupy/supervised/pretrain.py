@@ -91,8 +91,8 @@ def write_codes(run_dir, out_path, alpha: float = 3.0, data_dir=None, device: st
     loaded and preprocessed as the run loaded them, from ``data_dir`` or else the run's own
     data root. Computed in float64 and written as float32, N x H, so that a file written again (with
     other BLAS threads, on another device) holds the same bytes, which a layer 2 resuming on it checks
-    (float32 sums in another order differ in the last bit; see ``KSparseAutoencoder.transform``). Written to ``<out_path>.tmp`` and renamed,
-    so ``out_path`` only ever holds a whole file. Returns what was written: the run folder, its
+    (float32 sums in another order differ in the last bit; see ``KSparseAutoencoder.transform``).
+    Written to ``<out_path>.tmp`` and renamed, so ``out_path`` only ever holds a whole file. Returns what was written: the run folder, its
     epochs, alpha, the shape and the seconds taken.
     """
     from ksae_cupy.backend import to_host
