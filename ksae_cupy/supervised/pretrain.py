@@ -92,8 +92,8 @@ def write_codes(run_dir, out_path, alpha: float = 3.0, data_dir=None, device: st
     data root. Computed in float64 and written as float32, N x H, so that a file written again (with
     other BLAS threads, on another device) holds the same bytes, which a layer 2 resuming on it checks
     (float32 sums in another order differ in the last bit; see ``KSparseAutoencoder.transform``).
-    Written to ``<out_path>.tmp`` and renamed, so ``out_path`` only ever holds a whole file. Returns what was written: the run folder, its
-    epochs, alpha, the shape and the seconds taken.
+    Written to ``<out_path>.tmp`` and renamed, so ``out_path`` only ever holds a whole file. Returns
+    what was written: the run folder, its epochs, alpha, the shape and the seconds taken.
     """
     from ksae_cupy.backend import to_host
     from ksae_cupy.datasets import load_dataset
