@@ -1,5 +1,5 @@
 """``ksae-data``: fetch, verify and list the built-in datasets under the data root; write a run's codes as the
-dataset of a next layer."""
+dataset of a next layer; restore a checkpoint kept in git history into a clone's results/."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -91,6 +91,28 @@ def data_codes(run_dir, out, alpha, data_dir):
     info = write_codes(run_dir, out, alpha=alpha, data_dir=data_dir)
     click.echo(f"wrote {out}: {info['shape'][0]} x {info['shape'][1]} float32, from {run_dir} after "
                f"{info['epochs_trained']} epochs, in {info['seconds']:.1f} s")
+
+
+@data_command.command("restore-checkpoint")
+@click.argument("paths", nargs=-1, type=GivenPath(path_type=Path))
+@click.option("--all", "everything", is_flag=True, help="Every checkpoint results/checkpoints.json lists.")
+@report_errors
+def data_restore_checkpoint(paths, everything):
+    """Put a checkpoint of results/ back in place from git history, its SHA-256 checked.
+
+    PATHS are checkpoints (or the run folders holding them) that results/checkpoints.json lists: they were
+    removed from the tree to keep a clone small. Each is read from the commit that holds it (fetched with
+    git fetch --depth=1 origin COMMIT when a shallow clone lacks it), checked against the manifest's SHA-256
+    and size, and only then renamed into place. Run it inside the clone.
+    """
+    from ksae_cupy.reports.kept_checkpoints import repository_root, restore, select
+
+    if bool(paths) == everything:
+        raise KsaeError("give the checkpoints to restore (PATH ..., a checkpoint or its run folder) or --all, "
+                        "not both and not neither")
+    root = repository_root(paths[0] if paths else Path.cwd())
+    for entry in select(root, list(paths), everything):
+        click.echo(restore(root, entry, log=lambda msg: click.echo(msg, err=True)))
 
 
 def checked_root(data_dir) -> Path:

@@ -24,7 +24,8 @@ ENTRY_POINTS = {"ksae-train": "ksae_cupy.cli.train:train_command",
                 "ksae-eval": "ksae_cupy.cli.evaluate:eval_command",
                 "ksae-baseline": "ksae_cupy.cli.baseline:baseline_command",
                 "ksae-finetune": "ksae_cupy.cli.finetune:finetune_command",
-                "ksae-bench": "ksae_cupy.cli.bench:bench_command"}
+                "ksae-bench": "ksae_cupy.cli.bench:bench_command",
+                "ksae-data": "ksae_cupy.cli.data:data_command"}
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 

@@ -13,8 +13,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ksae_cupy.reports.kept_checkpoints import RESTORE_COMMAND, kept_checkpoint
 from ksae_cupy.training.runs import (CHECKPOINT, CONFIG, FINETUNE, METRICS, PRETRAIN_LAYER, TRAIN, config_kind,
-                                    parse_metrics)
+                                    metrics_file, parse_metrics)
 
 BASELINE = "ksae-baseline"
 EVAL, FINETUNE_RESULTS = "eval.json", "finetune.json"
@@ -31,8 +32,8 @@ def read_json(path: Path):
 
 def read_metrics(folder: Path) -> list[dict]:
     """The epochs ``folder``'s run logged; [] before the first. A last line cut short by a kill
-    is left out (:func:`ksae_cupy.training.runs.parse_metrics`)."""
-    path = Path(folder) / METRICS
+    is left out (:func:`ksae_cupy.training.runs.parse_metrics`); a gzipped metrics.jsonl.gz reads alike."""
+    path = metrics_file(folder)
     return parse_metrics(path)[0] if path.is_file() else []
 
 
@@ -74,6 +75,13 @@ class RunState:
     results: dict | None = field(repr=False)
     locked: str | None = None  # why another live process holds the folder (a run writing it now)
     diverged: str | None = None  # the message of a run that diverged (diverged.json)
+    # No checkpoint in the folder, but one kept in git history (results/checkpoints.json): a resume restores it first
+    checkpoint_kept: bool = False
+
+    @property
+    def resumable(self) -> bool:
+        """Its checkpoint is there, or ``ksae-data restore-checkpoint`` can put it back."""
+        return self.has_checkpoint or self.checkpoint_kept
 
     @property
     def pretraining(self) -> bool:
@@ -105,7 +113,7 @@ class RunState:
             return f"running: epoch {self.epochs_done} of {self.epochs_asked}"
         if self.trained:
             return f"trained ({self.epochs_done} epochs), not evaluated"
-        if self.has_checkpoint:
+        if self.resumable:
             return f"stopped at epoch {self.epochs_done} of {self.epochs_asked}"
         if self.pretraining:
             return "stopped while pretraining its layers"
@@ -116,6 +124,7 @@ class RunState:
 def run_state(folder: Path) -> RunState:
     """The state of the run folder ``folder`` (one that has a config.json)."""
     folder = Path(folder)
+    has_checkpoint = (folder / CHECKPOINT).is_file()
     config = read_json(folder / CONFIG) or {}
     kind = config_kind(config)
     records = read_metrics(folder)
@@ -123,8 +132,9 @@ def run_state(folder: Path) -> RunState:
     return RunState(path=folder, kind=kind, config=config, epochs_asked=epochs_asked(config),
                     epochs_done=len(records) if kind == FINETUNE else (records[-1].get("epoch", 0) if records else 0),
                     seconds=float(sum(r.get("seconds", 0.0) for r in records)),
-                    has_checkpoint=(folder / CHECKPOINT).is_file(), results=results, locked=locked_by(folder),
-                    diverged=(read_json(folder / DIVERGED) or {}).get("message"))
+                    has_checkpoint=has_checkpoint, results=results, locked=locked_by(folder),
+                    diverged=(read_json(folder / DIVERGED) or {}).get("message"),
+                    checkpoint_kept=not has_checkpoint and kept_checkpoint(folder / CHECKPOINT) is not None)
 
 
 def find_runs(root: Path) -> list[RunState]:
@@ -189,7 +199,13 @@ def wait_unlocked(folder: Path, on_wait, poll_seconds: float = 1.0) -> None:
 
 def clear_unstarted(folder: Path, log=print) -> list[str]:
     """Remove the run files of a run stopped before its first checkpoint (nothing to resume
-    there), so that the command starts it again; returns the names removed."""
+    there), so that the command starts it again; returns the names removed. A folder whose checkpoint is
+    kept in git history (results/checkpoints.json) is a stopped run, not an unstarted one: refused."""
+    from ksae_cupy.errors import KsaeError
+
+    if not (Path(folder) / CHECKPOINT).is_file() and kept_checkpoint(Path(folder) / CHECKPOINT) is not None:
+        raise KsaeError(f"{folder}: its checkpoint is kept in git history, not in the folder; put it back first "
+                        f"({RESTORE_COMMAND} {folder}), then resume")
     removed = []
     for name in (CONFIG, METRICS, CONFIG + ".tmp", METRICS + ".tmp", CHECKPOINT + ".tmp"):
         if (Path(folder) / name).exists() and not (Path(folder) / CHECKPOINT).is_file():

@@ -379,9 +379,9 @@ def _steps(t: Target, root: Path, s: Settings, found: list[Found], script: str, 
                                                        else ["--max-iter", 1000] if not t.key.startswith("k") else [])])
         if state is not None and state.trained:
             return [evaluate]
-        if state is not None and state.has_checkpoint:
+        if state is not None and state.resumable:
             command = "ksae-train" if t.key.startswith("k") else "ksae-baseline"
-            return [(command, ["--resume", t.folder]), evaluate]
+            return [*_restore(state), (command, ["--resume", t.folder]), evaluate]
         if t.key.startswith("k"):
             train = ("ksae-train", [paper.DATASET, "--hidden", paper.HIDDEN, "--k", t.key[1:], "--epochs",
                                     t.length.pretrain, "--seed", t.seed, *threads, "--run-dir", t.folder])
@@ -391,8 +391,8 @@ def _steps(t: Target, root: Path, s: Settings, found: list[Found], script: str, 
                                        "--weight-decay", decay, "--epochs", t.length.pretrain, "--seed", t.seed,
                                        *threads, "--run-dir", t.folder])
         return [train, evaluate]
-    if state is not None and (state.has_checkpoint or state.pretraining):
-        return [("ksae-finetune", ["--resume", t.folder])]
+    if state is not None and (state.resumable or state.pretraining):
+        return [*_restore(state), ("ksae-finetune", ["--resume", t.folder])]
     tune = ["--epochs", t.length.finetune, "--seed", t.seed, *threads]
     if t.key.startswith("no-pretraining"):
         return [("ksae-finetune", [*_random_net(t.key), *tune, "--run-dir", t.folder])]
@@ -409,6 +409,11 @@ def _steps(t: Target, root: Path, s: Settings, found: list[Found], script: str, 
                           "--out", t.folder.parents[1]])]
     return [("ksae-finetune", [first_folder, *(["--alpha", 3] if t.key == "ksparse" else []), *tune,
                                "--run-dir", t.folder])]
+
+
+def _restore(state: RunState) -> list:
+    """The step that puts a checkpoint kept in git history back into its folder, before a resume."""
+    return [("ksae-data", ["restore-checkpoint", state.path])] if state.checkpoint_kept else []
 
 
 # -- the markdown ------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
     RUN_DIR/checkpoint.h5   the latest checkpoint (see :mod:`ksae_cupy.training.checkpoint`)
     RUN_DIR/config.json     the resolved configuration, dataset and device included, and the
                             run's identity: ``run_id`` and ``kind`` (the command that made it)
-    RUN_DIR/metrics.jsonl   one JSON object per finished epoch
+    RUN_DIR/metrics.jsonl   one JSON object per finished epoch (a finished run's long log in results/ may be
+                            gzipped, metrics.jsonl.gz: read alike, see :func:`metrics_file`)
     RUN_DIR/.lock           held by the one process writing the run (:mod:`ksae_cupy.training.runlock`)
 
 A run killed while it wrote a checkpoint leaves ``checkpoint.h5.tmp`` beside the intact
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import gzip
 import hashlib
 import json
 import uuid
@@ -252,7 +254,7 @@ class RunFolder:
 
     def read_metrics(self) -> list[dict]:
         """The epochs logged so far; a last line cut short (a run killed as it wrote it) is left out, with a note."""
-        path = self.path / METRICS
+        path = metrics_file(self.path)
         if not path.exists():
             return []
         records, cut = parse_metrics(path)
@@ -279,12 +281,21 @@ def _epochs_text(epochs: list) -> str:
     return "epochs " + ", ".join(map(str, numbers))
 
 
+def metrics_file(folder: Path) -> Path:
+    """``folder``'s metrics.jsonl, or where only its gzip copy is there, ``metrics.jsonl.gz``: the finished runs
+    under results/ with a log over 1 MB keep it so (tests/test_repository_size.py)."""
+    path = Path(folder) / METRICS
+    packed = path.with_name(METRICS + ".gz")
+    return packed if packed.is_file() and not path.exists() else path
+
+
 def parse_metrics(path: Path) -> tuple[list[dict], bool]:
-    """``(records, cut)``: the JSON objects of a ``metrics.jsonl``, one per line, and whether its
-    last line was cut short. Lines are appended whole, newline last, so a last line without its
-    newline that does not parse is a write a kill interrupted: left out. Any other line that is
+    """``(records, cut)``: the JSON objects of a ``metrics.jsonl`` (or a gzipped ``metrics.jsonl.gz``), one per
+    line, and whether its last line was cut short. Lines are appended whole, newline last, so a last line without
+    its newline that does not parse is a write a kill interrupted: left out. Any other line that is
     not a JSON object is damage: one line naming the file and the line."""
-    lines = path.read_text(errors="replace").split("\n")
+    data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    lines = data.decode(errors="replace").split("\n")
     records = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
