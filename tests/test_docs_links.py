@@ -82,3 +82,12 @@ def test_the_checker_sees_links_and_catches_broken_ones(tmp_path):
         "page.md#nothing (no heading #nothing in " + str(tmp_path / "page.md") + ")",
         "#nowhere (no heading #nowhere in " + str(readme) + ")",
     ]
+
+
+def test_every_handbook_page_is_in_the_navigation():
+    # mkdocs build --strict fails on a page outside mkdocs.yml's nav (validation: omitted_files: warn); this says
+    # so without MkDocs. A nav entry is "title: path.md" (or "- path.md"), one a line.
+    nav = set(re.findall(r"^\s*-\s+(?:[^\n]*?:\s+)?([\w./-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M))
+    pages = {path.relative_to(ROOT / "docs").as_posix() for path in (ROOT / "docs").rglob("*.md")}
+    assert pages - nav == set(), "pages outside mkdocs.yml's nav"
+    assert nav - pages == set(), "nav entries with no page"

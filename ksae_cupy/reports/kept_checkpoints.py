@@ -10,7 +10,8 @@ stays small (issue 53). Each removed checkpoint stays reachable by commit and pa
 
 :func:`restore` (``ksae-data restore-checkpoint PATH|--all``) reads the file at that commit with
 ``git show COMMIT:PATH`` (after ``git fetch --depth=1 origin COMMIT`` when a shallow clone lacks the
-commit), checks its SHA-256 and size, and only then renames it into place.
+commit), checks its SHA-256 and size, and only then renames it into place. :func:`keep` takes a committed
+checkpoint out of the tree into the manifest (a paused run's, carried to a later session).
 """
 from __future__ import annotations
 
@@ -65,6 +66,17 @@ def entry_for(root: Path, path: str) -> KeptCheckpoint:
         raise KsaeError(f"{path} differs from its last commit; commit it first, so that a commit holds it")
     commit = _git(root, "log", "-1", "--format=%H", "--", path).strip()
     return KeptCheckpoint(path=path, commit=commit, sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
+
+
+def keep(root: Path, path: str) -> KeptCheckpoint:
+    """Take the committed file ``path`` (relative to ``root``) out of the tree, into the manifest: its entry
+    added (or replaced), the file removed from git's index but left on disk (.gitignore keeps it out); the
+    next commit then holds the manifest and the removal. How a paused run's checkpoint is carried."""
+    entry = entry_for(root, path)
+    write_manifest(root, [e for e in read_manifest(root) if e.path != path] + [entry])
+    _git(root, "rm", "-q", "--cached", "--", path)
+    _git(root, "add", "--", MANIFEST.as_posix())
+    return entry
 
 
 def kept_checkpoint(path: Path) -> KeptCheckpoint | None:

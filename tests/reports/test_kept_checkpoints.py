@@ -17,7 +17,7 @@ from ksae_cupy.cli.data import data_command
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.reports import paper_tables
 from ksae_cupy.reports.folders import clear_unstarted, read_metrics, run_state
-from ksae_cupy.reports.kept_checkpoints import MANIFEST, entry_for, read_manifest, write_manifest
+from ksae_cupy.reports.kept_checkpoints import MANIFEST, entry_for, keep, read_manifest, write_manifest
 from ksae_cupy.training.runs import RunFolder
 
 RUN = "results/runs/a"
@@ -149,3 +149,19 @@ def test_the_tables_restore_a_kept_checkpoint_before_resuming(repo):
     assert paper_tables._restore(state) == [("ksae-data", ["restore-checkpoint", repo / RUN])]
     (repo / MANIFEST).unlink()
     assert paper_tables._restore(run_state(repo / RUN)) == []
+
+
+def test_keep_takes_a_committed_checkpoint_out_of_the_tree_into_the_manifest(repo, monkeypatch):
+    second = "results/runs/b/checkpoint.h5"
+    (repo / second).parent.mkdir(parents=True)
+    (repo / second).write_bytes(b"paused run")
+    git(repo, "add", second)
+    git(repo, "commit", "-qm", "a paused run's checkpoint")
+    entry = keep(repo, second)
+    git(repo, "commit", "-qm", "out of the tree")
+    assert git(repo, "ls-files", second) == "" and (repo / second).read_bytes() == b"paused run"
+    assert [e.path for e in read_manifest(repo)] == [CHECKPOINT, second]
+    assert entry.commit == git(repo, "rev-parse", "HEAD~1").strip()
+    (repo / second).unlink()
+    assert restore(repo, "--all", monkeypatch=monkeypatch).exit_code == 0
+    assert (repo / second).read_bytes() == b"paused run" and (repo / CHECKPOINT).read_bytes() == DATA
