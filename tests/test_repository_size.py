@@ -1,6 +1,7 @@
 """No file over 1 MB in the repository's tree, so that a clone stays small (issue 53: it was 188 MB, 153 MB of
 them checkpoints). A checkpoint a later run continues from is kept in git history instead, listed in
-results/checkpoints.json (``ksae-data restore-checkpoint``); a long metrics log is gzipped (metrics.jsonl.gz)."""
+results/checkpoints.json (``ksae-data restore-checkpoint``); a finished run's metrics or log over 500 KB is gzipped
+(metrics.jsonl.gz, read alike; train.log.gz)."""
 from __future__ import annotations
 
 import subprocess
