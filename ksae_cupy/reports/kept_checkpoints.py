@@ -62,8 +62,10 @@ def entry_for(root: Path, path: str) -> KeptCheckpoint:
     """The manifest entry of the file ``path`` (relative to ``root``) as it is committed now: the last
     commit that changed it, its SHA-256 and size (the file must be in the tree and unchanged)."""
     data = Path(root, path).read_bytes()
-    if _git(root, "status", "--porcelain", "--", path).strip():
-        raise KsaeError(f"{path} differs from its last commit; commit it first, so that a commit holds it")
+    tracked = subprocess.run(["git", "ls-files", "--error-unmatch", "--", path], cwd=root, capture_output=True)
+    if tracked.returncode != 0 or _git(root, "status", "--porcelain", "--", path).strip():
+        raise KsaeError(f"{path} is not committed as it is (git add -f it, .gitignore keeps checkpoints out, and "
+                        f"commit), so that a commit holds it")
     commit = _git(root, "log", "-1", "--format=%H", "--", path).strip()
     return KeptCheckpoint(path=path, commit=commit, sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
 
@@ -81,7 +83,7 @@ def keep(root: Path, path: str) -> KeptCheckpoint:
 
 def kept_checkpoint(path: Path) -> KeptCheckpoint | None:
     """The manifest entry of the file at ``path``, in whichever repository above it has a manifest; None when
-    no manifest lists it (``bin/paper-tables`` then knows a run folder's checkpoint can be restored)."""
+    no manifest lists it. A run folder whose checkpoint is listed can be resumed once it is restored."""
     path = Path(path).resolve()
     for root in path.parents:
         if (root / MANIFEST).is_file():

@@ -165,3 +165,12 @@ def test_keep_takes_a_committed_checkpoint_out_of_the_tree_into_the_manifest(rep
     (repo / second).unlink()
     assert restore(repo, "--all", monkeypatch=monkeypatch).exit_code == 0
     assert (repo / second).read_bytes() == b"paused run" and (repo / CHECKPOINT).read_bytes() == DATA
+
+
+def test_keep_refuses_a_checkpoint_no_commit_holds_as_it_is(repo):
+    second = "results/runs/b/checkpoint.h5"
+    (repo / second).parent.mkdir(parents=True)
+    (repo / second).write_bytes(b"never committed")
+    with pytest.raises(KsaeError, match="not committed as it is"):
+        keep(repo, second)
+    assert [e.path for e in read_manifest(repo)] == [CHECKPOINT]
