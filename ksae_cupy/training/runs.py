@@ -305,7 +305,8 @@ def parse_metrics(path: Path) -> tuple[list[dict], bool]:
 
 def dataset_record(dataset: str, with_sha256: bool = True) -> dict:
     """How config.json names the data: a user file by its absolute path (a run can then be
-    resumed from any folder) and its SHA-256 (a changed file is noticed); a built-in name as is."""
+    resumed from any folder) and its SHA-256 (a changed file is noticed), and for codes written by
+    ``ksae-data codes`` their origin (:mod:`ksae_cupy.training.provenance`); a built-in name as is."""
     from ksae_cupy.datasets import is_user_file
 
     if not is_user_file(dataset):
@@ -317,6 +318,11 @@ def dataset_record(dataset: str, with_sha256: bool = True) -> dict:
     record = {"dataset": str(path) + (f":{member}" if member else "")}
     if with_sha256 and path.is_file():
         record["dataset_sha256"] = file_sha256(path)
+        from ksae_cupy.training.provenance import codes_origin
+
+        origin = codes_origin(path, record["dataset_sha256"])  # layer 2: the layer its codes came from
+        if origin is not None:
+            record["codes_origin"] = origin
     return record
 
 
