@@ -139,7 +139,9 @@ def check_chain(layer1_dir, layer1_run_id: str | None, layer1_epoch: int, layer2
     if layer.get("epoch") is not None and layer["epoch"] != layer1_epoch:
         what = (f"layer 1 {layer1_dir} is now at epoch {layer1_epoch}, but layer 2 {layer2_dir} was trained on its "
                 f"codes of epoch {layer['epoch']} (checkpoint SHA-256 now {short(found)}, then "
-                f"{short(layer['checkpoint_sha256'])}): layer 1 was resumed after its codes were written")
+                f"{short(layer['checkpoint_sha256'])}): layer 1 was "
+                + ("resumed after its codes were written" if layer1_epoch > layer["epoch"] else
+                   "given another checkpoint after its codes were written"))
     else:
         what = (f"layer 1 {layer1_dir}'s checkpoint changed since the codes layer 2 {layer2_dir} was trained on were "
                 f"written (SHA-256 now {short(found)}, then {short(layer['checkpoint_sha256'])})")
