@@ -22,6 +22,7 @@ Hashes are shown by their first 12 hex digits.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -35,6 +36,14 @@ def short(digest: str | None) -> str:
     return (digest or "?")[:SHORT]
 
 
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def data_file(dataset: str) -> Path:
     """The file of a user dataset as config.json records it (an HDF5 file's ``:member`` dropped)."""
     return Path(dataset.rsplit(":", 1)[0] if ".h5:" in dataset or ".hdf5:" in dataset else dataset)
@@ -45,8 +54,6 @@ def check_data(dataset: str | None, expected: str | None, run_dir) -> None:
     """Refuse ``dataset`` (as config.json records it) when its bytes are not the run's (SHA-256
     ``expected``). Nothing is checked without a recorded hash (a built-in dataset, an old folder)
     or without the file (the loader then says it is missing)."""
-    from ksae_cupy.training.runs import file_sha256
-
     if not dataset or not expected:
         return
     path = data_file(dataset)
@@ -78,8 +85,6 @@ def origin_file(codes_path) -> Path:
 
 def layer_record(run_dir, run_id: str | None, epoch: int, step: int | None) -> dict:
     """What identifies a pretrained layer as it is now: folder, run id, epoch, step, checkpoint SHA-256."""
-    from ksae_cupy.training.runs import file_sha256
-
     path = Path(run_dir).resolve()
     return {"run_dir": str(path), "run_id": run_id, "epoch": epoch, "step": step,
             "checkpoint_sha256": file_sha256(path / "checkpoint.h5")}
@@ -89,8 +94,6 @@ def write_codes_origin(codes_path, layer: dict, info: dict) -> dict:
     """Write ``OUT.json`` (atomically) for the codes just written to ``codes_path``: ``info`` (what
     write_codes returns), the codes' SHA-256 and ``layer`` (:func:`layer_record`). Returns it."""
     from ksae_cupy.atomic import write_json_atomic
-    from ksae_cupy.training.runs import file_sha256
-
     record = {**info, "written_by": CODES_WRITER, "codes_sha256": file_sha256(Path(codes_path)), "layer": layer}
     write_json_atomic(origin_file(codes_path), record)
     return record
@@ -119,8 +122,6 @@ def codes_origin(path: Path, sha256: str) -> dict | None:
 def check_chain(layer1_dir, layer1_run_id: str | None, layer1_epoch: int, layer2_dir, layer2_config: dict) -> None:
     """Refuse a layer 2 that was not trained on the codes of layer 1 as it is now; a layer 2 that does
     not record its codes' origin gets a one-line note (the chain cannot be verified) and is used."""
-    from ksae_cupy.training.runs import file_sha256
-
     origin = layer2_config.get("codes_origin")
     layer = origin.get("layer") if isinstance(origin, dict) else None
     if not isinstance(layer, dict) or not layer.get("checkpoint_sha256"):
