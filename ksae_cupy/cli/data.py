@@ -80,9 +80,11 @@ def data_codes(run_dir, out, alpha, data_dir):
 
     RUN_DIR is a ksae-train run (its alpha*k-sparse codes) or a ksae-baseline run (every sigmoid unit of
     the uncorrupted input). Then: ksae-train OUT (or ksae-baseline OUT --model ...) trains the next layer,
-    and ksae-finetune RUN_DIR LAYER2_RUN fine-tunes both.
+    and ksae-finetune RUN_DIR LAYER2_RUN fine-tunes both. OUT.json beside OUT records where the codes came
+    from (RUN_DIR's checkpoint SHA-256 and epoch): the next layer records it, and ksae-finetune checks it.
     """
     from ksae_cupy.supervised.pretrain import write_codes
+    from ksae_cupy.training.provenance import origin_file
 
     if alpha <= 0 or alpha != alpha:
         raise KsaeError(f"--alpha {alpha} is not allowed; use a positive number (the paper's 3, or 1)")
@@ -90,7 +92,7 @@ def data_codes(run_dir, out, alpha, data_dir):
         raise KsaeError(f"OUT {out} is not allowed; name an .npy file (ksae-train and ksae-baseline read it)")
     info = write_codes(run_dir, out, alpha=alpha, data_dir=data_dir)
     click.echo(f"wrote {out}: {info['shape'][0]} x {info['shape'][1]} float32, from {run_dir} after "
-               f"{info['epochs_trained']} epochs, in {info['seconds']:.1f} s")
+               f"{info['epochs_trained']} epochs, in {info['seconds']:.1f} s; their origin in {origin_file(out)}")
 
 
 @data_command.command("restore-checkpoint")

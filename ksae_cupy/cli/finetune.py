@@ -53,7 +53,7 @@ def finetune_command(ctx, pretrained, **values):
     given; with --no-pretraining or --baseline it is required. --dataset is its old spelling.
     """
     from ksae_cupy.supervised import finetune_run as ft
-    from ksae_cupy.training.runs import FINETUNE as KIND
+    from ksae_cupy.training.runs import FINETUNE as KIND, dataset_record
 
     ft.check_step(values["step"])
     pretrained, dataset = ft.split_arguments(pretrained, values["dataset"])
@@ -81,7 +81,7 @@ def finetune_command(ctx, pretrained, **values):
         run.new_folder(lambda: ft.default_run_dir(dataset))
         data = run.load(spec)
         trainer, record = ft.new_trainer(values, pretrained, read, data, run.backend)
-        record.update({"dataset": spec.data, "data": spec.record()})
+        record.update({**dataset_record(spec.data), "data": spec.record()})  # with its SHA-256: --resume checks it
     backend = run.backend
     if trainer is None:  # --baseline before its fine-tuning: on a resume, --step and --topk apply as to a checkpoint
         applied = {name: values[name] for name in ft.IN_CHECKPOINT if run.resuming and name in given}

@@ -4,7 +4,7 @@ disk, fits run side by side, and a progress line per fit.
 * :class:`FitStore` keeps every finished fit (its trial row and its weights) in
   ``RUN_DIR/eval-fits.npz``, rewritten atomically after each fit, so an evaluation stopped
   by Ctrl-C (or killed) is continued by running the same command again. The file names
-  what the fits were made from (the checkpoint's bytes, the data, the fit settings); fits
+  what the fits were made from (the checkpoint's bytes, every value of the data, the fit settings); fits
   made from anything else are ignored. A finished evaluation removes it.
 * :func:`run_chains` runs one chain of fits per alpha (its L2 values strongest first, each
   fit warm-started from the last) on ``workers`` threads. The classifier's time goes to
@@ -41,16 +41,18 @@ class EvaluationInterrupted(Exception):
 
 def fingerprint(checkpoint_path: Path, dataset, **settings) -> str:
     """What a stored fit depends on: the checkpoint's bytes, the training and validation data
-    (their labels whole, every thousandth row of their examples) and the fit settings."""
+    (every value: a row changed anywhere makes the fits again) and the fit settings."""
     digest = hashlib.sha256()
     with open(checkpoint_path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     for array in (dataset.X_train, dataset.y_train, dataset.X_valid, dataset.y_valid):
-        array = np.asarray(array)
+        array = np.ascontiguousarray(array)
         digest.update(repr((array.shape, array.dtype.str)).encode())
-        sample = array[:: max(1, len(array) // 1000)] if array.ndim > 1 else array
-        digest.update(np.ascontiguousarray(sample).tobytes())
+        if array.dtype.hasobject:  # no buffer to read (an array of None)
+            digest.update(repr(array.tolist()).encode())
+        else:
+            digest.update(memoryview(array.reshape(-1)).cast("B"))  # the buffer itself: no copy of the data
     digest.update(json.dumps({"data": dataset.summary(), **settings}, sort_keys=True).encode())
     return digest.hexdigest()
 

@@ -281,7 +281,7 @@ def _plan(dataset, config, settings, run_dir, resume, overwrite, on_resume, size
             raise KsaeError(f"--resume: the run was trained on {saved_size} ranks; resume it with mpiexec -n "
                             f"{saved_size} (this job has {size})")
         dataset, config, settings, changes = on_resume(folder, ckpt, previous)
-        record = {key: previous[key] for key in ("dataset", "dataset_sha256") if key in previous}
+        record = {key: previous[key] for key in ("dataset", "dataset_sha256", "codes_origin") if key in previous}
         return dataset, config, settings, ckpt, folder.path, changes, record
     if dataset is None:
         raise KsaeError("missing DATASET; give a dataset name or file, or --resume RUN_DIR")

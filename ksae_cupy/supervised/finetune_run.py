@@ -15,6 +15,7 @@ from ksae_cupy.errors import KsaeError
 from ksae_cupy.supervised import finetune
 from ksae_cupy.supervised.commands import FINETUNE
 from ksae_cupy.supervised.units import check_dropout_rate
+from ksae_cupy.training import provenance
 from ksae_cupy.training.fields import APPLIED, DATA, KEPT, REFUSED, named
 
 RESULTS = "finetune.json"
@@ -133,8 +134,21 @@ def read_pretrained(pretrained) -> tuple[list, list, list, dict]:
         sources.append({"run_dir": str(path), "dataset": run_config.get("dataset"), "k": model.k,
                         "hidden": model.n_hidden, "data": run_config.get("data"),
                         "epochs_trained": model.trainer_.epoch, "activation": model.activation,
-                        "aux_k": int(model.aux_k), "center_input": bool(model.center_input)})
+                        "aux_k": int(model.aux_k), "center_input": bool(model.center_input),
+                        **_provenance(run_config, model.run_id_)})
+    if len(sources) == 2:  # layer 2 must have been trained on the codes of layer 1 as it is now
+        provenance.check_chain(pretrained[0], sources[0]["run_id"], sources[0]["epochs_trained"], pretrained[1],
+                               sources[1]["config"])
+    for source in sources:
+        del source["config"]  # config.json keeps what it records of each layer, not its whole config
     return encoders, ks, sources, network
+
+
+def _provenance(run_config: dict, run_id: str | None) -> dict:
+    """A pretrained layer's record for :func:`read_pretrained`: its data's SHA-256 and run id (kept in
+    config.json) and its config.json (for the chain check, then dropped)."""
+    return {"dataset_sha256": run_config.get("dataset_sha256"), "run_id": run_config.get("run_id") or run_id,
+            "config": run_config}
 
 
 def data_of(dataset, sources, data_given: dict):
@@ -142,12 +156,18 @@ def data_of(dataset, sources, data_given: dict):
     may be added)."""
     from ksae_cupy.datasets.user_files import DataSpec
 
+    from ksae_cupy.training.runs import dataset_record
+
     given = {key: data_given[key] for key in DATA[1:] if data_given.get(key) is not None}
+    layer1 = sources[0] if sources else {}
     if dataset is not None:
+        if layer1.get("dataset") and dataset_record(dataset, False)["dataset"] == layer1["dataset"]:
+            provenance.check_data(layer1["dataset"], layer1.get("dataset_sha256"), layer1["run_dir"])
         return DataSpec(dataset, **given).validate().resolved()
-    if not sources or sources[0]["dataset"] is None:
+    if layer1.get("dataset") is None:
         raise KsaeError("missing DATASET; name a labelled dataset such as mnist")
-    return DataSpec.from_record(sources[0]["dataset"], sources[0]["data"]).for_run(**given)
+    provenance.check_data(layer1["dataset"], layer1.get("dataset_sha256"), layer1["run_dir"])  # the rows it learnt
+    return DataSpec.from_record(layer1["dataset"], layer1["data"]).for_run(**given)
 
 
 def new_trainer(values: dict, pretrained, read, data, backend):
@@ -280,7 +300,7 @@ def _baseline_source(path, encoders: list, ks: list, sources: list) -> dict:
     ks.append(None)
     sources.append({"run_dir": str(path), "dataset": run_config.get("dataset"), "model": model,
                     "hidden": int(ckpt.params["W_dh"].shape[1]), "data": run_config.get("data"),
-                    "epochs_trained": ckpt.epoch})
+                    "epochs_trained": ckpt.epoch, **_provenance(run_config, ckpt.run_id)})
     return {"activations": ["sigmoid"] * len(encoders), "input_dropout": ckpt.config.get("input_dropout", 0.0),
             "hidden_dropout": ckpt.config.get("hidden_dropout", 0.0)}
 

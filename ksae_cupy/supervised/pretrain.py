@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ksae_cupy.errors import KsaeError
+from ksae_cupy.training import provenance
 from ksae_cupy.training.estimator import KSparseAutoencoder
 from ksae_cupy.training.runs import RunFolder
 
@@ -92,8 +93,11 @@ def write_codes(run_dir, out_path, alpha: float = 3.0, data_dir=None, device: st
     data root. Computed in float64 and written as float32, N x H, so that a file written again (with
     other BLAS threads, on another device) holds the same bytes, which a layer 2 resuming on it checks
     (float32 sums in another order differ in the last bit; see ``KSparseAutoencoder.transform``).
-    Written to ``<out_path>.tmp`` and renamed, so ``out_path`` only ever holds a whole file. Returns
-    what was written: the run folder, its epochs, alpha, the shape and the seconds taken.
+    Written to ``<out_path>.tmp`` and renamed, so ``out_path`` only ever holds a whole file. A run whose
+    data file changed since it was trained is refused. Beside the codes, ``OUT.json`` records where they
+    came from (:mod:`ksae_cupy.training.provenance`): the codes' SHA-256 and the run's folder, id, epoch
+    and checkpoint SHA-256. Returns that record: the run folder, its epochs, alpha, the shape, the
+    seconds taken, ``codes_sha256`` and ``layer``.
     """
     from ksae_cupy.backend import to_host
     from ksae_cupy.datasets import load_dataset
@@ -107,9 +111,12 @@ def write_codes(run_dir, out_path, alpha: float = 3.0, data_dir=None, device: st
         ckpt, config = load_baseline_run(run_dir)
         params64 = {name: np.asarray(to_host(ckpt.params[name]), dtype=np.float64) for name in ("W_dh", "b_h")}
         features, epochs, alpha = (lambda X: encode(params64, X.astype(np.float64))), ckpt.epoch, None
+        layer = provenance.layer_record(run_dir, config.get("run_id") or ckpt.run_id, ckpt.epoch, ckpt.step)
     else:
         model, config = load_pretrained_run(run_dir, device=device)
         features, epochs = (lambda X: model.transform(X, alpha=alpha, dtype=np.float64)), model.trainer_.epoch
+        layer = provenance.layer_record(run_dir, config.get("run_id") or model.run_id_, epochs, model.trainer_.step)
+    provenance.check_run_data(run_dir, config)  # the rows the run trained on, not a file replaced since
     spec = DataSpec.from_record(config["dataset"], config.get("data"))
     root = data_dir if data_dir is not None else config.get("data_dir")
     data = load_dataset(spec, root=Path(root) if root else None)
@@ -125,5 +132,9 @@ def write_codes(run_dir, out_path, alpha: float = 3.0, data_dir=None, device: st
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise KsaeError(f"could not write {out_path} ({exc.strerror or exc})") from None
-    return {"run_dir": str(run_dir), "dataset": config["dataset"], "epochs_trained": epochs,
+    info = {"run_dir": str(run_dir), "dataset": config["dataset"], "epochs_trained": epochs,
             "alpha": alpha, "shape": list(codes.shape), "seconds": time.perf_counter() - start}
+    try:  # OUT.json: where the codes came from, which a layer 2 trained on them records
+        return provenance.write_codes_origin(out_path, layer, info)
+    except OSError as exc:
+        raise KsaeError(f"could not write {provenance.origin_file(out_path)} ({exc.strerror or exc})") from None

@@ -116,6 +116,8 @@ class RunLifecycle:
             dropped = self.folder.drop_metrics_after(trainer.step, trainer.epoch, trainer.config.epochs)
             if dropped:
                 self.say(dropped)  # which epochs, and whether each runs again
+        if self.resuming and "codes_origin" in self.previous and "codes_origin" not in record:
+            record = {**record, "codes_origin": self.previous["codes_origin"]}  # the same bytes (checked): kept
         self.config = {**record, **self.settings, "device": self.backend.name,
                        "data_dir": str(self.data_dir) if self.data_dir else None, "run_dir": str(self.folder.path)}
         self.folder.write_config(self.config)

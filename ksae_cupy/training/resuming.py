@@ -68,7 +68,8 @@ def check_dataset(dataset: str | None, previous: dict) -> str:
         found = file_sha256(path)
         if found != expected:
             raise KsaeError(f"--resume: the run's data file {path} changed since the run started "
-                            f"(SHA-256 {found[:16]}..., the run has {expected[:16]}...)")
+                            f"(SHA-256 {found[:16]}..., the run has {expected[:16]}...); put the run's data back "
+                            f"there, or give the run's data at its new path as DATASET")
     return recorded
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import gzip
-import hashlib
 import json
 import uuid
 from pathlib import Path
@@ -31,6 +30,7 @@ from pathlib import Path
 from ksae_cupy.atomic import write_json_atomic, write_text_atomic
 from ksae_cupy.errors import KsaeError, note
 from ksae_cupy.paths import check_writable_folder
+from ksae_cupy.training.provenance import codes_origin, file_sha256  # noqa: F401 (file_sha256: re-exported)
 from ksae_cupy.training.runlock import RunLock, check_unlocked
 
 CHECKPOINT = "checkpoint.h5"
@@ -316,7 +316,8 @@ def parse_metrics(path: Path) -> tuple[list[dict], bool]:
 
 def dataset_record(dataset: str, with_sha256: bool = True) -> dict:
     """How config.json names the data: a user file by its absolute path (a run can then be
-    resumed from any folder) and its SHA-256 (a changed file is noticed); a built-in name as is."""
+    resumed from any folder) and its SHA-256 (a changed file is noticed), and for codes written by
+    ``ksae-data codes`` their origin (:mod:`ksae_cupy.training.provenance`); a built-in name as is."""
     from ksae_cupy.datasets import is_user_file
 
     if not is_user_file(dataset):
@@ -328,6 +329,9 @@ def dataset_record(dataset: str, with_sha256: bool = True) -> dict:
     record = {"dataset": str(path) + (f":{member}" if member else "")}
     if with_sha256 and path.is_file():
         record["dataset_sha256"] = file_sha256(path)
+        origin = codes_origin(path, record["dataset_sha256"])  # layer 2: the layer its codes came from
+        if origin is not None:
+            record["codes_origin"] = origin
     return record
 
 
@@ -338,11 +342,3 @@ def data_record(spec) -> dict:
     if spec.is_user_file:
         record["data"] = spec.record()
     return record
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
