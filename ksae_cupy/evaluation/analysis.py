@@ -29,7 +29,8 @@ _RIDGE = 1e-12
 
 
 def unit_columns(W_dh):
-    """``(Wn_dh, alive_h)``: columns scaled to unit length; all-zero (dead) columns left at 0."""
+    """``(Wn_dh, alive_h)``: columns scaled to unit length; all-zero columns left at 0 (no direction:
+    not "dead units", which training counts as units no example keeps)."""
     xp = array_module(W_dh)
     norms_h = xp.sqrt((W_dh * W_dh).sum(axis=0))
     alive_h = norms_h > 0
@@ -47,7 +48,7 @@ def gram_offdiag_abs(W_dh):
 
 
 def mutual_coherence(W_dh) -> float:
-    """``mu(W) = max_{i != j} |<w_i, w_j>|`` over unit-normalised columns (dead ones skipped)."""
+    """``mu(W) = max_{i != j} |<w_i, w_j>|`` over unit-normalised columns (zero-norm ones skipped)."""
     off = gram_offdiag_abs(W_dh)
     if off.size == 0:
         raise KsaeError("mutual coherence needs at least two non-zero columns")
@@ -60,9 +61,9 @@ def coherence_report(W_dh) -> dict:
     D, H = W_dh.shape
     off = gram_offdiag_abs(W_dh)
     mu = float(off.max())
-    dead = int(H - np.count_nonzero(to_host(unit_columns(W_dh)[1])))
+    zero_norm = int(H - np.count_nonzero(to_host(unit_columns(W_dh)[1])))
     return {
-        "D": int(D), "H": int(H), "dead_columns": dead, "mu": mu,
+        "D": int(D), "H": int(H), "zero_norm_columns": zero_norm, "mu": mu,
         # No D x H dictionary with unit columns can have mu below this (H > D).
         "welch_bound": float(np.sqrt((H - D) / (D * (H - 1)))) if H > D else 0.0,
         "mean_abs_inner": float(off.mean()),
@@ -192,7 +193,7 @@ def theorem_experiment(W_dh, k: int, n: int = 1000, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     xp = array_module(W_dh)
     Wn_dh, alive_h = unit_columns(xp.asarray(W_dh, dtype=np.float64))
-    Wn_dh = Wn_dh[:, alive_h]  # dead columns are no atoms at all
+    Wn_dh = Wn_dh[:, alive_h]  # zero-norm columns are no atoms at all
     H = Wn_dh.shape[1]
     mu = mutual_coherence(Wn_dh)
     min_ratio = 2 * k * mu  # the condition k mu <= z_k / (2 z_1), as a bound on z_k / z_1
