@@ -246,3 +246,10 @@ def test_the_testing_page_quotes_no_test_count():
     page = (ROOT / "docs" / "guide" / "testing.md").read_text()
     assert not re.search(r"\d[\d,]* (passed|tests)\b", page), re.search(r".{40}\d[\d,]* (passed|tests)\b.{20}", page)
     assert "pytest --collect-only -q" in page
+
+
+def test_the_guides_python_block_is_the_readmes():
+    # docs/guide/your-data.md repeats the README's block: one text, so a fix reaches both.
+    block = re.compile(r"```python\nimport ksae_cupy\n.*?```", re.S)
+    guide = (ROOT / "docs" / "guide" / "your-data.md").read_text()
+    assert block.search(guide)[0] == block.search((ROOT / "README.md").read_text())[0]
