@@ -80,7 +80,8 @@ def train_command(ctx, dataset, **values):
             on_batch=lambda done, total: progress().on_batch(done, total), saves_itself=True,
             on_end=lambda: progress.made and progress.made.clear())
     dead = (run.folder.read_metrics() or [{}])[-1].get("dead_fraction")  # the last epoch's figure
-    if model.trainer_.finished and not run.finished_before and dead_units_note(dead, trainer.config.hidden):
-        click.echo(dead_units_note(dead, trainer.config.hidden))
+    note = dead_units_note(dead, model.trainer_.config.hidden)
+    if note and model.trainer_.finished and not run.finished_before:  # said just before the done line
+        click.echo(note)
     run.end(model.trainer_, "done: {epochs} in {seconds:.1f} s" + done_dead(dead) + "; checkpoint {checkpoint}")
 
