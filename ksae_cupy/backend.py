@@ -75,11 +75,20 @@ def array_module(a) -> ModuleType:
     return np
 
 
+# Why there is no GPU on a machine without CuPy: said only when a GPU is asked for.
+CUPY_NOT_INSTALLED = "CuPy is not installed (the extra cuda12 or cuda13 installs it)"
+
+
 def _probe_gpu(index: int) -> tuple[ModuleType | None, str]:
     """Return (cupy, description) when GPU ``index`` answers, else (None, why not)."""
     try:
         import cupy
-    except Exception as exc:  # ImportError, or a broken CUDA install raising on import
+    except ModuleNotFoundError as exc:
+        if exc.name != "cupy":  # cupy is there but one of its own imports is missing: say which
+            return None, f"cupy does not import (it needs {exc.name})"
+        # The usual case on a CPU machine: a plain note, not a Python exception name.
+        return None, CUPY_NOT_INSTALLED
+    except Exception as exc:  # a broken CUDA install raising on import
         return None, f"cupy does not import ({type(exc).__name__}: {exc})".splitlines()[0]
     try:
         count = cupy.cuda.runtime.getDeviceCount()
@@ -113,6 +122,8 @@ def resolve_device(spec: str = "auto") -> Backend:
     index = int(spec.split(":")[1]) if ":" in spec else 0
     cupy, description = _probe_gpu(index)
     if cupy is None:
+        if spec == "auto" and description == CUPY_NOT_INSTALLED:  # a CPU install: nothing to explain
+            return CPU
         if spec == "auto":
             return Backend(name="cpu", xp=np, description=f"device: cpu (numpy; no GPU: {description})")
         raise OptionError("device", f"{{name}} {spec}: no usable GPU ({literal(description)}); use {{name}} cpu or auto")

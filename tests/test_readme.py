@@ -57,10 +57,22 @@ def run_bash(code: str, cwd: Path) -> subprocess.CompletedProcess:
     return result
 
 
-def write_mydata(folder: Path) -> None:
-    """A small labelled ``mydata.npz`` as the README describes: X, y, X_test, y_test."""
+def write_mydata(folder: Path, test_set: bool = True) -> None:
+    """A small labelled ``mydata.npz`` as the README describes: X, y and, if ``test_set``, X_test, y_test."""
     X, y, _ = make_sparse_signals(1500, n_classes=4, seed=3)
-    np.savez(folder / "mydata.npz", X=X[:1200], y=y[:1200], X_test=X[1200:], y_test=y[1200:])
+    tests = dict(X_test=X[1200:], y_test=y[1200:]) if test_set else {}
+    np.savez(folder / "mydata.npz", X=X[:1200], y=y[:1200], **tests)
+
+
+def shape(line: str) -> str:
+    """A printed line with its figures replaced: what stays the same from run to run."""
+    return re.sub(r"\d[\d,.]*", "N", line)
+
+
+def printed_last() -> list[str]:
+    """The lines of the README's "What the two commands print last" block."""
+    text = (ROOT / "README.md").read_text()
+    return text[text.index("What the two commands print last"):].split("```\n", 2)[1].splitlines()
 
 
 def test_the_quick_start_installs_the_common_path_in_one_extra():
@@ -83,6 +95,16 @@ def test_quick_start_runs_as_written_and_ends_in_a_test_error(tmp_path):
     evaluation = json.loads((tmp_path / "runs" / "quick" / "eval.json").read_text())
     assert 0 <= evaluation["features"]["test_error"] < 0.75  # 4 classes: chance is 0.75
     assert "| supp_(alpha k)(W^T x + b) |" in result.stdout
+    # What the README shows it prints last: the training's last lines as the commands word them.
+    from ksae_cupy.training.wording import dead_units_note
+
+    epoch, dead, done, gap, test_error = printed_last()
+    printed = result.stdout.splitlines()
+    trained = [line for line in printed if line.startswith(("epoch ", "done: "))][-2:]
+    assert [shape(epoch), shape(done)] == [shape(line) for line in trained], trained
+    assert dead == dead_units_note(0.531, 1000) and "dead 53.1%" in epoch and "(dead 53.1%: " in done
+    assert gap == "..." and re.fullmatch(r"test error \d+\.\d\d%", test_error)
+    assert any(re.fullmatch(r"test error \d+\.\d\d%", line) for line in printed + result.stderr.splitlines())
 
 
 def test_your_own_data_commands_run_as_written(tmp_path):
@@ -93,14 +115,19 @@ def test_your_own_data_commands_run_as_written(tmp_path):
     assert 0 <= evaluation["features"]["test_error"] < 0.75
 
 
-def test_your_own_data_in_python_runs_as_written(tmp_path):
-    write_mydata(tmp_path)
+@pytest.mark.parametrize("test_set, split", [(True, "test"), (False, "valid")])
+def test_your_own_data_in_python_runs_as_written(tmp_path, test_set, split):
+    # Issue 55: without X_test (optional, the README says) the block failed in scikit-learn
+    # ("Expected 2D array, got scalar array instead: array=nan"); it now scores the validation rows.
+    write_mydata(tmp_path, test_set)
     code, subs = block_with("ksae_cupy.load_dataset(\"mydata.npz\"", "python")
     result = subprocess.run([sys.executable, "-c", shortened(code, subs)], cwd=tmp_path, env=environment(),
                             capture_output=True, text=True, timeout=900)  # a hang guard only
     assert result.returncode == 0, result.stderr
-    assert re.search(r"^test error 0\.\d+", result.stdout, re.M), result.stdout
-    assert [line.split()[1] for line in result.stdout.splitlines() if line.startswith("epoch ")] == ["1/2", "2/2"]
+    lines = result.stdout.splitlines()
+    assert re.fullmatch(rf"{split} error 0\.\d+", lines[-1]), result.stdout
+    assert lines[-2] == "fitting logistic regression on the alpha*k-sparse features"  # not silent while it fits
+    assert [line.split()[1] for line in lines if line.startswith("epoch ")] == ["1/2", "2/2"]
     assert (tmp_path / "mydata-k25.h5").is_file()
 
 
@@ -141,3 +168,88 @@ def test_the_readme_defaults_table_is_the_declared_defaults():
             continue
         first = shown.split(";")[0].split(" (")[0].strip().strip("`")
         assert first == str(declared[flag]), f"README says {flag} {shown!r}; ksae-train's default is {declared[flag]!r}"
+
+
+def console_scripts() -> dict:
+    """``{script: click command}`` as setup.cfg installs them."""
+    import importlib
+
+    import click
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    scripts = {}
+    for line in config["options.entry_points"]["console_scripts"].strip().splitlines():
+        name, target = (part.strip() for part in line.split("="))
+        module, attribute = importlib.import_module(target.split(":")[0]), target.split(":")[1]
+        command = getattr(module, attribute)
+        if not isinstance(command, click.Command):  # a main() that calls the module's click command
+            command = next(value for value in vars(module).values()
+                           if isinstance(value, click.Command) and value.callback.__module__ == module.__name__)
+        scripts[name] = command
+    return scripts
+
+
+def test_the_command_table_names_what_each_command_takes():
+    """Issue 55: the table's `ksae-analyze theorem RUN_DIR` failed (it wanted --dictionary). Every
+    `ksae-...` cell of the README's command table is checked against the command's own usage: its
+    subcommands exist, each takes the RUN_DIR / DATASET the cell shows, and each option is one it has."""
+    import click
+    from click.testing import CliRunner
+
+    scripts = console_scripts()
+    text = (ROOT / "README.md").read_text()
+    table = text[text.index("## Commands"):text.index("## Defaults and where they come from")]
+    cells = re.findall(r"^\| `(ksae-[^`]+)` \|", table, flags=re.M)
+    assert len(cells) == 9, cells  # every console script has its row
+    for cell in cells:
+        words = cell.replace("\\|", "|").split()
+        command = scripts[words[0]]
+        subcommands = [None]
+        if isinstance(command, click.Group):
+            subcommands = words[1].split("|")
+            words = words[2:]
+        else:
+            words = words[1:]
+        for sub in subcommands:
+            args = [sub, "--help"] if sub else ["--help"]
+            shown = CliRunner().invoke(command, args)
+            assert shown.exit_code == 0, (cell, sub, shown.output)
+            usage, after_value = shown.output.split("\n\n", 1)[0], False
+            for word in words:
+                word = word.strip("[]")
+                if word.startswith("--"):
+                    assert re.search(rf"^\s+(-\w, )?{re.escape(word)}\b", shown.output, re.M), (cell, sub, word)
+                    after_value = True
+                elif re.fullmatch(r"[A-Z_0-9]+", word) and not after_value:
+                    assert re.sub(r"_\d+$", "", word) in usage, (cell, sub, word, usage)
+
+
+def test_the_training_pages_sample_config_has_the_keys_a_run_writes(tmp_path):
+    """docs/guide/training.md's sample output prints the run's config as ksae-train does: the same
+    keys as the config.json (``train``) and the `config:` line of a run made here."""
+    result = run_bash("ksae-train synthetic --hidden 16 --k 2 --epochs 1 --device cpu --threads 1 --run-dir run",
+                      tmp_path)
+    written = set(json.loads((tmp_path / "run" / "config.json").read_text())["train"])
+    printed = [set(json.loads(line[len("config: "):])) for line in result.stdout.splitlines()
+               if line.startswith("config: ")]
+    assert printed == [written]
+    page = (ROOT / "docs" / "guide" / "training.md").read_text()
+    samples = [set(json.loads(line[len("config: "):])) for line in page.splitlines() if line.startswith("config: ")]
+    assert len(samples) == 2
+    for sample in samples:
+        assert sample == written, f"missing {written - sample}, extra {sample - written}"
+
+
+def test_the_testing_page_quotes_no_test_count():
+    # A count of tests is stale after the next test added (the page said 1074); it names the command.
+    page = (ROOT / "docs" / "guide" / "testing.md").read_text()
+    assert not re.search(r"\d[\d,]* (passed|tests)\b", page), re.search(r".{40}\d[\d,]* (passed|tests)\b.{20}", page)
+    assert "pytest --collect-only -q" in page
+
+
+def test_the_guides_python_block_is_the_readmes():
+    # docs/guide/your-data.md repeats the README's block: one text, so a fix reaches both.
+    block = re.compile(r"```python\nimport ksae_cupy\n.*?```", re.S)
+    guide = (ROOT / "docs" / "guide" / "your-data.md").read_text()
+    assert block.search(guide)[0] == block.search((ROOT / "README.md").read_text())[0]

@@ -30,7 +30,7 @@ def analyze_coherence(run_dir):
     write_json(run.path / "coherence.json", report)
     click.echo(f"mu(W) = {report['mu']:.4f} (Welch bound {report['welch_bound']:.4f}; mean |<w_i,w_j>| "
                f"{report['mean_abs_inner']:.4f}, 99th percentile {report['p99_abs_inner']:.4f}); "
-               f"{report['dead_columns']} dead columns of {report['H']}")
+               f"{report['zero_norm_columns']} zero-norm columns of {report['H']}")
     click.echo(f"Theorem 3.1 can hold only for k <= {report['theorem_max_k']} (k mu <= 1/2); this run has k={run.k}")
 
 

@@ -6,13 +6,15 @@ from pathlib import Path
 
 import click
 
-from ksae_cupy.cli.common import CONTEXT, GivenPath, report_errors, write_json
+from ksae_cupy.cli.common import CONTEXT, RUN_DIR, GivenPath, report_errors, write_json
 from ksae_cupy.errors import KsaeError
 
 
 @click.command("theorem", context_settings=CONTEXT)
-@click.option("--dictionary", default="incoherent",
-              help="incoherent ([I | Hadamard], mu = 1/sqrt(D)), gaussian, or a RUN_DIR (its trained W).")
+@click.argument("run_dir", type=RUN_DIR, required=False)
+@click.option("--dictionary", default=None,
+              help="incoherent ([I | Hadamard], mu = 1/sqrt(D)), gaussian, or a RUN_DIR (its trained W), the same "
+                   "as giving RUN_DIR first.  [default: incoherent, or RUN_DIR when given]")
 @click.option("--dim", "D", type=int, default=256, help="D, the signal dimension (synthetic dictionaries).")
 @click.option("--atoms", "H", type=int, default=512, help="H, the number of atoms (gaussian only; incoherent has 2D).")
 @click.option("--k", "k", type=int, default=4, help="Non-zeros per code.")
@@ -20,14 +22,18 @@ from ksae_cupy.errors import KsaeError
 @click.option("--seed", type=int, default=0, help="Seed of the drawn codes (and of a gaussian dictionary).")
 @click.option("-o", "--output", type=GivenPath(path_type=Path), default=None, help="Also write the report as JSON.")
 @report_errors
-def analyze_theorem(dictionary, D, H, k, n, seed, output):
+def analyze_theorem(run_dir, dictionary, D, H, k, n, seed, output):
     """Theorem 3.1: x = W z with k-sparse z drawn to satisfy and to violate k mu <= z_k / (2 z_1);
-    how often supp_k(W^T x) finds the support of z in each case."""
+    how often supp_k(W^T x) finds the support of z in each case: on a run's trained W (RUN_DIR)
+    or on a synthetic dictionary (--dictionary)."""
     import numpy as np
 
     from ksae_cupy.evaluation.analysis import gaussian_dictionary, incoherent_dictionary, theorem_experiment
     from ksae_cupy.paths import check_output_file
 
+    if run_dir is not None and dictionary is not None:
+        raise KsaeError(f"RUN_DIR {run_dir} and --dictionary {dictionary} both name the dictionary; give one")
+    dictionary = str(run_dir) if run_dir is not None else dictionary or "incoherent"
     if output:
         check_output_file(output, "-o")  # before the experiment, not after it
     if n < 1 or D < 1 or H < 1:

@@ -47,7 +47,8 @@ from ksae_cupy.supervised.finetune_run import RESULTS
 @click.pass_context
 @report_errors
 def finetune_command(ctx, pretrained, **values):
-    """Fine-tune a softmax network initialised from PRETRAINED_RUN_DIR [PRETRAINED_RUN_DIR_2] (ksae-train runs).
+    """Fine-tune a softmax network initialised from PRETRAINED_RUN_DIR [PRETRAINED_RUN_DIR_2]
+    (ksae-train or ksae-baseline runs).
 
     DATASET (a built-in name or your file, as ksae-train takes it) is the pretrained run's when not
     given; with --no-pretraining or --baseline it is required. --dataset is its old spelling.

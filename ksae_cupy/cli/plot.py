@@ -22,6 +22,9 @@ def plot_command():
 @click.argument("run_dir", type=RUN_DIR)
 @click.option("-o", "--output", type=GivenPath(path_type=Path), default=None, help="Image file; its suffix picks the format (png, pdf, svg, jpg, ...). [default: RUN_DIR/filters.png]")
 @click.option("--n", "n_filters", type=int, default=None, help="Draw the first N filters. [default: all]")
+@click.option("--skip-dead", is_flag=True,
+              help="Leave out the dead units (kept in no training example's top k: their filters are noise); "
+                   "reads the run's dataset.")
 @click.option("--cols", type=int, default=None, help="Filters per row. [default: square grid]")
 @click.option("--shape", default=None,
               help="Filter image shape HxW. [default: the run's dataset's, else square, sqrt(D / channels)]")
@@ -29,11 +32,14 @@ def plot_command():
               help="1: grey; 3: colour patches. [default: the run's dataset's, else 1]")
 @click.option("--layout", type=click.Choice(["hwc", "chw"]), default="hwc", help="Order of a colour filter's values.")
 @click.option("--scale", type=int, default=2, help="Pixels per filter pixel.")
+@DATA_DIR
+@QUIET
 @report_errors
-def plot_filters(run_dir, output, n_filters, cols, shape, channels, layout, scale):
-    """Each column of W as an image, in a grid (the paper's Figures 1-3)."""
+def plot_filters(run_dir, output, n_filters, skip_dead, cols, shape, channels, layout, scale, data_dir, quiet):
+    """Each column of W as an image, in a grid (the paper's filter figures)."""
     from ksae_cupy.evaluation.features import open_run
-    from ksae_cupy.evaluation.plots import check_image_output, parse_image_shape, require_matplotlib, save_filter_grid
+    from ksae_cupy.evaluation.plots import (check_image_output, filters_drawn, parse_image_shape, require_matplotlib,
+                                            save_filter_grid)
 
     require_matplotlib()
     run = open_run(run_dir)
@@ -46,14 +52,33 @@ def plot_filters(run_dir, output, n_filters, cols, shape, channels, layout, scal
         known = IMAGE_SHAPES.get(run.dataset)
         if known is not None and known[0] * known[1] * (known[2] if len(known) == 3 else 1) == run.params["W_dh"].shape[0]:
             image_shape, channels = known[:2], (known[2] if len(known) == 3 else 1)
-    width, height = save_filter_grid(run.params["W_dh"], output, image_shape, channels or 1, layout,
-                                     n_filters, cols, scale)
-    click.echo(f"wrote {output} ({width}x{height} pixels, k={run.k}, {run.H} filters)")
+    W_dh, left_out = run.params["W_dh"], ""
+    if skip_dead:
+        W_dh, left_out = _live_filters(run, data_dir, progress_printer(quiet))
+    drawn = filters_drawn(W_dh.shape[1], n_filters)
+    width, height = save_filter_grid(W_dh, output, image_shape, channels or 1, layout, n_filters, cols, scale)
+    click.echo(f"wrote {output} ({width}x{height} pixels, k={run.k}, {drawn} of {run.H} filters{left_out})")
+
+
+def _live_filters(run, data_dir, say):
+    """``(W_dh of the live units, "; N dead left out" words)``: dead as training counts it, a unit
+    no training example keeps in its top k (here, under the final model)."""
+    from ksae_cupy.evaluation.analysis import dead_units
+    from ksae_cupy.evaluation.features import load_run_dataset
+
+    X_nd = load_run_dataset(run, data_dir, say).X_train
+    params = run.params
+    dead_h = dead_units(params, X_nd.astype(params["W_dh"].dtype), run.k)
+    n_dead = int(dead_h.sum())
+    if n_dead == run.H:
+        raise KsaeError(f"all {run.H} units are dead (kept by no training example): no filter to draw")
+    return params["W_dh"][:, ~dead_h], f"; {n_dead} dead left out: kept by no training example"
 
 
 @plot_command.command("hist", context_settings=CONTEXT)
 @click.argument("run_dirs", type=RUN_DIR, nargs=-1, required=True)
-@click.option("-o", "--output", type=GivenPath(path_type=Path), default=Path("activity-histogram.png"), help="PNG file.")
+@click.option("-o", "--output", type=GivenPath(path_type=Path), default=None,
+              help="Image file; its suffix picks the format. [default: the first RUN_DIR's activity-histogram.png]")
 @click.option("--n-samples", type=int, default=1000, help="Rows of the split to encode per run.")
 @click.option("--split", type=click.Choice(["test", "valid", "train"]), default="test", help="Split whose rows are encoded.")
 @click.option("--alpha", type=float, default=1.0, help="Encode with the alpha*k largest units.")
@@ -62,7 +87,7 @@ def plot_filters(run_dir, output, n_filters, cols, shape, channels, layout, scal
 @QUIET
 @report_errors
 def plot_hist(run_dirs, output, n_samples, split, alpha, bins, data_dir, quiet):
-    """Histogram of hidden activities for one or more runs (the paper's Figure 6).
+    """Histogram of hidden activities for one or more runs (the paper's activity histograms).
 
     Compare sparsity levels by passing several runs, e.g. k=70, k=15 and a dense linear
     autoencoder (the same trainer with --k equal to --hidden).
@@ -72,6 +97,7 @@ def plot_hist(run_dirs, output, n_samples, split, alpha, bins, data_dir, quiet):
     from ksae_cupy.evaluation.plots import check_image_output, require_matplotlib, save_activity_histograms
 
     require_matplotlib()
+    output = output or Path(run_dirs[0]) / "activity-histogram.png"  # into the run folder, as the other plots
     check_image_output(output)
     if n_samples < 1 or bins < 1:
         raise KsaeError("--n-samples and --bins must be positive")

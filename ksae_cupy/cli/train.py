@@ -13,6 +13,7 @@ from ksae_cupy.errors import KsaeError, cli_name
 from ksae_cupy.training.fields import PAPER, TRAIN, parse_lr
 from ksae_cupy.training.options import check_seed
 from ksae_cupy.training.train_run import AUTO_LR_DATASETS
+from ksae_cupy.training.wording import dead_units_note, done_dead
 
 
 @dataset_command(TRAIN)
@@ -78,5 +79,9 @@ def train_command(ctx, dataset, **values):
             lambda: model.save(run.folder.checkpoint), lambda report: progress().after_epoch(report),
             on_batch=lambda done, total: progress().on_batch(done, total), saves_itself=True,
             on_end=lambda: progress.made and progress.made.clear())
-    run.end(model.trainer_, "done: {epochs} in {seconds:.1f} s; checkpoint {checkpoint}")
+    dead = (run.folder.read_metrics() or [{}])[-1].get("dead_fraction")  # the last epoch's figure
+    note = dead_units_note(dead, model.trainer_.config.hidden)
+    if note and model.trainer_.finished and not run.finished_before:  # said just before the done line
+        click.echo(note)
+    run.end(model.trainer_, "done: {epochs} in {seconds:.1f} s" + done_dead(dead) + "; checkpoint {checkpoint}")
 

@@ -62,23 +62,30 @@ DESCRIPTIONS = {
 
 
 def list_datasets(root: Path) -> list[tuple[str, str, str]]:
-    """``(name, description, files)`` per built-in dataset; ``files`` is e.g. '2/4 present
-    in data/mnist' or why there is nothing to fetch."""
+    """``(name, description, files)`` per built-in dataset; ``files`` says where the files will be
+    read from (e.g. '4/4 files present in data/mnist'; a system package's copy, used in place,
+    by its folder) or why there is nothing to fetch."""
     rows = []
     for name in sorted(set(DATASET_FILES) | set(NO_FILES)):
         if name in DATASET_FILES:
             folder, specs, _ = DATASET_FILES[name]
-            present = sum((Path(root) / folder / s.name).is_file() or (Path(root) / folder / (s.name + ".gz")).is_file()
-                          for s in specs)
-            files = f"{present}/{len(specs)} files present in {Path(root) / folder}"
-            elsewhere = [str(other) for other in SEARCH_FOLDERS.get(name, ())
-                         if all(present_copy(Path(other), s) for s in specs)]
-            if present < len(specs) and elsewhere:
-                files += f" (all in {elsewhere[0]})"
+            files = _where_read(Path(root) / folder, specs, SEARCH_FOLDERS.get(name, ()))
         else:
             files = NO_FILES[name]
         rows.append((name, DESCRIPTIONS.get(name, ""), files))
     return rows
+
+
+def _where_read(own: Path, specs, search) -> str:
+    """'N/M files present in FOLDER[ and OTHER]': each file where loading takes it, the data root's
+    folder first, then the system folders (as :func:`~ksae_cupy.datasets.fetch.ensure_files` looks)."""
+    order = (own, *map(Path, search))
+    found = [next((place for place in order if present_copy(place, spec)), None) for spec in specs]
+    places = [place for place in order if place in found] or [own]
+    words = f"{len(specs) - found.count(None)}/{len(specs)} files present in {' and '.join(map(str, places))}"
+    if any(place != own for place in places):
+        words += " (a system copy, read in place)"
+    return words
 
 
 def verify_all(root: Path, names=None) -> list[tuple[str, str, str, str]]:

@@ -8,6 +8,8 @@
   or to violate, ``k mu <= z_k / (2 z_1)``; how often ``supp_k(W^T x)`` is the true support.
 * :func:`encoder_vs_iti` -- on a trained dictionary, how often the one-step encoder's support
   ``supp_k(W^T x + b)`` agrees with the converged ITI support.
+* :func:`dead_units` -- the units no row keeps in its top k (what ``ksae-plot filters --skip-dead``
+  leaves out); :func:`coherence_report`'s zero-norm columns are another thing.
 
 Supports are the k *largest* entries (signed), as in the autoencoder and the theorem.
 Everything runs on the array module of its inputs, in float64 (the inversion solves
@@ -21,6 +23,7 @@ import numpy as np
 
 from ksae_cupy.backend import array_module, to_host
 from ksae_cupy.errors import KsaeError
+from ksae_cupy.model import hidden_preactivations
 from ksae_cupy.topk import topk
 
 # Relative ridge added to W_Gamma^T W_Gamma so a repeated column gives the least-squares
@@ -29,7 +32,8 @@ _RIDGE = 1e-12
 
 
 def unit_columns(W_dh):
-    """``(Wn_dh, alive_h)``: columns scaled to unit length; all-zero (dead) columns left at 0."""
+    """``(Wn_dh, alive_h)``: columns scaled to unit length; all-zero columns left at 0 (no direction:
+    not "dead units", which training counts as units no example keeps)."""
     xp = array_module(W_dh)
     norms_h = xp.sqrt((W_dh * W_dh).sum(axis=0))
     alive_h = norms_h > 0
@@ -47,7 +51,7 @@ def gram_offdiag_abs(W_dh):
 
 
 def mutual_coherence(W_dh) -> float:
-    """``mu(W) = max_{i != j} |<w_i, w_j>|`` over unit-normalised columns (dead ones skipped)."""
+    """``mu(W) = max_{i != j} |<w_i, w_j>|`` over unit-normalised columns (zero-norm ones skipped)."""
     off = gram_offdiag_abs(W_dh)
     if off.size == 0:
         raise KsaeError("mutual coherence needs at least two non-zero columns")
@@ -60,15 +64,27 @@ def coherence_report(W_dh) -> dict:
     D, H = W_dh.shape
     off = gram_offdiag_abs(W_dh)
     mu = float(off.max())
-    dead = int(H - np.count_nonzero(to_host(unit_columns(W_dh)[1])))
+    zero_norm = int(H - np.count_nonzero(to_host(unit_columns(W_dh)[1])))
     return {
-        "D": int(D), "H": int(H), "dead_columns": dead, "mu": mu,
+        "D": int(D), "H": int(H), "zero_norm_columns": zero_norm, "mu": mu,
         # No D x H dictionary with unit columns can have mu below this (H > D).
         "welch_bound": float(np.sqrt((H - D) / (D * (H - 1)))) if H > D else 0.0,
         "mean_abs_inner": float(off.mean()),
         "p99_abs_inner": float(np.quantile(off, 0.99)),
         "theorem_max_k": int(np.floor(1 / (2 * mu))) if mu > 0 else None,
     }
+
+
+def dead_units(params, X_nd, k: int, batch_rows: int = 2000):
+    """Mask of the units no row of ``X_nd`` keeps in its top ``k`` (the selection the trainer
+    counts): the meaning of "dead" that every command uses (training counts it over an epoch)."""
+    xp = array_module(params["W_dh"])
+    H = params["W_dh"].shape[1]
+    kept_h = xp.zeros(H, dtype=np.int64)
+    for start in range(0, len(X_nd), batch_rows):  # a batch at a time: N x H at once can fill the memory
+        idx_nk, _ = topk(hidden_preactivations(params, X_nd[start:start + batch_rows]), k)
+        kept_h += xp.bincount(idx_nk.ravel(), minlength=H)
+    return to_host(kept_h == 0)
 
 
 @dataclass
@@ -192,7 +208,7 @@ def theorem_experiment(W_dh, k: int, n: int = 1000, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     xp = array_module(W_dh)
     Wn_dh, alive_h = unit_columns(xp.asarray(W_dh, dtype=np.float64))
-    Wn_dh = Wn_dh[:, alive_h]  # dead columns are no atoms at all
+    Wn_dh = Wn_dh[:, alive_h]  # zero-norm columns are no atoms at all
     H = Wn_dh.shape[1]
     mu = mutual_coherence(Wn_dh)
     min_ratio = 2 * k * mu  # the condition k mu <= z_k / (2 z_1), as a bound on z_k / z_1

@@ -1,4 +1,4 @@
-"""Figures of the paper: filter grids (Figures 1-3) and hidden-activity histograms (Figure 6).
+"""Figures of the paper: filter grids (W's columns as images) and hidden-activity histograms.
 
 matplotlib is an optional extra (``pip install ksae-cupy[plot]``) and is imported inside
 the functions that draw, never at module load; the mosaic itself is plain NumPy. Figures
@@ -59,6 +59,14 @@ def filter_shape(D: int, image_shape=None, channels: int = 1) -> tuple[int, int]
     return side, side
 
 
+def filters_drawn(H: int, n_filters: int | None) -> int:
+    """How many of ``H`` filters a grid of the first ``n_filters`` (None: all) draws."""
+    n = H if n_filters is None else min(int(n_filters), H)
+    if n < 1:
+        raise KsaeError(f"n_filters={n_filters} is not allowed; use at least 1")
+    return n
+
+
 def filter_mosaic(W_dh, image_shape=None, channels: int = 1, layout: str = "hwc", n_filters: int | None = None,
                   cols: int | None = None, pad: int = 1):
     """Tile the columns of ``W_dh`` as images: a float array in [0, 1], (rows, cols) or (rows, cols, 3).
@@ -72,9 +80,7 @@ def filter_mosaic(W_dh, image_shape=None, channels: int = 1, layout: str = "hwc"
     if layout not in LAYOUTS:
         raise KsaeError(f"layout={layout!r} is not allowed; use one of {', '.join(LAYOUTS)}")
     h, w = filter_shape(D, image_shape, channels)
-    n = H if n_filters is None else min(int(n_filters), H)
-    if n < 1:
-        raise KsaeError(f"n_filters={n_filters} is not allowed; use at least 1")
+    n = filters_drawn(H, n_filters)
     cols = int(cols) if cols else math.ceil(math.sqrt(n))
     rows = math.ceil(n / cols)
     F_nd = W_dh[:, :n].T
@@ -135,7 +141,7 @@ def save_filter_grid(W_dh, path, image_shape=None, channels: int = 1, layout: st
 
 def save_activity_histograms(activities: dict, path, bins: int = 100, size=(800, 500), dpi: int = 100,
                              title: str = "Hidden unit activities") -> tuple[int, int]:
-    """Overlaid histograms of hidden activities, one per labelled run (the paper's Figure 6).
+    """Overlaid histograms of hidden activities, one per labelled run (the paper's histograms).
 
     ``activities`` maps a label (e.g. ``"k=70"``) to an array of encoded activities (all
     units of all rows, zeros included). Counts are normalised per run and drawn on a log

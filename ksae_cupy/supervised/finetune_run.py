@@ -76,8 +76,8 @@ def check_new(values: dict, pretrained, given: set) -> None:
         raise KsaeError(f"--baseline {baseline} contradicts "
                         f"{'the PRETRAINED_RUN_DIR arguments' if pretrained else '--no-pretraining'}; give one")
     if not no_pretraining and not pretrained and not baseline:
-        raise KsaeError("missing PRETRAINED_RUN_DIR; give one or two ksae-train run folders, --no-pretraining "
-                        "or --baseline")
+        raise KsaeError("missing PRETRAINED_RUN_DIR; give one or two ksae-train or ksae-baseline run folders, "
+                        "--no-pretraining or --baseline")
     if values["lr_end"] > values["lr_start"] and not values["rising_lr"]:  # NaN is named by the config's check
         raise KsaeError(f"--lr-end {values['lr_end']} is above --lr-start {values['lr_start']}: the rate would rise "
                         f"over the run (the paper's falls from 1 to 0.001); swap them, or give --rising-lr if that is "

@@ -48,9 +48,9 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     """A k-sparse autoencoder with tied weights, trained by momentum SGD.
 
     Parameters mirror :class:`~ksae_cupy.training.trainer.TrainConfig` (``n_hidden`` is its
-    ``hidden``); ``lr="auto"`` derives the learning rate from the training data (0.01 on
-    MNIST, smaller on data of a larger scale; see :mod:`ksae_cupy.training.learning_rate`),
-    the default 0.01 is the paper's rate for MNIST-scaled data; ``k_start="auto"`` starts the schedule at 100 (section 4.3.1), or at k
+    ``hidden``); ``lr="auto"``, the default, derives the learning rate from the training data
+    (0.01 on MNIST, the paper's rate; smaller on data of a larger scale; see
+    :mod:`ksae_cupy.training.learning_rate`), a number fixes it; ``k_start="auto"`` starts the schedule at 100 (section 4.3.1), or at k
     when k > 100, never above ``n_hidden``; ``None`` turns the schedule off; ``device`` is
     ``auto``, ``cpu`` or ``gpu[:N]``; ``batch_size`` larger than the data is cut to the data,
     as scikit-learn's MLP does; ``alpha`` is the default of :meth:`transform`'s (a parameter, so
@@ -101,7 +101,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         "center_input": ["boolean"],
     }
 
-    def __init__(self, n_hidden=1000, k=25, k_start="auto", epochs=5000, batch_size=128, lr=0.01,
+    def __init__(self, n_hidden=1000, k=25, k_start="auto", epochs=5000, batch_size=128, lr="auto",
                  momentum=0.9, sigma=0.01, topk="sort", seed=0, dtype="float32", device="auto",
                  activation="linear", step="auto", alpha=1.0,
                  warm_start=False, input_scale=None, verbose=0, n_threads=None, aux_k=0, aux_coef=1 / 32,

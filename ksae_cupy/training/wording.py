@@ -47,3 +47,25 @@ def nothing_to_train(epoch: int) -> str:
     would read as if it had trained them)."""
     return (f"nothing to train: the run had already trained all its {epoch} epochs (options given are recorded); "
             f"to train longer, give --epochs N with N > {epoch}")
+
+
+# What the epoch line's "dead" counts, said once at the end of a run (issue 55: "dead 53.1%" was
+# left unexplained); ksae-plot filters --skip-dead leaves out units dead in the same sense.
+DEAD_MEANING = "units no training example kept in its top k during the last epoch"
+# Above this fraction a run says that its dead units are a problem, and what fixes them.
+DEAD_NOTE_ABOVE = 1 / 3
+
+
+def done_dead(dead_fraction: float | None) -> str:
+    """The done line's words on the last epoch's dead figure: `` (dead 53.1%: units ...)``."""
+    return "" if dead_fraction is None else f" (dead {100 * dead_fraction:.1f}%: {DEAD_MEANING})"
+
+
+def dead_units_note(dead_fraction: float | None, hidden: int) -> str | None:
+    """One line when more than a third of the units ended dead, naming the options that keep them alive."""
+    if dead_fraction is None or dead_fraction <= DEAD_NOTE_ABOVE:
+        return None
+    aux_k = min(256, hidden)  # Gao et al.'s 256 (docs/dead-units.md), within what --aux-k allows
+    return (f"dead units: {round(dead_fraction * hidden)} of {hidden} ended dead, more than a third: their features "
+            f"are always 0 and their filters noise; --center-input or --aux-k {aux_k} keeps every unit alive "
+            f"(docs/dead-units.md)")

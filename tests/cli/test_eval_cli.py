@@ -84,6 +84,30 @@ def test_plot_filters_png(run_dir, tmp_path):
     assert plots.png_size(out) == (111, 111)
 
 
+def test_plot_filters_says_how_many_it_draws(run_dir, tmp_path):
+    # Issue 55: `--n 100` reported "1000 filters", the run's count, not the figure's.
+    result = invoke(plot_command, ["filters", run_dir, "-o", tmp_path / "f.png", "--n", "16"])
+    assert result.exit_code == 0, result.output
+    assert "k=5, 16 of 128 filters)" in result.output
+
+
+def test_plot_filters_can_leave_the_dead_units_out(tmp_path, synthetic_W):
+    # Units 0-39 are dead: a bias far below any input's product keeps them out of every top k.
+    b_h = np.zeros(128)
+    b_h[:40] = -1e3
+    run = make_run(tmp_path / "half-dead", synthetic_W, k=5, dataset="synthetic", b_h=b_h)
+    out = tmp_path / "live.png"
+    result = invoke(plot_command, ["filters", run, "-o", out, "--n", "100", "--skip-dead", "--scale", "1", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "88 of 128 filters; 40 dead left out: kept by no training example" in result.output
+    # The 88 live filters of 8x8 in a 10-column grid, 9 rows, 1-pixel gaps: 10*9+1 x 9*9+1.
+    assert plots.png_size(out) == (91, 82)
+    drawn = plots.filter_mosaic(synthetic_W[:, 40:], image_shape=(8, 8))
+    from matplotlib import image as mpimg
+
+    np.testing.assert_allclose(mpimg.imread(out)[:, :, 0], drawn, atol=0.01)  # the live ones, in order (8-bit grey)
+
+
 def test_plot_filters_takes_colour_patch_layout_from_the_run_dataset(tmp_path):
     rng = np.random.default_rng(0)
     run = make_run(tmp_path / "patches-run", rng.standard_normal((192, 4)), k=2, dataset="patches")
@@ -99,6 +123,14 @@ def test_plot_filters_rejects_a_wrong_shape(run_dir):
     assert_user_error(invoke(plot_command, ["filters", run_dir, "--shape", "big"]), "--shape")
 
 
+def test_plot_hist_writes_into_the_run_folder_as_the_other_plots(run_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # before: activity-histogram.png in the current folder
+    result = invoke(plot_command, ["hist", run_dir, "--n-samples", "50"])
+    assert result.exit_code == 0, result.output
+    assert (run_dir / "activity-histogram.png").is_file() and not (tmp_path / "activity-histogram.png").exists()
+    assert f"wrote {run_dir / 'activity-histogram.png'}" in result.output
+
+
 def test_plot_hist_compares_runs(run_dir, tmp_path, synthetic_W):
     dense = make_run(tmp_path / "dense", synthetic_W, k=128, dataset="synthetic")
     out = tmp_path / "h.png"
@@ -111,6 +143,7 @@ def test_plot_hist_compares_runs(run_dir, tmp_path, synthetic_W):
 def test_analyze_coherence_and_iti(run_dir):
     result = invoke(analyze_command, ["coherence", run_dir])
     assert result.exit_code == 0, result.output
+    assert "0 zero-norm columns of 128" in result.output and "dead" not in result.output  # one meaning of dead
     W = make_sparse_signals(1)[2]
     Wn = W / np.linalg.norm(W, axis=0)
     mu = np.max(np.abs(Wn.T @ Wn) - np.eye(W.shape[1]))
@@ -131,6 +164,18 @@ def test_analyze_theorem(tmp_path):
     assert json.loads(out.read_text())["recovery_when_satisfied"] == 1.0
     assert_user_error(invoke(analyze_command, ["theorem", "--dim", "60"]), "power of two")
     assert_user_error(invoke(analyze_command, ["theorem", "--dictionary", tmp_path / "nope"]), "does not exist")
+
+
+def test_analyze_theorem_takes_the_run_folder_as_the_command_table_shows(run_dir, tmp_path):
+    # Issue 55: `ksae-analyze theorem RUN` failed; it wanted --dictionary RUN_DIR.
+    by_position, by_option = tmp_path / "a.json", tmp_path / "b.json"
+    result = invoke(analyze_command, ["theorem", run_dir, "--k", "2", "--n", "50", "-o", by_position])
+    assert result.exit_code == 0, result.output
+    assert invoke(analyze_command, ["theorem", "--dictionary", run_dir, "--k", "2", "--n", "50",
+                                    "-o", by_option]).exit_code == 0
+    assert json.loads(by_position.read_text()) == json.loads(by_option.read_text())
+    assert json.loads(by_position.read_text())["H"] == 128  # the run's W, not the 512-atom default
+    assert_user_error(invoke(analyze_command, ["theorem", run_dir, "--dictionary", "gaussian"]), "give one")
 
 
 def test_compare_ksae_with_omp_and_dictionary_learning(run_dir):

@@ -258,8 +258,14 @@ def test_catalog_knows_fashion_mnist_and_its_package_folder(server, tmp_path, mo
     for name, body in bodies.items():
         (package / (name + ".gz")).write_bytes(gzip.compress(body))
     listed = {row[0]: row[2] for row in catalog.list_datasets(tmp_path)}
-    assert listed["fashion-mnist"] == f"0/2 files present in {tmp_path / 'fashion-mnist'} (all in {package})"
+    # Issue 55: "0/4 files present" though training reads the package's copy: say where it is read from.
+    assert listed["fashion-mnist"] == f"2/2 files present in {package} (a system copy, read in place)"
     assert [row[2] for row in catalog.verify_all(tmp_path, ["fashion-mnist"])] == ["ok", "ok"]
+    (tmp_path / "fashion-mnist").mkdir()
+    (tmp_path / "fashion-mnist" / "t10k-labels-idx1-ubyte").write_bytes(b"")  # one file in the data root: first
+    listed = {row[0]: row[2] for row in catalog.list_datasets(tmp_path)}
+    assert listed["fashion-mnist"] == \
+        f"2/2 files present in {tmp_path / 'fashion-mnist'} and {package} (a system copy, read in place)"
 
 
 def test_the_official_fashion_mnist_files_match_their_digests():

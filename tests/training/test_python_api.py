@@ -57,12 +57,14 @@ def test_errors_name_the_parameter_not_a_flag(params, message):
 
 def test_integer_input_is_converted_to_float_and_its_scale_checked():
     """As scikit-learn does, numeric integers become floats; 8-bit pixels as they are would then
-    diverge at the paper's rate, which fit says up front, naming the data's scale (not the rate)."""
+    diverge at the paper's fixed rate, which fit says up front, naming the data's scale (not the
+    rate); the default rate, lr="auto", derives a rate they train at."""
     pixels = (unit_scale() * 255).astype(np.uint8)
     with pytest.raises(KsaeError, match=r"^lr 0.01 is above the rate at which momentum SGD can train this data: X's "
                                         r"mean squared norm is .* over 16 features.*lr='auto'.*divide by 255, or "
                                         r"input_scale=1/255"):
-        small().fit(pixels)
+        small(lr=0.01).fit(pixels)
+    assert np.isfinite(small().fit(pixels).components_).all()
     binary = (unit_scale() > 0.5).astype(np.int64)  # integers on a unit scale train as their floats do
     np.testing.assert_array_equal(small().fit(binary).components_, small().fit(binary.astype(np.float64)).components_)
     scaled = small(input_scale=1 / 255).fit(pixels)
