@@ -36,7 +36,7 @@ def plot_command():
 @QUIET
 @report_errors
 def plot_filters(run_dir, output, n_filters, skip_dead, cols, shape, channels, layout, scale, data_dir, quiet):
-    """Each column of W as an image, in a grid (the paper's filter figures)."""
+    """Each column of W as an image, in a grid (the paper's Figures 1-3: MNIST, NORB, CIFAR-10 patches)."""
     from ksae_cupy.evaluation.features import open_run
     from ksae_cupy.evaluation.plots import (check_image_output, filters_drawn, parse_image_shape, require_matplotlib,
                                             save_filter_grid)
@@ -87,7 +87,7 @@ def _live_filters(run, data_dir, say):
 @QUIET
 @report_errors
 def plot_hist(run_dirs, output, n_samples, split, alpha, bins, data_dir, quiet):
-    """Histogram of hidden activities for one or more runs (the paper's activity histograms).
+    """Histogram of hidden activities for one or more runs (the paper's Figure 4).
 
     Compare sparsity levels by passing several runs, e.g. k=70, k=15 and a dense linear
     autoencoder (the same trainer with --k equal to --hidden).
