@@ -69,7 +69,7 @@ def _csr_rows(xp, sparse, idx_nk, val_nk, H: int):
 
 
 def loss_and_grads_sparse(params, X_nd, k: int, topk_method: str = "sort", activation: str = "linear",
-                          defer_weight_gradient: bool = False, lanes: int = 1):
+                          defer_weight_gradient: bool = False, lanes: int = 1, X_rows=None):
     """One forward and backward pass through the kept units only: ``(loss, grads, cache)``.
 
     ``grads["W_dh"]`` comes back in the memory order of ``params["W_dh"]``. Store ``W_dh``
@@ -83,6 +83,10 @@ def loss_and_grads_sparse(params, X_nd, k: int, topk_method: str = "sort", activ
     ``lanes`` (CPU kernels only): split the examples, and the update's hidden units, over that many
     threads (:mod:`ksae_cupy.cpu.lanes`), each running its share of ``X W`` too; the caller runs
     BLAS on one thread meanwhile (the trainer does). Same results, bit for bit, at any count.
+
+    ``X_rows`` (CPU kernels only; ignored elsewhere): the examples of ``X_nd`` as rows of their set's CSR
+    form (:mod:`ksae_cupy.cpu.sparse_encoder`, what the trainer gives for sparse enough inputs): ``X W`` is
+    then computed from their non-zero inputs instead of by BLAS. Equal within float32 rounding.
     """
     xp = array_module(X_nd)
     W_dh = params["W_dh"]
@@ -90,7 +94,7 @@ def loss_and_grads_sparse(params, X_nd, k: int, topk_method: str = "sort", activ
     if xp is np and cpu_kernels.enabled():
         # X W + b, the top k, the decoder and dZ in one pass over the examples.
         loss, idx_nk, val_nk, R_nd, dZ_nk = cpu_kernels.encode_select_decode_and_backprop(
-            W_dh, params["b_h"], params["c_d"], X_nd, k, _descending(topk_method), activation == "relu", lanes)
+            W_dh, params["b_h"], params["c_d"], X_nd, k, _descending(topk_method), activation == "relu", lanes, X_rows)
         if defer_weight_gradient and W_dh.flags.f_contiguous:
             dW_dh = RowScatterGradient(X_nd, R_nd, idx_nk, dZ_nk, val_nk, H, lanes)
         else:

@@ -120,7 +120,8 @@ class RunInputs:
     """What a trainer keeps: each input set's CSR form, built the first time the set is encoded.
 
     :meth:`of` returns the set's :class:`SparseInputs`, or None where BLAS's product stays (the set is
-    denser than :data:`MAX_DENSITY`, ``KSAE_ENCODER=dense``, or ``applies`` is False: no CPU kernels).
+    denser than :data:`MAX_DENSITY`, ``KSAE_ENCODER=dense``, not of the parameters' dtype, or ``applies``
+    is False: not a NumPy trainer of the sparse step).
     Sets are known by identity (the training and validation arrays a run passes every epoch); the last
     two are kept. A set changed in place after its first use is not seen: the arrays of a run are fixed.
     """
@@ -129,8 +130,9 @@ class RunInputs:
         self.applies = applies
         self._known = []  # [(array, SparseInputs or None)], the most recent last
 
-    def of(self, X_nd) -> SparseInputs | None:
-        if not self.applies or not isinstance(X_nd, np.ndarray) or X_nd.ndim != 2:
+    def of(self, X_nd, dtype) -> SparseInputs | None:
+        """``X_nd``'s CSR form (built on its first call), or None: BLAS's product for this set."""
+        if not self.applies or not isinstance(X_nd, np.ndarray) or X_nd.ndim != 2 or X_nd.dtype != dtype:
             return None
         for array, inputs in self._known:
             if array is X_nd:
