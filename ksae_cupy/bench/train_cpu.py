@@ -422,6 +422,47 @@ def compare_encoders(D: int, H: int, k: int, batch_size: int, topk_method: str, 
     return result
 
 
+SWEEP_DENSITIES = (0.1, 0.2, 0.3, 0.4, 0.5)
+
+
+def encoder_density_sweep(D: int, H: int, batch_size: int, threads: int | None, repeats: int, steps: int,
+                          densities=SWEEP_DENSITIES, log=print) -> dict:
+    """``X W + b`` from the non-zero inputs against BLAS's (both in ``threads`` lanes, BLAS on one thread
+    beside them, as the trainer runs them) on random inputs of each density: where
+    :data:`ksae_cupy.cpu.sparse_encoder.MAX_DENSITY` should sit. Interleaved; ratios are medians of each
+    repeat's ``sparse / BLAS``."""
+    lanes = max(1, threads or 1)
+    rng = np.random.default_rng(2)
+    W_dh = sparse_layout(model.init_params(D, H, 0.01, rng, np.float32)["W_dh"])
+    b_h = np.zeros(H, dtype=np.float32)
+    rows = []
+    for density in densities:
+        X_nd = (rng.random((8 * batch_size, D), dtype=np.float32) * (rng.random((8 * batch_size, D)) < density))
+        X_nd = X_nd.astype(np.float32)
+        sparse_X = sparse_encoder.SparseInputs.of(X_nd)
+        batches = [X_nd[i * batch_size:(i + 1) * batch_size] for i in range(8)]
+        ids = [sparse_X.rows(np.arange(i * batch_size, (i + 1) * batch_size)) for i in range(8)]
+        times = {"blas": [], "sparse": []}
+        with _blas_threads(1 if lanes > 1 else lanes):
+            for r in range(repeats + 1):
+                for name, call in (("blas", lambda i: cpu_kernels.encode(W_dh, b_h, batches[i % 8], lanes)),
+                                   ("sparse", lambda i: sparse_encoder.encode_rows(ids[i % 8], W_dh, b_h, lanes))):
+                    start = time.perf_counter()
+                    for i in range(steps):
+                        call(i)
+                    if r:
+                        times[name].append((time.perf_counter() - start) / steps)
+        rows.append({"density": round(sparse_X.density, 4), "blas_ms": 1e3 * statistics.median(times["blas"]),
+                     "sparse_ms": 1e3 * statistics.median(times["sparse"]),
+                     "sparse_over_blas": statistics.median(a / b for a, b in zip(times["sparse"], times["blas"]))})
+    wins = [row["density"] for row in rows if row["sparse_over_blas"] < 1]
+    result = {"threads": lanes, "rows": rows, "sparse_wins_up_to_density": max(wins) if wins else None,
+              "max_density_now": sparse_encoder.MAX_DENSITY}
+    log(f"X W from non-zeros / BLAS's, {lanes} lane(s), random inputs: "
+        + ", ".join(f"density {row['density']:.2f}: {row['sparse_over_blas']:.2f}" for row in rows))
+    return result
+
+
 # ---- The step part by part, beside its floors (issue 33) ----
 
 @_kernel(fastmath={"contract"})
@@ -567,6 +608,9 @@ def bench_train_step(backend, D=784, H=1000, k=25, batch_size=128, topk_method="
         if kernels:
             comparison = compare_encoders(D, H, k, batch_size, topk_method, threads if limited else 1, encoders,
                                           repeats, steps, inputs, log)
+            if encoder != "dense":
+                comparison["density_sweep"] = encoder_density_sweep(D, H, batch_size, threads if limited else 1,
+                                                                    repeats, steps, log=log)
         epochs = [time_epoch(backend, D, H, kk, batch_size, topk_method, log=log, inputs=inputs,
                              encoders=encoders if kernels else (None,), repeats=epoch_repeats)
                   for kk in epoch_ks]

@@ -84,6 +84,9 @@ def test_bench_train_times_both_encoders_side_by_side(tmp_path):
     assert set(comparison["ratios"]) == {"step_dense_encoder_over_XW", "step_sparse_encoder_over_XW",
                                          "step_dense_over_step_sparse", "XW_dense_over_XW_sparse"}
     assert max(comparison["validation_max_rel_error"].values()) < 1e-3
+    sweep = comparison["density_sweep"]
+    assert [round(row["density"], 1) for row in sweep["rows"]] == [0.1, 0.2, 0.3, 0.4, 0.5]
+    assert all(row["blas_ms"] > 0 and row["sparse_ms"] > 0 for row in sweep["rows"])
     (epoch,) = data["epochs"]
     assert set(epoch["by_encoder"]) == {"dense", "sparse"}
     assert all(len(e["epochs_s"]) == 2 and e["epoch_s"] > 0 for e in epoch["by_encoder"].values())
