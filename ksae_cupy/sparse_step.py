@@ -27,10 +27,13 @@ Three ways to run it, one contract:
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ksae_cupy.backend import array_module
 from ksae_cupy.cpu import numba_kernels as cpu_kernels
+from ksae_cupy.cpu import sparse_encoder
 from ksae_cupy.errors import OptionError, literal
 from ksae_cupy.model import ForwardCache, hidden_preactivations, select_units
 from ksae_cupy.topk import TOPK_METHODS
@@ -94,9 +97,12 @@ def loss_and_grads_sparse(params, X_nd, k: int, topk_method: str = "sort", activ
     W_dh = params["W_dh"]
     H = W_dh.shape[1]
     if xp is np and cpu_kernels.enabled():
-        # X W + b, the top k, the decoder and dZ in one pass over the examples.
-        loss, idx_nk, val_nk, R_nd, dZ_nk = cpu_kernels.encode_select_decode_and_backprop(
-            W_dh, params["b_h"], params["c_d"], X_nd, k, _descending(topk_method), activation == "relu", lanes, X_rows)
+        # X W + b (from the non-zero inputs when X_rows is given), then the top k, the decoder and dZ in
+        # one pass over the examples.
+        forward = (cpu_kernels.encode_select_decode_and_backprop if X_rows is None else
+                   functools.partial(sparse_encoder.encode_select_decode_and_backprop, X_rows))
+        loss, idx_nk, val_nk, R_nd, dZ_nk = forward(W_dh, params["b_h"], params["c_d"], X_nd, k,
+                                                    _descending(topk_method), activation == "relu", lanes)
         if defer_weight_gradient and W_dh.flags.f_contiguous:
             dW_dh = RowScatterGradient(X_nd, R_nd, idx_nk, dZ_nk, val_nk, H, lanes)
         else:

@@ -300,14 +300,16 @@ def reconstruction_error(W_hd, c_d, X_nd, idx_nk, val_nk) -> float:
     return _sum_in_order(_run_decoder(W_hd, c_d, X_nd, idx_nk, val_nk, False, gradients=False)[2])
 
 
-def select_and_reconstruction_error(Z_nh, k: int, descending: bool, W_hd, c_d, X_nd, relu: bool) -> float:
+def select_and_reconstruction_error(Z_nh, k: int, descending: bool, W_hd, c_d, X_nd, relu: bool,
+                                    lanes: int = 1) -> float:
     """:func:`reconstruction_error` of the top k of ``Z_nh`` (after ``relu``), selected in the same pass."""
     from ksae_cupy.topk import check_topk_args
 
     check_topk_args(Z_nh, k)
     idx_nk = np.empty((Z_nh.shape[0], k), dtype=np.int32)
     val_nk = np.empty((Z_nh.shape[0], k), dtype=Z_nh.dtype)
-    return _sum_in_order(_run_decoder(W_hd, c_d, X_nd, idx_nk, val_nk, relu, Z_nh, descending, gradients=False)[2])
+    return _sum_in_order(_run_decoder(W_hd, c_d, X_nd, idx_nk, val_nk, relu, Z_nh, descending, gradients=False,
+                                      lanes=lanes)[2])
 
 
 # X W is computed in this many pieces of columns (hidden units), which the lanes share. The pieces
@@ -339,31 +341,17 @@ def encode(W_dh, b_h, X_nd, lanes: int = 1):
     return Z_nh
 
 
-def _encoder_product(W_dh, b_h, X_nd, lanes: int, X_rows):
-    """``X W + b``: BLAS's product (:func:`encode`), or from the non-zero inputs when ``X_rows`` (the same
-    examples as rows of their set's CSR form, :mod:`ksae_cupy.cpu.sparse_encoder`) is given."""
-    if X_rows is None:
-        return encode(W_dh, b_h, X_nd, lanes)
-    from ksae_cupy.cpu.sparse_encoder import encode_rows
-
-    if X_rows.row_ids.shape[0] != X_nd.shape[0]:
-        raise ValueError(f"X_rows holds {X_rows.row_ids.shape[0]} examples, X_nd {X_nd.shape[0]}: the same ones are needed")
-    return encode_rows(X_rows, W_dh, b_h, lanes)
-
-
-def encode_select_decode_and_backprop(W_dh, b_h, c_d, X_nd, k: int, descending: bool, relu: bool, lanes: int = 1,
-                                      X_rows=None):
+def encode_select_decode_and_backprop(W_dh, b_h, c_d, X_nd, k: int, descending: bool, relu: bool, lanes: int = 1):
     """The sparse step's forward and backward pass up to the weight gradient, ``Z = X W + b`` included:
     ``(loss, idx_nk, val_nk, R_nd, dZ_nk)``, as :func:`select_decode_and_backprop` of that ``Z``.
 
     ``lanes`` > 1 splits ``X W`` (:func:`encode`) and then the examples over that many threads.
-    ``W_dh`` in Fortran order (``W_dh.T`` contiguous) avoids a copy of it. ``X_rows``: the examples of
-    ``X_nd`` in CSR form; ``X W`` is then computed from their non-zero inputs."""
+    ``W_dh`` in Fortran order (``W_dh.T`` contiguous) avoids a copy of it."""
     from ksae_cupy.topk import check_topk_args
 
     N = X_nd.shape[0]
     check_topk_args(np.empty((0, W_dh.shape[1]), dtype=X_nd.dtype), k)
-    Z_nh = _encoder_product(W_dh, b_h, X_nd, lanes, X_rows)
+    Z_nh = encode(W_dh, b_h, X_nd, lanes)
     idx_nk = np.empty((N, k), dtype=np.int32)
     val_nk = np.empty((N, k), dtype=X_nd.dtype)
     R_nd, dZ_nk, row_error_n = _run_decoder(np.ascontiguousarray(W_dh.T), c_d, X_nd, idx_nk, val_nk, relu, Z_nh,
@@ -372,14 +360,13 @@ def encode_select_decode_and_backprop(W_dh, b_h, c_d, X_nd, k: int, descending: 
 
 
 def encode_and_reconstruction_error(W_dh, b_h, c_d, X_nd, k: int, descending: bool, relu: bool,
-                                    lanes: int = 1, X_rows=None) -> float:
-    """``sum_n ||Xhat_n - X_n||^2`` through the top k of ``X W + b``: the validation loss's sum, in lanes
-    (``X W`` from the non-zero inputs when ``X_rows`` is given, as in :func:`encode_select_decode_and_backprop`)."""
+                                    lanes: int = 1) -> float:
+    """``sum_n ||Xhat_n - X_n||^2`` through the top k of ``X W + b``: the validation loss's sum, in lanes."""
     from ksae_cupy.topk import check_topk_args
 
     N = X_nd.shape[0]
     check_topk_args(np.empty((0, W_dh.shape[1]), dtype=X_nd.dtype), k)
-    Z_nh = _encoder_product(W_dh, b_h, X_nd, lanes, X_rows)
+    Z_nh = encode(W_dh, b_h, X_nd, lanes)
     idx_nk = np.empty((N, k), dtype=np.int32)
     val_nk = np.empty((N, k), dtype=X_nd.dtype)
     return _sum_in_order(_run_decoder(np.ascontiguousarray(W_dh.T), c_d, X_nd, idx_nk, val_nk, relu, Z_nh,

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ksae_cupy.cpu import numba_kernels as kernels
 from ksae_cupy.cpu.numba_kernels import _compiled, _helper, _kernel
 from ksae_cupy.errors import KsaeError, literal
 
@@ -228,3 +229,30 @@ def encode_rows(X_rows: InputRows, W_dh, b_h, lanes: int = 1):
 
         lanes_of(lanes).run(lambda lane: kernel(*args, *share(lane, lanes, tiles)))
     return Z_nh
+
+
+def _check_same_examples(X_rows: InputRows, X_nd) -> None:
+    if X_rows.row_ids.shape[0] != X_nd.shape[0]:
+        raise ValueError(f"X_rows holds {X_rows.row_ids.shape[0]} examples, X_nd {X_nd.shape[0]}: "
+                         f"the same ones are needed")
+
+
+def encode_select_decode_and_backprop(X_rows: InputRows, W_dh, b_h, c_d, X_nd, k: int, descending: bool, relu: bool,
+                                      lanes: int = 1):
+    """:func:`ksae_cupy.cpu.numba_kernels.encode_select_decode_and_backprop` with ``X W + b`` from the non-zero
+    inputs: ``(loss, idx_nk, val_nk, R_nd, dZ_nk)``. ``X_rows`` are the examples of ``X_nd`` (the decoder's
+    residual reads the dense rows)."""
+    _check_same_examples(X_rows, X_nd)
+    Z_nh = encode_rows(X_rows, W_dh, b_h, lanes)
+    return kernels.select_decode_and_backprop(Z_nh, k, descending, np.ascontiguousarray(W_dh.T), c_d, X_nd, relu,
+                                              lanes)
+
+
+def encode_and_reconstruction_error(X_rows: InputRows, W_dh, b_h, c_d, X_nd, k: int, descending: bool, relu: bool,
+                                    lanes: int = 1) -> float:
+    """:func:`ksae_cupy.cpu.numba_kernels.encode_and_reconstruction_error` (the validation loss's sum) with
+    ``X W + b`` from the non-zero inputs of ``X_rows``, the examples of ``X_nd``."""
+    _check_same_examples(X_rows, X_nd)
+    Z_nh = encode_rows(X_rows, W_dh, b_h, lanes)
+    return kernels.select_and_reconstruction_error(Z_nh, k, descending, np.ascontiguousarray(W_dh.T), c_d, X_nd, relu,
+                                                   lanes)

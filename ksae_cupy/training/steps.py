@@ -29,6 +29,7 @@ from ksae_cupy import model
 from ksae_cupy.auxk_step import loss_and_grads_sparse_auxk
 from ksae_cupy.cpu import numba_kernels as cpu_kernels
 from ksae_cupy.cpu import momentum as cpu_momentum
+from ksae_cupy.cpu import sparse_encoder
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.sparse_step import choose_step, loss_and_grads_sparse
 
@@ -110,8 +111,11 @@ def resolve_evaluation(config, xp) -> Evaluation:
         descending, relu = topk == "sort", activation == "relu"
 
         def kernels_error(params, X_nd, k, lanes, X_rows=None):
+            if X_rows is not None:  # X W from the non-zero inputs
+                return sparse_encoder.encode_and_reconstruction_error(X_rows, params["W_dh"], params["b_h"],
+                                                                      params["c_d"], X_nd, k, descending, relu, lanes)
             return cpu_kernels.encode_and_reconstruction_error(params["W_dh"], params["b_h"], params["c_d"], X_nd, k,
-                                                               descending, relu, lanes, X_rows)
+                                                               descending, relu, lanes)
 
         return Evaluation(True, kernels_error)
 
