@@ -86,6 +86,13 @@ def _fill_csr(X_nd, indptr_n, indices_z, values_z):
                 p += 1
 
 
+def nonzeros_per_row(X_nd):
+    """How many non-zero inputs each row of ``X_nd`` holds (one pass, nothing else built)."""
+    count_n = np.empty(X_nd.shape[0], dtype=np.int64)
+    _compiled(_count_nonzeros)(np.ascontiguousarray(X_nd), count_n)
+    return count_n
+
+
 class SparseInputs:
     """A whole ``(N, D)`` set's non-zero inputs in CSR form: row n's are ``indices_z[indptr_n[n]:indptr_n[n + 1]]``
     (increasing) with values ``values_z[...]``. Built once per set (:meth:`of`), read by row ids."""
@@ -94,11 +101,11 @@ class SparseInputs:
         self.indptr_n, self.indices_z, self.values_z, self.shape = indptr_n, indices_z, values_z, shape
 
     @classmethod
-    def of(cls, X_nd) -> SparseInputs:
-        """The CSR form of the host array ``X_nd`` (any float dtype; NaN counts as non-zero)."""
+    def of(cls, X_nd, count_n=None) -> SparseInputs:
+        """The CSR form of the host array ``X_nd`` (any float dtype; NaN counts as non-zero);
+        ``count_n``: its rows' counts of non-zeros, when :func:`nonzeros_per_row` already counted them."""
         X_nd = np.ascontiguousarray(X_nd)
-        count_n = np.empty(X_nd.shape[0], dtype=np.int64)
-        _compiled(_count_nonzeros)(X_nd, count_n)
+        count_n = nonzeros_per_row(X_nd) if count_n is None else count_n
         indptr_n = np.zeros(X_nd.shape[0] + 1, dtype=np.int64)
         np.cumsum(count_n, out=indptr_n[1:])
         indices_z = np.empty(int(indptr_n[-1]), dtype=np.int32)
@@ -148,9 +155,9 @@ class RunInputs:
         setting = chosen_encoder()
         inputs = None
         if setting != "dense":
-            inputs = SparseInputs.of(X_nd)
-            if not takes_sparse_encoder(inputs.density, setting):
-                inputs = None
+            count_n = nonzeros_per_row(X_nd)  # the density first: a dense set's CSR is never built
+            if takes_sparse_encoder(int(count_n.sum()) / max(1, X_nd.size), setting):
+                inputs = SparseInputs.of(X_nd, count_n)
         self._known = self._known[-1:] + [(X_nd, inputs)]
         return inputs
 

@@ -155,3 +155,14 @@ def test_training_with_the_sparse_encoder_is_bit_identical_on_one_and_two_thread
     assert one_losses == two_losses
     for name in model.PARAM_NAMES:
         np.testing.assert_array_equal(two.params[name], one.params[name], err_msg=name)
+
+
+def test_a_dense_set_is_only_counted_never_converted(monkeypatch):
+    monkeypatch.delenv("KSAE_ENCODER", raising=False)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a dense set was converted to CSR")
+
+    monkeypatch.setattr(SparseInputs, "of", refuse)
+    dense_nd = np.random.default_rng(15).random((40, 30), dtype=np.float32) + 0.1
+    assert RunInputs(applies=True).of(dense_nd, np.float32) is None
