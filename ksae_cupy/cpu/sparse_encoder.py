@@ -137,20 +137,26 @@ class RunInputs:
     :meth:`of` returns the set's :class:`SparseInputs`, or None where BLAS's product stays (the set is
     denser than :data:`MAX_DENSITY`, ``KSAE_ENCODER=dense``, not of the parameters' dtype, or ``applies``
     is False: not a NumPy trainer of the sparse step).
-    Sets are known by identity (the training and validation arrays a run passes every epoch); the last
-    two are kept. A set changed in place after its first use is not seen: the arrays of a run are fixed.
+    Sets are known by identity (the training and validation arrays a run passes every epoch): the last
+    training set, and the last two sets evaluated (``role`` ``evaluation``: the validation set, and
+    another a caller evaluates now and then, such as the progress estimate's sample). A set changed
+    in place after its first use is not seen: the arrays of a run are fixed.
     """
+
+    KEEP = {"training": 1, "evaluation": 2}
 
     def __init__(self, applies: bool):
         self.applies = applies
-        self._known = []  # [(array, SparseInputs or None)], the most recent last
+        self._known = {role: [] for role in self.KEEP}  # role -> [(array, SparseInputs or None)], most recent last
 
-    def of(self, X_nd, dtype) -> SparseInputs | None:
+    def of(self, X_nd, dtype, role: str = "training") -> SparseInputs | None:
         """``X_nd``'s CSR form (built on its first call), or None: BLAS's product for this set."""
         if not self.applies or not isinstance(X_nd, np.ndarray) or X_nd.ndim != 2 or X_nd.dtype != dtype:
             return None
-        for array, inputs in self._known:
+        known = self._known[role]
+        for i, (array, inputs) in enumerate(known):
             if array is X_nd:
+                known.append(known.pop(i))
                 return inputs
         setting = chosen_encoder()
         inputs = None
@@ -158,7 +164,8 @@ class RunInputs:
             count_n = nonzeros_per_row(X_nd)  # the density first: a dense set's CSR is never built
             if takes_sparse_encoder(int(count_n.sum()) / max(1, X_nd.size), setting):
                 inputs = SparseInputs.of(X_nd, count_n)
-        self._known = self._known[-1:] + [(X_nd, inputs)]
+        known.append((X_nd, inputs))
+        del known[:-self.KEEP[role]]
         return inputs
 
 

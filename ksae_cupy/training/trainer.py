@@ -539,7 +539,7 @@ class Trainer:
         ``chunk`` rows at a time: the ``(chunk, H)`` code is the one temporary (4 MB at H = 1000)."""
         k = self.config.k if k is None else k
         lanes = self._evaluation.lanes()  # on the CPU kernels, the sparse decoder in lanes (steps.resolve_evaluation)
-        sparse_X = self._inputs.of(X_nd, self.dtype) if self._evaluation.in_lanes else None
+        sparse_X = self._inputs.of(X_nd, self.dtype, "evaluation") if self._evaluation.in_lanes else None
         total = 0.0
         with self._blas_for(lanes):
             for start in range(0, X_nd.shape[0], chunk):

@@ -166,3 +166,16 @@ def test_a_dense_set_is_only_counted_never_converted(monkeypatch):
     monkeypatch.setattr(SparseInputs, "of", refuse)
     dense_nd = np.random.default_rng(15).random((40, 30), dtype=np.float32) + 0.1
     assert RunInputs(applies=True).of(dense_nd, np.float32) is None
+
+
+def test_the_training_set_stays_known_while_other_sets_are_evaluated():
+    """The progress estimate evaluates a sample during the first epoch: the training set's CSR stays."""
+    train_nd, valid_nd, sample_nd, other_nd = (_sparse_inputs(30, 20, 0.1, seed=s) for s in (16, 17, 18, 19))
+    inputs = RunInputs(applies=True)
+    train = inputs.of(train_nd, np.float32)
+    valid = inputs.of(valid_nd, np.float32, "evaluation")
+    inputs.of(sample_nd, np.float32, "evaluation")
+    assert inputs.of(train_nd, np.float32) is train
+    assert inputs.of(valid_nd, np.float32, "evaluation") is valid
+    inputs.of(other_nd, np.float32, "evaluation")  # the sample goes, the validation set (used last) stays
+    assert inputs.of(valid_nd, np.float32, "evaluation") is valid
