@@ -41,7 +41,8 @@ _BLOCK = 16  # the copy of a tile by input dimension goes in BLOCK x BLOCK block
 #   one thread:                  0.44 at 10% non-zero, 0.65 at 20%, 1.06 at 30%, 1.30 at 40%
 #   two lanes (BLAS in lanes):   0.51 at 10%, 0.77 at 20%, 0.89 at 30%, 1.16 at 40%
 #   MNIST batches (19%):         0.62 on one thread, 0.66 in two lanes
-# and again with `ksae-bench train` (its "density_sweep", results/benchmarks/train-cpu-20261127T22*-shared-machine.json):
+# and again with `ksae-bench train` (its "density_sweep";
+# results/benchmarks/train-cpu-20261127T22*-shared-machine.json):
 #   one thread:  0.44 at 10%, 0.65 at 20%, 0.83 at 30%, 1.01 at 40%;  two lanes: 0.42, 0.75, 0.92, 1.12
 # so it wins below 30-40%; 0.25 keeps a margin for a loaded machine's noise.
 MAX_DENSITY = 0.25

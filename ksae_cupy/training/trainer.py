@@ -361,7 +361,8 @@ class Trainer:
         captured = self._captured
         if captured is not None:  # the whole step on the device; its loss and unit counts summed there
             captured.begin(X_train_nd, k, loss_sum)
-        sparse_X = self._inputs.of(X_train_nd, self.dtype) if step.in_lanes else None  # built on the run's first epoch
+        # The set in CSR form for the sparse encoder: built on the run's first epoch (timed in its "shuffle" part).
+        sparse_X = self._inputs.of(X_train_nd, self.dtype) if step.in_lanes else None
         parts["shuffle"] = clock() - start
         for b in range(first_batch, n_batches):
             t0 = clock()
@@ -543,7 +544,8 @@ class Trainer:
         total = 0.0
         with self._blas_for(lanes):
             for start in range(0, X_nd.shape[0], chunk):
-                X_rows = None if sparse_X is None else sparse_X.rows(np.arange(start, min(start + chunk, X_nd.shape[0])))
+                stop = min(start + chunk, X_nd.shape[0])
+                X_rows = None if sparse_X is None else sparse_X.rows(np.arange(start, stop))
                 total += 0.5 * self._evaluation.squared_error(self.params, X_nd[start:start + chunk], k, lanes, X_rows)
         return total / X_nd.shape[0]
 
