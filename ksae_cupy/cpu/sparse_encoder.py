@@ -5,7 +5,8 @@ example's non-zero inputs ``(d, x_nd)`` add ``x_nd * W_dh[d]`` to its code, one 
 :data:`TILE` hidden units at a time, so the tile's rows of ``W`` stay in cache while every example
 of the batch uses them. The sparse step stores ``W`` by hidden unit (``W_dh`` in Fortran order,
 see :func:`ksae_cupy.sparse_step.sparse_layout`); each tile is first copied into a ``(D, TILE)``
-buffer by input dimension, in 16 x 16 blocks, which costs about what BLAS's own packing of ``W`` costs.
+buffer by input dimension, in 16 x 16 blocks (for all of ``W``, 0.2-0.26 ms per step measured on the
+shared machine: a small part of the product; BLAS packs its tiles of ``W`` likewise).
 
 The inputs are put in CSR form once per run and set (:class:`SparseInputs`); a minibatch is a set of
 row ids into it (:class:`InputRows`), so no batch is converted. :class:`RunInputs` is what a trainer
@@ -28,9 +29,9 @@ from ksae_cupy.cpu import numba_kernels as kernels
 from ksae_cupy.cpu.numba_kernels import _compiled, _helper, _kernel
 from ksae_cupy.errors import KsaeError, literal
 
-# Hidden units per tile. Measured on MNIST batches (N = 128, H = 1000, one thread): 128 and 256 the
-# fastest; at 64 and below the per-tile cost of reading each example's non-zeros dominates, and a
-# (784, 256) tile no longer fits the 1 MiB L2 cache beside the rest. The result does not depend on it.
+# Hidden units per tile. Measured on MNIST batches (N = 128, H = 1000, one thread, a loaded machine):
+# 96 to 256 within noise of each other, 32 and 64 slower (every tile walks each example's non-zeros
+# again). Four or eight non-zeros per pass: the same. The result does not depend on either.
 TILE = 128
 _BLOCK = 16  # the copy of a tile by input dimension goes in BLOCK x BLOCK blocks (0.26 ms for all of W
 # against 0.51 ms row by row, measured)
