@@ -10,6 +10,12 @@ the same process with the same thread count.
 
 Every step is validated first (float32 gradients against the float64 dense reference on one
 batch), then each is timed as the median of ``repeats`` repeats of ``steps`` steps.
+
+The encoder side by side (:func:`compare_encoders`, ``--encoder``): on MNIST batches (the real
+training images when they load, else random ones with MNIST's 19% of non-zeros), the sparse step with
+BLAS's ``X W`` and with ``X W`` from the non-zero inputs (:mod:`ksae_cupy.cpu.sparse_encoder`), each
+with its momentum update, interleaved repeat by repeat with ``X W`` alone so that a shared machine's
+load falls on all of them alike; and, with ``--epoch-k``, whole epochs with each encoder, interleaved.
 BLAS (and torch) threads are limited to ``threads`` for every contender when threadpoolctl
 is installed; the result says whether the limit was applied.
 """
@@ -27,6 +33,7 @@ from ksae_cupy.bench.metadata import run_metadata
 from ksae_cupy.cpu import numba_kernels as cpu_kernels
 from ksae_cupy.cpu import momentum as cpu_momentum
 from ksae_cupy.cpu.numba_kernels import _compiled, _kernel
+from ksae_cupy.cpu import sparse_encoder
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.sparse_step import loss_and_grads_sparse, sparse_layout
@@ -114,13 +121,51 @@ def _blas_threads(count: int):
     return threadpool_limits(limits=count, user_api="blas")
 
 
+def mnist_inputs(D: int, n_train: int = 50_000, n_valid: int = 10_000):
+    """``(X_train, X_valid, what)``: MNIST's training and validation images (float32) when ``D`` is 784 and
+    they load from ``$KSAE_DATA_DIR``, else random ones with MNIST's 19% of non-zero pixels in [0, 1]."""
+    if D == 784:
+        from ksae_cupy.datasets import data_root, load_mnist
+
+        try:
+            data = load_mnist(data_root(), log=lambda *_: None)
+            X_train = np.ascontiguousarray(data.X_train[:n_train], dtype=np.float32)
+            X_valid = np.ascontiguousarray(data.X_valid[:n_valid], dtype=np.float32)
+            return X_train, X_valid, f"MNIST ({X_train.shape[0]:,} training, {X_valid.shape[0]:,} validation images)"
+        except (KsaeError, OSError):
+            pass
+    rng = np.random.default_rng(0)
+
+    def mnist_like(n):
+        return (rng.random((n, D), dtype=np.float32) * (rng.random((n, D)) < 0.19)).astype(np.float32)
+
+    return mnist_like(n_train), mnist_like(n_valid), "random, MNIST's 19% of non-zeros (MNIST did not load)"
+
+
+@contextlib.contextmanager
+def _encoder_setting(encoder: str | None):
+    """``KSAE_ENCODER`` set to ``encoder`` inside the block (unchanged for None)."""
+    saved = os.environ.get("KSAE_ENCODER")
+    if encoder is not None:
+        os.environ["KSAE_ENCODER"] = encoder
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("KSAE_ENCODER", None)
+        else:
+            os.environ["KSAE_ENCODER"] = saved
+
+
 def time_epoch(backend, D: int, H: int, k: int, batch_size: int, topk_method: str, n_train: int = 50_000,
-               n_valid: int = 10_000, log=print) -> dict:
-    """One training epoch as ``ksae-train`` runs it, on MNIST-shaped uniform random data, with its parts.
+               n_valid: int = 10_000, log=print, inputs=None, encoders=(None,), repeats: int = 1) -> dict:
+    """One training epoch as ``ksae-train`` runs it, on MNIST (:func:`mnist_inputs`), with its parts.
 
     The trainer's own part timings (shuffle, batch gathering, steps, updates, validation pass), then
     what the command adds per epoch: a metrics line, and a checkpoint (every 10 epochs by default).
-    Random data costs what MNIST costs: every part's work depends on the shapes and k, not the values.
+    ``encoders``: ``KSAE_ENCODER`` settings to time side by side (None: the process's own), each in a
+    trainer of its own, their epochs interleaved ``repeats`` times (medians); the first is reported
+    as the epoch, every one under ``by_encoder``.
     """
     import tempfile
     from pathlib import Path
@@ -129,20 +174,37 @@ def time_epoch(backend, D: int, H: int, k: int, batch_size: int, topk_method: st
     from ksae_cupy.training.runs import RunFolder
     from ksae_cupy.training.trainer import TrainConfig, Trainer
 
-    rng = np.random.default_rng(0)
-
-    def mnist_like(n):  # about MNIST's 19% of non-zero pixels in [0, 1]
-        return (rng.random((n, D), dtype=np.float32) * (rng.random((n, D)) < 0.19)).astype(np.float32)
-
-    X_train, X_valid = backend.asarray(mnist_like(n_train)), backend.asarray(mnist_like(n_valid))
-    # A small rate keeps random data from diverging; the rate does not change a step's work.
-    trainer = Trainer(TrainConfig(hidden=H, k=k, k_start=None, epochs=2, batch_size=batch_size, topk=topk_method,
-                                  lr=1e-3), backend, D)
-    trainer.run_epoch(X_train[:4 * batch_size], X_valid[:batch_size])  # compiles the kernels; not timed
-    trainer.epoch = 0
-    start = time.perf_counter()
-    report = trainer.run_epoch(X_train, X_valid)
-    total = time.perf_counter() - start
+    X_train, X_valid, what = inputs if inputs is not None else mnist_inputs(D, n_train, n_valid)
+    X_train, X_valid = backend.asarray(X_train), backend.asarray(X_valid)
+    n_train, n_valid = X_train.shape[0], X_valid.shape[0]
+    trainers, seconds, reports = {}, {encoder: [] for encoder in encoders}, {}
+    for encoder in encoders:
+        with _encoder_setting(encoder):
+            # A small rate keeps random data from diverging; the rate does not change a step's work.
+            trainer = Trainer(TrainConfig(hidden=H, k=k, k_start=None, epochs=repeats + 1, batch_size=batch_size,
+                                          topk=topk_method, lr=1e-3), backend, D)
+            trainer.run_epoch(X_train[:4 * batch_size], X_valid[:batch_size])  # compiles the kernels; not timed
+            trainer.epoch = 0
+            trainers[encoder] = trainer
+    for _ in range(repeats):
+        for encoder, trainer in trainers.items():
+            with _encoder_setting(encoder):
+                start = time.perf_counter()
+                report = trainer.run_epoch(X_train, X_valid)
+                seconds[encoder].append(time.perf_counter() - start)
+            reports.setdefault(encoder, []).append(report)
+    by_encoder = {}
+    for encoder in encoders:
+        runs = reports[encoder]
+        middle = sorted(range(len(runs)), key=lambda i: seconds[encoder][i])[len(runs) // 2]
+        by_encoder[encoder or "process setting"] = {
+            "epoch_s": round(statistics.median(seconds[encoder]), 3),
+            "steps_s": round(statistics.median(r.parts["steps"] + r.parts["updates"] for r in runs), 3),
+            "validation_s": round(statistics.median(r.parts["validation"] for r in runs), 3),
+            "epochs_s": [round(t, 3) for t in seconds[encoder]], "parts_s_of_median_epoch": runs[middle].parts}
+    first = encoders[0]
+    trainer, total = trainers[first], statistics.median(seconds[first])
+    report = reports[first][sorted(range(repeats), key=lambda i: seconds[first][i])[repeats // 2]]
     with tempfile.TemporaryDirectory() as tmp:
         folder = RunFolder(Path(tmp) / "run")
         folder.create(log=lambda *_: None)
@@ -152,11 +214,17 @@ def time_epoch(backend, D: int, H: int, k: int, batch_size: int, topk_method: st
         save_checkpoint(Path(tmp) / "checkpoint.h5", trainer.checkpoint())
         t2 = time.perf_counter()
     parts = dict(report.parts, metrics_line=round(t1 - t0, 4), checkpoint=round(t2 - t1, 4))
-    result = {"k": k, "n_train": n_train, "n_valid": n_valid, "epoch_s": round(total, 3),
+    result = {"k": k, "n_train": n_train, "n_valid": n_valid, "inputs": what, "encoder": first or "process setting",
+              "epoch_s": round(total, 3),
               "epoch_with_checkpoint_every_10_s": round(total + parts["metrics_line"] + parts["checkpoint"] / 10, 3),
               "steps_s": round(report.parts["steps"] + report.parts["updates"], 3), "parts_s": parts}
     log(f"epoch at k={k}: {total:.2f} s (steps and updates {result['steps_s']:.2f} s); parts: "
         + ", ".join(f"{name} {value:.3f}" for name, value in parts.items()))
+    if len(encoders) > 1:
+        result["by_encoder"] = by_encoder
+        log(f"epoch at k={k} by encoder ({what}; medians of {repeats}, interleaved): "
+            + ", ".join(f"{name} {value['epoch_s']:.3f} s (steps {value['steps_s']:.3f}, validation "
+                        f"{value['validation_s']:.3f})" for name, value in by_encoder.items()))
     return result
 
 
@@ -257,6 +325,142 @@ def _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, thread
     line = "  ".join(f"{name} {value:.3f} ms" for name, value in ms.items())
     log(f"k={k}: {line}  |  " + "  ".join(f"{name} {value:.2f}" for name, value in ratios.items()))
     return {"k": k, "ms": ms, "ratios": ratios, "validation_max_rel_error": errors, "torch": torch_info}
+
+
+# ---- The encoder side by side: BLAS's X W and X W from the non-zero inputs (issue 52) ----
+
+def _encoder_runs_sparse(encoder: str, density: float) -> bool:
+    return sparse_encoder.takes_sparse_encoder(density, encoder)
+
+
+def compare_encoders(D: int, H: int, k: int, batch_size: int, topk_method: str, threads: int | None, encoders,
+                     repeats: int, steps: int, inputs, log=print) -> dict:
+    """The sparse step and its momentum update as the trainer runs them, with each encoder of ``encoders``
+    (``dense``: BLAS's ``X W``; ``sparse``: from the non-zero inputs; ``auto``: by the inputs' density),
+    beside ``X W`` alone (BLAS on ``threads`` threads: the floor the goal is stated against), on batches of
+    ``inputs`` (:func:`mnist_inputs`). Validated first; then timed interleaved: every repeat times ``steps``
+    steps of each contender in turn (milliseconds, medians over repeats; ratios are medians of each repeat's)."""
+    from ksae_cupy.cpu.lanes import lanes as lanes_of  # noqa: F401 (the lanes start before timing)
+
+    X_train, _, what = inputs
+    lanes = max(1, threads or 1)
+    rng = np.random.default_rng(0)
+    sparse_X = sparse_encoder.SparseInputs.of(X_train)
+    row_ids = [rng.choice(X_train.shape[0], batch_size, replace=False) for _ in range(8)]
+    batches = [np.ascontiguousarray(X_train[r]) for r in row_ids]
+    rows = [sparse_X.rows(r) for r in row_ids]
+    sparse_of = {encoder: _encoder_runs_sparse(encoder, sparse_X.density) for encoder in encoders}
+
+    # Validation: each step's float32 gradients on a batch of these inputs against the float64 dense reference.
+    params64 = model.init_params(D, H, 0.05, np.random.default_rng(1), np.float64)
+    _, grads64, _ = model.loss_and_grads(params64, batches[0].astype(np.float64), k, "sort")
+    params32 = {name: value.astype(np.float32) for name, value in params64.items()}
+    params32["W_dh"] = sparse_layout(params32["W_dh"])
+    errors = {}
+    with _blas_threads(1 if lanes > 1 else lanes):
+        for encoder in encoders:
+            _, grads32, _ = loss_and_grads_sparse(params32, batches[0], k, topk_method, lanes=lanes,
+                                                  X_rows=rows[0] if sparse_of[encoder] else None)
+            errors[f"step_{encoder}_encoder"] = _check(f"sparse step with the {encoder} encoder",
+                                                       _worst_error(grads32, grads64))
+        Z_blas = cpu_kernels.encode(params32["W_dh"], params32["b_h"], batches[0], lanes)
+        Z_sparse = sparse_encoder.encode_rows(rows[0], params32["W_dh"], params32["b_h"], lanes)
+    errors["XW_sparse_against_blas"] = float(np.max(np.abs(Z_sparse - Z_blas)) / np.max(np.abs(Z_blas)))
+
+    host_params = model.init_params(D, H, 0.01, np.random.default_rng(0), np.float32)
+    W_dh = host_params["W_dh"]
+    contenders = {"XW_alone_blas": (lambda i: batches[i % 8] @ W_dh, lanes)}  # (call, BLAS threads)
+    for encoder in encoders:
+        params = {name: value.copy() for name, value in host_params.items()}
+        params["W_dh"] = sparse_layout(params["W_dh"])
+        optimizer = MomentumSGD(params, 0.9, np)
+        X_rows = rows if sparse_of[encoder] else [None] * 8
+
+        def step(i, params=params, optimizer=optimizer, X_rows=X_rows):
+            _, grads, _ = loss_and_grads_sparse(params, batches[i % 8], k, topk_method, defer_weight_gradient=True,
+                                                lanes=lanes, X_rows=X_rows[i % 8])
+            cpu_momentum.rows_step(optimizer, params, grads, 0.0)  # lr 0: the arithmetic, weights kept
+
+        contenders[f"step_{encoder}_encoder"] = (step, 1 if lanes > 1 else lanes)
+        if sparse_of[encoder]:
+            contenders[f"XW_{encoder}_encoder"] = (
+                lambda i, params=params: sparse_encoder.encode_rows(rows[i % 8], params["W_dh"], params["b_h"], lanes),
+                1 if lanes > 1 else lanes)
+        else:
+            contenders[f"XW_{encoder}_encoder"] = (
+                lambda i, params=params: cpu_kernels.encode(params["W_dh"], params["b_h"], batches[i % 8], lanes),
+                1 if lanes > 1 else lanes)
+    times = {name: [] for name in contenders}
+    for r in range(repeats + 1):  # the first round compiles and warms caches: not counted
+        for name, (call, blas) in contenders.items():
+            with _blas_threads(blas):
+                start = time.perf_counter()
+                for s in range(steps):
+                    call(r * steps + s)
+                seconds = (time.perf_counter() - start) / steps
+            if r:
+                times[name].append(seconds)
+    ms = {name: 1e3 * statistics.median(values) for name, values in times.items()}
+
+    def ratio(a, b):
+        return statistics.median(x / y for x, y in zip(times[a], times[b]))
+
+    ratios = {f"step_{encoder}_encoder_over_XW": ratio(f"step_{encoder}_encoder", "XW_alone_blas")
+              for encoder in encoders}
+    if "dense" in encoders and len(encoders) > 1:
+        for encoder in encoders:
+            if encoder != "dense":
+                ratios[f"step_dense_over_step_{encoder}"] = ratio("step_dense_encoder", f"step_{encoder}_encoder")
+                ratios[f"XW_dense_over_XW_{encoder}"] = ratio("XW_dense_encoder", f"XW_{encoder}_encoder")
+    result = {"inputs": what, "density": sparse_X.density, "threads": lanes, "encoders": list(encoders),
+              "sparse_encoder_runs": sparse_of, "max_density_for_sparse": sparse_encoder.MAX_DENSITY,
+              "ms": ms, "ratios": ratios, "validation_max_rel_error": errors, "repeats": repeats,
+              "steps_per_repeat": steps, "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+    log(f"encoders at {lanes} thread(s), k={k}, {what} (density {sparse_X.density:.3f}), interleaved: "
+        + "  ".join(f"{name} {value:.3f} ms" for name, value in ms.items()) + "  |  "
+        + "  ".join(f"{name} {value:.2f}" for name, value in ratios.items()))
+    return result
+
+
+SWEEP_DENSITIES = (0.1, 0.2, 0.3, 0.4, 0.5)
+
+
+def encoder_density_sweep(D: int, H: int, batch_size: int, threads: int | None, repeats: int, steps: int,
+                          densities=SWEEP_DENSITIES, log=print) -> dict:
+    """``X W + b`` from the non-zero inputs against BLAS's (both in ``threads`` lanes, BLAS on one thread
+    beside them, as the trainer runs them) on random inputs of each density: where
+    :data:`ksae_cupy.cpu.sparse_encoder.MAX_DENSITY` should sit. Interleaved; ratios are medians of each
+    repeat's ``sparse / BLAS``."""
+    lanes = max(1, threads or 1)
+    rng = np.random.default_rng(2)
+    W_dh = sparse_layout(model.init_params(D, H, 0.01, rng, np.float32)["W_dh"])
+    b_h = np.zeros(H, dtype=np.float32)
+    rows = []
+    for density in densities:
+        X_nd = (rng.random((8 * batch_size, D), dtype=np.float32) * (rng.random((8 * batch_size, D)) < density))
+        X_nd = X_nd.astype(np.float32)
+        sparse_X = sparse_encoder.SparseInputs.of(X_nd)
+        batches = [X_nd[i * batch_size:(i + 1) * batch_size] for i in range(8)]
+        ids = [sparse_X.rows(np.arange(i * batch_size, (i + 1) * batch_size)) for i in range(8)]
+        times = {"blas": [], "sparse": []}
+        with _blas_threads(1 if lanes > 1 else lanes):
+            for r in range(repeats + 1):
+                for name, call in (("blas", lambda i: cpu_kernels.encode(W_dh, b_h, batches[i % 8], lanes)),
+                                   ("sparse", lambda i: sparse_encoder.encode_rows(ids[i % 8], W_dh, b_h, lanes))):
+                    start = time.perf_counter()
+                    for i in range(steps):
+                        call(i)
+                    if r:
+                        times[name].append((time.perf_counter() - start) / steps)
+        rows.append({"density": round(sparse_X.density, 4), "blas_ms": 1e3 * statistics.median(times["blas"]),
+                     "sparse_ms": 1e3 * statistics.median(times["sparse"]),
+                     "sparse_over_blas": statistics.median(a / b for a, b in zip(times["sparse"], times["blas"]))})
+    wins = [row["density"] for row in rows if row["sparse_over_blas"] < 1]
+    result = {"threads": lanes, "rows": rows, "sparse_wins_up_to_density": max(wins) if wins else None,
+              "max_density_now": sparse_encoder.MAX_DENSITY}
+    log(f"X W from non-zeros / BLAS's, {lanes} lane(s), random inputs: "
+        + ", ".join(f"density {row['density']:.2f}: {row['sparse_over_blas']:.2f}" for row in rows))
+    return result
 
 
 # ---- The step part by part, beside its floors (issue 33) ----
@@ -379,17 +583,37 @@ class _NoSync:
         pass
 
 
+ENCODER_CHOICES = ("both", *sparse_encoder.ENCODERS)
+
+
 def bench_train_step(backend, D=784, H=1000, k=25, batch_size=128, topk_method="sort", repeats=7, steps=50,
-                     threads: int | None = 1, k_sweep=(), with_torch: bool = True, epoch_ks=(), log=print) -> dict:
-    """Dense step, sparse step, PyTorch and ``X W`` alone at ``k`` (and each k of ``k_sweep``);
-    then, for each k of ``epoch_ks``, a whole MNIST-sized epoch and its parts (:func:`time_epoch`)."""
+                     threads: int | None = 1, k_sweep=(), with_torch: bool = True, epoch_ks=(), log=print,
+                     encoder: str = "both", epoch_repeats: int = 3) -> dict:
+    """Dense step, sparse step, PyTorch and ``X W`` alone at ``k`` (and each k of ``k_sweep``); on the CPU
+    kernels, the sparse step with each encoder side by side (:func:`compare_encoders`; ``encoder`` ``both``:
+    BLAS's and the sparse one); then, for each k of ``epoch_ks``, a whole MNIST epoch and its parts
+    (:func:`time_epoch`), with each encoder, interleaved ``epoch_repeats`` times."""
+    if encoder not in ENCODER_CHOICES:
+        raise KsaeError(f"--encoder {encoder!r} is not allowed; use one of {', '.join(ENCODER_CHOICES)}")
+    encoders = ("dense", "sparse") if encoder == "both" else (encoder,)
     limit, limited = _thread_limit(threads)
+    comparison = {}
     with backend.use(), limit:
         log(f"threads: {threads if limited else 'not limited (threadpoolctl missing)'} for every contender")
         main = _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, threads, with_torch, log)
         sweep = [_time_at_k(backend, D, H, kk, batch_size, topk_method, repeats, steps, threads, with_torch, log)
                  for kk in k_sweep]
-        epochs = [time_epoch(backend, D, H, kk, batch_size, topk_method, log=log) for kk in epoch_ks]
+        kernels = not backend.is_gpu and cpu_kernels.enabled()
+        inputs = mnist_inputs(D) if kernels else None
+        if kernels:
+            comparison = compare_encoders(D, H, k, batch_size, topk_method, threads if limited else 1, encoders,
+                                          repeats, steps, inputs, log)
+            if encoder != "dense":
+                comparison["density_sweep"] = encoder_density_sweep(D, H, batch_size, threads if limited else 1,
+                                                                    repeats, steps, log=log)
+        epochs = [time_epoch(backend, D, H, kk, batch_size, topk_method, log=log, inputs=inputs,
+                             encoders=encoders if kernels else (None,), repeats=epoch_repeats)
+                  for kk in epoch_ks]
     parts = ({} if backend.is_gpu else
              step_parts(D, H, k, batch_size, topk_method, threads if limited else 1, log=log))
     result = {
@@ -406,6 +630,8 @@ def bench_train_step(backend, D=784, H=1000, k=25, batch_size=128, topk_method="
         "epochs": epochs,
         "paper_schedule_estimate_h": _schedule_estimate_h(epochs, k),
         "step_parts": parts,
+        "encoder": encoder,
+        "encoder_comparison": comparison,
         "repeats": repeats, "steps_per_repeat": steps,
         "meta": run_metadata(backend),
     }

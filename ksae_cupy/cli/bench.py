@@ -34,9 +34,15 @@ def bench_command():
 @click.option("--no-torch", is_flag=True, help="Leave the PyTorch step out even when torch imports.")
 @click.option("--epoch-k", default="",
               help="Comma-separated k values at which to time a whole 50,000-image epoch and its parts, e.g. 100,25 (CPU).")
+@click.option("--encoder", type=click.Choice(["both", "dense", "sparse", "auto"]), default="both", show_default=True,
+              help="X W of the sparse step (CPU kernels), timed on MNIST batches: BLAS's (dense), from the non-zero "
+                   "inputs (sparse), chosen by density (auto), or dense and sparse side by side (both).")
+@click.option("--epoch-repeats", type=int, default=3, show_default=True,
+              help="Epochs timed per encoder and k of --epoch-k, interleaved; the median is reported.")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Results folder. [default: results/benchmarks]")
 @report_errors
-def bench_train(device, hidden, dim, k, batch_size, topk, repeats, steps, threads, k_sweep, no_torch, epoch_k, out):
+def bench_train(device, hidden, dim, k, batch_size, topk, repeats, steps, threads, k_sweep, no_torch, epoch_k, encoder,
+                epoch_repeats, out):
     """Dense step, sparse step, PyTorch and the encoder product X W alone, on MNIST shapes."""
     from ksae_cupy.backend import resolve_device
     from ksae_cupy.bench.train_cpu import bench_train_step
@@ -45,7 +51,7 @@ def bench_train(device, hidden, dim, k, batch_size, topk, repeats, steps, thread
     from ksae_cupy.training.options import check_training_memory
 
     for flag, value in (("--hidden", hidden), ("--dim", dim), ("--batch-size", batch_size), ("--repeats", repeats),
-                        ("--steps", steps), ("--threads", threads)):
+                        ("--steps", steps), ("--threads", threads), ("--epoch-repeats", epoch_repeats)):
         if value <= 0:
             raise KsaeError(f"{flag} {value} is not allowed; use a positive number")
     sweep = positive_ints(k_sweep, "--k-sweep") if k_sweep else []
@@ -65,7 +71,8 @@ def bench_train(device, hidden, dim, k, batch_size, topk, repeats, steps, thread
         return
     result = bench_train_step(backend, D=dim, H=hidden, k=k, batch_size=batch_size, topk_method=topk,
                               repeats=repeats, steps=steps, threads=threads, k_sweep=sweep,
-                              with_torch=not no_torch, epoch_ks=epoch_ks, log=click.echo)
+                              with_torch=not no_torch, epoch_ks=epoch_ks, log=click.echo, encoder=encoder,
+                              epoch_repeats=epoch_repeats)
     path = write_results(f"train-{backend.name.replace(':', '')}", result, out)
     click.echo(f"results: {path}")
 

@@ -300,14 +300,16 @@ def reconstruction_error(W_hd, c_d, X_nd, idx_nk, val_nk) -> float:
     return _sum_in_order(_run_decoder(W_hd, c_d, X_nd, idx_nk, val_nk, False, gradients=False)[2])
 
 
-def select_and_reconstruction_error(Z_nh, k: int, descending: bool, W_hd, c_d, X_nd, relu: bool) -> float:
+def select_and_reconstruction_error(Z_nh, k: int, descending: bool, W_hd, c_d, X_nd, relu: bool,
+                                    lanes: int = 1) -> float:
     """:func:`reconstruction_error` of the top k of ``Z_nh`` (after ``relu``), selected in the same pass."""
     from ksae_cupy.topk import check_topk_args
 
     check_topk_args(Z_nh, k)
     idx_nk = np.empty((Z_nh.shape[0], k), dtype=np.int32)
     val_nk = np.empty((Z_nh.shape[0], k), dtype=Z_nh.dtype)
-    return _sum_in_order(_run_decoder(W_hd, c_d, X_nd, idx_nk, val_nk, relu, Z_nh, descending, gradients=False)[2])
+    return _sum_in_order(_run_decoder(W_hd, c_d, X_nd, idx_nk, val_nk, relu, Z_nh, descending, gradients=False,
+                                      lanes=lanes)[2])
 
 
 # X W is computed in this many pieces of columns (hidden units), which the lanes share. The pieces

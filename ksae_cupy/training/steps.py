@@ -8,13 +8,15 @@ the step depends on k. So a trainer resolves, when it is built, each step it may
 
 A :class:`Step` is three functions:
 
-    loss_and_grads(params, X_nd, k, lanes)               -> (loss, grads, cache)
+    loss_and_grads(params, X_nd, k, lanes, X_rows=None)  -> (loss, grads, cache)
     loss_and_grads_auxk(params, X_nd, k, dead_h, lanes)  -> (loss, aux_loss, grads, cache)
     update(optimizer, params, grads, lr)                 the momentum update, in place
 
 and :class:`Evaluation` the validation loss's sum of squared errors. ``lanes`` is read when an
 epoch starts (:meth:`Step.lanes`): the thread count may be set after the trainer is built (the
-estimator scopes it to each ``fit``).
+estimator scopes it to each ``fit``). ``X_rows``: the batch as rows of its set's CSR form, where the
+trainer built one (:class:`ksae_cupy.cpu.sparse_encoder.RunInputs`); the sparse step on the CPU
+kernels then encodes from the non-zero inputs, every other step ignores it.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from ksae_cupy import model
 from ksae_cupy.auxk_step import loss_and_grads_sparse_auxk
 from ksae_cupy.cpu import numba_kernels as cpu_kernels
 from ksae_cupy.cpu import momentum as cpu_momentum
+from ksae_cupy.cpu import sparse_encoder
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.sparse_step import choose_step, loss_and_grads_sparse
 
@@ -58,7 +61,7 @@ def resolve_steps(config, xp, W_in_rows: bool, sparse: bool = True) -> dict:
     # One pass per array on the CPU kernels (bit for bit NumPy's update); the optimizer's own elsewhere.
     fused = cpu_momentum.fused_step if kernels else MomentumSGD.step
 
-    def dense(params, X_nd, k, lanes):
+    def dense(params, X_nd, k, lanes, X_rows=None):
         return model.loss_and_grads(params, X_nd, k, topk, activation)
 
     def dense_auxk(params, X_nd, k, dead_h, lanes):
@@ -69,8 +72,9 @@ def resolve_steps(config, xp, W_in_rows: bool, sparse: bool = True) -> dict:
         return steps
     in_parts = kernels and W_in_rows  # W's gradient in parts, applied row by row
 
-    def sparse_step(params, X_nd, k, lanes):
-        return loss_and_grads_sparse(params, X_nd, k, topk, activation, defer_weight_gradient=in_parts, lanes=lanes)
+    def sparse_step(params, X_nd, k, lanes, X_rows=None):
+        return loss_and_grads_sparse(params, X_nd, k, topk, activation, defer_weight_gradient=in_parts, lanes=lanes,
+                                     X_rows=X_rows)
 
     def sparse_auxk(params, X_nd, k, dead_h, lanes):
         return loss_and_grads_sparse_auxk(params, X_nd, k, dead_h, aux_k, aux_coef, topk, activation,
@@ -88,7 +92,8 @@ def step_kind(config, k: int, sparse: bool = True) -> str:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """``squared_error(params, X_nd, k, lanes)``: ``sum_n ||xhat_n - x_n||^2`` through the k kept units."""
+    """``squared_error(params, X_nd, k, lanes, X_rows=None)``: ``sum_n ||xhat_n - x_n||^2`` through the k kept
+    units (``X_rows`` as for :class:`Step`)."""
 
     in_lanes: bool
     squared_error: Callable
@@ -105,13 +110,16 @@ def resolve_evaluation(config, xp) -> Evaluation:
     if xp is np and cpu_kernels.enabled():
         descending, relu = topk == "sort", activation == "relu"
 
-        def kernels_error(params, X_nd, k, lanes):
+        def kernels_error(params, X_nd, k, lanes, X_rows=None):
+            if X_rows is not None:  # X W from the non-zero inputs
+                return sparse_encoder.encode_and_reconstruction_error(X_rows, params["W_dh"], params["b_h"],
+                                                                      params["c_d"], X_nd, k, descending, relu, lanes)
             return cpu_kernels.encode_and_reconstruction_error(params["W_dh"], params["b_h"], params["c_d"], X_nd, k,
                                                                descending, relu, lanes)
 
         return Evaluation(True, kernels_error)
 
-    def dense_error(params, X_nd, k, lanes):
+    def dense_error(params, X_nd, k, lanes, X_rows=None):
         Xhat, _ = model.forward(params, X_nd, k, topk, activation)
         R = Xhat - X_nd
         return float(xp.vdot(R, R))

@@ -22,6 +22,7 @@ import numpy as np
 
 from ksae_cupy import model
 from ksae_cupy.backend import Backend, to_host
+from ksae_cupy.cpu.sparse_encoder import RunInputs
 from ksae_cupy.gpu.graph_step import CapturedEpochs, graph_step_applies
 from ksae_cupy.training.checkpoint import Checkpoint
 from ksae_cupy.errors import KsaeError, OptionError, TrainingDiverged, literal, python_name  # TrainingDiverged is re-exported here
@@ -240,6 +241,10 @@ class Trainer:
         self._steps = resolve_steps(config, xp, W_in_rows=bool(self.params["W_dh"].flags.f_contiguous),
                                     sparse=self.takes_sparse_step)
         self._evaluation = resolve_evaluation(config, xp)
+        # The inputs' CSR form, built once per set, where they are sparse enough for the encoder to run
+        # from their non-zeros (ksae_cupy.cpu.sparse_encoder); else BLAS's X W. _batch_rows: the batch's rows in it.
+        self._inputs = RunInputs(applies=xp is np and self.takes_sparse_step)
+        self._batch_rows = None
         self._epoch_step = None  # (k, Step, lanes) of the epoch running
         self._captured = CapturedEpochs(xp, self.params, self.optimizer.velocities, self.since_kept_h, config) \
             if self._captures else None
@@ -356,6 +361,8 @@ class Trainer:
         captured = self._captured
         if captured is not None:  # the whole step on the device; its loss and unit counts summed there
             captured.begin(X_train_nd, k, loss_sum)
+        # The set in CSR form for the sparse encoder: built on the run's first epoch (timed in its "shuffle" part).
+        sparse_X = self._inputs.of(X_train_nd, self.dtype) if step.in_lanes else None
         parts["shuffle"] = clock() - start
         for b in range(first_batch, n_batches):
             t0 = clock()
@@ -364,7 +371,11 @@ class Trainer:
                 captured.run(X_train_nd, rows)
                 parts["steps"] += clock() - t0  # launch time: the GPU's own is in the epoch's total
             else:
-                loss = self._take_step(X_train_nd[rows], k, step, kept_count_h, parts, t0)  # a copy of the rows
+                self._batch_rows = None if sparse_X is None else sparse_X.rows(rows)
+                try:
+                    loss = self._take_step(X_train_nd[rows], k, step, kept_count_h, parts, t0)  # a copy of the rows
+                finally:
+                    self._batch_rows = None
                 loss_sum += loss
                 self.epoch_loss_sum = loss_sum
             loss_batches += 1
@@ -449,7 +460,7 @@ class Trainer:
         and how many examples kept each hidden unit. The one hook where subclasses communicate."""
         step, lanes = self._at(k)
         # On the CPU kernels the sparse step may hand W's gradient over in parts, for step.update to apply.
-        loss, grads, cache = step.loss_and_grads(self.params, X_nd, k, lanes)
+        loss, grads, cache = step.loss_and_grads(self.params, X_nd, k, lanes, self._batch_rows)
         kept_h = self.backend.xp.bincount(cache.idx_nk.ravel(), minlength=self.config.hidden)
         return loss, grads, kept_h
 
@@ -529,10 +540,13 @@ class Trainer:
         ``chunk`` rows at a time: the ``(chunk, H)`` code is the one temporary (4 MB at H = 1000)."""
         k = self.config.k if k is None else k
         lanes = self._evaluation.lanes()  # on the CPU kernels, the sparse decoder in lanes (steps.resolve_evaluation)
+        sparse_X = self._inputs.of(X_nd, self.dtype, "evaluation") if self._evaluation.in_lanes else None
         total = 0.0
         with self._blas_for(lanes):
             for start in range(0, X_nd.shape[0], chunk):
-                total += 0.5 * self._evaluation.squared_error(self.params, X_nd[start:start + chunk], k, lanes)
+                stop = min(start + chunk, X_nd.shape[0])
+                X_rows = None if sparse_X is None else sparse_X.rows(np.arange(start, stop))
+                total += 0.5 * self._evaluation.squared_error(self.params, X_nd[start:start + chunk], k, lanes, X_rows)
         return total / X_nd.shape[0]
 
     def checkpoint(self, preprocess: dict | None = None) -> Checkpoint:

@@ -61,3 +61,33 @@ def test_bench_train_times_a_whole_epoch_and_its_parts(tmp_path):
         import numba
         assert data["cpu_kernel_threads"] == min(2, numba.config.NUMBA_NUM_THREADS)
     cpu_kernels.set_threads(None)
+
+
+def test_bench_train_times_both_encoders_side_by_side(tmp_path):
+    result = CliRunner().invoke(bench_command, ["train", "--device", "cpu", "--hidden", "40", "--dim", "30",
+                                                "--k", "4", "--batch-size", "16", "--repeats", "2", "--steps", "2",
+                                                "--no-torch", "--epoch-k", "4", "--epoch-repeats", "2",
+                                                "--threads", "2", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    (path,) = tmp_path.glob("train-cpu-*.json")
+    data = json.loads(path.read_text())
+    assert data["encoder"] == "both"
+    if not cpu_kernels.enabled():
+        assert data["encoder_comparison"] == {}
+        return
+    comparison = data["encoder_comparison"]
+    assert comparison["inputs"].startswith("random")  # --dim 30: not MNIST
+    assert comparison["sparse_encoder_runs"] == {"dense": False, "sparse": True}
+    assert set(comparison["ms"]) == {"XW_alone_blas", "step_dense_encoder", "XW_dense_encoder",
+                                     "step_sparse_encoder", "XW_sparse_encoder"}
+    assert all(value > 0 for value in comparison["ms"].values())
+    assert set(comparison["ratios"]) == {"step_dense_encoder_over_XW", "step_sparse_encoder_over_XW",
+                                         "step_dense_over_step_sparse", "XW_dense_over_XW_sparse"}
+    assert max(comparison["validation_max_rel_error"].values()) < 1e-3
+    sweep = comparison["density_sweep"]
+    assert [round(row["density"], 1) for row in sweep["rows"]] == [0.1, 0.2, 0.3, 0.4, 0.5]
+    assert all(row["blas_ms"] > 0 and row["sparse_ms"] > 0 for row in sweep["rows"])
+    (epoch,) = data["epochs"]
+    assert set(epoch["by_encoder"]) == {"dense", "sparse"}
+    assert all(len(e["epochs_s"]) == 2 and e["epoch_s"] > 0 for e in epoch["by_encoder"].values())
+    cpu_kernels.set_threads(None)
