@@ -66,6 +66,12 @@ class EpochTally:
         return cls({name: (value.item() if np.ndim(value) == 0 else np.array(value)) for name, value in state.items()})
 
 
+    def on(self, backend) -> "EpochTally":
+        """This tally with its arrays (per-unit counts) on ``backend``'s device, where the steps add to them."""
+        self.values = {name: backend.asarray(value) if np.ndim(value) else value for name, value in self.values.items()}
+        return self
+
+
 def restored_tally(batch_in_epoch: int, saved: dict | None, legacy: dict | None = None) -> EpochTally:
     """The tally a trainer resumes with: empty at an epoch's start; mid-epoch the checkpoint's ``saved``
     state, else (a checkpoint from before tallies) ``legacy`` (what it did keep, e.g. the loss sum),

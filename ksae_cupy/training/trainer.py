@@ -242,7 +242,8 @@ class Trainer:
         # batch. A checkpoint from before tallies kept the loss only (ksae_cupy.training.epochs).
         self.tally = epochs.restored_tally(self.batch_in_epoch, None if checkpoint is None else checkpoint.epoch_tally,
                                            None if checkpoint is None else
-                                           {"loss": checkpoint.epoch_loss_sum, "batches": checkpoint.epoch_loss_batches})
+                                           {"loss": checkpoint.epoch_loss_sum, "batches": checkpoint.epoch_loss_batches}
+                                           ).on(backend)
         self._spread = None  # fit's sum ||x - mean||^2 of its rows, by split (the FVE's denominators)
         self._batch_nonzero = None  # the last batch's count of non-zero code units (relu units)
         self._captured_from = None  # where the running captured epoch began (_CapturedStart)
