@@ -100,13 +100,6 @@ class DataParallelTrainer(StopAgreedOverRanks, Trainer):
         if self.rank and "kept_h" in self.tally.values:
             self.tally.values["kept_h"] = backend.xp.zeros_like(self.tally.values["kept_h"])
 
-    def checkpoint(self, preprocess=None):
-        """Collective mid-epoch: the epoch's per-unit counts summed over the ranks (each counted its shard)."""
-        ckpt = Trainer.checkpoint(self, preprocess)
-        if ckpt.epoch_tally is not None and "kept_h" in ckpt.epoch_tally:
-            ckpt.epoch_tally["kept_h"] = self._sum_host(ckpt.epoch_tally["kept_h"])
-        return ckpt
-
     def _sum_host(self, a):
         """Sum a small array over the ranks through the host (epoch statistics)."""
         from ksae_cupy.parallel.comm import mpi_sum_inplace
@@ -150,8 +143,12 @@ class DataParallelTrainer(StopAgreedOverRanks, Trainer):
             raise KsaeError(f"the ranks' parameters differ after step {self.step} (CRC32 per rank: {crcs})")
 
     def checkpoint(self, preprocess=None):
+        """Every rank's (rank 0 writes it); collective mid-epoch: the epoch's per-unit counts summed over the
+        ranks, each having counted its shards of the batches."""
         ckpt = super().checkpoint(preprocess)
         ckpt.config["world_size"] = self.size
+        if ckpt.epoch_tally is not None and "kept_h" in ckpt.epoch_tally:
+            ckpt.epoch_tally["kept_h"] = self._sum_host(ckpt.epoch_tally["kept_h"])
         return ckpt
 
     def _maybe_fail(self) -> None:
