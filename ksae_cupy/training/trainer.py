@@ -390,8 +390,8 @@ class Trainer:
         epochs.end_epoch(self)
         spread = self._spread or {"train": centred_sum_of_squares(X_train_nd),
                                   "valid": None if X_valid_nd is None else centred_sum_of_squares(X_valid_nd)}
-        sq_error, nonzero, examples = (self._epoch_sum(tally.get(name, 0)) for name in ("sq_error", "nonzero",
-                                                                                          "examples"))
+        # Host numbers (a count may sit on the device); the same on every rank of a distributed trainer.
+        sq_error, nonzero, examples = (_host_number(tally.get(name, 0)) for name in ("sq_error", "nonzero", "examples"))
         return EpochReport(
             epoch=self.epoch, step=self.step, k=k, lr=cfg.lr,
             train_loss=tally.mean("loss", "batches") or 0.0,
@@ -408,10 +408,6 @@ class Trainer:
             l0=None if nonzero is None or not examples else nonzero / examples,
             valid_l0=valid_l0,
         )
-
-    def _epoch_sum(self, value):
-        """An epoch's count or sum as a host number, over every rank (one process: as it is); None stays None."""
-        return None if value is None else np.asarray(to_host(value)).item()
 
     def _take_step(self, X_nd, k: int, step, parts: dict, t0: float) -> float:
         """One step of the generic path on the batch ``X_nd``: gradients, update, the epoch's tally; its loss."""
@@ -618,6 +614,11 @@ class _CapturedStart:
     def __init__(self, tally, first_batch: int, N: int, batch_size: int):
         self.values, self.first_batch, self.N, self.batch_size = dict(tally.values), first_batch, N, batch_size
         self.before_last = None
+
+
+def _host_number(value):
+    """A count or sum as a host number (it may sit on the device); None stays None."""
+    return None if value is None else np.asarray(to_host(value)).item()
 
 
 def code_nonzero(cache):
