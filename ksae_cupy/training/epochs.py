@@ -16,13 +16,14 @@ Every per-epoch statistic (loss sums, unit counts, the auxiliary loss, ...) goes
 a resumed trainer restores it (:func:`restored_tally`), so the resumed epoch's metrics line is the
 one an uninterrupted run logs. A checkpoint from before tallies restores none: that epoch's figures
 then cover the batches after the resume only (:attr:`EpochTally.complete` is False, and the session
-says so in one line).
+says so in one line). The functions at the end turn an autoencoder's tally into its epoch line's
+fraction of variance explained (FVE) and L0.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ksae_cupy.backend import to_host
+from ksae_cupy.backend import array_module, to_host
 
 
 class EpochTally:
@@ -143,3 +144,37 @@ def run_epochs(trainer, run_epoch, on_epoch=None, after_epoch=None):
         if trainer.stop_requested:
             break
     return last
+
+
+# -- what an autoencoder's epoch line derives from its tally -------------------------------------
+
+def host_number(value):
+    """A count or sum as a host number (it may sit on the device); None stays None."""
+    return None if value is None else np.asarray(to_host(value)).item()
+
+
+def code_nonzero(cache):
+    """Non-zero units of a step's code (its kept values), on the device: a relu unit kept at 0 is not counted."""
+    values = cache.val_nk if cache.val_nk is not None else cache.Zs_nh
+    return array_module(values).count_nonzero(values)
+
+
+def centred_sum_of_squares(X_nd, chunk: int = 4096) -> float:
+    """``sum_n ||x_n - mean(x)||^2`` over the rows of ``X_nd``, in float64 (the FVE's denominator). Two
+    passes, the mean first: data far from 0 (unscaled pixels, say) loses nothing to cancellation."""
+    xp = array_module(X_nd)
+    if X_nd.shape[0] == 0:
+        return 0.0
+    mean_d = X_nd.mean(axis=0, dtype=np.float64)
+    squares = 0.0
+    for start in range(0, X_nd.shape[0], chunk):
+        R_cd = X_nd[start:start + chunk].astype(np.float64) - mean_d
+        squares += float(xp.vdot(R_cd, R_cd))
+    return squares
+
+
+def fraction_of_variance_explained(sq_error: float | None, spread: float | None) -> float | None:
+    """``1 - sq_error / spread``; None when either is unknown or the rows do not vary."""
+    if sq_error is None or not spread or spread <= 0:
+        return None
+    return 1.0 - float(sq_error) / spread

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ksae_cupy import model
-from ksae_cupy.backend import Backend, array_module, to_host
+from ksae_cupy.backend import Backend, to_host
 from ksae_cupy.gpu.graph_step import CapturedEpochs, graph_step_applies
 from ksae_cupy.training import epochs
 from ksae_cupy.training.checkpoint import Checkpoint
@@ -290,8 +290,8 @@ class Trainer:
 
         with self.backend.use():
             # The data's spread, once for the run (a pass over the rows): the FVE's denominators.
-            self._spread = {"train": centred_sum_of_squares(X_train_nd),
-                            "valid": None if X_valid_nd is None else centred_sum_of_squares(X_valid_nd)}
+            self._spread = {"train": epochs.centred_sum_of_squares(X_train_nd),
+                            "valid": None if X_valid_nd is None else epochs.centred_sum_of_squares(X_valid_nd)}
             try:
                 return epochs.run_epochs(self, lambda: self.run_epoch(X_train_nd, X_valid_nd, on_batch), on_epoch,
                                          after_epoch)
@@ -388,10 +388,11 @@ class Trainer:
         tally = self.tally
         self._check_health(float(tally.get("loss", 0.0)), valid_loss)
         epochs.end_epoch(self)
-        spread = self._spread or {"train": centred_sum_of_squares(X_train_nd),
-                                  "valid": None if X_valid_nd is None else centred_sum_of_squares(X_valid_nd)}
+        spread = self._spread or {"train": epochs.centred_sum_of_squares(X_train_nd),
+                                  "valid": None if X_valid_nd is None else epochs.centred_sum_of_squares(X_valid_nd)}
         # Host numbers (a count may sit on the device); the same on every rank of a distributed trainer.
-        sq_error, nonzero, examples = (_host_number(tally.get(name, 0)) for name in ("sq_error", "nonzero", "examples"))
+        sq_error, nonzero, examples = (epochs.host_number(tally.get(name, 0))
+                                       for name in ("sq_error", "nonzero", "examples"))
         return EpochReport(
             epoch=self.epoch, step=self.step, k=k, lr=cfg.lr,
             train_loss=tally.mean("loss", "batches") or 0.0,
@@ -402,9 +403,9 @@ class Trainer:
             parts={name: round(value, 4) for name, value in parts.items()},
             dead_window_fraction=self.dead_window_fraction() if self.tracks_dead_units else None,
             aux_loss=(tally.mean("aux_loss", "aux_batches") or 0.0) if self.config.aux_k else None,
-            fve=fraction_of_variance_explained(sq_error, spread["train"]),
+            fve=epochs.fraction_of_variance_explained(sq_error, spread["train"]),
             valid_fve=None if valid_loss is None else
-            fraction_of_variance_explained(2.0 * valid_loss * X_valid_nd.shape[0], spread["valid"]),
+            epochs.fraction_of_variance_explained(2.0 * valid_loss * X_valid_nd.shape[0], spread["valid"]),
             l0=None if nonzero is None or not examples else nonzero / examples,
             valid_l0=valid_l0,
         )
@@ -488,7 +489,7 @@ class Trainer:
         # On the CPU kernels the sparse step may hand W's gradient over in parts, for step.update to apply.
         loss, grads, cache = step.loss_and_grads(self.params, X_nd, k, lanes)
         kept_h = self.backend.xp.bincount(cache.idx_nk.ravel(), minlength=self.config.hidden)
-        self._batch_nonzero = code_nonzero(cache)
+        self._batch_nonzero = epochs.code_nonzero(cache)
         return loss, grads, kept_h
 
     def _gradients(self, X_nd, k: int):
@@ -510,7 +511,7 @@ class Trainer:
         loss, aux_loss, grads, cache = step.loss_and_grads_auxk(self.params if params is None else params, X_nd, k,
                                                                 self.dead_h(), lanes)
         kept_h = self.backend.xp.bincount(cache.idx_nk.ravel(), minlength=self.config.hidden)
-        self._batch_nonzero = code_nonzero(cache)
+        self._batch_nonzero = epochs.code_nonzero(cache)
         return loss, aux_loss, grads, kept_h
 
     def _note_kept(self, kept_h, n_examples: int) -> None:
@@ -614,32 +615,3 @@ class _CapturedStart:
     def __init__(self, tally, first_batch: int, N: int, batch_size: int):
         self.values, self.first_batch, self.N, self.batch_size = dict(tally.values), first_batch, N, batch_size
         self.before_last = None
-
-
-def _host_number(value):
-    """A count or sum as a host number (it may sit on the device); None stays None."""
-    return None if value is None else np.asarray(to_host(value)).item()
-
-
-def code_nonzero(cache):
-    """Non-zero units of a step's code (its kept values), on the device: a relu unit kept at 0 is not counted."""
-    values = cache.val_nk if cache.val_nk is not None else cache.Zs_nh
-    return array_module(values).count_nonzero(values)
-
-
-def centred_sum_of_squares(X_nd, chunk: int = 4096) -> float:
-    """``sum_n ||x_n - mean(x)||^2`` over the rows of ``X_nd``, in float64 (the FVE's denominator)."""
-    xp = array_module(X_nd)
-    sum_d, squares = xp.zeros(X_nd.shape[1], dtype=np.float64), 0.0
-    for start in range(0, X_nd.shape[0], chunk):
-        X_cd = X_nd[start:start + chunk].astype(np.float64)
-        sum_d += X_cd.sum(axis=0)
-        squares += float(xp.vdot(X_cd, X_cd))
-    return squares - float(sum_d @ sum_d) / max(X_nd.shape[0], 1)
-
-
-def fraction_of_variance_explained(sq_error: float | None, spread: float | None) -> float | None:
-    """``1 - sq_error / spread``; None when either is unknown or the rows do not vary."""
-    if sq_error is None or not spread or spread <= 0:
-        return None
-    return 1.0 - float(sq_error) / spread
