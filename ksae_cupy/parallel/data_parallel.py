@@ -96,6 +96,9 @@ class DataParallelTrainer(StopAgreedOverRanks, Trainer):
         self.allreduce = allreduce
         self.grads = FlatGrads(self.params, backend.xp)
         self.fail_at_step = None  # (step, mode) for the fault-injection test only
+        # A mid-epoch checkpoint holds the per-unit counts summed over the ranks: rank 0 goes on from the sum.
+        if self.rank and "kept_h" in self.tally.values:
+            self.tally.values["kept_h"] = backend.xp.zeros_like(self.tally.values["kept_h"])
 
     def _sum_host(self, a):
         """Sum a small array over the ranks through the host (epoch statistics)."""
@@ -140,8 +143,12 @@ class DataParallelTrainer(StopAgreedOverRanks, Trainer):
             raise KsaeError(f"the ranks' parameters differ after step {self.step} (CRC32 per rank: {crcs})")
 
     def checkpoint(self, preprocess=None):
+        """Every rank's (rank 0 writes it); collective mid-epoch: the epoch's per-unit counts summed over the
+        ranks, each having counted its shards of the batches."""
         ckpt = super().checkpoint(preprocess)
         ckpt.config["world_size"] = self.size
+        if ckpt.epoch_tally is not None and "kept_h" in ckpt.epoch_tally:
+            ckpt.epoch_tally["kept_h"] = self._sum_host(ckpt.epoch_tally["kept_h"])
         return ckpt
 
     def _maybe_fail(self) -> None:
@@ -408,7 +415,10 @@ def _train(comm, MPI, dataset, config, settings, ckpt, folder, changes, record, 
         def on_epoch(report):
             agree(comm, folder.append_metrics, report, rank0_only=True)
             valid = f"  valid {report.valid_loss:.4f}" if report.valid_loss is not None else ""
-            say(f"epoch {report.epoch}/{config.epochs}  k {report.k}  loss {report.train_loss:.4f}{valid}  "
+            fve = "" if report.fve is None else f"  FVE {report.fve:.4f}" + (
+                "" if report.valid_fve is None else f" valid {report.valid_fve:.4f}")
+            l0 = "" if report.l0 is None else f"  L0 {report.l0:.1f}"
+            say(f"epoch {report.epoch}/{config.epochs}  k {report.k}  loss {report.train_loss:.4f}{valid}{fve}{l0}  "
                 f"dead {100 * report.dead_fraction:.1f}%  {report.samples_per_s:,.0f} samples/s")
 
         # Every rank stops at the same step: the stop is agreed over the ranks (StopAgreedOverRanks).

@@ -23,6 +23,7 @@ import numpy as np
 
 from ksae_cupy import model
 from ksae_cupy.backend import to_host
+from ksae_cupy.training import epochs
 from ksae_cupy.training.checkpoint import Checkpoint
 from ksae_cupy.parallel.sharded_topk import sharded_topk
 from ksae_cupy.parallel.comm import StopAgreedOverRanks, shard_bounds
@@ -51,6 +52,8 @@ class ShardedHiddenTrainer(StopAgreedOverRanks, Trainer):
         for store in (self.params, self.optimizer.velocities):
             store["W_dh"] = backend.xp.ascontiguousarray(store["W_dh"][:, self.col_lo:self.col_hi])
             store["b_h"] = backend.xp.ascontiguousarray(store["b_h"][self.col_lo:self.col_hi])
+        if "kept_h" in self.tally.values:  # a mid-epoch checkpoint's counts of every unit: this rank's block
+            self.tally.values["kept_h"] = self.tally.values["kept_h"][self.col_lo:self.col_hi].copy()
         self.fail_at_step = None
 
     def _sum_host(self, a):
@@ -114,6 +117,10 @@ class ShardedHiddenTrainer(StopAgreedOverRanks, Trainer):
             if self.rank == 0:
                 full[group] = {"W_dh": np.concatenate(blocks["W_dh"], axis=1),
                                "b_h": np.concatenate(blocks["b_h"]), "c_d": to_host(store["c_d"])}
+        tally = epochs.tally_state(self)
+        if tally is not None and "kept_h" in tally:  # the epoch's per-unit counts, block by block
+            blocks = self.comm.gather(tally["kept_h"], root=0)
+            tally["kept_h"] = np.concatenate(blocks) if self.rank == 0 else None
         if self.rank != 0:
             return None
         config = self.config.to_dict()
@@ -122,4 +129,4 @@ class ShardedHiddenTrainer(StopAgreedOverRanks, Trainer):
                           step=self.step, batch_in_epoch=self.batch_in_epoch,
                           rng_state=self.rng.bit_generator.state,
                           epoch_perm=self.epoch_perm if self.batch_in_epoch else None,
-                          preprocess=dict(preprocess or {}))
+                          preprocess=dict(preprocess or {}), epoch_tally=tally)

@@ -105,8 +105,7 @@ def epoch_lines(report, trainer, progress) -> list[str]:
 
 def fit(trainer, X_train, X_valid, on_epoch, on_batch) -> None:
     """Train epochs until the run ends or a stop is requested; each report to ``on_epoch``."""
-    while not trainer.finished and not trainer.stop_requested:
-        report = trainer.run_epoch(X_train, X_valid, on_batch)
-        if report is None:
-            break
-        on_epoch(report)
+    from ksae_cupy.training.epochs import run_epochs
+
+    if not trainer.stop_requested:  # a stop asked for while loading: no step taken
+        run_epochs(trainer, lambda: trainer.run_epoch(X_train, X_valid, on_batch), on_epoch)

@@ -33,6 +33,7 @@ from ksae_cupy.errors import OptionError, TrainingDiverged, literal
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.supervised import baselines
 from ksae_cupy.supervised.units import dropout_mask, sigmoid
+from ksae_cupy.training import epochs
 from ksae_cupy.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 
 
@@ -111,6 +112,8 @@ class BaselineTrainer:
             for name, value in (velocities or {}).items():
                 self.optimizer.velocities[name][...] = backend.asarray(value)
         self.stop_requested = False  # set (e.g. by a SIGTERM handler) to stop after the current step
+        # The unfinished epoch's loss sum so far (a mid-epoch checkpoint's: the resumed epoch's line covers it all).
+        self.tally = epochs.restored_tally(self.batch_in_epoch, None if checkpoint is None else checkpoint.epoch_tally)
         # The run folder's identity (training/runs.py), written into every checkpoint; None outside one.
         self.run_id = None if checkpoint is None else checkpoint.run_id
 
@@ -150,34 +153,28 @@ class BaselineTrainer:
         cfg = self.config
         start = time.perf_counter()
         N = X_train_nd.shape[0]
-        if self.epoch_perm is None:
-            self.epoch_perm = self.rng.permutation(N)
-            self.batch_in_epoch = 0
-        order = self.backend.asarray(self.epoch_perm.astype(np.int64))
-        n_batches = -(-N // cfg.batch_size)  # the last, smaller batch is trained on too
-        loss_sum, loss_batches = 0.0, 0
-        for b in range(self.batch_in_epoch, n_batches):
+        order = self.backend.asarray(epochs.begin_epoch(self, N).astype(np.int64))
+
+        def one_step(b):
             loss, grads = self.batch_loss_and_grads(X_train_nd[order[b * cfg.batch_size:(b + 1) * cfg.batch_size]])
             if not math.isfinite(loss):
                 raise TrainingDiverged(f"the loss became {loss} at epoch {self.epoch + 1}, step {self.step + 1}; "
                                        f"try a smaller {{lr}} (now {cfg.lr})", loss, self.epoch + 1, self.step + 1, cfg.lr,
                                        fields=True)
             self._update(self.optimizer, self.params, grads, cfg.lr)
-            loss_sum, loss_batches = loss_sum + loss, loss_batches + 1
-            self.step, self.batch_in_epoch = self.step + 1, b + 1
-            if on_batch is not None:
-                on_batch(b + 1, n_batches)
-            if self.stop_requested and b + 1 < n_batches:
-                return None
+            self.tally.add("loss", loss)
+            self.tally.add("batches", 1)
+
+        if not epochs.run_steps(self, epochs.n_batches(N, cfg.batch_size), one_step, on_batch):
+            return None
         self.backend.synchronize()
         seconds = time.perf_counter() - start
         valid_loss = self.valid_loss(X_valid_nd) if X_valid_nd is not None else None
         if valid_loss is not None and not math.isfinite(valid_loss):
             raise TrainingDiverged(f"the validation loss became {valid_loss} at epoch {self.epoch + 1}; nothing was "
                                    f"saved after the last good checkpoint; try a smaller {{lr}} (now {cfg.lr})", fields=True)
-        self.epoch += 1
-        self.batch_in_epoch, self.epoch_perm = 0, None
-        return BaselineReport(epoch=self.epoch, step=self.step, train_loss=loss_sum / max(loss_batches, 1),
+        tally = epochs.end_epoch(self)
+        return BaselineReport(epoch=self.epoch, step=self.step, train_loss=tally.mean("loss", "batches") or 0.0,
                               seconds=seconds, valid_loss=valid_loss)
 
     def valid_loss(self, X_nd) -> float:
@@ -195,13 +192,8 @@ class BaselineTrainer:
     def fit(self, X_nd, on_epoch=None, on_batch=None) -> dict:
         """Train the epochs left on host or device rows ``X_nd``; host parameters (None when stopped)."""
         X_dev = self.backend.asarray(X_nd, dtype=self.dtype)
-        while not self.finished:
-            report = self.run_epoch(X_dev, on_batch=on_batch)
-            if report is None:
-                return None
-            if on_epoch is not None:
-                on_epoch(report)
-        return self.host_params()
+        epochs.run_epochs(self, lambda: self.run_epoch(X_dev, on_batch=on_batch), on_epoch)
+        return self.host_params() if self.finished else None
 
     def host_params(self) -> dict:
         return {name: to_host(value) for name, value in self.params.items()}
@@ -212,7 +204,8 @@ class BaselineTrainer:
                           velocities={name: to_host(v) for name, v in self.optimizer.velocities.items()},
                           config=config_to_dict(self.config), epoch=self.epoch, step=self.step,
                           batch_in_epoch=self.batch_in_epoch, rng_state=self.rng.bit_generator.state,
-                          epoch_perm=self.epoch_perm if self.batch_in_epoch else None, run_id=self.run_id)
+                          epoch_perm=self.epoch_perm if self.batch_in_epoch else None, run_id=self.run_id,
+                          epoch_tally=epochs.tally_state(self))
 
     def save(self, path: Path) -> None:
         save_baseline_checkpoint(path, self.checkpoint())

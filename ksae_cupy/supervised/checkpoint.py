@@ -8,6 +8,8 @@ Layout (``format = "ksae-cupy finetune checkpoint"``, ``format_version = 2``):
   (the run folder's identity; absent in older files);
 * ``params/`` and ``optim/`` (velocities): ``W1_dh, b1_h, [W2_hh, b2_h,] W_hc, b_c``;
 * ``rng/``: attribute ``state`` and, mid-epoch, dataset ``epoch_perm``;
+* ``epoch_tally/`` (mid-epoch only; absent in older files): the unfinished epoch's loss sum and batch count
+  (:class:`~ksae_cupy.training.epochs.EpochTally`), so that the resumed epoch's line covers all its batches;
 * on every group and array, attribute ``sha256`` (:mod:`ksae_cupy.training.checksums`),
   verified on load (version 1 files, written before checksums, load with a one-line note).
 
@@ -41,7 +43,10 @@ def save_finetune_checkpoint(path: Path, state: dict) -> None:
         f.attrs["config"] = json.dumps(state["config"], sort_keys=True)
         if state.get("run_id") is not None:
             f.attrs["run_id"] = str(state["run_id"])
-        for group, arrays in (("params", state["params"]), ("optim", state["velocities"])):
+        groups = [("params", state["params"]), ("optim", state["velocities"])]
+        if state["batch_in_epoch"] and state.get("epoch_tally") is not None:
+            groups.append(("epoch_tally", state["epoch_tally"]))
+        for group, arrays in groups:
             g = f.create_group(group)
             for name, value in arrays.items():
                 g.create_dataset(name, data=np.asarray(value))
@@ -66,6 +71,7 @@ def load_finetune_checkpoint(path: Path) -> dict:
         state["velocities"] = {k: f["optim"][k][()] for k in f["optim"]}
         state["rng_state"] = json.loads(f["rng"].attrs["state"])
         state["epoch_perm"] = f["rng"]["epoch_perm"][()] if "epoch_perm" in f["rng"] else None
+        state["epoch_tally"] = {k: f["epoch_tally"][k][()] for k in f["epoch_tally"]} if "epoch_tally" in f else None
         return state
 
     state = read_hdf5_checked(path, "fine-tuning checkpoint", FORMAT, FORMAT_VERSION, read, UNSEALED_VERSIONS)

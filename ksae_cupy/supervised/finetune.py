@@ -61,6 +61,7 @@ from ksae_cupy.backend import Backend, array_module, to_host
 from ksae_cupy.cpu import numba_kernels as cpu_kernels
 from ksae_cupy.cpu import momentum as cpu_momentum
 from ksae_cupy.errors import KsaeError, OptionError, literal
+from ksae_cupy.training import epochs
 from ksae_cupy.training.options import (DictConfig, check_batch_size, check_dtype, check_in_dtype, check_momentum,
                                         check_positive_count, check_positive_finite)
 from ksae_cupy.optim import MomentumSGD
@@ -412,6 +413,7 @@ class FinetuneTrainer:
         # The update, chosen once: on the CPU kernels fused, the sparse step's weight gradients applied in parts.
         self._update = cpu_momentum.parts_step if backend.xp is np and cpu_kernels.enabled() else MomentumSGD.step
         self.stop_requested = False
+        self.tally = epochs.EpochTally()  # the running epoch's loss sum (ksae_cupy.training.epochs)
 
     @property
     def L(self) -> int:
@@ -459,15 +461,12 @@ class FinetuneTrainer:
         N = X_nd.shape[0]
         lr, momentum = self.current_lr(), self.current_momentum()
         self.optimizer.momentum = momentum
-        if self.epoch_perm is None:
-            self.epoch_perm = self.rng.permutation(N)
-            self.batch_in_epoch = 0
-        order = self.backend.asarray(self.epoch_perm.astype(np.int64))
-        n_batches = -(-N // cfg.batch_size)
-        loss_sum, loss_batches, start = 0.0, 0, time.perf_counter()
+        order = self.backend.asarray(epochs.begin_epoch(self, N).astype(np.int64))
+        start = time.perf_counter()
         # Only the trainable arrays go to the optimiser: frozen ones are never written.
         live = {name: self.params[name] for name in trainable}
-        for b in range(self.batch_in_epoch, n_batches):
+
+        def one_step(b):
             rows = order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
             masks = draw_masks(self.rng, rows.shape[0], self.sizes, cfg.input_dropout, cfg.hidden_dropout,
                                self.backend, self.dtype)
@@ -484,19 +483,16 @@ class FinetuneTrainer:
                 raise TrainingDiverged(f"the cross-entropy became {loss} in phase {self.phase}, epoch "
                                        f"{self.epoch + 1}; try a smaller {{{rate}}} (now {self.phase_lr_start()})", fields=True)
             self._update(self.optimizer, live, grads, lr)
-            loss_sum, loss_batches = loss_sum + loss, loss_batches + 1
-            self.step += 1
-            self.batch_in_epoch = b + 1
-            if on_batch is not None:
-                on_batch(b + 1, n_batches)
-            if self.stop_requested and b + 1 < n_batches:
-                return None
+            self.tally.add("loss", loss)
+            self.tally.add("batches", 1)
+
+        if not epochs.run_steps(self, epochs.n_batches(N, cfg.batch_size), one_step, on_batch):
+            return None
         self.backend.synchronize()
         phase = self.phase
-        self.epoch += 1
-        self.batch_in_epoch, self.epoch_perm = 0, None
+        tally = epochs.end_epoch(self)
         report = FinetuneReport(
-            phase=phase, epoch=self.epoch, step=self.step, lr=lr, train_loss=loss_sum / max(loss_batches, 1),
+            phase=phase, epoch=self.epoch, step=self.step, lr=lr, train_loss=tally.mean("loss", "batches") or 0.0,
             valid_error=self.error(X_valid_nd, y_valid_n) if X_valid_nd is not None else None,
             seconds=time.perf_counter() - start, momentum=momentum)
         if self.epoch >= cfg.epochs:
@@ -513,14 +509,7 @@ class FinetuneTrainer:
     def fit(self, X_nd, y_n, X_valid_nd=None, y_valid_n=None, on_epoch=None, on_batch=None) -> None:
         """Run every remaining phase, or until :attr:`stop_requested`."""
         with self.backend.use():
-            while not self.finished:
-                report = self.run_epoch(X_nd, y_n, X_valid_nd, y_valid_n, on_batch)
-                if report is None:
-                    return
-                if on_epoch is not None:
-                    on_epoch(report)
-                if self.stop_requested:
-                    return
+            epochs.run_epochs(self, lambda: self.run_epoch(X_nd, y_n, X_valid_nd, y_valid_n, on_batch), on_epoch)
 
     def error(self, X_nd, y_n) -> float:
         return error_rate(self.params, X_nd, y_n, self.config.kept, self.config.topk, self.config.activations)
@@ -534,6 +523,7 @@ class FinetuneTrainer:
             "config": self.config.to_dict(), "phase_index": self.phase_index, "epoch": self.epoch,
             "step": self.step, "batch_in_epoch": self.batch_in_epoch, "rng_state": self.rng.bit_generator.state,
             "epoch_perm": self.epoch_perm if self.batch_in_epoch else None,
+            "epoch_tally": epochs.tally_state(self),
         }
 
     @classmethod
@@ -545,4 +535,5 @@ class FinetuneTrainer:
             trainer.optimizer.velocities[name][...] = backend.asarray(value)
         trainer.phase_index, trainer.epoch, trainer.step = state["phase_index"], state["epoch"], state["step"]
         trainer.batch_in_epoch, trainer.epoch_perm = state["batch_in_epoch"], state["epoch_perm"]
+        trainer.tally = epochs.restored_tally(trainer.batch_in_epoch, state.get("epoch_tally"))
         return trainer

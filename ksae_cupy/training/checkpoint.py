@@ -6,12 +6,15 @@ Layout (``format = "ksae-cupy checkpoint"``, ``format_version = 2``):
   (optimiser steps taken), ``batch_in_epoch`` (batches done in the unfinished epoch, 0 at
   an epoch boundary), ``config`` (JSON of every option that shaped the run), and ``run_id``
   (the run folder's identity, see :mod:`ksae_cupy.training.runs`; absent in older files and in
-  files the Python API saved outside a run folder); mid-epoch, ``epoch_loss_sum`` and
-  ``epoch_loss_batches`` (the loss of the unfinished epoch's batches so far);
+  files the Python API saved outside a run folder); in files written before ``epoch_tally/``
+  existed, mid-epoch, ``epoch_loss_sum`` and ``epoch_loss_batches`` (still read);
 * ``params/``: ``W_dh``, ``b_h``, ``c_d``;  ``optim/``: their velocities (same names);
 * ``rng/``: attribute ``state`` (JSON of NumPy's bit-generator state) and, mid-epoch,
   dataset ``epoch_perm`` (the order of the unfinished epoch);
 * ``preprocess/``: statistics of the data preprocessing (means, stds, ZCA matrix);
+* ``epoch_tally/`` (mid-epoch only; absent in older files): the unfinished epoch's statistics so far
+  (:class:`~ksae_cupy.training.epochs.EpochTally`: loss and error sums, per-unit counts, ...), so
+  that the resumed epoch's metrics line covers all its batches;
 * ``units/`` (absent in older files): per hidden unit, ``since_kept_h``, the examples trained on
   since an example last kept it (the dead units of ``aux_k`` and the dead-window metric);
 * on every group and array, attribute ``sha256`` (see :mod:`ksae_cupy.training.checksums`).
@@ -69,8 +72,9 @@ class Checkpoint:
     epoch_perm: np.ndarray | None = None
     preprocess: dict = field(default_factory=dict)
     run_id: str | None = None  # the run folder's identity (None: saved outside one, or before identities)
-    # Mid-epoch: the summed loss and the count of the batches already run in the unfinished epoch,
-    # so that the epoch's logged loss covers all its batches after a resume (0 in older files).
+    # Mid-epoch: the unfinished epoch's statistics so far (EpochTally.state()); None at an epoch's
+    # boundary and in files written before tallies, which kept (mid-epoch) the loss sum only:
+    epoch_tally: dict | None = None
     epoch_loss_sum: float = 0.0
     epoch_loss_batches: int = 0
     units: dict = field(default_factory=dict)  # per-unit training state (since_kept_h); {} in older files
@@ -200,10 +204,9 @@ def save_checkpoint(path: Path, ckpt: Checkpoint, fmt: str = FORMAT) -> None:
         f.attrs["config"] = json.dumps(ckpt.config, sort_keys=True)
         if ckpt.run_id is not None:
             f.attrs["run_id"] = str(ckpt.run_id)
-        if ckpt.batch_in_epoch:
-            f.attrs["epoch_loss_sum"] = float(ckpt.epoch_loss_sum)
-            f.attrs["epoch_loss_batches"] = int(ckpt.epoch_loss_batches)
         groups = [("params", ckpt.params), ("optim", ckpt.velocities), ("preprocess", ckpt.preprocess)]
+        if ckpt.batch_in_epoch and ckpt.epoch_tally is not None:
+            groups.append(("epoch_tally", ckpt.epoch_tally))
         if ckpt.units:
             groups.append(("units", ckpt.units))
         for group, arrays in groups:
@@ -238,6 +241,7 @@ def load_checkpoint(path: Path, fmt: str = FORMAT, what: str = "checkpoint") -> 
                           run_id=_text_attribute(f, "run_id"),
                           epoch_loss_sum=float(f.attrs.get("epoch_loss_sum", 0.0)),
                           epoch_loss_batches=int(f.attrs.get("epoch_loss_batches", 0)),
+                          epoch_tally=_read_group(f, "epoch_tally", path) if "epoch_tally" in f else None,
                           units=_read_group(f, "units", path) if "units" in f else {})
 
     ckpt = read_hdf5_checked(path, what, fmt, FORMAT_VERSION, read, UNSEALED_VERSIONS if fmt == FORMAT else ())

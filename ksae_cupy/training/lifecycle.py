@@ -162,6 +162,10 @@ class RunLifecycle:
 
         trainer = trainer_of()
         step_before = None if trainer is None else trainer.step
+        if getattr(trainer, "tally", None) is not None and not trainer.tally.complete:
+            self.say(f"note: {self.folder.checkpoint} was written before checkpoints kept an epoch's statistics: "
+                     f"epoch {trainer.epoch + 1}'s line covers only its batches after the resume (from batch "
+                     f"{trainer.batch_in_epoch + 1})")
         self.finished_before = trainer is not None and trainer.finished
         self.stop = StopOnSignals(trainer_of, self.say, self.echo)
         self.started = time.perf_counter()

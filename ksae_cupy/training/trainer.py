@@ -24,6 +24,7 @@ from ksae_cupy import model
 from ksae_cupy.backend import Backend, to_host
 from ksae_cupy.cpu.sparse_encoder import RunInputs
 from ksae_cupy.gpu.graph_step import CapturedEpochs, graph_step_applies
+from ksae_cupy.training import epochs
 from ksae_cupy.training.checkpoint import Checkpoint
 from ksae_cupy.errors import KsaeError, OptionError, TrainingDiverged, literal, python_name  # TrainingDiverged is re-exported here
 from ksae_cupy.training.options import (DictConfig, ValidatedOnce, check_batch_size, check_dtype, check_in_dtype,
@@ -183,8 +184,16 @@ class EpochReport:
     # Units no example kept in the last dead_window examples, at the end of the epoch (counted
     # since the run started, so 0 until dead_window examples have been trained on).
     dead_window_fraction: float | None = None
-    # With aux_k: the mean auxiliary loss of the epoch's batches (after a resume mid-epoch, of those since).
+    # With aux_k: the mean auxiliary loss of the epoch's batches.
     aux_loss: float | None = None
+    # Fraction of variance explained, 1 - sum ||x - xhat||^2 / sum ||x - mean(x)||^2, over the epoch's
+    # examples (as the steps saw them, the parameters changing) and over the validation rows (their own mean).
+    fve: float | None = None
+    valid_fve: float | None = None
+    # L0: the mean count of non-zero code units per example (k for linear units, the top-k keeps k;
+    # fewer with relu units, where a kept unit may be 0). None where a trainer does not count them.
+    l0: float | None = None
+    valid_l0: float | None = None
 
 
 class Trainer:
@@ -230,11 +239,15 @@ class Trainer:
             since_kept_h = checkpoint.units.get("since_kept_h", np.zeros(config.hidden, dtype=np.int64))
         # Per hidden unit: examples trained on since an example last kept it (dead at dead_window).
         self.since_kept_h = backend.asarray(np.asarray(since_kept_h, dtype=np.int64))
-        self._aux_loss_sum, self._aux_batches = 0.0, 0  # with aux_k: this session's batches of the epoch
-        # The unfinished epoch's loss so far (a mid-epoch checkpoint's): its report then covers every batch.
-        resumed_mid_epoch = checkpoint is not None and checkpoint.batch_in_epoch
-        self.epoch_loss_sum = checkpoint.epoch_loss_sum if resumed_mid_epoch else 0.0
-        self.epoch_loss_batches = checkpoint.epoch_loss_batches if resumed_mid_epoch else 0
+        # The unfinished epoch's statistics so far (a mid-epoch checkpoint's): its report then covers every
+        # batch. A checkpoint from before tallies kept the loss only (ksae_cupy.training.epochs).
+        self.tally = epochs.restored_tally(self.batch_in_epoch, None if checkpoint is None else checkpoint.epoch_tally,
+                                           None if checkpoint is None else
+                                           {"loss": checkpoint.epoch_loss_sum, "batches": checkpoint.epoch_loss_batches}
+                                           ).on(backend)
+        self._spread = None  # fit's sum ||x - mean||^2 of its rows, by split (the FVE's denominators)
+        self._batch_nonzero = None  # the last batch's count of non-zero code units (relu units)
+        self._captured_from = None  # where the running captured epoch began (_CapturedStart)
         self.stop_requested = False  # set (e.g. by a SIGINT handler) to stop after the current step
         # The functions each batch calls, chosen once here (ksae_cupy.training.steps); an epoch picks
         # the step of its k, and reads the lanes it runs in when it starts.
@@ -276,20 +289,19 @@ class Trainer:
         every batch. A stop requested mid-epoch returns at once (:meth:`run_epoch`); one requested
         during the last batch of an epoch, after that epoch's report and checkpoint.
         """
-        last = None
+        def after_epoch(report):
+            if checkpoint is not None and should_checkpoint is not None and should_checkpoint(report.epoch):
+                checkpoint()
+
         with self.backend.use():
-            while not self.finished:
-                report = self.run_epoch(X_train_nd, X_valid_nd, on_batch)
-                if report is None:  # stopped mid-epoch
-                    break
-                last = report
-                if on_epoch is not None:
-                    on_epoch(report)
-                if checkpoint is not None and should_checkpoint is not None and should_checkpoint(report.epoch):
-                    checkpoint()
-                if self.stop_requested:
-                    break
-        return last
+            # The data's spread, once for the run (a pass over the rows): the FVE's denominators.
+            self._spread = {"train": epochs.centred_sum_of_squares(X_train_nd),
+                            "valid": None if X_valid_nd is None else epochs.centred_sum_of_squares(X_valid_nd)}
+            try:
+                return epochs.run_epochs(self, lambda: self.run_epoch(X_train_nd, X_valid_nd, on_batch), on_epoch,
+                                         after_epoch)
+            finally:
+                self._spread = None
 
     def run_epoch(self, X_train_nd, X_valid_nd=None, on_batch=None) -> EpochReport | None:
         """Train one epoch (or the rest of an interrupted one) on device arrays.
@@ -341,85 +353,80 @@ class Trainer:
         return threadpool_limits(limits=1, user_api="blas")
 
     def _run_epoch(self, X_train_nd, X_valid_nd, on_batch) -> EpochReport | None:
-        cfg, xp = self.config, self.backend.xp
+        cfg = self.config
         clock = time.perf_counter
         parts = dict.fromkeys(("shuffle", "batches", "steps", "updates", "validation"), 0.0)
         start = clock()
         N = X_train_nd.shape[0]
         k, step, _ = self._epoch_step
-        if self.epoch_perm is None:
-            self.epoch_perm = self.rng.permutation(N)  # on every rank the same generator state
-            self.batch_in_epoch = 0
-        order = self.backend.asarray(self.epoch_perm.astype(np.int64))
-        n_batches = -(-N // cfg.batch_size)  # the last, smaller batch is trained on too
-        # One count per hidden unit held here (all of them, or this rank's block).
-        kept_count_h = xp.zeros(self.params["b_h"].shape[0], dtype=np.int64)
-        # Resumed mid-epoch: the batches before the interruption count too (their sum was checkpointed).
-        loss_sum, loss_batches = (self.epoch_loss_sum, self.epoch_loss_batches) if self.batch_in_epoch else (0.0, 0)
-        self._aux_loss_sum, self._aux_batches = 0.0, 0  # with aux_k: this session's batches of the epoch
+        order = self.backend.asarray(epochs.begin_epoch(self, N).astype(np.int64))
+        n_batches = epochs.n_batches(N, cfg.batch_size)
         first_batch = self.batch_in_epoch
         captured = self._captured
         if captured is not None:  # the whole step on the device; its loss and unit counts summed there
-            captured.begin(X_train_nd, k, loss_sum)
+            self._captured_from = _CapturedStart(self.tally, first_batch, N, cfg.batch_size)
+            captured.begin(X_train_nd, k, self.tally.get("loss", 0.0))
         # The set in CSR form for the sparse encoder: built on the run's first epoch (timed in its "shuffle" part).
         sparse_X = self._inputs.of(X_train_nd, self.dtype) if step.in_lanes else None
         parts["shuffle"] = clock() - start
-        for b in range(first_batch, n_batches):
+
+        def one_step(b):
             t0 = clock()
             rows = order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
             if captured is not None:
+                if b == n_batches - 1:  # the loss before the last (maybe smaller) batch: one wait per epoch
+                    self._captured_from.before_last = captured.loss_sum()
                 captured.run(X_train_nd, rows)
                 parts["steps"] += clock() - t0  # launch time: the GPU's own is in the epoch's total
             else:
                 self._batch_rows = None if sparse_X is None else sparse_X.rows(rows)
                 try:
-                    loss = self._take_step(X_train_nd[rows], k, step, kept_count_h, parts, t0)  # a copy of the rows
+                    self._take_step(X_train_nd[rows], k, step, parts, t0)  # a copy of the rows
                 finally:
                     self._batch_rows = None
-                loss_sum += loss
-                self.epoch_loss_sum = loss_sum
-            loss_batches += 1
-            self.epoch_loss_batches = loss_batches
-            self.step += 1
-            self.batch_in_epoch = b + 1
-            if on_batch is not None:
-                on_batch(b + 1, n_batches)
-            if self.stop_requested and b + 1 < n_batches:
-                if captured is not None:
-                    self.epoch_loss_sum = captured.loss_sum()
-                return None
+
+        if not epochs.run_steps(self, n_batches, one_step, on_batch):
+            return None
         if captured is not None:
-            loss_sum, kept_count_h = captured.loss_sum(), captured.kept_count_h()
-            if cfg.aux_k:
-                self._aux_loss_sum, self._aux_batches = captured.aux_loss_sum(), n_batches - first_batch
+            self._sync_captured(k)
         self.backend.synchronize()
         seconds = clock() - start
         samples = min(N, n_batches * cfg.batch_size) - first_batch * cfg.batch_size
         t0 = clock()
         valid_loss = self.evaluate_loss(X_valid_nd, k) if X_valid_nd is not None else None
+        valid_l0 = self.code_l0(X_valid_nd, k) if X_valid_nd is not None else None
         parts["validation"] = clock() - t0
-        self._check_health(loss_sum, valid_loss)
-        self.epoch += 1
-        self.batch_in_epoch, self.epoch_perm = 0, None
-        self.epoch_loss_sum, self.epoch_loss_batches = 0.0, 0
+        tally = self.tally
+        self._check_health(float(tally.get("loss", 0.0)), valid_loss)
+        epochs.end_epoch(self)
+        spread = self._spread or {"train": epochs.centred_sum_of_squares(X_train_nd),
+                                  "valid": None if X_valid_nd is None else epochs.centred_sum_of_squares(X_valid_nd)}
+        # Host numbers (a count may sit on the device); the same on every rank of a distributed trainer.
+        sq_error, nonzero, examples = (epochs.host_number(tally.get(name, 0))
+                                       for name in ("sq_error", "nonzero", "examples"))
         return EpochReport(
             epoch=self.epoch, step=self.step, k=k, lr=cfg.lr,
-            train_loss=loss_sum / max(loss_batches, 1),
+            train_loss=tally.mean("loss", "batches") or 0.0,
             valid_loss=valid_loss,
-            # Resumed mid-epoch, units kept before the interruption are not counted here.
-            dead_fraction=self._dead_fraction(kept_count_h),
+            dead_fraction=self._dead_fraction(tally.get("kept_h")),
             samples_per_s=samples / seconds if seconds > 0 else float("inf"),
             seconds=seconds,
             parts={name: round(value, 4) for name, value in parts.items()},
             dead_window_fraction=self.dead_window_fraction() if self.tracks_dead_units else None,
-            aux_loss=self._aux_loss_sum / max(self._aux_batches, 1) if self.config.aux_k else None,
+            aux_loss=(tally.mean("aux_loss", "aux_batches") or 0.0) if self.config.aux_k else None,
+            fve=epochs.fraction_of_variance_explained(sq_error, spread["train"]),
+            valid_fve=None if valid_loss is None else
+            epochs.fraction_of_variance_explained(2.0 * valid_loss * X_valid_nd.shape[0], spread["valid"]),
+            l0=None if nonzero is None or not examples else nonzero / examples,
+            valid_l0=valid_l0,
         )
 
-    def _take_step(self, X_nd, k: int, step, kept_count_h, parts: dict, t0: float) -> float:
-        """One step of the generic path on the batch ``X_nd``: gradients, update, unit counts; its loss."""
+    def _take_step(self, X_nd, k: int, step, parts: dict, t0: float) -> float:
+        """One step of the generic path on the batch ``X_nd``: gradients, update, the epoch's tally; its loss."""
         clock = time.perf_counter
         t1 = clock()
         cfg = self.config
+        self._batch_nonzero = None
         loss, grads, kept_h = self._gradients(X_nd, k)
         if not math.isfinite(loss):
             raise TrainingDiverged(f"the loss became {loss} at epoch {self.epoch + 1}, step {self.step + 1} with "
@@ -429,9 +436,40 @@ class Trainer:
         parts["batches"] += t1 - t0
         parts["steps"] += t2 - t1
         parts["updates"] += clock() - t2  # on a GPU the parts are launch times until the epoch's synchronize
-        kept_count_h += kept_h
-        self._note_kept(kept_h, X_nd.shape[0])
+        n, tally = X_nd.shape[0], self.tally
+        tally.add("loss", loss)
+        tally.add("batches", 1)
+        tally.add("sq_error", 2.0 * loss * n)  # the loss is 0.5 ||x - xhat||^2 averaged over the batch
+        tally.add("examples", n)
+        tally.add("kept_h", kept_h)
+        # Linear units: the k kept; relu units: those of them above 0 (None where a trainer did not count).
+        tally.add("nonzero", n * k if cfg.activation == "linear" else self._batch_nonzero)
+        self._note_kept(kept_h, n)
         return loss
+
+    def _sync_captured(self, k: int) -> None:
+        """The tally from the captured step's device counters (they count this session's batches; the
+        tally held the batches before when the epoch began here)."""
+        start, captured, cfg = self._captured_from, self._captured, self.config
+        done = self.batch_in_epoch - start.first_batch  # this session's batches
+        loss = captured.loss_sum()
+        session_examples = min(start.N, self.batch_in_epoch * start.batch_size) - start.first_batch * start.batch_size
+        full = loss if start.before_last is None else start.before_last  # the loss of full batches
+        sq_error = 2.0 * start.batch_size * (full - start.values.get("loss", 0.0)) + \
+            (0.0 if start.before_last is None else 2.0 * (session_examples - (done - 1) * start.batch_size)
+             * (loss - start.before_last))
+        values = dict(start.values)
+        values.update(loss=loss, batches=start.values.get("batches", 0) + done,
+                      sq_error=start.values.get("sq_error", 0.0) + sq_error,
+                      examples=start.values.get("examples", 0) + session_examples,
+                      kept_h=start.values.get("kept_h", 0) + captured.kept_count_h())
+        # The captured step keeps no count of non-zero codes: linear units keep k, relu ones are not counted.
+        values["nonzero"] = start.values.get("nonzero", 0) + session_examples * k if cfg.activation == "linear" \
+            else None
+        if cfg.aux_k:
+            values.update(aux_loss=start.values.get("aux_loss", 0.0) + captured.aux_loss_sum(),
+                          aux_batches=start.values.get("aux_batches", 0) + done)
+        self.tally.values = values
 
     def _check_health(self, loss_sum: float, valid_loss: float | None) -> None:
         """Stop as diverged when the epoch's summed loss or the validation loss is not finite
@@ -462,6 +500,7 @@ class Trainer:
         # On the CPU kernels the sparse step may hand W's gradient over in parts, for step.update to apply.
         loss, grads, cache = step.loss_and_grads(self.params, X_nd, k, lanes, self._batch_rows)
         kept_h = self.backend.xp.bincount(cache.idx_nk.ravel(), minlength=self.config.hidden)
+        self._batch_nonzero = epochs.code_nonzero(cache)
         return loss, grads, kept_h
 
     def _gradients(self, X_nd, k: int):
@@ -473,8 +512,8 @@ class Trainer:
             raise KsaeError(f"aux_k {self.config.aux_k}: the auxiliary loss is not available in the distributed "
                             f"trainers yet; train with one process, or without it")
         loss, aux_loss, grads, kept_h = self.auxk_batch_gradients(X_nd, k)
-        self._aux_loss_sum += aux_loss
-        self._aux_batches += 1
+        self.tally.add("aux_loss", aux_loss)
+        self.tally.add("aux_batches", 1)
         return loss, grads, kept_h
 
     def auxk_batch_gradients(self, X_nd, k: int, params=None):
@@ -483,6 +522,7 @@ class Trainer:
         loss, aux_loss, grads, cache = step.loss_and_grads_auxk(self.params if params is None else params, X_nd, k,
                                                                 self.dead_h(), lanes)
         kept_h = self.backend.xp.bincount(cache.idx_nk.ravel(), minlength=self.config.hidden)
+        self._batch_nonzero = epochs.code_nonzero(cache)
         return loss, aux_loss, grads, kept_h
 
     def _note_kept(self, kept_h, n_examples: int) -> None:
@@ -534,6 +574,19 @@ class Trainer:
         """The fraction of hidden units that no example kept during the epoch."""
         return float(to_host((kept_count_h == 0).mean()))
 
+    def code_l0(self, X_nd, k: int, chunk: int = 1024) -> float | None:
+        """Mean count of non-zero code units per row of ``X_nd`` at ``k``: k for linear units (the top-k
+        keeps k, and is not run again for it); with relu units, the kept ones above 0, counted here."""
+        if self.config.activation == "linear":
+            return float(k)
+        nonzero = 0
+        with self._blas_for(1):
+            for start in range(0, X_nd.shape[0], chunk):
+                Z_nh = model.hidden_preactivations(self.params, X_nd[start:start + chunk])
+                _, val_nk = model.select_units(Z_nh, k, self.config.topk, self.config.activation)
+                nonzero += int(to_host(self.backend.xp.count_nonzero(val_nk)))
+        return nonzero / X_nd.shape[0]
+
     def evaluate_loss(self, X_nd, k: int | None = None, chunk: int = 1024) -> float:
         """Mean of 0.5 ||x - xhat||^2 per example over ``X_nd``, with ``k`` kept units.
 
@@ -553,10 +606,10 @@ class Trainer:
         """A host copy of the whole state (what resuming needs)."""
         if self._captured is not None:
             # The captured steps run on a stream of their own: wait for them (the copies below run on the
-            # default stream); mid-epoch, the loss summed so far is on the device.
-            loss_so_far = self._captured.loss_sum()
-            if self.batch_in_epoch:
-                self.epoch_loss_sum = loss_so_far
+            # default stream); mid-epoch, the epoch's counters so far are on the device.
+            self._captured.loss_sum()
+            if self.batch_in_epoch and getattr(self, "_captured_from", None) is not None:
+                self._sync_captured(self.current_k())
         return Checkpoint(
             params={name: to_host(value) for name, value in self.params.items()},
             velocities={name: to_host(value) for name, value in self.optimizer.velocities.items()},
@@ -564,7 +617,15 @@ class Trainer:
             batch_in_epoch=self.batch_in_epoch, rng_state=self.rng.bit_generator.state,
             epoch_perm=self.epoch_perm if self.batch_in_epoch else None,
             preprocess=dict(preprocess or {}),
-            epoch_loss_sum=self.epoch_loss_sum if self.batch_in_epoch else 0.0,
-            epoch_loss_batches=self.epoch_loss_batches if self.batch_in_epoch else 0,
+            epoch_tally=epochs.tally_state(self),
             units={"since_kept_h": to_host(self.since_kept_h)},
         )
+
+
+class _CapturedStart:
+    """Where a captured epoch began in this session: the tally then, the batch, the rows and batch size;
+    ``before_last``, the device's loss sum read before the epoch's last batch (which may be smaller)."""
+
+    def __init__(self, tally, first_batch: int, N: int, batch_size: int):
+        self.values, self.first_batch, self.N, self.batch_size = dict(tally.values), first_batch, N, batch_size
+        self.before_last = None

@@ -19,11 +19,18 @@ def format_duration(seconds: float) -> str:
 
 
 def epoch_line(report, epochs: int, eta: str = "") -> str:
-    """One epoch's line: its k, learning rate, losses, dead units and speed (an :class:`EpochReport`)."""
+    """One epoch's line: its k, learning rate, losses, the fraction of variance explained (train, valid),
+    L0 (non-zero code units per example), dead units and speed (an :class:`EpochReport`)."""
     valid = f"  valid {report.valid_loss:.4f}" if report.valid_loss is not None else ""
+    fve = getattr(report, "fve", None)
+    valid_fve = getattr(report, "valid_fve", None)
+    explained = "" if fve is None else f"  FVE {fve:.4f}" + ("" if valid_fve is None else f" valid {valid_fve:.4f}")
+    l0 = getattr(report, "l0", None)
+    sparsity = "" if l0 is None else f"  L0 {l0:.1f}"
     tail = f"  ETA {eta}" if eta else ""
-    return (f"epoch {report.epoch}/{epochs}  k {report.k}  lr {report.lr:g}  loss {report.train_loss:.4f}{valid}  "
-            f"dead {100 * report.dead_fraction:.1f}%  {report.samples_per_s:,.0f} samples/s  {report.seconds:.1f} s{tail}")
+    return (f"epoch {report.epoch}/{epochs}  k {report.k}  lr {report.lr:g}  loss {report.train_loss:.4f}{valid}"
+            f"{explained}{sparsity}  dead {100 * report.dead_fraction:.1f}%  {report.samples_per_s:,.0f} samples/s  "
+            f"{report.seconds:.1f} s{tail}")
 
 
 def position(epoch: int, batch_in_epoch: int) -> str:

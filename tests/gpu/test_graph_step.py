@@ -61,6 +61,9 @@ def assert_same_training(gpu, gpu_reports, cpu, cpu_reports):
         assert (g.k, g.train_loss, g.valid_loss) == (c.k, pytest.approx(c.train_loss, rel=1e-10),
                                                      pytest.approx(c.valid_loss, rel=1e-10))
         assert (g.dead_fraction, g.dead_window_fraction) == (c.dead_fraction, c.dead_window_fraction)
+        assert (g.fve, g.valid_fve) == (pytest.approx(c.fve, rel=1e-9), pytest.approx(c.valid_fve, rel=1e-9))
+        # The captured step counts no non-zero codes: linear units keep k; relu ones are not counted there.
+        assert g.l0 == (c.l0 if gpu.config.activation == "linear" else None) and g.valid_l0 == c.valid_l0
     np.testing.assert_array_equal(to_host(gpu.since_kept_h), to_host(cpu.since_kept_h))
 
 
@@ -87,8 +90,10 @@ def test_a_run_stopped_mid_epoch_resumes_to_the_uninterrupted_run():
     resumed, resumed_reports = fit(cfg, "gpu", stop_after_batches=10)  # epoch 2, batch 3
     for name, value in host(whole).items():
         np.testing.assert_allclose(host(resumed)[name], value, rtol=1e-12, atol=1e-14, err_msg=name)
-    # The resumed epoch's report counts the batches before the stop too (their loss sum was checkpointed).
+    # The resumed epoch's report counts the batches before the stop too (the epoch's tally was checkpointed).
     assert [r.train_loss for r in resumed_reports] == pytest.approx([r.train_loss for r in whole_reports], rel=1e-12)
+    assert [r.fve for r in resumed_reports] == pytest.approx([r.fve for r in whole_reports], rel=1e-12)
+    assert [(r.dead_fraction, r.l0) for r in resumed_reports] == [(r.dead_fraction, r.l0) for r in whole_reports]
 
 
 def test_the_sparsity_schedule_recaptures_at_each_new_k_and_matches_the_cpu():
@@ -138,3 +143,5 @@ def test_a_checkpoint_taken_mid_epoch_without_stopping_resumes_to_the_uninterrup
         np.testing.assert_allclose(host(resumed)[name], value, rtol=1e-12, atol=1e-14, err_msg=name)
     # The resumed epoch's report counts the three batches before the checkpoint too.
     assert [r.train_loss for r in reports] == pytest.approx([r.train_loss for r in whole_reports[1:]], rel=1e-12)
+    assert [r.fve for r in reports] == pytest.approx([r.fve for r in whole_reports[1:]], rel=1e-12)
+    assert [(r.dead_fraction, r.l0) for r in reports] == [(r.dead_fraction, r.l0) for r in whole_reports[1:]]
