@@ -102,7 +102,8 @@ def test_quick_start_runs_as_written_and_ends_in_a_test_error(tmp_path):
     printed = result.stdout.splitlines()
     trained = [line for line in printed if line.startswith(("epoch ", "done: "))][-2:]
     assert [shape(epoch), shape(done)] == [shape(line) for line in trained], trained
-    assert dead == dead_units_note(0.531, 1000) and "dead 53.1%" in epoch and "(dead 53.1%: " in done
+    shown = re.search(r"  dead (\d+\.\d)%  ", epoch)[1]  # the README's three lines tell one figure
+    assert dead == dead_units_note(float(shown) / 100, 1000) and f"(dead {shown}%: " in done
     assert gap == "..." and re.fullmatch(r"test error \d+\.\d\d%", test_error)
     assert any(re.fullmatch(r"test error \d+\.\d\d%", line) for line in printed + result.stderr.splitlines())
 
