@@ -29,6 +29,8 @@ stays light):
     load(path)           a saved model or a ksae-train run's checkpoint.h5, as an estimator
     load_dataset(spec)   a built-in dataset or your own file, with labels and splits
     Dataset, KsaeError   what load_dataset returns; the one error a user sees
+    export(model, path)  a model's weights as safetensors, .npz or a PyTorch state dict (export_model.py)
+    __version__          the package's version (setup.cfg's; provenance.py reads it)
 """
 
 # name -> (module, attribute); read by __getattr__ on first use (PEP 562)
@@ -37,8 +39,9 @@ _API = {
     "load_dataset": ("ksae_cupy.datasets", "load_dataset"),
     "Dataset": ("ksae_cupy.datasets.dataset", "Dataset"),
     "KsaeError": ("ksae_cupy.errors", "KsaeError"),
+    "export": ("ksae_cupy.export_model", "export"),
 }
-__all__ = [*_API, "load"]
+__all__ = [*_API, "load", "__version__"]
 
 
 def load(path, device: str = "auto"):
@@ -50,6 +53,10 @@ def load(path, device: str = "auto"):
 
 
 def __getattr__(name: str):
+    if name == "__version__":  # read once, on first use: the version is typed in setup.cfg only
+        from ksae_cupy.provenance import package_version
+
+        return package_version()
     if name not in _API:
         raise AttributeError(f"module 'ksae_cupy' has no attribute {name!r}")
     import importlib
@@ -59,4 +66,4 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted([*globals(), *_API])
+    return sorted([*globals(), *_API, "__version__"])

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from ksae_cupy.cli.common import GivenPath, report_errors
+from ksae_cupy.cli.version import version_option
 from ksae_cupy.errors import KsaeError
 
 
@@ -15,6 +16,7 @@ DATA_DIR = click.option("--data-dir", type=GivenPath(path_type=Path), default=No
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@version_option
 def data_command():
     """Fetch, verify and list the datasets under the data root ($KSAE_DATA_DIR or ./data)."""
 

@@ -7,7 +7,9 @@ Layout (``format = "ksae-cupy checkpoint"``, ``format_version = 2``):
   an epoch boundary), ``config`` (JSON of every option that shaped the run), and ``run_id``
   (the run folder's identity, see :mod:`ksae_cupy.training.runs`; absent in older files and in
   files the Python API saved outside a run folder); mid-epoch, ``epoch_loss_sum`` and
-  ``epoch_loss_batches`` (the loss of the unfinished epoch's batches so far);
+  ``epoch_loss_batches`` (the loss of the unfinished epoch's batches so far); ``provenance``
+  (JSON: the package version, commit, libraries and device of the code that wrote the file,
+  :func:`ksae_cupy.provenance.provenance`; absent in older files, never checked on load);
 * ``params/``: ``W_dh``, ``b_h``, ``c_d``;  ``optim/``: their velocities (same names);
 * ``rng/``: attribute ``state`` (JSON of NumPy's bit-generator state) and, mid-epoch,
   dataset ``epoch_perm`` (the order of the unfinished epoch);
@@ -33,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ksae_cupy.errors import KsaeError, note, one_line
+from ksae_cupy.provenance import provenance
 from ksae_cupy.training import checksums
 
 FORMAT = "ksae-cupy checkpoint"
@@ -74,6 +77,7 @@ class Checkpoint:
     epoch_loss_sum: float = 0.0
     epoch_loss_batches: int = 0
     units: dict = field(default_factory=dict)  # per-unit training state (since_kept_h); {} in older files
+    provenance: dict | None = None  # the code that wrote the file, as loaded (saving records the current code)
 
 
 def write_hdf5_atomically(path: Path, write_fn, verify_fn) -> None:
@@ -200,6 +204,7 @@ def save_checkpoint(path: Path, ckpt: Checkpoint, fmt: str = FORMAT) -> None:
         f.attrs["config"] = json.dumps(ckpt.config, sort_keys=True)
         if ckpt.run_id is not None:
             f.attrs["run_id"] = str(ckpt.run_id)
+        f.attrs["provenance"] = json.dumps(provenance(), sort_keys=True)  # this writer's, whoever wrote it before
         if ckpt.batch_in_epoch:
             f.attrs["epoch_loss_sum"] = float(ckpt.epoch_loss_sum)
             f.attrs["epoch_loss_batches"] = int(ckpt.epoch_loss_batches)
@@ -238,7 +243,8 @@ def load_checkpoint(path: Path, fmt: str = FORMAT, what: str = "checkpoint") -> 
                           run_id=_text_attribute(f, "run_id"),
                           epoch_loss_sum=float(f.attrs.get("epoch_loss_sum", 0.0)),
                           epoch_loss_batches=int(f.attrs.get("epoch_loss_batches", 0)),
-                          units=_read_group(f, "units", path) if "units" in f else {})
+                          units=_read_group(f, "units", path) if "units" in f else {},
+                          provenance=_json_attribute(f, "provenance"))
 
     ckpt = read_hdf5_checked(path, what, fmt, FORMAT_VERSION, read, UNSEALED_VERSIONS if fmt == FORMAT else ())
     _check_shapes(ckpt, path)
@@ -248,6 +254,15 @@ def load_checkpoint(path: Path, fmt: str = FORMAT, what: str = "checkpoint") -> 
 def _text_attribute(f, name: str) -> str | None:
     value = f.attrs.get(name)
     return value.decode() if isinstance(value, bytes) else (None if value is None else str(value))
+
+
+def _json_attribute(f, name: str) -> dict | None:
+    """A JSON attribute kept as a record only: absent or unreadable is None, never an error."""
+    text = _text_attribute(f, name)
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
 
 
 def _read_group(f, name: str, path: Path) -> dict:
