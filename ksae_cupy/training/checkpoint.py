@@ -83,7 +83,8 @@ class Checkpoint:
 def write_hdf5_atomically(path: Path, write_fn, verify_fn) -> None:
     """Write an HDF5 file so that ``path`` only ever holds a complete, verified file.
 
-    ``write_fn(f)`` fills an open ``h5py.File``, built in memory and then written to
+    ``write_fn(f)`` fills an open ``h5py.File`` (then the root attribute ``provenance`` is added: the
+    code writing it, :func:`ksae_cupy.provenance.provenance`), built in memory and then written to
     ``<name>.tmp`` by plain file I/O; ``verify_fn(tmp_path)`` reopens and checks it (raising on
     damage); only then is it renamed to ``path``. A crash or a failed check leaves the previous
     file at ``path`` untouched; a failed write (``OSError``, e.g. a full disk) removes the
@@ -103,6 +104,7 @@ def write_hdf5_atomically(path: Path, write_fn, verify_fn) -> None:
         try:
             with h5py.File(image, "w") as f:
                 write_fn(f)
+                f.attrs["provenance"] = json.dumps(provenance(), sort_keys=True)  # the code writing it, every format
                 checksums.seal(f)
         except RuntimeError as exc:  # h5py's errors on closing a file whose write failed hide why it failed
             raise _write_failure(exc) from None
@@ -204,7 +206,6 @@ def save_checkpoint(path: Path, ckpt: Checkpoint, fmt: str = FORMAT) -> None:
         f.attrs["config"] = json.dumps(ckpt.config, sort_keys=True)
         if ckpt.run_id is not None:
             f.attrs["run_id"] = str(ckpt.run_id)
-        f.attrs["provenance"] = json.dumps(provenance(), sort_keys=True)  # this writer's, whoever wrote it before
         if ckpt.batch_in_epoch:
             f.attrs["epoch_loss_sum"] = float(ckpt.epoch_loss_sum)
             f.attrs["epoch_loss_batches"] = int(ckpt.epoch_loss_batches)
