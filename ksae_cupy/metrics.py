@@ -55,7 +55,7 @@ def dead_fraction(code_nh) -> float:
         alive_h = np.asarray((code_nh != 0).sum(axis=0)).ravel() > 0
     else:
         alive_h = to_host((code_nh != 0).any(axis=0))
-    return 1.0 - float(alive_h.mean())
+    return float((~alive_h).mean())
 
 
 class _VarianceSum:
@@ -97,29 +97,43 @@ def reconstruction_metrics(params, X_nd, k: int, alpha: float = 1.0, topk_method
     ``fve`` of the reconstructions through the k largest units (the training's reconstruction), ``l0``
     of that k-code, ``l0_alpha_k`` of the ``alpha*k`` features (what the classifier reads),
     ``alpha``, ``dead_fraction`` (units kept in no row's k-code) and ``rows``.
-    ``params`` act on the rows as given (a centred run's: :func:`~ksae_cupy.datasets.preprocess.raw_input_params`)."""
+    ``params`` act on the rows as given (a centred run's: :func:`~ksae_cupy.datasets.preprocess.raw_input_params`).
+
+    ``topk_method`` is accepted for the callers' sake only: every method keeps the same units (the top-k
+    contract, :mod:`ksae_cupy.topk`), and sorting gives both codes from one selection, the k largest
+    being the first k of the ``alpha*k`` largest."""
+    del topk_method
     W_dh = backend.asarray(params["W_dh"])
     dev = {name: backend.asarray(value, dtype=W_dh.dtype) for name, value in params.items()}
     xp = backend.xp
     H = W_dh.shape[1]
-    kept = alpha_k(k, alpha, H)
+    kept = max(k, alpha_k(k, alpha, H))
     variance, squared_error, nonzero_k, nonzero_alpha = _VarianceSum(), 0.0, 0, 0
-    alive_h = xp.zeros(H, dtype=bool)
+    kept_h = np.zeros(H, dtype=np.int64)
     for start in range(0, X_nd.shape[0], chunk):
         X_cd = backend.asarray(X_nd[start:start + chunk], dtype=W_dh.dtype)
-        Z_ch = hidden_preactivations(dev, X_cd)
-        idx_ck, val_ck = select_units(Z_ch, k, topk_method, activation)
-        Zs_ch = scatter_rows(idx_ck, val_ck, H)
-        R_cd = (Zs_ch @ dev["W_dh"].T + dev["c_d"]).astype(np.float64) - X_cd
+        idx_cK, val_cK = select_units(hidden_preactivations(dev, X_cd), kept, "sort", activation)  # descending
+        idx_ck, val_ck = idx_cK[:, :k], val_cK[:, :k]
+        R_cd = _decode_kept(dev, idx_ck, val_ck, backend).astype(np.float64) - X_cd
         squared_error += float(xp.vdot(R_cd, R_cd))
         variance.add(X_cd)
         nonzero_k += int(xp.count_nonzero(val_ck))
-        alive_h |= (Zs_ch != 0).any(axis=0)
-        if kept == k:
-            nonzero_alpha += int(xp.count_nonzero(val_ck))
-        else:
-            nonzero_alpha += int(xp.count_nonzero(select_units(Z_ch, kept, topk_method, activation)[1]))
+        nonzero_alpha += int(xp.count_nonzero(val_cK))
+        kept_h += to_host(xp.bincount(idx_ck[val_ck != 0].ravel(), minlength=H))
     rows = int(X_nd.shape[0])
     return {"rows": rows, "fve": fve_from_sums(squared_error, variance.m2), "l0": nonzero_k / max(rows, 1),
             "alpha": float(alpha), "l0_alpha_k": nonzero_alpha / max(rows, 1),
-            "dead_fraction": 1.0 - float(to_host(alive_h).mean())}
+            "dead_fraction": float((kept_h == 0).mean())}
+
+
+def _decode_kept(params, idx_nk, val_nk, backend):
+    """``Zs_nh W_dh^T + c_d`` from the kept units only: on the CPU a sparse product (k of H columns), on a
+    GPU a dense one."""
+    H = params["W_dh"].shape[1]
+    if backend.is_gpu:
+        return scatter_rows(idx_nk, val_nk, H) @ params["W_dh"].T + params["c_d"]
+    import scipy.sparse as sp
+
+    N, k = idx_nk.shape
+    Zs_nh = sp.csr_matrix((val_nk.ravel(), idx_nk.ravel(), np.arange(0, N * k + 1, k)), shape=(N, H))
+    return np.asarray(Zs_nh @ params["W_dh"].T) + params["c_d"]
