@@ -10,6 +10,8 @@ The algorithm sits at the top of the package, to be read first:
     backend.py    NumPy or CuPy on the chosen device
     errors.py     KsaeError, the one error a user sees
     paths.py      checks of the paths a user gives, made before any work starts
+    metrics.py    FVE, L0 and dead units of a model on a set of rows
+    provenance.py the package version, commit, libraries and device a result was made with
 
 Around it, one folder per job, imports pointing down this list only:
 
