@@ -486,7 +486,7 @@ def reconstruction_table(splits: dict | None, k: int) -> list[str]:
                  f"of that k-code and of the alpha*k features (alpha {_fmt_alpha(alpha)}); dead, the units no "
                  f"example of the split kept.", "",
              "| split | examples | FVE | L0 (k) | L0 (alpha*k) | dead units |", "|---|---|---|---|---|---|"]
-    for name, m in sorted(splits.items(), key=lambda item: SPLITS.index(item[0]) if item[0] in SPLITS else 9):
+    for name, m in ((name, splits[name]) for name in SPLITS if name in splits):
         lines.append(f"| {name} | {m['rows']:,} | {m['fve']:.4f} | {m['l0']:.2f} | {m['l0_alpha_k']:.2f} | "
                      f"{_pct(m['dead_fraction'])} |")
     return lines
