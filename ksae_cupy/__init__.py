@@ -10,6 +10,8 @@ The algorithm sits at the top of the package, to be read first:
     backend.py    NumPy or CuPy on the chosen device
     errors.py     KsaeError, the one error a user sees
     paths.py      checks of the paths a user gives, made before any work starts
+    metrics.py    FVE, L0 and dead units of a model on a set of rows
+    provenance.py the package version, commit, libraries and device a result was made with
 
 Around it, one folder per job, imports pointing down this list only:
 
@@ -29,6 +31,8 @@ stays light):
     load(path)           a saved model or a ksae-train run's checkpoint.h5, as an estimator
     load_dataset(spec)   a built-in dataset or your own file, with labels and splits
     Dataset, KsaeError   what load_dataset returns; the one error a user sees
+    export(model, path)  a model's weights as safetensors, .npz or a PyTorch state dict (training/export.py)
+    __version__          the package's version (setup.cfg's; provenance.py reads it)
 """
 
 # name -> (module, attribute); read by __getattr__ on first use (PEP 562)
@@ -37,8 +41,9 @@ _API = {
     "load_dataset": ("ksae_cupy.datasets", "load_dataset"),
     "Dataset": ("ksae_cupy.datasets.dataset", "Dataset"),
     "KsaeError": ("ksae_cupy.errors", "KsaeError"),
+    "export": ("ksae_cupy.training.export", "export"),
 }
-__all__ = [*_API, "load"]
+__all__ = [*_API, "load", "__version__"]
 
 
 def load(path, device: str = "auto"):
@@ -50,6 +55,10 @@ def load(path, device: str = "auto"):
 
 
 def __getattr__(name: str):
+    if name == "__version__":  # read once, on first use: the version is typed in setup.cfg only
+        from ksae_cupy.provenance import package_version
+
+        return package_version()
     if name not in _API:
         raise AttributeError(f"module 'ksae_cupy' has no attribute {name!r}")
     import importlib
@@ -59,4 +68,4 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted([*globals(), *_API])
+    return sorted([*globals(), *_API, "__version__"])

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import click
 
+from ksae_cupy.cli.version import version_option
 from ksae_cupy.cli.common import positive_ints, report_errors
 from ksae_cupy.errors import KsaeError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@version_option
 def bench_command():
     """Benchmarks; each validates before it times and writes JSON under results/benchmarks/."""
 

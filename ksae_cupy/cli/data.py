@@ -1,5 +1,6 @@
 """``ksae-data``: fetch, verify and list the built-in datasets under the data root; write a run's codes as the
-dataset of a next layer; restore a checkpoint kept in git history into a clone's results/."""
+dataset of a next layer; restore a checkpoint kept in git history into a clone's results/; export a run's
+weights for other tools (safetensors, .npz, PyTorch)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,6 +8,7 @@ from pathlib import Path
 import click
 
 from ksae_cupy.cli.common import GivenPath, report_errors
+from ksae_cupy.cli.version import version_option
 from ksae_cupy.errors import KsaeError
 
 
@@ -15,6 +17,7 @@ DATA_DIR = click.option("--data-dir", type=GivenPath(path_type=Path), default=No
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@version_option
 def data_command():
     """Fetch, verify and list the datasets under the data root ($KSAE_DATA_DIR or ./data)."""
 
@@ -115,6 +118,39 @@ def data_restore_checkpoint(paths, everything):
     root = repository_root(paths[0] if paths else Path.cwd())
     for entry in select(root, list(paths), everything):
         click.echo(restore(root, entry, log=lambda msg: click.echo(msg, err=True)))
+
+
+@data_command.command("export")
+@click.argument("run_dir", type=GivenPath(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["safetensors", "npz", "torch"]), default=None,
+              help="safetensors and npz need nothing; torch (a PyTorch state dict, .pt) needs PyTorch. "
+                   "[default: from --out's suffix]")
+@click.option("--out", type=GivenPath(path_type=Path), required=True,
+              help="The file to write (.safetensors, .npz or .pt); written whole or not at all.")
+@click.option("--alpha", type=float, default=3.0, show_default=True,
+              help="Recorded with the weights: features keep the alpha*k largest units (the paper's 3; 1: the "
+                   "k-sparse codes).")
+@report_errors
+def data_export(run_dir, fmt, out, alpha):
+    """Write RUN_DIR's autoencoder as two nn.Linear layers' weights (docs/guide/export.md).
+
+    RUN_DIR is a ksae-train run folder or a checkpoint file. The file holds encoder.weight (H x D),
+    encoder.bias, decoder.weight (D x H, the encoder's transpose) and decoder.bias, with k, alpha and
+    the activation in its metadata; a --center-input run's mean is folded into the biases.
+
+    \b
+    Examples:
+      ksae-data export runs/mnist-h1000-k25-20261121-101500 --out mnist-k25.safetensors
+      ksae-data export RUN_DIR --format npz --out model.npz
+    """
+    from ksae_cupy.training.export import export
+
+    if not 1 <= alpha < float("inf"):
+        raise KsaeError(f"--alpha {alpha} is not allowed; use a finite alpha >= 1 (the paper's 3, or 1)")
+    info = export(run_dir, out, format=fmt, alpha=alpha)
+    click.echo(f"wrote {out}: encoder {info['n_hidden']} x {info['n_inputs']} and decoder {info['n_inputs']} x "
+               f"{info['n_hidden']} {info['dtype']}, k {info['k']}, alpha*k {info['alpha_k']}, {info['activation']} "
+               f"units, from {run_dir} after {info['epoch']} epochs")
 
 
 def checked_root(data_dir) -> Path:

@@ -11,12 +11,14 @@ from pathlib import Path
 
 import click
 
+from ksae_cupy.cli.version import version_option
 from ksae_cupy.cli.common import (signals_interrupt, CONTEXT, DATA_DIR, DEVICE, EXIT_INTERRUPTED, QUIET, RUN_DIR, check_run_outputs,
                                    data_overrides, progress_printer, report_errors, run_data_options)
 from ksae_cupy.errors import KsaeError
 
 
 @click.command(context_settings=CONTEXT)
+@version_option
 @click.argument("run_dir", type=RUN_DIR)
 @click.option("--alphas", default="1,2,3,4", help="Comma-separated alpha values; features keep the alpha*k largest units.")
 @click.option("--l2", "l2_text", default="1e-3,1e-4,1e-5", help="Comma-separated L2 strengths of the classifier.")

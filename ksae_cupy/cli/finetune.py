@@ -31,6 +31,7 @@ from pathlib import Path
 
 import click
 
+from ksae_cupy.cli.version import version_option
 from ksae_cupy.cli.common import GivenPath, data_options, report_errors
 from ksae_cupy.cli.options import CONTEXT, declared, run_of
 from ksae_cupy.supervised.baseline_pretrain import still_pretraining
@@ -41,6 +42,7 @@ from ksae_cupy.supervised.finetune_run import RESULTS
 
 
 @click.command(context_settings=CONTEXT)
+@version_option
 @click.argument("pretrained", nargs=-1, type=GivenPath(path_type=Path), metavar="[DATASET] [PRETRAINED_RUN_DIR]...")
 @declared(FINETUNE)
 @data_options

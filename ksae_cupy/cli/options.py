@@ -41,11 +41,12 @@ def dataset_command(options: list[Option]):
     """A training command on an optional DATASET argument (``ksae-train``, ``ksae-baseline``): its
     declared ``options``, the user-data options, the click context, one-line errors."""
     from ksae_cupy.cli.common import data_options, report_errors
+    from ksae_cupy.cli.version import version_option
 
     def decorate(func):
         # as the decorators stacked above a def would apply: the innermost first
         func = declared(options)(data_options(click.pass_context(report_errors(func))))
-        return click.command(context_settings=CONTEXT)(click.argument("dataset", required=False)(func))
+        return click.command(context_settings=CONTEXT)(version_option(click.argument("dataset", required=False)(func)))
 
     return decorate
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from ksae_cupy.cli.version import version_option
 from ksae_cupy.cli.common import (GivenPath, CONTEXT, DATA_DIR, QUIET, RUN_DIR,
                                    dataset_split, progress_printer, report_errors)
 from ksae_cupy.errors import KsaeError
@@ -14,6 +15,7 @@ from ksae_cupy.errors import KsaeError
 HIST_WIDTH = 800  # pixels: save_activity_histograms' default size
 
 @click.group(context_settings=CONTEXT)
+@version_option
 def plot_command():
     """Draw the paper's figures from trained runs (needs: pip install ksae-cupy[plot])."""
 

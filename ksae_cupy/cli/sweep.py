@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 
+from ksae_cupy.cli.version import version_option
 from ksae_cupy.cli.common import GivenPath, STOP_SIGNALS, parse_lr, report_errors, signals_interrupt
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.parallel.sweep import check_data, check_specs, grid, run_sweep, write_results
@@ -35,6 +36,7 @@ def _values(text: str, what: str, kind=int) -> list:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@version_option
 @click.argument("dataset")
 @click.option("--k", "ks", default=str(PAPER.k), help="Comma-separated k values.")
 @click.option("--alpha", "alphas", default="1", help="Comma-separated encoding multiples of k (scored per model).")

@@ -419,12 +419,29 @@ def evaluate_run(run_dir, alphas=DEFAULT_ALPHAS, l2_grid=DEFAULT_L2, refit: str 
         result["raw_baseline"] = select_and_test(lambda alpha, X_nd: backend.asarray(X_nd), dataset, [None],
                                                  l2_grid, refit, max_iter, backend, log, workers, store, "raw",
                                                  extend=l2_extend)
+    # The field's metrics of the autoencoder itself (FVE, L0, dead units), after the choice: alpha is the chosen one.
+    result["reconstruction"] = reconstruction_splits(params, dataset, k, result["features"]["selected"]["alpha"],
+                                                     topk_method, activation, backend)
     result["seconds"] = round(time.perf_counter() - start, 1)
     if (dataset.name, H) == (DATASET, HIDDEN):  # the paper's setting: its figure (None for a k it lacks)
         result["paper_test_error"] = err_mnist_error(ksparse_key(k), dataset.name, H)
     write_report(run_dir, result)
     store.remove()  # the report holds every result now
     return result
+
+
+SPLITS = ("train", "valid", "test")  # the reconstruction table's rows, in this order (eval.json sorts its keys)
+
+
+def reconstruction_splits(params, dataset, k: int, alpha: float, topk_method: str, activation: str,
+                          backend: Backend = CPU) -> dict:
+    """``{split: metrics}`` of :func:`ksae_cupy.metrics.reconstruction_metrics` on each split the dataset has
+    (train, valid, test): FVE, L0 of the k-code and of the ``alpha*k`` features, dead fraction."""
+    from ksae_cupy.metrics import reconstruction_metrics
+
+    splits = dict(zip(SPLITS, (dataset.X_train, dataset.X_valid, dataset.X_test)))
+    return {name: reconstruction_metrics(params, X_nd, k, alpha, topk_method, activation, backend)
+            for name, X_nd in splits.items() if X_nd is not None and len(X_nd)}
 
 
 def write_report(run_dir: Path, result: dict) -> None:
@@ -457,8 +474,25 @@ def markdown_report(result: dict) -> str:
                      f"{_pct(svm['test_error_fit_on_train'])} | - |")
         lines.append(f"| same features, linear SVM (C {svm['selected_C']:g}), refit on {svm['n_train_valid']:,} | "
                      f"{_fmt_alpha(svm['alpha'])} | - | - | {_pct(svm['test_error_refit_on_train_valid'])} | - |")
+    lines += reconstruction_table(result.get("reconstruction"), result["k"])
     lines += trials_table((("sparse", feats), ("raw", raw)))
     return "\n".join(lines) + "\n"
+
+
+def reconstruction_table(splits: dict | None, k: int) -> list[str]:
+    """The lines of the table of FVE, L0 and dead units per split (none for a report written before them)."""
+    if not splits:
+        return []
+    alpha = next(iter(splits.values()))["alpha"]
+    lines = ["", f"The autoencoder on each split: FVE, the fraction of variance explained by the reconstruction through "
+                 f"the k = {k} largest units (1 is perfect, 0 is the split's mean); L0, the non-zero units per example "
+                 f"of that k-code and of the alpha*k features (alpha {_fmt_alpha(alpha)}); dead, the units no "
+                 f"example of the split kept.", "",
+             "| split | examples | FVE | L0 (k) | L0 (alpha*k) | dead units |", "|---|---|---|---|---|---|"]
+    for name, m in ((name, splits[name]) for name in SPLITS if name in splits):
+        lines.append(f"| {name} | {m['rows']:,} | {m['fve']:.4f} | {m['l0']:.2f} | {m['l0_alpha_k']:.2f} | "
+                     f"{_pct(m['dead_fraction'])} |")
+    return lines
 
 
 def trials_table(blocks, alpha: bool = True) -> list[str]:

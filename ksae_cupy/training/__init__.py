@@ -3,7 +3,8 @@
 ``trainer.py`` (epochs, shuffled minibatches, the k schedule, momentum SGD), ``estimator.py``
 (``KSparseAutoencoder`` with fit / transform), ``learning_rate.py`` (``lr="auto"``: the rate
 from the data's scale), ``runs.py`` (run folders: config, metrics,
-checkpoint), ``checkpoint.py`` (atomic HDF5 checkpoints), ``options.py`` (the option checks that
+checkpoint), ``checkpoint.py`` (atomic HDF5 checkpoints), ``export.py`` (a model as safetensors, .npz or
+a PyTorch state dict), ``options.py`` (the option checks that
 training, the baselines and fine-tuning share). The training commands' session: ``fields.py`` (every
 option declared once: flag, help, default, resume policy), ``lifecycle.py`` (one run's session: open or
 resume, lock, config.json, fit under the checkpoint policy, the last line), ``resuming.py`` (options

@@ -7,7 +7,9 @@ Layout (``format = "ksae-cupy checkpoint"``, ``format_version = 2``):
   an epoch boundary), ``config`` (JSON of every option that shaped the run), and ``run_id``
   (the run folder's identity, see :mod:`ksae_cupy.training.runs`; absent in older files and in
   files the Python API saved outside a run folder); in files written before ``epoch_tally/``
-  existed, mid-epoch, ``epoch_loss_sum`` and ``epoch_loss_batches`` (still read);
+  existed, mid-epoch, ``epoch_loss_sum`` and ``epoch_loss_batches`` (still read); ``provenance``
+  (JSON: the package version, commit, libraries and device of the code that wrote the file,
+  :func:`ksae_cupy.provenance.provenance`; absent in older files, never checked on load);
 * ``params/``: ``W_dh``, ``b_h``, ``c_d``;  ``optim/``: their velocities (same names);
 * ``rng/``: attribute ``state`` (JSON of NumPy's bit-generator state) and, mid-epoch,
   dataset ``epoch_perm`` (the order of the unfinished epoch);
@@ -36,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from ksae_cupy.errors import KsaeError, note, one_line
+from ksae_cupy.provenance import provenance
 from ksae_cupy.training import checksums
 
 FORMAT = "ksae-cupy checkpoint"
@@ -78,12 +81,14 @@ class Checkpoint:
     epoch_loss_sum: float = 0.0
     epoch_loss_batches: int = 0
     units: dict = field(default_factory=dict)  # per-unit training state (since_kept_h); {} in older files
+    provenance: dict | None = None  # the code that wrote the file, as loaded (saving records the current code)
 
 
 def write_hdf5_atomically(path: Path, write_fn, verify_fn) -> None:
     """Write an HDF5 file so that ``path`` only ever holds a complete, verified file.
 
-    ``write_fn(f)`` fills an open ``h5py.File``, built in memory and then written to
+    ``write_fn(f)`` fills an open ``h5py.File`` (then the root attribute ``provenance`` is added: the
+    code writing it, :func:`ksae_cupy.provenance.provenance`), built in memory and then written to
     ``<name>.tmp`` by plain file I/O; ``verify_fn(tmp_path)`` reopens and checks it (raising on
     damage); only then is it renamed to ``path``. A crash or a failed check leaves the previous
     file at ``path`` untouched; a failed write (``OSError``, e.g. a full disk) removes the
@@ -103,6 +108,7 @@ def write_hdf5_atomically(path: Path, write_fn, verify_fn) -> None:
         try:
             with h5py.File(image, "w") as f:
                 write_fn(f)
+                f.attrs["provenance"] = json.dumps(provenance(), sort_keys=True)  # the code writing it, every format
                 checksums.seal(f)
         except RuntimeError as exc:  # h5py's errors on closing a file whose write failed hide why it failed
             raise _write_failure(exc) from None
@@ -242,7 +248,8 @@ def load_checkpoint(path: Path, fmt: str = FORMAT, what: str = "checkpoint") -> 
                           epoch_loss_sum=float(f.attrs.get("epoch_loss_sum", 0.0)),
                           epoch_loss_batches=int(f.attrs.get("epoch_loss_batches", 0)),
                           epoch_tally=_read_group(f, "epoch_tally", path) if "epoch_tally" in f else None,
-                          units=_read_group(f, "units", path) if "units" in f else {})
+                          units=_read_group(f, "units", path) if "units" in f else {},
+                          provenance=_json_attribute(f, "provenance"))
 
     ckpt = read_hdf5_checked(path, what, fmt, FORMAT_VERSION, read, UNSEALED_VERSIONS if fmt == FORMAT else ())
     _check_shapes(ckpt, path)
@@ -252,6 +259,15 @@ def load_checkpoint(path: Path, fmt: str = FORMAT, what: str = "checkpoint") -> 
 def _text_attribute(f, name: str) -> str | None:
     value = f.attrs.get(name)
     return value.decode() if isinstance(value, bytes) else (None if value is None else str(value))
+
+
+def _json_attribute(f, name: str) -> dict | None:
+    """A JSON attribute kept as a record only: absent or unreadable is None, never an error."""
+    text = _text_attribute(f, name)
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
 
 
 def _read_group(f, name: str, path: Path) -> dict:

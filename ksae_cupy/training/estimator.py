@@ -455,18 +455,22 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         return (to_host(Xhat) if array_module(X) is np else Xhat).astype(out_dtype, copy=False)
 
     def score(self, X, y=None) -> float:
-        """Minus the mean reconstruction loss: ``-mean_n 0.5 ||x_n - xhat_n||^2``, xhat from the
-        k largest units; ``y`` is ignored.
+        """The fraction of variance explained (FVE) of ``X``'s reconstructions through the k largest units:
+        ``1 - sum ||x - xhat||^2 / sum ||x - mean(x)||^2`` (:mod:`ksae_cupy.metrics`); ``y`` is ignored.
 
-        Negative by design: scikit-learn's model selection (``GridSearchCV``, ``cross_val_score``)
-        maximises ``score``, so a loss enters as its negative, as ``neg_mean_squared_error``
-        does. Closer to 0 is better; the loss itself is ``-score`` (the training log's
-        ``valid`` column for the validation set).
+        Higher is better, as scikit-learn's model selection (``GridSearchCV``, ``cross_val_score``) wants:
+        1 is a perfect reconstruction, 0 no better than ``X``'s mean. It is scikit-learn's ``r2_score``
+        with ``multioutput="variance_weighted"``. On one ``X`` it orders models as the reconstruction loss
+        does: the loss (the training log's ``valid`` column) is ``(1 - score) * sum ||x - mean(x)||^2 / (2 N)``.
         """
+        from ksae_cupy.metrics import fve_from_sums, total_variance
+
         check_is_fitted(self)
         X = self._centred(*self._check_X(X, reset=False))
         with self.trainer_.backend.use():
-            return -self.trainer_.evaluate_loss(self._to_device(X))
+            X_nd = self._to_device(X)
+            loss = self.trainer_.evaluate_loss(X_nd)  # mean 0.5 ||x - xhat||^2
+            return fve_from_sums(2.0 * loss * X_nd.shape[0], total_variance(X_nd))
 
     # -- persistence ---------------------------------------------------------------------
     def save(self, path) -> None:

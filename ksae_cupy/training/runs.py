@@ -1,8 +1,10 @@
 """A run folder: where one training run keeps its checkpoint, configuration and metrics.
 
     RUN_DIR/checkpoint.h5   the latest checkpoint (see :mod:`ksae_cupy.training.checkpoint`)
-    RUN_DIR/config.json     the resolved configuration, dataset and device included, and the
-                            run's identity: ``run_id`` and ``kind`` (the command that made it)
+    RUN_DIR/config.json     the resolved configuration, dataset and device included, the
+                            run's identity: ``run_id`` and ``kind`` (the command that made it),
+                            and ``provenance``: the package version, commit, libraries and device
+                            of the session that created the run and of the last one that ran it
     RUN_DIR/metrics.jsonl   one JSON object per finished epoch (a finished run's long log in results/ may be
                             gzipped, metrics.jsonl.gz: read alike, see :func:`metrics_file`)
     RUN_DIR/.lock           held by the one process writing the run (:mod:`ksae_cupy.training.runlock`)
@@ -193,9 +195,11 @@ class RunFolder:
                 log(f"removed {leftover}, left by a run that was stopped while writing it")
 
     def write_config(self, config: dict) -> None:
-        """Write config.json (atomically), with the run's identity when it has one."""
+        """Write config.json (atomically), with the run's identity when it has one, and what code made the
+        run: ``provenance`` (:func:`code_record`)."""
         if self.run_id is not None:
             config = {**config, "run_id": self.run_id, "kind": self.kind}
+        config = {**config, "provenance": code_record(self.folder_config(), config.get("device"))}
         write_json_atomic(self.path / CONFIG, config)
 
     def read_config(self) -> dict:
@@ -261,6 +265,20 @@ class RunFolder:
         if cut:
             note(f"{path}: its last line was cut short (the run stopped while writing it) and is left out")
         return records
+
+
+def code_record(previous: dict, device: str | None) -> dict:
+    """config.json's ``provenance``: ``created_by``, the code that started the run (kept from ``previous``,
+    the folder's config.json; None for a run started before it was recorded), and ``last_run_by``, this
+    session's (:func:`ksae_cupy.provenance.provenance`). A resume with other code or other libraries is
+    recorded, never refused."""
+    from ksae_cupy.provenance import provenance
+
+    now = provenance(device)
+    if not previous:  # a new run: no config.json yet
+        return {"created_by": now, "last_run_by": now}
+    recorded = previous.get("provenance")
+    return {"created_by": recorded.get("created_by") if isinstance(recorded, dict) else None, "last_run_by": now}
 
 
 def _run(epochs: list, negated: str = "") -> str:

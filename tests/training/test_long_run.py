@@ -154,7 +154,7 @@ def test_resume_drops_metric_lines_written_after_the_checkpoint(data_file, tmp_p
 # -- resume: every option applied or refused ------------------------------------------------------
 
 def test_every_option_of_ksae_train_is_applied_or_refused_on_resume():
-    names = {param.name for param in train_command.params}
+    names = {param.name for param in train_command.params if param.expose_value}  # not --version: no value
     classified = (set(resuming.APPLIED) | set(resuming.REFUSED) | set(resuming.DATA)
                   | {"dataset", "run_dir", "resume", "overwrite"})
     assert names == classified

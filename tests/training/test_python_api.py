@@ -76,13 +76,17 @@ def test_integer_input_is_converted_to_float_and_its_scale_checked():
         small(input_scale=-1).fit(pixels)
 
 
-def test_score_is_minus_the_mean_reconstruction_loss():
+def test_score_is_the_fraction_of_variance_explained():
+    """score: 1 - sum ||x - xhat||^2 / sum ||x - mean(x)||^2 (higher is better), xhat from the k largest units."""
     X = unit_scale()
-    model = small().fit(X)
+    model = small(epochs=20).fit(X)
     Xhat = model.inverse_transform(model.transform(X, alpha=1))
-    expected = -0.5 * float(((X.astype(np.float64) - Xhat) ** 2).sum(axis=1).mean())
-    assert model.score(X) < 0
+    X64 = X.astype(np.float64)
+    expected = 1 - ((X64 - Xhat) ** 2).sum() / ((X64 - X64.mean(axis=0)) ** 2).sum()
+    assert 0 < expected < 1
     assert model.score(X) == pytest.approx(expected, rel=1e-4)
+    assert small(n_hidden=48, k=47, epochs=20).fit(X).score(X) > model.score(X)  # more kept units: better
+    assert small(epochs=3).fit(X).score(X) < 0  # 3 epochs: worse than the mean, and score says so
 
 
 def test_transform_computes_in_the_dtype_asked_for():
@@ -115,7 +119,9 @@ def test_load_opens_a_ksae_train_checkpoint(tmp_path):
     assert (model.n_hidden, model.k, model.lr, model.n_features_in_) == (32, 4, config["lr"], 16)
     last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     X_valid = load_dataset(str(tmp_path / "x.npy")).X_valid  # the run's own validation rows
-    assert -model.score(X_valid) == pytest.approx(last["valid_loss"], rel=1e-5)
+    X64 = X_valid.astype(np.float64)
+    variance = ((X64 - X64.mean(axis=0)) ** 2).sum()  # score is the FVE: the loss is (1 - FVE) variance / (2 N)
+    assert (1 - model.score(X_valid)) * variance / (2 * len(X_valid)) == pytest.approx(last["valid_loss"], rel=1e-5)
     assert model.transform(X).shape == (300, 32)
 
 

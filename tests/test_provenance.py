@@ -1,0 +1,114 @@
+"""What made a result: __version__, --version on every command, provenance in config.json and checkpoints."""
+import configparser
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import ksae_cupy
+from ksae_cupy import provenance
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def setup_cfg():
+    parser = configparser.ConfigParser()
+    parser.read(REPO / "setup.cfg")
+    return parser
+
+
+def test_version_is_setup_cfgs():
+    assert ksae_cupy.__version__ == setup_cfg()["metadata"]["version"]
+    assert "__version__" in ksae_cupy.__all__ and "__version__" in dir(ksae_cupy)
+
+
+def test_every_command_answers_version_with_the_commit(tmp_path):
+    commit, clean = provenance.code_commit()
+    if provenance.PACKAGE_DIR.parent == REPO:  # run from this checkout: its commit (CI runs an installed copy: none)
+        assert commit is not None and len(commit) == 40
+    else:
+        assert commit is None
+    said = f"ksae-cupy {ksae_cupy.__version__}" + (
+        "" if commit is None else f" (commit {commit[:12]}, {'clean' if clean else 'uncommitted changes'})")
+    scripts = setup_cfg()["options.entry_points"]["console_scripts"].split("\n")
+    entries = [line.split("=") for line in scripts if line.strip()]
+    assert len(entries) == 9
+    for name, target in entries:  # each as its console script runs it: the entry point's callable, on sys.argv
+        name, (module, attribute) = name.strip(), target.strip().split(":")
+        script = f"import sys; sys.argv[0] = {name!r}; from {module} import {attribute}; sys.exit({attribute}())"
+        done = subprocess.run([sys.executable, "-c", script, "--version"], capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path)  # not the source tree: the package the tests import
+        assert done.returncode == 0, (name, done.stderr)
+        assert done.stdout == f"{name}: {said}\n"
+
+
+def test_outside_a_checkout_or_without_git_the_commit_is_none(monkeypatch, tmp_path):
+    provenance.code_commit.cache_clear()
+    monkeypatch.setenv("PATH", str(tmp_path))  # no git on the path
+    try:
+        assert provenance.code_commit() == (None, None)
+        record = provenance.provenance("cpu")
+        assert record["commit"] is None and record["clean"] is None and record["version"] == ksae_cupy.__version__
+        assert provenance.version_line() == f"ksae-cupy {ksae_cupy.__version__}"
+    finally:
+        provenance.code_commit.cache_clear()
+    monkeypatch.setattr(provenance, "PACKAGE_DIR", tmp_path / "ksae_cupy")  # a copy outside this checkout
+    (tmp_path / "ksae_cupy").mkdir()
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    try:
+        assert provenance.code_commit() == (None, None)
+    finally:
+        provenance.code_commit.cache_clear()
+
+
+def test_the_record_names_libraries_without_importing_cupy():
+    record = provenance.provenance("cpu")
+    assert record["numpy"] == np.__version__ and record["h5py"] == h5py.__version__
+    assert record["python"].count(".") == 2 and record["cpu"] and record["gpu"] is None
+    assert set(record) == {"package", "version", "commit", "clean", "python", "numpy", "scipy", "h5py", "numba",
+                           "cupy", "cpu", "gpu"}
+    assert "cupy" not in sys.modules or record["cupy"] is not None
+
+
+def train(args):
+    from ksae_cupy.cli.train import train_command
+
+    result = CliRunner().invoke(train_command, [*args, "--quiet"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+
+
+def test_run_folders_and_checkpoints_record_their_code_and_a_resume_adds_its_own(tmp_path):
+    from ksae_cupy.training.checkpoint import load_checkpoint
+
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).random((200, 8)).astype(np.float32))
+    run = tmp_path / "run"
+    train([str(tmp_path / "x.npy"), "--hidden", "12", "--k", "3", "--epochs", "1", "--batch-size", "20",
+           "--device", "cpu", "--threads", "1", "--run-dir", str(run)])
+    now = provenance.provenance("cpu")
+    config = json.loads((run / "config.json").read_text())
+    assert config["provenance"] == {"created_by": now, "last_run_by": now}
+    assert load_checkpoint(run / "checkpoint.h5").provenance == now
+    with h5py.File(run / "checkpoint.h5", "r") as f:
+        assert json.loads(f.attrs["provenance"]) == now  # a plain attribute other tools read
+
+    older = {**now, "version": "0.0.1", "commit": "0" * 40, "numpy": "1.23.0"}
+    config["provenance"]["created_by"] = older  # as if another version of the code had started the run
+    (run / "config.json").write_text(json.dumps(config))
+    train(["--resume", str(run), "--epochs", "2"])  # never refused for it
+    resumed = json.loads((run / "config.json").read_text())["provenance"]
+    assert resumed == {"created_by": older, "last_run_by": now}
+
+    del config["provenance"]  # a run started before provenance was recorded
+    (run / "config.json").write_text(json.dumps(config))
+    train(["--resume", str(run), "--epochs", "3"])
+    assert json.loads((run / "config.json").read_text())["provenance"] == {"created_by": None, "last_run_by": now}
+
+
+@pytest.mark.parametrize("device, expected", [("cpu", None), (None, None)])
+def test_no_gpu_name_without_a_gpu(device, expected):
+    assert provenance.gpu_name(device) == expected
