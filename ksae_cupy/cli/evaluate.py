@@ -89,7 +89,7 @@ def eval_command(run_dir, alphas, l2_text, l2_extend, refit, raw_baseline, max_i
                 result = evaluate_run(run_dir, alpha_list, l2_list, refit=refit, raw_baseline=raw_baseline,
                                       backend=backend, data_root=data_dir, max_iter=max_iter, linear_svm=linear_svm,
                                       log=log, data_overrides=data_overrides(data), workers=workers,
-                                      l2_extend=l2_extend)
+                                      l2_extend=l2_extend, max_iter_name="--max-iter")
         except (EvaluationInterrupted, KeyboardInterrupt) as exc:
             kept = Path(run_dir) / FITS_FILE
             message = str(exc) if isinstance(exc, EvaluationInterrupted) else (
@@ -100,6 +100,18 @@ def eval_command(run_dir, alphas, l2_text, l2_extend, refit, raw_baseline, max_i
     report = baseline_eval.markdown_report if "model" in result else markdown_report
     click.echo(report(result), nl=False)
     click.echo(f"wrote {Path(run_dir) / 'eval.json'} and {Path(run_dir) / 'eval.md'}", err=True)
+    click.echo(final_line(result), err=True)  # the last line: what the evaluation is for
+
+
+def final_line(result: dict) -> str:
+    """``test error 2.01% (alpha=3, l2=1e-05, refit on train+valid; 124 s)``."""
+    from ksae_cupy.evaluation.features import _fmt_alpha
+
+    block = result["features"] if "features" in result else result
+    selected = block["selected"]
+    alpha = f"alpha={_fmt_alpha(selected['alpha'])}, " if selected.get("alpha") is not None else ""
+    seconds = f"; {result['seconds']:.0f} s" if "seconds" in result else ""
+    return f"test error {100 * block['test_error']:.2f}% ({alpha}l2={selected['l2']:g}, refit on {block['refit']}{seconds})"
 
 
 @contextlib.contextmanager

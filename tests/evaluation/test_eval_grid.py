@@ -56,19 +56,51 @@ def test_fits_side_by_side_give_the_same_trials_as_one_at_a_time(run_and_data):
     assert without_seconds(two["features"]["trials"]) == without_seconds(one["features"]["trials"])
     assert two["features"]["test_error"] == one["features"]["test_error"]
     assert any("2 side by side" in line for line in lines), lines
-    # One progress line per fit, numbered, each but the last with an estimate of the time left.
+    # One progress line per fit, numbered, each but the last with an estimate of the time left (the refit's
+    # included: the last grid fit says it too); the last says the total.
     fit_lines = [line for line in lines if line.lstrip().startswith("fit ")]
-    assert [line.split()[1] for line in fit_lines] == [f"{i}/7" for i in range(1, 8)]
+    total = len(two["features"]["trials"]) + 1
+    assert [line.split()[1] for line in fit_lines] == [str(i) for i in range(1, total + 1)]
+    assert fit_lines[-1].split()[:4] == ["fit", str(total), "of", str(total)] and "refit" in fit_lines[-1]
     assert all("left" in line for line in fit_lines[:-1]) and "left" not in fit_lines[-1]
 
 
 def test_each_alpha_walks_the_l2_path_warm_started(run_and_data, monkeypatch):
     run, data = run_and_data
     warm = counting_fits(monkeypatch)
-    evaluate.evaluate_run(run, alphas=[1, 2], l2_grid=[1e-4, 1e-2, 1e-3], dataset=data, log=lambda *_: None,
-                          l2_extend=0)
-    # Per alpha: the strongest L2 from zero, the two weaker ones from the fit before; then the refit.
-    assert warm == [False, True, True, False, True, True, True]
+    result = evaluate.evaluate_run(run, alphas=[1, 2], l2_grid=[1e-4, 1e-2, 1e-3], dataset=data,
+                                   log=lambda *_: None, l2_extend=0)
+    trials = result["features"]["trials"]
+    # Each alpha starts from zero at the grid's middle (1e-3), then walks from its best so far, warm-started;
+    # the refit warm-starts from the chosen fit.
+    assert [(t["alpha"], t["l2"]) for t in trials][:2] in ([(1, 1e-2), (1, 1e-3)], [(1, 1e-3), (1, 1e-4)])
+    assert warm == [False, False] + [True] * (len(trials) - 2) + [True]
+
+
+def test_the_walk_skips_a_value_that_cannot_beat_the_best_if_the_error_is_convex():
+    def fits(**errors):  # {l2: (trial, model)} from valid errors by name
+        values = {"s": 1e-3, "m": 1e-4, "w": 1e-5}
+        return {values[name]: (evaluate.Trial(1, values[name], e, 0, 1, True, 0), f"model {name}")
+                for name, e in errors.items()}
+
+    lattice = [1e-3, 1e-4, 1e-5]
+    # The start (1e-4) alone: its weaker neighbour first, warm-started from it.
+    assert evaluate._next_step(1, fits(m=0.30), lattice, 0.10) == (1, 1e-5, "model m")
+    # Weaker was worse: the stronger neighbour is at least 0.30 - (0.35 - 0.30) = 0.25 ...
+    assert evaluate._next_step(1, fits(m=0.30, w=0.35), lattice, 0.25) is None  # ... which cannot beat 0.25
+    assert evaluate._next_step(1, fits(m=0.30, w=0.35), lattice, 0.26) == (1, 1e-3, "model m")
+    # Weaker was better and is the lattice's end: done; both neighbours tried: done.
+    assert evaluate._next_step(1, fits(m=0.30, w=0.20), lattice, 0.20) is None
+    assert evaluate._next_step(1, fits(s=0.4, m=0.30, w=0.35), lattice, 0.30) is None
+    # A tie keeps the stronger L2 as the alpha's best.
+    assert evaluate._next_step(1, fits(m=0.30, w=0.30), lattice, 0.29) is None
+
+
+def test_the_lattice_adds_exact_decades_beyond_each_edge():
+    assert evaluate.l2_lattice([1e-4, 1e-3, 1e-5], 2) == [0.1, 0.01, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7]
+    assert evaluate.l2_lattice([1e-3, 1e-5], 0) == [1e-3, 1e-5]
+    assert evaluate.l2_lattice([1e-3], 3) == [1e-3]  # one value: a fixed L2
+    assert evaluate.l2_lattice([1e-3, 0.0], 1) == [1e-2, 1e-3, 0.0]  # nothing weaker than 0
 
 
 def test_an_unconverged_fit_is_a_warning_line(run_and_data):
@@ -94,13 +126,26 @@ def test_ctrl_c_keeps_the_finished_fits_and_a_rerun_continues_from_them(run_and_
     assert (run / grid.FITS_FILE).is_file() and not (run / "eval.json").exists()
     calls = counting_fits(monkeypatch)
     resumed = evaluate.evaluate_run(run, **grid_args)
-    assert len(calls) == 3  # the two fits left of alpha 2, and the refit
-    assert calls[0] is True  # alpha 2's second L2 warm-starts from its stored first
+    assert len(calls) == len(resumed["features"]["trials"]) + 1 - 4  # the fits left, and the refit
+    assert all(calls)  # each warm-starts from a stored (or new) fit
     assert not (run / grid.FITS_FILE).exists()  # the report holds everything now
     monkeypatch.undo()
     fresh = evaluate.evaluate_run(run, **grid_args)
     assert without_seconds(resumed["features"]["trials"]) == without_seconds(fresh["features"]["trials"])
     assert resumed["features"]["test_error"] == fresh["features"]["test_error"]
+
+
+def test_fits_of_another_protocol_are_not_reused(run_and_data, monkeypatch):
+    run, data = run_and_data
+    grid_args = dict(alphas=[1], l2_grid=[1e-2, 1e-3], dataset=data, log=lambda *_: None, l2_extend=0)
+    counting_fits(monkeypatch, stop_after=1)
+    with pytest.raises(grid.EvaluationInterrupted):
+        evaluate.evaluate_run(run, **grid_args)
+    monkeypatch.setattr(evaluate, "PROTOCOL", evaluate.PROTOCOL + 1)  # e.g. a later release's walk
+    calls = counting_fits(monkeypatch)
+    result = evaluate.evaluate_run(run, **grid_args)
+    assert len(calls) == len(result["features"]["trials"]) + 1  # the kept fit was made again
+    assert result["protocol"] == evaluate.PROTOCOL
 
 
 def test_fits_of_another_checkpoint_are_not_reused(run_and_data, monkeypatch):
