@@ -158,7 +158,8 @@ def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid"
 
     Each alpha walks the L2 values (:func:`l2_lattice`: the grid, and ``extend`` decades beyond each
     edge) in rounds, all alphas side by side: first the grid's middle value (the stronger of two
-    middles), then its weaker neighbour; from then on the next value beyond the alpha's best so far,
+    middles; the first alpha from zero, then the others warm-started from its fit), then its weaker
+    neighbour; from then on the next value beyond the alpha's best so far,
     warm-started from that best fit. An alpha stops when both neighbours of its best are tried, or
     when the untried one cannot beat the best of every alpha so far if the validation error is
     convex in log L2: next >= best_alpha - (other_neighbour - best_alpha). The full grid (the
@@ -230,16 +231,21 @@ def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid"
                                    f"{trial.seconds:.1f}s)", model.seconds)
         fits[alpha][l2] = (trial, model)
 
-    tasks = [(alpha, start_l2, None) for alpha in alphas]
-    while tasks:
+    tasks = [(alphas[0], start_l2, None)]  # the first alpha from zero; the others start from its fit (a third
+    while tasks:                            # fewer passes than from zero: the codes of two alphas overlap)
         best, _ = _best(fits, alphas)
-        progress.start_round([alpha for alpha, _, _ in tasks], _later(fits, tasks, lattice),
+        now = [alpha for alpha, _, _ in tasks]
+        sure = tasks + [(alpha, start_l2, None) for alpha in alphas if not fits[alpha] and alpha not in now]
+        progress.start_round([alpha for alpha, _, _ in sure], _later(fits, sure, lattice),
                              best.alpha if best is not None else tasks[0][0])
         try:
             grid.run_chains(step, tasks, workers, stop)
         except (KeyboardInterrupt, classifier.FitStopped):
             raise grid.EvaluationInterrupted(*_kept(store)) from None
         best, _ = _best(fits, alphas)
+        if any(not fits[alpha] for alpha in alphas):
+            tasks = [(alpha, start_l2, fits[alphas[0]][start_l2][1]) for alpha in alphas if not fits[alpha]]
+            continue
         tasks = [task for alpha in alphas if (task := _next_step(alpha, fits[alpha], lattice, best.valid_error))]
     best, best_model = _best(fits, alphas)
     _say_edge(best, fits[best.alpha], lattice, grid_values, log)
