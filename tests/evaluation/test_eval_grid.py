@@ -285,3 +285,29 @@ def test_fits_made_with_other_labels_are_not_reused(run_and_data, monkeypatch):
     calls = counting_fits(monkeypatch)
     evaluate.evaluate_run(run, dataset=data, **grid_args)
     assert len(calls) == 3
+
+
+def test_command_ends_with_the_test_error_and_its_warnings_name_max_iter(synthetic_run):
+    args = [str(synthetic_run), "--alphas", "1", "--l2", "1e-5", "--device", "cpu", "--threads", "1"]
+    capped = CliRunner().invoke(eval_command, [*args, "--max-iter", "2"])
+    assert capped.exit_code == 0, capped.output
+    saved = json.loads((synthetic_run / "eval.json").read_text())
+    last = capped.stderr.rstrip().splitlines()[-1]
+    assert last.startswith(f"test error {100 * saved['features']['test_error']:.2f}% (alpha=1, l2=1e-05, refit on")
+    warnings = [line for line in capped.stderr.splitlines() if "warning:" in line]
+    assert len(warnings) == 2 and all("reached --max-iter 2 before converging" in w for w in warnings), warnings
+    assert "the chosen fit (alpha=1 l2=1e-05)" in warnings[0] and "the refit" in warnings[1]
+    assert "at the cap, not converged" in capped.stderr  # the fit's own progress line
+    converged = CliRunner().invoke(eval_command, args)
+    assert converged.exit_code == 0 and "warning:" not in converged.stderr  # control: converged fits say nothing
+
+
+def test_early_stopping_reaches_its_cap_without_a_warning(run_and_data):
+    _, data = run_and_data
+    lines = []
+    capped = evaluate.select_and_test(lambda alpha, X: X, data, [None], [1e-6], max_iter=2, log=lines.append,
+                                      early_stop=True)
+    assert not capped["trials"][0]["converged"]
+    assert not any("warning:" in line for line in lines) and any("(the cap)" in line for line in lines)
+    evaluate.select_and_test(lambda alpha, X: X, data, [None], [1e-6], max_iter=2, log=lines.append)
+    assert any("warning:" in line for line in lines)  # control: the same fits warn when the cap is no regulariser
