@@ -231,8 +231,10 @@ def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid"
                                    f"{trial.seconds:.1f}s)", model.seconds)
         fits[alpha][l2] = (trial, model)
 
-    tasks = [(alphas[0], start_l2, None)]  # the first alpha from zero; the others start from its fit (a third
-    while tasks:                            # fewer passes than from zero: the codes of two alphas overlap)
+    # The first alpha starts from zero, the others from its fit: a third fewer passes than from zero (the
+    # codes of two alphas share most of their units).
+    tasks = [(alphas[0], start_l2, None)]
+    while tasks:
         best, _ = _best(fits, alphas)
         now = [alpha for alpha, _, _ in tasks]
         sure = tasks + [(alpha, start_l2, None) for alpha in alphas if not fits[alpha] and alpha not in now]
@@ -247,6 +249,9 @@ def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid"
             tasks = [(alpha, start_l2, fits[alphas[0]][start_l2][1]) for alpha in alphas if not fits[alpha]]
             continue
         tasks = [task for alpha in alphas if (task := _next_step(alpha, fits[alpha], lattice, best.valid_error))]
+        walking = {alpha for alpha, _, _ in tasks} | {best.alpha}  # codes still needed: the walks' and the refit's
+        for alpha in [alpha for alpha in features if alpha not in walking]:
+            del features[alpha]
     best, best_model = _best(fits, alphas)
     _say_edge(best, fits[best.alpha], lattice, grid_values, log)
     trials = [fits[alpha][l2][0] for alpha in alphas for l2 in lattice if l2 in fits[alpha]]
