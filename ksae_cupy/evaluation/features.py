@@ -238,7 +238,11 @@ def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid"
         best, _ = _best(fits, alphas)
         now = [alpha for alpha, _, _ in tasks]
         sure = tasks + [(alpha, start_l2, None) for alpha in alphas if not fits[alpha] and alpha not in now]
-        progress.start_round([alpha for alpha, _, _ in sure], _later(fits, sure, lattice),
+        later = _later(fits, sure, lattice)
+        # After its start, an alpha always tries the weaker neighbour: that fit is sure to come too.
+        after_start = [alpha for alpha, l2, _ in sure if l2 == start_l2 and not fits[alpha] and later[alpha]]
+        progress.start_round([alpha for alpha, _, _ in sure] + after_start,
+                             {alpha: n - (alpha in after_start) for alpha, n in later.items()},
                              best.alpha if best is not None else tasks[0][0])
         try:
             grid.run_chains(step, tasks, workers, stop)

@@ -112,7 +112,7 @@ class FitStore:
 
 
 class GridProgress:
-    """One line per fit, ``fit 5 of 9 (at most 11) ...; about 40 s left (at most 1 min)``.
+    """One line per fit, ``fit 5 of 9 (at most 11) ...; 40 s to 70 s left``.
 
     The fits still to come are those of the walk's current round, the refit, and at most
     ``later`` more (the steps the walk may still take, :func:`~ksae_cupy.evaluation.features.select_and_test`).
@@ -124,7 +124,7 @@ class GridProgress:
     def __init__(self, workers: int, log, refit_scale: float = 1.0):
         self.workers, self.log, self.refit_scale = max(1, workers), log, refit_scale
         self.done = 0
-        self.round_left: list = []  # alphas of this round's fits not yet finished
+        self.round_left: list = []  # alphas of the fits sure to come (this round's, and some of the next)
         self.later: dict = {}  # alpha -> fits it may still make after this round
         self.refit_alpha, self.refit_left = None, True
         self._seconds: dict = {}  # alpha -> seconds of its finished fits
@@ -176,8 +176,9 @@ class GridProgress:
         refit_s = (self._estimate(self.refit_alpha) or 0.0) * self.refit_scale if self.refit_left else 0.0
         later_s = sum((self._estimate(alpha) or 0.0) * n for alpha, n in self.later.items())
         low, high = round_s + refit_s, round_s + refit_s + later_s / max(1, min(self.workers, len(self.later)))
-        most = f" (at most {format_seconds(high)})" if format_seconds(high) != format_seconds(low) else ""
-        return f"; about {format_seconds(low)} left{most}"
+        if format_seconds(high) == format_seconds(low):
+            return f"; about {format_seconds(low)} left"
+        return f"; {format_seconds(low)} to {format_seconds(high)} left"  # the walk decides how far it goes
 
     def say(self, line: str) -> None:
         with self._lock:

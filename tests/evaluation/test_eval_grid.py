@@ -311,3 +311,17 @@ def test_early_stopping_reaches_its_cap_without_a_warning(run_and_data):
     assert not any("warning:" in line for line in lines) and any("(the cap)" in line for line in lines)
     evaluate.select_and_test(lambda alpha, X: X, data, [None], [1e-6], max_iter=2, log=lines.append)
     assert any("warning:" in line for line in lines)  # control: the same fits warn when the cap is no regulariser
+
+
+def test_time_left_counts_the_refit_and_ranges_to_what_the_walk_may_add():
+    lines = []
+    progress = grid.GridProgress(1, lines.append, refit_scale=1.2)
+    progress.start_round([1, 2], {1: 2, 2: 0}, refit_alpha=1)  # this round: alphas 1 and 2; alpha 1 may fit 2 more
+    progress.fitted(1, "a", 10.0)
+    # Left: alpha 2's fit (10 s, the mean so far) and the refit (alpha 1's 10 s x 1.2); at most 2 x 10 s more.
+    assert lines[-1] == "  fit 1 of 3 (at most 5) a; 22 s to 42 s left"
+    progress.fitted(2, "b", 20.0)
+    assert lines[-1] == "  fit 2 of 3 (at most 5) b; 12 s to 32 s left"
+    progress.start_round([], {}, refit_alpha=1)  # the walk ended: the refit alone
+    progress.refitted("r", 12.0)
+    assert lines[-1] == "  fit 3 of 3 r"
