@@ -117,7 +117,8 @@ def final_line(result: dict) -> str:
     selected = block["selected"]
     alpha = f"alpha={_fmt_alpha(selected['alpha'])}, " if selected.get("alpha") is not None else ""
     seconds = f"; {result['seconds']:.0f} s" if "seconds" in result else ""
-    return f"test error {100 * block['test_error']:.2f}% ({alpha}l2={selected['l2']:g}, refit on {block['refit']}{seconds})"
+    return (f"test error {100 * block['test_error']:.2f}% ({alpha}l2={selected['l2']:g}, "
+            f"refit on {block['refit']}{seconds})")
 
 
 @contextlib.contextmanager

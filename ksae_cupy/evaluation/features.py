@@ -226,9 +226,10 @@ def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid"
                           converged=model.converged, seconds=round(model.seconds, 3))
             if store is not None:
                 store.put(fit_key(alpha, l2), asdict(trial), model)
+            iterations = _iterations(model, max_iter, early_stop)
             progress.fitted(alpha, f"{what}: valid error {100 * trial.valid_error:.2f}% "
-                                   f"(train {100 * trial.train_error:.2f}%, {_iterations(model, max_iter, early_stop)}, "
-                                   f"{trial.seconds:.1f}s)", model.seconds)
+                                   f"(train {100 * trial.train_error:.2f}%, {iterations}, {trial.seconds:.1f}s)",
+                            model.seconds)
         fits[alpha][l2] = (trial, model)
 
     # The first alpha starts from zero, the others from its fit: a third fewer passes than from zero (the
