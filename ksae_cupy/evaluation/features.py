@@ -73,7 +73,8 @@ def top_units(params, X_nd, kept: int, topk_method: str = "sort", backend: Backe
         if topk_method != "sort" or activation != "linear":  # rows not yet in descending order of value
             by_unit_nk = xp.argsort(idx_nk, axis=1)
             idx_nk, val_nk = (xp.take_along_axis(a_nk, by_unit_nk, axis=1) for a_nk in (idx_nk, val_nk))
-            by_value_nk = xp.argsort(-val_nk, axis=1, kind="stable")
+            stable = {"kind": "stable"} if xp is np else {}  # CuPy's sort is always stable
+            by_value_nk = xp.argsort(-val_nk, axis=1, **stable)
             idx_nk, val_nk = (xp.take_along_axis(a_nk, by_value_nk, axis=1) for a_nk in (idx_nk, val_nk))
         idx_parts.append(idx_nk)
         val_parts.append(val_nk)
