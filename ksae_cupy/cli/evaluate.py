@@ -21,14 +21,17 @@ from ksae_cupy.errors import KsaeError
 @version_option
 @click.argument("run_dir", type=RUN_DIR)
 @click.option("--alphas", default="1,2,3,4", help="Comma-separated alpha values; features keep the alpha*k largest units.")
-@click.option("--l2", "l2_text", default="1e-3,1e-4,1e-5", help="Comma-separated L2 strengths of the classifier.")
+@click.option("--l2", "l2_text", default="1e-3,1e-4,1e-5",
+              help="Comma-separated L2 strengths of the classifier: each alpha starts at the middle one and walks "
+                   "towards lower validation error.")
 @click.option("--l2-extend", type=int, default=3, show_default=True,
-              help="While the best L2 is the grid's weakest (or strongest), try a decade beyond it, at most this "
-                   "many each way (0: the grid as given).")
+              help="Decades the walk may go beyond the grid's weakest (or strongest) L2 while its best lies there "
+                   "(0: within the grid).")
 @click.option("--refit", type=click.Choice(["train+valid", "train"]), default="train+valid",
               help="Data the classifier is refit on once alpha and L2 are chosen on the validation set.")
 @click.option("--raw-baseline", is_flag=True, help="Also run the raw-pixel baseline through the same classifier.")
-@click.option("--max-iter", type=int, default=500, help="L-BFGS iterations per classifier fit (at most).")
+@click.option("--max-iter", type=int, default=500, show_default=True,
+              help="L-BFGS iterations per classifier fit (at most).")
 @click.option("--linear-svm", is_flag=True,
               help="Also bracket the classifier: a linear SVM (C chosen on validation) at the chosen alpha, fit on "
                    "the training set and refit on training + validation (needs scikit-learn).")
@@ -44,9 +47,12 @@ def eval_command(run_dir, alphas, l2_text, l2_extend, refit, raw_baseline, max_i
                  quiet, **data):
     """Classify with logistic regression on supp_{alpha k}(W^T x + b) features (paper, section 4.5).
 
-    For every alpha and L2 the classifier is fit on the training set and judged on the
-    validation set; the best pair is refit and the test error is measured once. Writes
-    RUN_DIR/eval.json and RUN_DIR/eval.md and prints the Markdown summary.
+    For each alpha the classifier is fit on the training set at the --l2 grid's middle value
+    and judged on the validation set, then at the next value beyond that alpha's best, until
+    the best has a worse value on both sides (or one that cannot win if the validation error
+    is convex in log L2). The best pair is refit and the test error is measured once. Writes
+    RUN_DIR/eval.json and RUN_DIR/eval.md and prints the Markdown summary; the last line is
+    the test error.
 
     Each finished fit is kept in RUN_DIR/eval-fits.npz until the report is written: after
     Ctrl-C, the same command continues from the fits already made.
@@ -91,7 +97,7 @@ def eval_command(run_dir, alphas, l2_text, l2_extend, refit, raw_baseline, max_i
                 result = evaluate_run(run_dir, alpha_list, l2_list, refit=refit, raw_baseline=raw_baseline,
                                       backend=backend, data_root=data_dir, max_iter=max_iter, linear_svm=linear_svm,
                                       log=log, data_overrides=data_overrides(data), workers=workers,
-                                      l2_extend=l2_extend)
+                                      l2_extend=l2_extend, max_iter_name="--max-iter")
         except (EvaluationInterrupted, KeyboardInterrupt) as exc:
             kept = Path(run_dir) / FITS_FILE
             message = str(exc) if isinstance(exc, EvaluationInterrupted) else (
@@ -102,6 +108,19 @@ def eval_command(run_dir, alphas, l2_text, l2_extend, refit, raw_baseline, max_i
     report = baseline_eval.markdown_report if "model" in result else markdown_report
     click.echo(report(result), nl=False)
     click.echo(f"wrote {Path(run_dir) / 'eval.json'} and {Path(run_dir) / 'eval.md'}", err=True)
+    click.echo(final_line(result), err=True)  # the last line: what the evaluation is for
+
+
+def final_line(result: dict) -> str:
+    """``test error 2.01% (alpha=3, l2=1e-05, refit on train+valid; 124 s)``."""
+    from ksae_cupy.evaluation.features import _fmt_alpha
+
+    block = result["features"] if "features" in result else result
+    selected = block["selected"]
+    alpha = f"alpha={_fmt_alpha(selected['alpha'])}, " if selected.get("alpha") is not None else ""
+    seconds = f"; {result['seconds']:.0f} s" if "seconds" in result else ""
+    return (f"test error {100 * block['test_error']:.2f}% ({alpha}l2={selected['l2']:g}, "
+            f"refit on {block['refit']}{seconds})")
 
 
 @contextlib.contextmanager

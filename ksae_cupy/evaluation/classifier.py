@@ -11,10 +11,14 @@ classifier trained on them. Parameters: weights ``W_hc`` (H features, C classes)
     dW_hc = X_nh^T (P_nc - Y_nc) / N + l2 W_hc ,    db_c = sum_n (P_nc - Y_nc) / N
 
 Optimiser: full-batch L-BFGS (``scipy.optimize.minimize``). The objective is smooth and
-strictly convex for l2 > 0, so a quasi-Newton method converges to the optimum in a few
-hundred passes, with no learning rate or schedule to tune -- which matters here, because
+strictly convex for l2 > 0, so a quasi-Newton method converges to the optimum in a hundred
+or so passes, with no learning rate or schedule to tune -- which matters here, because
 the L2 strength is chosen on validation error and an under-converged classifier would
-confound that choice. Loss and gradient are computed by the array module of the features
+confound that choice. L-BFGS keeps :data:`HISTORY` = 100 gradient pairs, not SciPy's 10
+(or the 20 used here until 2026-11-27): the weakly regularised fits are ill-conditioned, and
+the longer memory reaches the same optimum in half the passes (measured on MNIST codes,
+k = 25, alpha = 3: 1015 passes over the L2 path 1e-3 .. 1e-6 with 20 pairs, 461 with 100),
+for 16 MB of history at 1000 units. Loss and gradient are computed by the array module of the features
 (NumPy, or CuPy on a GPU); only the (H+1)*C parameter vector crosses to the host per step.
 """
 from __future__ import annotations
@@ -51,19 +55,21 @@ def loss_and_grads(W_hc, b_c, X_nh, y_n, l2: float):
     """
     xp = array_module(X_nh)
     N = X_nh.shape[0]
-    L_nc = X_nh @ W_hc + b_c
-    L_nc -= L_nc.max(axis=1, keepdims=True)  # stable softmax: shift by the row maximum
-    E_nc = xp.exp(L_nc)
-    S_n = E_nc.sum(axis=1)
-    rows_n = xp.arange(N)
-    nll = float(xp.sum(xp.log(S_n).astype(np.float64)) - xp.sum(L_nc[rows_n, y_n].astype(np.float64))) / N
+    # Class-major (C, N) logits: the per-row max and sum then run along contiguous rows of N, which is
+    # 20x faster than along rows of C = 10 (they were a fifth of a fit's time).
+    L_cn = xp.ascontiguousarray((X_nh @ W_hc + b_c).T)
+    L_cn -= L_cn.max(axis=0)  # stable softmax: shift by each example's maximum
+    E_cn = xp.exp(L_cn)
+    S_n = E_cn.sum(axis=0)
+    flat_n = xp.asarray(y_n) * N + xp.arange(N)  # each example's label entry in the flattened (C, N) arrays
+    nll = float(xp.log(S_n).sum(dtype=np.float64) - L_cn.ravel().take(flat_n).sum(dtype=np.float64)) / N
     loss = nll + 0.5 * l2 * float(xp.vdot(W_hc, W_hc))
-    # P - Y, already divided by N: the gradient of the mean loss with respect to the logits.
-    G_nc = E_nc / S_n[:, None]
-    G_nc[rows_n, y_n] -= 1
-    G_nc /= N
-    dW_hc = X_nh.T @ G_nc + l2 * W_hc
-    return loss, dW_hc, G_nc.sum(axis=0)
+    # P - Y, already divided by N: the gradient of the mean loss with respect to the logits (in E's memory).
+    G_cn = E_cn
+    G_cn /= S_n * N
+    G_cn.ravel()[flat_n] -= 1.0 / N
+    dW_hc = X_nh.T @ xp.ascontiguousarray(G_cn.T) + l2 * W_hc
+    return loss, dW_hc, G_cn.sum(axis=1)
 
 
 def check_labels(y_n, n_classes: int) -> None:
@@ -73,17 +79,26 @@ def check_labels(y_n, n_classes: int) -> None:
         raise KsaeError(f"labels must lie in [0, {n_classes}); got range [{y_host.min()}, {y_host.max()}]")
 
 
+HISTORY = 100  # L-BFGS correction pairs kept (scipy's maxcor)
+TOL = 1e-5  # largest gradient entry at which a fit has converged (scipy's gtol; scikit-learn's default: 1e-4)
+# ... or one iteration lowered the loss by less than this (relative, absolute below a loss of 1: scipy's ftol,
+# its default). Looser, it stops a warm-started fit of small loss after an iteration or two, unconverged.
+FTOL = 2.2e-9
+
+
 class FitStopped(Exception):
     """Raised out of :func:`fit` when its ``should_stop()`` turned true (Ctrl-C elsewhere)."""
 
 
-def fit(X_nh, y_n, n_classes: int, l2: float, max_iter: int = 500, tol: float = 1e-6,
+def fit(X_nh, y_n, n_classes: int, l2: float, max_iter: int = 500, tol: float = TOL, ftol: float = FTOL,
         init: SoftmaxModel | None = None, should_stop=None) -> SoftmaxModel:
     """Fit by full-batch L-BFGS; ``init`` warm-starts from another fit (e.g. a nearby l2).
 
-    Stops when the projected gradient's largest entry falls below ``tol`` or the relative
-    decrease of the loss is below machine precision (scipy's ``gtol`` / ``ftol``), or after
-    ``max_iter`` iterations. Runs where ``X_nh`` lives (NumPy or CuPy). ``should_stop()``,
+    Stops when the projected gradient's largest entry falls below ``tol`` or one iteration
+    lowers the loss by less than the fraction ``ftol`` (scipy's ``gtol`` / ``ftol``), or after
+    ``max_iter`` iterations. (Until 2026-11-27 ``tol`` was 1e-6: 1e-5 stops where the validation
+    error no longer moves -- on MNIST codes, k = 25, alpha = 3, within 0.01 point at L2 >= 1e-5
+    -- in two thirds of the passes.) Runs where ``X_nh`` lives (NumPy or CuPy). ``should_stop()``,
     asked before every pass over the data, abandons the fit with :class:`FitStopped` (a fit
     in a worker thread cannot be interrupted any other way).
     """
@@ -112,7 +127,7 @@ def fit(X_nh, y_n, n_classes: int, l2: float, max_iter: int = 500, tol: float = 
     theta0 = np.zeros(H * C + C) if init is None else np.concatenate([init.W_hc.ravel(), init.b_c])
     start = time.perf_counter()
     result = minimize(objective, theta0, jac=True, method="L-BFGS-B",
-                      options={"maxiter": max_iter, "gtol": tol, "maxcor": 20})
+                      options={"maxiter": max_iter, "gtol": tol, "ftol": ftol, "maxcor": HISTORY})
     theta = np.asarray(result.x, dtype=np.float64)
     return SoftmaxModel(
         W_hc=theta[: H * C].reshape(H, C).astype(dtype), b_c=theta[H * C:].astype(dtype), l2=float(l2),

@@ -10,7 +10,8 @@ disk, fits run side by side, and a progress line per fit.
   fit warm-started from the last) on ``workers`` threads. The classifier's time goes to
   SciPy's sparse products and NumPy, which release the GIL, so threads run in parallel
   and share the features without copies.
-* :class:`GridProgress` prints one line per fit with an estimate of the time left.
+* :class:`GridProgress` prints one line per fit with an estimate of the time left, the refit and
+  the fits the walk may still make included.
 """
 from __future__ import annotations
 
@@ -113,28 +114,73 @@ class FitStore:
 
 
 class GridProgress:
-    """One line per fit: ``fit 5/13 ...; about 40 s left`` (mean time of the fits made so far,
-    times those left, divided by the fits running side by side)."""
+    """One line per fit, ``fit 5 of 9 (at most 11) ...; 40 s to 70 s left``.
 
-    def __init__(self, total: int, workers: int, log):
-        self.total, self.workers, self.log = total, max(1, workers), log
-        self.done, self.made_seconds, self.made = 0, 0.0, 0
+    The fits still to come are those of the walk's current round, the refit, and at most
+    ``later`` more (the steps the walk may still take, :func:`~ksae_cupy.evaluation.features.select_and_test`).
+    Each is estimated at the mean time of the fits made so far on the same alpha (the codes of a
+    larger alpha cost more per pass), the refit at its alpha's mean scaled by its rows; a round's
+    fits run ``workers`` side by side.
+    """
+
+    def __init__(self, workers: int, log, refit_scale: float = 1.0):
+        self.workers, self.log, self.refit_scale = max(1, workers), log, refit_scale
+        self.done = 0
+        self.round_left: list = []  # alphas of the fits sure to come (this round's, and some of the next)
+        self.later: dict = {}  # alpha -> fits it may still make after this round
+        self.refit_alpha, self.refit_left = None, True
+        self._seconds: dict = {}  # alpha -> seconds of its finished fits
         self._lock = threading.Lock()
 
-    def reused(self, n: int = 1) -> None:
+    def start_round(self, alphas: list, later: dict, refit_alpha) -> None:
         with self._lock:
-            self.done += n
+            self.round_left, self.later, self.refit_alpha = list(alphas), dict(later), refit_alpha
 
-    def fitted(self, line: str, seconds: float) -> None:
+    def reused(self, alpha) -> None:
         with self._lock:
             self.done += 1
-            self.made += 1
-            self.made_seconds += seconds
-            left = self.total - self.done
-            eta = ""
-            if left > 0:
-                eta = f"; about {format_seconds(self.made_seconds / self.made * left / min(self.workers, left))} left"
-            self.log(f"  fit {self.done}/{self.total} {line}{eta}")
+            self._finish(alpha)
+
+    def fitted(self, alpha, line: str, seconds: float) -> None:
+        with self._lock:
+            self.done += 1
+            self._seconds.setdefault(alpha, []).append(seconds)
+            self._finish(alpha)
+            self.log(f"  fit {self.done}{self._counts()} {line}{self._eta()}")
+
+    def refitted(self, line: str, seconds: float) -> None:
+        with self._lock:
+            self.done += 1
+            self.refit_left = False
+            self.log(f"  fit {self.done} of {self.done} {line}")
+
+    def _finish(self, alpha) -> None:
+        if alpha in self.round_left:
+            self.round_left.remove(alpha)
+
+    def _counts(self) -> str:
+        sure = self.done + len(self.round_left) + self.refit_left
+        most = sure + sum(self.later.values())
+        return f" of {sure}" + (f" (at most {most})" if most > sure else "")
+
+    def _estimate(self, alpha) -> float | None:
+        own = self._seconds.get(alpha)
+        every = [s for seconds in self._seconds.values() for s in seconds]
+        if not every:
+            return None
+        return sum(own) / len(own) if own else sum(every) / len(every)
+
+    def _eta(self) -> str:
+        if not self.round_left and not self.refit_left:
+            return ""
+        side_by_side = max(1, min(self.workers, len(self.round_left)))
+        round_s = sum(self._estimate(alpha) or 0.0 for alpha in self.round_left) / side_by_side
+        refit_s = (self._estimate(self.refit_alpha) or 0.0) * self.refit_scale if self.refit_left else 0.0
+        later_s = sum((self._estimate(alpha) or 0.0) * n for alpha, n in self.later.items())
+        low, high = round_s + refit_s, round_s + refit_s + later_s / max(1, min(self.workers, len(self.later)))
+        if format_seconds(high) == format_seconds(low):
+            return f"; about {format_seconds(low)} left"
+        return f"; {format_seconds(low)} to {format_seconds(high)} left"  # the walk decides how far it goes
 
     def say(self, line: str) -> None:
         with self._lock:

@@ -102,7 +102,7 @@ def run_variants(run_dir, variants, alphas, l2_grid, max_iter: int = 500, backen
         encode = make_encoder(variant, run.params, run.k, topk_method, backend, dataset.X_train, activation)
         if variant.startswith("early-stop-"):
             outcome = select_and_test(encode, dataset, alphas, [EARLY_STOP_L2], max_iter=int(variant.split("-")[-1]),
-                                      backend=backend, log=log)
+                                      backend=backend, log=log, early_stop=True)
         else:
             outcome = select_and_test(encode, dataset, alphas, l2_grid, max_iter=max_iter, backend=backend, log=log)
         rows.append({"variant": variant, "alpha": outcome["selected"]["alpha"], "l2": outcome["selected"]["l2"],

@@ -56,19 +56,51 @@ def test_fits_side_by_side_give_the_same_trials_as_one_at_a_time(run_and_data):
     assert without_seconds(two["features"]["trials"]) == without_seconds(one["features"]["trials"])
     assert two["features"]["test_error"] == one["features"]["test_error"]
     assert any("2 side by side" in line for line in lines), lines
-    # One progress line per fit, numbered, each but the last with an estimate of the time left.
+    # One progress line per fit, numbered, each but the last with an estimate of the time left (the refit's
+    # included: the last grid fit says it too); the last says the total.
     fit_lines = [line for line in lines if line.lstrip().startswith("fit ")]
-    assert [line.split()[1] for line in fit_lines] == [f"{i}/7" for i in range(1, 8)]
+    total = len(two["features"]["trials"]) + 1
+    assert [line.split()[1] for line in fit_lines] == [str(i) for i in range(1, total + 1)]
+    assert fit_lines[-1].split()[:4] == ["fit", str(total), "of", str(total)] and "refit" in fit_lines[-1]
     assert all("left" in line for line in fit_lines[:-1]) and "left" not in fit_lines[-1]
 
 
 def test_each_alpha_walks_the_l2_path_warm_started(run_and_data, monkeypatch):
     run, data = run_and_data
     warm = counting_fits(monkeypatch)
-    evaluate.evaluate_run(run, alphas=[1, 2], l2_grid=[1e-4, 1e-2, 1e-3], dataset=data, log=lambda *_: None,
-                          l2_extend=0)
-    # Per alpha: the strongest L2 from zero, the two weaker ones from the fit before; then the refit.
-    assert warm == [False, True, True, False, True, True, True]
+    result = evaluate.evaluate_run(run, alphas=[1, 2], l2_grid=[1e-4, 1e-2, 1e-3], dataset=data,
+                                   log=lambda *_: None, l2_extend=0)
+    trials = result["features"]["trials"]
+    # The first alpha starts from zero at the grid's middle (1e-3), the second from its fit; then each walks
+    # from its best so far, warm-started; the refit warm-starts from the chosen fit.
+    assert [(t["alpha"], t["l2"]) for t in trials][:2] in ([(1, 1e-2), (1, 1e-3)], [(1, 1e-3), (1, 1e-4)])
+    assert warm == [False] + [True] * (len(trials) - 1) + [True]
+
+
+def test_the_walk_skips_a_value_that_cannot_beat_the_best_if_the_error_is_convex():
+    def fits(**errors):  # {l2: (trial, model)} from valid errors by name
+        values = {"s": 1e-3, "m": 1e-4, "w": 1e-5}
+        return {values[name]: (evaluate.Trial(1, values[name], e, 0, 1, True, 0), f"model {name}")
+                for name, e in errors.items()}
+
+    lattice = [1e-3, 1e-4, 1e-5]
+    # The start (1e-4) alone: its weaker neighbour first, warm-started from it.
+    assert evaluate._next_step(1, fits(m=0.30), lattice, 0.10) == (1, 1e-5, "model m")
+    # Weaker was worse: the stronger neighbour is at least 0.30 - (0.35 - 0.30) = 0.25 ...
+    assert evaluate._next_step(1, fits(m=0.30, w=0.35), lattice, 0.25) is None  # ... which cannot beat 0.25
+    assert evaluate._next_step(1, fits(m=0.30, w=0.35), lattice, 0.26) == (1, 1e-3, "model m")
+    # Weaker was better and is the lattice's end: done; both neighbours tried: done.
+    assert evaluate._next_step(1, fits(m=0.30, w=0.20), lattice, 0.20) is None
+    assert evaluate._next_step(1, fits(s=0.4, m=0.30, w=0.35), lattice, 0.30) is None
+    # A tie keeps the stronger L2 as the alpha's best.
+    assert evaluate._next_step(1, fits(m=0.30, w=0.30), lattice, 0.29) is None
+
+
+def test_the_lattice_adds_exact_decades_beyond_each_edge():
+    assert evaluate.l2_lattice([1e-4, 1e-3, 1e-5], 2) == [0.1, 0.01, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7]
+    assert evaluate.l2_lattice([1e-3, 1e-5], 0) == [1e-3, 1e-5]
+    assert evaluate.l2_lattice([1e-3], 3) == [1e-3]  # one value: a fixed L2
+    assert evaluate.l2_lattice([1e-3, 0.0], 1) == [1e-2, 1e-3, 0.0]  # nothing weaker than 0
 
 
 def test_an_unconverged_fit_is_a_warning_line(run_and_data):
@@ -94,13 +126,26 @@ def test_ctrl_c_keeps_the_finished_fits_and_a_rerun_continues_from_them(run_and_
     assert (run / grid.FITS_FILE).is_file() and not (run / "eval.json").exists()
     calls = counting_fits(monkeypatch)
     resumed = evaluate.evaluate_run(run, **grid_args)
-    assert len(calls) == 3  # the two fits left of alpha 2, and the refit
-    assert calls[0] is True  # alpha 2's second L2 warm-starts from its stored first
+    assert len(calls) == len(resumed["features"]["trials"]) + 1 - 4  # the fits left, and the refit
+    assert all(calls)  # each warm-starts from a stored (or new) fit
     assert not (run / grid.FITS_FILE).exists()  # the report holds everything now
     monkeypatch.undo()
     fresh = evaluate.evaluate_run(run, **grid_args)
     assert without_seconds(resumed["features"]["trials"]) == without_seconds(fresh["features"]["trials"])
     assert resumed["features"]["test_error"] == fresh["features"]["test_error"]
+
+
+def test_fits_of_another_protocol_are_not_reused(run_and_data, monkeypatch):
+    run, data = run_and_data
+    grid_args = dict(alphas=[1], l2_grid=[1e-2, 1e-3], dataset=data, log=lambda *_: None, l2_extend=0)
+    counting_fits(monkeypatch, stop_after=1)
+    with pytest.raises(grid.EvaluationInterrupted):
+        evaluate.evaluate_run(run, **grid_args)
+    monkeypatch.setattr(evaluate, "PROTOCOL", evaluate.PROTOCOL + 1)  # e.g. a later release's walk
+    calls = counting_fits(monkeypatch)
+    result = evaluate.evaluate_run(run, **grid_args)
+    assert len(calls) == len(result["features"]["trials"]) + 1  # the kept fit was made again
+    assert result["protocol"] == evaluate.PROTOCOL
 
 
 def test_fits_of_another_checkpoint_are_not_reused(run_and_data, monkeypatch):
@@ -240,3 +285,43 @@ def test_fits_made_with_other_labels_are_not_reused(run_and_data, monkeypatch):
     calls = counting_fits(monkeypatch)
     evaluate.evaluate_run(run, dataset=data, **grid_args)
     assert len(calls) == 3
+
+
+def test_command_ends_with_the_test_error_and_its_warnings_name_max_iter(synthetic_run):
+    args = [str(synthetic_run), "--alphas", "1", "--l2", "1e-5", "--device", "cpu", "--threads", "1"]
+    capped = CliRunner().invoke(eval_command, [*args, "--max-iter", "2"])
+    assert capped.exit_code == 0, capped.output
+    saved = json.loads((synthetic_run / "eval.json").read_text())
+    last = capped.stderr.rstrip().splitlines()[-1]
+    assert last.startswith(f"test error {100 * saved['features']['test_error']:.2f}% (alpha=1, l2=1e-05, refit on")
+    warnings = [line for line in capped.stderr.splitlines() if "warning:" in line]
+    assert len(warnings) == 2 and all("reached --max-iter 2 before converging" in w for w in warnings), warnings
+    assert "the chosen fit (alpha=1 l2=1e-05)" in warnings[0] and "the refit" in warnings[1]
+    assert "at the cap, not converged" in capped.stderr  # the fit's own progress line
+    converged = CliRunner().invoke(eval_command, args)
+    assert converged.exit_code == 0 and "warning:" not in converged.stderr  # control: converged fits say nothing
+
+
+def test_early_stopping_reaches_its_cap_without_a_warning(run_and_data):
+    _, data = run_and_data
+    lines = []
+    capped = evaluate.select_and_test(lambda alpha, X: X, data, [None], [1e-6], max_iter=2, log=lines.append,
+                                      early_stop=True)
+    assert not capped["trials"][0]["converged"]
+    assert not any("warning:" in line for line in lines) and any("(the cap)" in line for line in lines)
+    evaluate.select_and_test(lambda alpha, X: X, data, [None], [1e-6], max_iter=2, log=lines.append)
+    assert any("warning:" in line for line in lines)  # control: the same fits warn when the cap is no regulariser
+
+
+def test_time_left_counts_the_refit_and_ranges_to_what_the_walk_may_add():
+    lines = []
+    progress = grid.GridProgress(1, lines.append, refit_scale=1.2)
+    progress.start_round([1, 2], {1: 2, 2: 0}, refit_alpha=1)  # this round: alphas 1 and 2; alpha 1 may fit 2 more
+    progress.fitted(1, "a", 10.0)
+    # Left: alpha 2's fit (10 s, the mean so far) and the refit (alpha 1's 10 s x 1.2); at most 2 x 10 s more.
+    assert lines[-1] == "  fit 1 of 3 (at most 5) a; 22 s to 42 s left"
+    progress.fitted(2, "b", 20.0)
+    assert lines[-1] == "  fit 2 of 3 (at most 5) b; 12 s to 32 s left"
+    progress.start_round([], {}, refit_alpha=1)  # the walk ended: the refit alone
+    progress.refitted("r", 12.0)
+    assert lines[-1] == "  fit 3 of 3 r"
