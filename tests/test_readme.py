@@ -104,8 +104,9 @@ def test_quick_start_runs_as_written_and_ends_in_a_test_error(tmp_path):
     assert [shape(epoch), shape(done)] == [shape(line) for line in trained], trained
     shown = re.search(r"  dead (\d+\.\d)%  ", epoch)[1]  # the README's three lines tell one figure
     assert dead == dead_units_note(float(shown) / 100, 1000) and f"(dead {shown}%: " in done
-    assert gap == "..." and re.fullmatch(r"test error \d+\.\d\d%", test_error)
-    assert any(re.fullmatch(r"test error \d+\.\d\d%", line) for line in printed + result.stderr.splitlines())
+    last = r"test error \d+\.\d\d% \(alpha=\d+, l2=[\de.+-]+, refit on train\+valid; \d+ s\)"
+    assert gap == "..." and re.fullmatch(last, test_error)
+    assert re.fullmatch(last, result.stderr.splitlines()[-1]), result.stderr.splitlines()[-3:]  # ksae-eval's last line
 
 
 def test_your_own_data_commands_run_as_written(tmp_path):
