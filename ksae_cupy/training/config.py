@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ksae_cupy import model
+from ksae_cupy import model, paper
 from ksae_cupy.errors import KsaeError, OptionError, literal, python_name
 from ksae_cupy.sparse_step import STEPS, choose_step
 from ksae_cupy.topk import TOPK_METHODS
@@ -83,21 +83,21 @@ def _option_error(field: str, template: str) -> KsaeError:
 
 @dataclass
 class TrainConfig(DictConfig, ValidatedOnce):
-    """Options of one training run; defaults are the paper's unsupervised MNIST settings.
+    """Options of one training run; defaults are the paper's unsupervised MNIST settings (:mod:`ksae_cupy.paper`).
 
     Sources: sigma, momentum, lr and epochs from section 4.3.2; the k schedule (k_start
     100, linear over the first half of the epochs) from section 4.3.1; batch 128 from the
     authors' code.
     """
 
-    hidden: int = 1000
-    k: int = 25
-    k_start: int | None = 100  # None: no schedule, k from the first epoch
-    epochs: int = 5000
-    batch_size: int = 128
-    lr: float = 0.01
-    momentum: float = 0.9
-    sigma: float = 0.01
+    hidden: int = paper.HIDDEN
+    k: int = paper.K
+    k_start: int | None = paper.K_START  # None: no schedule, k from the first epoch
+    epochs: int = paper.EPOCHS
+    batch_size: int = paper.BATCH_SIZE
+    lr: float = paper.LR
+    momentum: float = paper.MOMENTUM
+    sigma: float = paper.SIGMA
     topk: str = "sort"
     seed: int = 0
     dtype: str = "float32"
