@@ -64,6 +64,7 @@ LR, MOMENTUM, SIGMA = 0.01, 0.9, 0.01  # section 4.3.2: rate, momentum, std of t
 # Fine-tuning (sections 4.3.2 and 4.6): alpha*k units kept (alpha 3 on MNIST), 200 epochs per phase, the rate
 # decaying linearly from 1 to 0.001, momentum 0.25.
 ALPHA = 3.0
+KEPT = int(ALPHA * K)  # alpha*k units kept per hidden layer: 3 x 25
 FINETUNE_EPOCHS, FINETUNE_LR_START, FINETUNE_LR_END, FINETUNE_MOMENTUM = 200, 1.0, 0.001, 0.25
 
 

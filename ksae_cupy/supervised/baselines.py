@@ -52,6 +52,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ksae_cupy import paper
 from ksae_cupy.backend import array_module, to_host
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.training.options import (DictConfig, ValidatedOnce, check_batch_size, check_dtype, check_in_dtype,
@@ -193,15 +194,15 @@ class AutoencoderConfig(DictConfig, ValidatedOnce):
     MNIST for all three autoencoders over 0.003 (docs/baselines-grid.md; the tables' runs use them).
     """
 
-    hidden: int = 1000
+    hidden: int = paper.HIDDEN
     input_dropout: float = 0.0
     hidden_dropout: float = 0.0
     epochs: int = 100
-    batch_size: int = 128
+    batch_size: int = paper.BATCH_SIZE
     lr: float = 0.01
-    momentum: float = 0.9
+    momentum: float = paper.MOMENTUM
     weight_decay: float = 0.0
-    sigma: float = 0.01
+    sigma: float = paper.SIGMA
     seed: int = 0
     dtype: str = "float32"
 
@@ -220,9 +221,9 @@ class RBMConfig(DictConfig, ValidatedOnce):
     the guide says 0.05: lr and weight decay as a validation grid chose them on MNIST
     (docs/baselines-grid.md; the tables' runs use them)."""
 
-    hidden: int = 1000
+    hidden: int = paper.HIDDEN
     epochs: int = 100
-    batch_size: int = 128
+    batch_size: int = paper.BATCH_SIZE
     lr: float = 0.01
     momentum: float = 0.9
     weight_decay: float = 2e-4

@@ -22,7 +22,6 @@ from ksae_cupy.training.options import (DictConfig, check_batch_size, check_dtyp
 PHASES = ("softmax", "top", "all")
 ACTIVATIONS = ("ksparse", "sigmoid", "relu")
 TRAIN_ON = ("train", "train+valid")  # the rows fine-tuned on: FinetuneConfig.train_on, ksae-finetune --train-on
-KEPT = int(paper.ALPHA * paper.K)  # alpha*k units kept per hidden layer: 3 x 25 on MNIST
 
 
 @dataclass
@@ -45,7 +44,7 @@ class FinetuneConfig(DictConfig):
     from then on (``--step dense`` keeps the dense one and its bits).
     """
 
-    kept: list = field(default_factory=lambda: [KEPT])  # alpha*k per ksparse layer, None per sigmoid layer
+    kept: list = field(default_factory=lambda: [paper.KEPT])  # alpha*k per ksparse layer, None per sigmoid layer
     activations: list | None = None
     input_dropout: float = 0.0
     hidden_dropout: float = 0.0
