@@ -63,7 +63,7 @@ class Option:
         return dataclasses.replace(self, **changes)
 
 
-PAPER = TrainConfig()  # the paper's defaults (section 4.3): 1000 units, k 25, batch 128, ...
+PAPER = TrainConfig()  # the paper's defaults (section 4.3), as ksae_cupy/paper.py types them
 THREADS_DEFAULT = ("[default: OMP_NUM_THREADS or its kin when set, else one per free core (the load average "
                    "counts the busy ones); on --resume, the run's]")
 
