@@ -48,7 +48,7 @@ as such in the config classes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -63,16 +63,6 @@ from ksae_cupy.supervised.units import check_dropout_rate, sigmoid
 
 PARAM_NAMES = ("W_dh", "b_h", "c_d")  # the same names for the autoencoder and the RBM
 
-# Each baseline's dropout, in pretraining and -- section 4.5: "the regularization method used in
-# the fine-tuning stage ... is the same" -- in fine-tuning. The RBM has none.
-REGULARISATION = {"rbm": {}, "dropout-ae": {"hidden_dropout": 0.5}, "denoising-ae": {"input_dropout": 0.2},
-                  "dropout-denoising-ae": {"input_dropout": 0.2, "hidden_dropout": 0.5}}
-
-# The paper's figures for these baselines on MNIST (1000 hidden units), from ksae_cupy.paper.
-# Table err_mnist: logistic regression on the features (section 5).
-PAPER_ERR_MNIST = {model: errors(ERR_MNIST)[model] for model in REGULARISATION}
-# Table fn_mnist: the pretrained net fine-tuned ("deep-dropout-ae": two layers, layer-wise).
-PAPER_FN_MNIST = {key: errors(FN_MNIST)[key] for key in ("rbm", "dropout-ae", "denoising-ae", "deep-dropout-ae")}
 
 
 def init_params(D: int, H: int, sigma: float, rng: np.random.Generator, dtype=np.float32) -> dict:
@@ -273,3 +263,54 @@ def _checked_input(X_nd, config, what: str):
         raise KsaeError(f"{what} has shape {getattr(X_nd, 'shape', None)}; only an N x D array is allowed")
     config.validate(n_train=X_nd.shape[0])
     return X_nd
+
+
+# -- the registry ---------------------------------------------------------------------------------
+
+def _any_input(X_nd):
+    return X_nd
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """One baseline model: everything the commands, the reports and the scripts ask of it.
+
+    ``name``: how ``ksae-baseline --model`` and ``ksae-finetune --baseline`` spell it, the run folder's
+    ``model`` and its row key in :mod:`ksae_cupy.paper`; ``what``: ``--model``'s help words; ``label``: how
+    ``ksae-eval``'s report names it; ``config``: its configuration class; ``regularisation``: its dropout
+    rates, in pretraining and -- section 4.5: "the regularization method used in the fine-tuning stage ... is
+    the same" -- in fine-tuning; ``fine_tuned``: Table fn_mnist has a row fine-tuning a ``ksae-baseline`` run
+    of it; ``check_input(X_nd)``: refuses data it cannot learn from, in one line (returns ``X_nd``)."""
+
+    name: str
+    what: str
+    label: str
+    config: type
+    regularisation: dict = field(default_factory=dict)
+    fine_tuned: bool = False
+    check_input: object = _any_input
+
+    def matches(self, config) -> bool:
+        """Whether ``config`` is one of this baseline's: its class, with exactly its dropout rates."""
+        return type(config) is self.config and all(getattr(config, rate, 0.0) == self.regularisation.get(rate, 0.0)
+                                                    for rate in DROPOUTS)
+
+
+DROPOUTS = ("input_dropout", "hidden_dropout")
+BASELINES = {baseline.name: baseline for baseline in (
+    Baseline("rbm", "CD-1", "RBM", RBMConfig, fine_tuned=True, check_input=check_rbm_input),
+    Baseline("dropout-ae", "50% hidden dropout", "dropout autoencoder (50% hidden)", AutoencoderConfig,
+             {"hidden_dropout": 0.5}, fine_tuned=True),
+    Baseline("denoising-ae", "20% input dropout", "denoising autoencoder (20% input dropout)", AutoencoderConfig,
+             {"input_dropout": 0.2}, fine_tuned=True),
+    Baseline("dropout-denoising-ae", "both", "dropout + denoising autoencoder (20% input, 50% hidden)",
+             AutoencoderConfig, {"input_dropout": 0.2, "hidden_dropout": 0.5}),
+)}
+REGULARISATION = {name: baseline.regularisation for name, baseline in BASELINES.items()}  # each one's dropout
+
+# The paper's figures for these baselines on MNIST (1000 hidden units), from ksae_cupy.paper.
+# Table err_mnist: logistic regression on the features (section 5).
+PAPER_ERR_MNIST = {model: errors(ERR_MNIST)[model] for model in BASELINES}
+# Table fn_mnist: the pretrained net fine-tuned ("deep-dropout-ae": two layers, layer-wise).
+PAPER_FN_MNIST = {key: errors(FN_MNIST)[key]
+                  for key in (*(name for name, b in BASELINES.items() if b.fine_tuned), "deep-dropout-ae")}

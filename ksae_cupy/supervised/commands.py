@@ -3,12 +3,12 @@ for what a declaration holds and what each resume policy means). The options eve
 shares are :data:`~ksae_cupy.training.fields.SHARED`'s; the paper's numbers are read from the configs."""
 from __future__ import annotations
 
-from ksae_cupy.supervised.baselines import AutoencoderConfig, RBMConfig
+from ksae_cupy.supervised.baselines import BASELINES as REGISTRY, AutoencoderConfig, RBMConfig
 from ksae_cupy import paper
 from ksae_cupy.supervised.finetune_config import TRAIN_ON, FinetuneConfig
 from ksae_cupy.training.fields import APPLIED, KEPT, PAPER, SHARED, THREADS_DEFAULT, Option, shared
 
-MODELS = ("rbm", "dropout-ae", "denoising-ae", "dropout-denoising-ae")  # baselines.REGULARISATION's keys
+MODELS = tuple(REGISTRY)  # baselines.BASELINES's names
 BASELINES = MODELS  # what ksae-finetune --baseline pretrains
 FINETUNE_PAPER = FinetuneConfig()  # the paper's supervised settings (section 4.3.2)
 
@@ -21,8 +21,7 @@ def _per_model(rbm, autoencoders) -> str:
 
 
 BASELINE = [
-    Option("model", "The baseline: rbm (CD-1), dropout-ae (50% hidden dropout), denoising-ae (20% input dropout), "
-           "dropout-denoising-ae (both).", None, MODELS),
+    Option("model", f"The baseline: {', '.join(f'{b.name} ({b.what})' for b in REGISTRY.values())}.", None, MODELS),
     Option("hidden", f"Hidden units (paper: {PAPER.hidden} on MNIST).", PAPER.hidden, int),
     Option("epochs", f"Epochs (the paper's unsupervised length: {PAPER.epochs}).", PAPER.epochs, int, APPLIED),
     Option("batch_size", "Minibatch size.", PAPER.batch_size, int),
