@@ -310,7 +310,7 @@ REGULARISATION = {name: baseline.regularisation for name, baseline in BASELINES.
 
 # The paper's figures for these baselines on MNIST (1000 hidden units), from ksae_cupy.paper.
 # Table err_mnist: logistic regression on the features (section 5).
-PAPER_ERR_MNIST = {model: errors(ERR_MNIST)[model] for model in BASELINES}
+PAPER_ERR_MNIST = {model: error for model, error in errors(ERR_MNIST).items() if model in BASELINES}
 # Table fn_mnist: the pretrained net fine-tuned ("deep-dropout-ae": two layers, layer-wise).
 PAPER_FN_MNIST = {key: errors(FN_MNIST)[key]
                   for key in (*(name for name, b in BASELINES.items() if b.fine_tuned), "deep-dropout-ae")}

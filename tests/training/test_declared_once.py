@@ -76,3 +76,23 @@ def test_the_defaults_and_help_texts_are_the_papers():
     helps = {option.name: option.help for option in TRAIN}
     assert f"paper: {paper.HIDDEN} on MNIST" in helps["hidden"] and f"paper: {paper.MOMENTUM}" in helps["momentum"]
     assert f"paper: {paper.EPOCHS}" in helps["epochs"] and f"paper: {paper.SIGMA}" in helps["sigma"]
+
+
+def test_a_baseline_is_one_registry_entry(monkeypatch):
+    """design.md's worked example: one entry makes a baseline the trainers configure, recognise and reload."""
+    from ksae_cupy.supervised import baseline_trainer as bt
+    from ksae_cupy.supervised import baselines
+    from ksae_cupy.supervised.commands import BASELINE, MODELS
+
+    assert MODELS == tuple(baselines.BASELINES)
+    model_help = next(option.help for option in BASELINE if option.name == "model")
+    assert all(f"{b.name} ({b.what})" in model_help for b in baselines.BASELINES.values())
+    entry = baselines.Baseline("dropout30-ae", "30% hidden dropout", "dropout autoencoder (30% hidden)",
+                               baselines.AutoencoderConfig, {"hidden_dropout": 0.3})
+    monkeypatch.setitem(baselines.BASELINES, entry.name, entry)
+    config = bt.config_for("dropout30-ae", epochs=1)
+    assert (config.hidden_dropout, config.input_dropout) == (0.3, 0.0)
+    assert bt.model_name(config) == "dropout30-ae"
+    assert bt.config_from_dict(bt.config_to_dict(config)) == config
+    assert bt.model_name(bt.config_for("rbm")) == "rbm"
+    assert bt.model_name(baselines.AutoencoderConfig(hidden_dropout=0.1)) == "autoencoder"
