@@ -280,7 +280,9 @@ class Baseline:
     ``ksae-eval``'s report names it; ``config``: its configuration class; ``regularisation``: its dropout
     rates, in pretraining and -- section 4.5: "the regularization method used in the fine-tuning stage ... is
     the same" -- in fine-tuning; ``fine_tuned``: Table fn_mnist has a row fine-tuning a ``ksae-baseline`` run
-    of it; ``check_input(X_nd)``: refuses data it cannot learn from, in one line (returns ``X_nd``)."""
+    of it; ``check_input(X_nd)``: refuses data it cannot learn from, in one line (returns ``X_nd``);
+    ``grid_lrs``, ``grid_weight_decays``: the points ``bin/baseline-grid`` tries (comma-separated, as its
+    run folders are named: ``lr0.01-wd2e-5``)."""
 
     name: str
     what: str
@@ -289,6 +291,8 @@ class Baseline:
     regularisation: dict = field(default_factory=dict)
     fine_tuned: bool = False
     check_input: object = _any_input
+    grid_lrs: str = "0.003,0.01"
+    grid_weight_decays: str = "0,1e-3"
 
     def matches(self, config) -> bool:
         """Whether ``config`` is one of this baseline's: its class, with exactly its dropout rates."""
@@ -298,7 +302,8 @@ class Baseline:
 
 DROPOUTS = ("input_dropout", "hidden_dropout")
 BASELINES = {baseline.name: baseline for baseline in (
-    Baseline("rbm", "CD-1", "RBM", RBMConfig, fine_tuned=True, check_input=check_rbm_input),
+    Baseline("rbm", "CD-1", "RBM", RBMConfig, fine_tuned=True, check_input=check_rbm_input, grid_lrs="0.01,0.05",
+             grid_weight_decays="2e-5,2e-4"),
     Baseline("dropout-ae", "50% hidden dropout", "dropout autoencoder (50% hidden)", AutoencoderConfig,
              {"hidden_dropout": 0.5}, fine_tuned=True),
     Baseline("denoising-ae", "20% input dropout", "denoising autoencoder (20% input dropout)", AutoencoderConfig,
