@@ -8,6 +8,9 @@ Every figure the package and the scripts compare against comes from here: ``ksae
   learner with 1000 hidden units (no fine-tuning). Keys: ``raw``, the baselines' model names
   (as ``ksae-baseline --model`` spells them) and ``k40`` / ``k25`` / ``k10`` for the k-sparse rows.
 * :data:`FN_MNIST`, Table fn_mnist: the pretrained network fine-tuned (sections 4.5 and 4.6).
+* The training settings (section 4.3; batch 128 from the authors' code), typed here once:
+  :class:`~ksae_cupy.training.config.TrainConfig`'s defaults, the fine-tuning's, the baselines' shared ones,
+  the benchmarks' shapes and every help text that quotes one read them.
 """
 from __future__ import annotations
 
@@ -51,6 +54,18 @@ FN_MNIST = tuple(row for row in ROWS if row.table == "fn_mnist")
 # The tables' shared setting: MNIST with 1000 hidden units (per layer); other settings have no paper figure.
 DATASET, HIDDEN = "mnist", 1000
 KSPARSE_KS = (40, 25, 10)  # the k of Table err_mnist's k-sparse rows
+
+# -- the training settings (section 4.3) ------------------------------------------------------------
+K = 25  # the best k of Table err_mnist
+K_START = 100  # section 4.3.1: "we start off with a large sparsity level (e.g. k=100)"
+EPOCHS = 5000  # the unsupervised training's length (section 4.3.2)
+BATCH_SIZE = 128  # the authors' code (the paper does not say)
+LR, MOMENTUM, SIGMA = 0.01, 0.9, 0.01  # section 4.3.2: rate, momentum, std of the Gaussian initial weights
+# Fine-tuning (sections 4.3.2 and 4.6): alpha*k units kept (alpha 3 on MNIST), 200 epochs per phase, the rate
+# decaying linearly from 1 to 0.001, momentum 0.25.
+ALPHA = 3.0
+KEPT = int(ALPHA * K)  # alpha*k units kept per hidden layer: 3 x 25
+FINETUNE_EPOCHS, FINETUNE_LR_START, FINETUNE_LR_END, FINETUNE_MOMENTUM = 200, 1.0, 0.001, 0.25
 
 
 def ksparse_key(k: int) -> str:

@@ -9,6 +9,8 @@ Epochs are counted from 0. With E epochs in all:
 """
 from __future__ import annotations
 
+from ksae_cupy import paper
+
 
 def sparsity_at_epoch(epoch: int, epochs: int, k: int, k_start: int | None) -> int:
     """The k used during ``epoch`` (0-based) of ``epochs``; ``k_start=None`` means no schedule."""
@@ -32,7 +34,7 @@ def linear_decay(epoch: int, epochs: int, start: float, end: float) -> float:
     return start + (end - start) * (epoch / (epochs - 1))
 
 
-DEFAULT_K_START = 100  # section 4.3.1: "we start off with a large sparsity level (e.g. k=100)"
+DEFAULT_K_START = paper.K_START  # section 4.3.1: "we start off with a large sparsity level (e.g. k=100)"
 
 
 def resolve_k_start(k_start, k: int, hidden: int) -> int | None:

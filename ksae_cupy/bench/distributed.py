@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ksae_cupy import paper
 from ksae_cupy.errors import KsaeError, OptionError, literal
 
 DP_TOLERANCE = 1e-5  # float32 gradient, relative to its largest entry (see tests/test_distributed.py)
@@ -265,7 +266,8 @@ def formula_table(N: int, H: int, ks, ranks) -> list[dict]:
             for k in ks for R in ranks if R <= H for method in ("threshold", "gather")]
 
 
-def bench_dist(*, ranks, threads=1, baseline_threads=0, D=784, H=1000, N=128, k=25, topk_ks=(25, 250),
+def bench_dist(*, ranks, threads=1, baseline_threads=0, D=784, H=paper.HIDDEN, N=paper.BATCH_SIZE, k=paper.K,
+               topk_ks=(25, 250),
                formula_ranks=(1, 2, 4, 8, 16), repeats=7, steps=20, topk_repeats=21, seed=0, mpiexec=None,
                timeout=600.0, log=print) -> dict:
     """Run every configuration and return the combined results (with metadata)."""

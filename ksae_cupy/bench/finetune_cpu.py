@@ -19,6 +19,7 @@ import os
 
 import numpy as np
 
+from ksae_cupy import paper
 from ksae_cupy.bench.metadata import run_metadata
 from ksae_cupy.bench.train_cpu import _cpu_kernels_setting, _median_seconds, _thread_limit
 from ksae_cupy.cpu import numba_kernels as cpu_kernels
@@ -125,8 +126,8 @@ def _time_net(backend, D, hidden, C, kept, batch_size, topk_method, repeats, ste
             "validation_max_rel_error": errors}
 
 
-def bench_finetune_step(backend, D: int = 784, H: int = 1000, C: int = 10, kept: int = 75, layers=(1, 2),
-                        batch_size: int = 128, topk_method: str = "sort", repeats: int = 7, steps: int = 20,
+def bench_finetune_step(backend, D: int = 784, H: int = paper.HIDDEN, C: int = 10, kept: int = paper.KEPT,
+                        layers=(1, 2), batch_size: int = paper.BATCH_SIZE, topk_method: str = "sort", repeats: int = 7, steps: int = 20,
                         threads: int | None = 1, log=print) -> dict:
     """Dense and sparse fine-tuning steps (phase ``all``) on a net of ``L`` hidden layers of ``H`` units
     for each ``L`` in ``layers``, every layer keeping ``kept`` units."""

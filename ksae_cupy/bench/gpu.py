@@ -17,8 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ksae_cupy import paper
 from ksae_cupy.bench.metadata import run_metadata, write_results
 from ksae_cupy.errors import KsaeError
+from ksae_cupy.topk import TOPK_METHODS
 
 TOPK_NS = (128, 4096, 65536)
 TOPK_HS = (1000, 4000, 16384)
@@ -283,8 +285,9 @@ def _failed_variant(message: str):
     return run_epoch
 
 
-def bench_train_gpu(n_samples: int = 60000, D: int = 784, H: int = 1000, k: int = 25, batch: int = 128, *,
-                    lr: float = 0.01, momentum: float = 0.9, sigma: float = 0.01, topk_methods=("sort", "threshold"),
+def bench_train_gpu(n_samples: int = 60000, D: int = 784, H: int = paper.HIDDEN, k: int = paper.K,
+                    batch: int = paper.BATCH_SIZE, *, lr: float = paper.LR, momentum: float = paper.MOMENTUM,
+                    sigma: float = paper.SIGMA, topk_methods=TOPK_METHODS,
                     epochs: int = 3, project_epochs: int = 5000, device: int = 0, include_torch: bool = True,
                     seed: int = 0, out_dir: Path | None = None, write: bool = True) -> dict:
     """Seconds per MNIST-shaped epoch (60,000 x 784 -> 1000, k=25, batch 128) on the GPU.

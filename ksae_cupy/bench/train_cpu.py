@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from ksae_cupy import model
+from ksae_cupy import model, paper
 from ksae_cupy.bench.metadata import run_metadata
 from ksae_cupy.cpu import numba_kernels as cpu_kernels
 from ksae_cupy.cpu import momentum as cpu_momentum
@@ -586,7 +586,7 @@ class _NoSync:
 ENCODER_CHOICES = ("both", *sparse_encoder.ENCODERS)
 
 
-def bench_train_step(backend, D=784, H=1000, k=25, batch_size=128, topk_method="sort", repeats=7, steps=50,
+def bench_train_step(backend, D=784, H=paper.HIDDEN, k=paper.K, batch_size=paper.BATCH_SIZE, topk_method="sort", repeats=7, steps=50,
                      threads: int | None = 1, k_sweep=(), with_torch: bool = True, epoch_ks=(), log=print,
                      encoder: str = "both", epoch_repeats: int = 3) -> dict:
     """Dense step, sparse step, PyTorch and ``X W`` alone at ``k`` (and each k of ``k_sweep``); on the CPU

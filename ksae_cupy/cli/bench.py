@@ -9,9 +9,11 @@ from pathlib import Path
 
 import click
 
+from ksae_cupy import paper
 from ksae_cupy.cli.version import version_option
 from ksae_cupy.cli.common import positive_ints, report_errors
 from ksae_cupy.errors import KsaeError
+from ksae_cupy.topk import TOPK_METHODS
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -22,11 +24,13 @@ def bench_command():
 
 @bench_command.command("train")
 @click.option("--device", default="cpu", help="cpu, or gpu / gpu:N (then: seconds per MNIST epoch, ours vs PyTorch).")
-@click.option("--hidden", type=int, default=1000, show_default=True, help="Hidden units H (the paper's MNIST net: 1000).")
+@click.option("--hidden", type=int, default=paper.HIDDEN, show_default=True,
+              help=f"Hidden units H (the paper's MNIST net: {paper.HIDDEN}).")
 @click.option("--dim", type=int, default=784, show_default=True, help="Input dimensions D (MNIST: 784).")
-@click.option("--k", "k", type=int, default=25, show_default=True, help="Units kept per example (the paper's best MNIST k).")
-@click.option("--batch-size", type=int, default=128, show_default=True, help="Examples per step (the authors' code: 128).")
-@click.option("--topk", type=click.Choice(["sort", "threshold"]), default="sort", show_default=True,
+@click.option("--k", "k", type=int, default=paper.K, show_default=True, help="Units kept per example (the paper's best MNIST k).")
+@click.option("--batch-size", type=int, default=paper.BATCH_SIZE, show_default=True,
+              help=f"Examples per step (the authors' code: {paper.BATCH_SIZE}).")
+@click.option("--topk", type=click.Choice(TOPK_METHODS), default="sort", show_default=True,
               help="Top-k method: selection by sorting, or the iterative threshold (section 4.3.3).")
 @click.option("--repeats", type=int, default=7, help="Timed repeats; the median is reported.")
 @click.option("--steps", type=int, default=50, help="Steps per timed repeat.")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ksae_cupy import paper
 from ksae_cupy.cli.common import positive_ints, report_errors
 from ksae_cupy.errors import KsaeError
 
@@ -16,10 +17,11 @@ from ksae_cupy.errors import KsaeError
 @click.option("--threads", type=int, default=1, help="BLAS threads per rank.")
 @click.option("--baseline-threads", type=int, default=None,
               help="Also time one rank with this many BLAS threads (0: no). [default: the CPU count]")
-@click.option("--hidden", type=int, default=1000, show_default=True, help="Hidden units H (the paper's MNIST net: 1000).")
+@click.option("--hidden", type=int, default=paper.HIDDEN, show_default=True,
+              help=f"Hidden units H (the paper's MNIST net: {paper.HIDDEN}).")
 @click.option("--dim", type=int, default=784, show_default=True, help="Input dimensions D (MNIST: 784).")
-@click.option("--k", "k", type=int, default=25, show_default=True, help="Units kept per example (the paper's best MNIST k).")
-@click.option("--batch-size", type=int, default=128, help="The GLOBAL minibatch, split over the ranks.")
+@click.option("--k", "k", type=int, default=paper.K, show_default=True, help="Units kept per example (the paper's best MNIST k).")
+@click.option("--batch-size", type=int, default=paper.BATCH_SIZE, help="The GLOBAL minibatch, split over the ranks.")
 @click.option("--topk-k", "topk_ks", default="25,250", help="Comma-separated k values for the sharded top-k.")
 @click.option("--formula-ranks", default="1,2,4,8,16", help="Rank counts of the computed traffic table.")
 @click.option("--repeats", type=int, default=7, help="Timed repeats; the median is reported.")

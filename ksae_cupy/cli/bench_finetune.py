@@ -7,18 +7,22 @@ from pathlib import Path
 
 import click
 
+from ksae_cupy import paper
 from ksae_cupy.cli.common import positive_ints, report_errors
 from ksae_cupy.errors import KsaeError
+from ksae_cupy.topk import TOPK_METHODS
 
 
 @click.command("finetune")
-@click.option("--hidden", type=int, default=1000, help="Units of every hidden layer.")
+@click.option("--hidden", type=int, default=paper.HIDDEN, help="Units of every hidden layer.")
 @click.option("--dim", type=int, default=784, show_default=True, help="Input dimensions D (MNIST: 784).")
 @click.option("--classes", type=int, default=10, show_default=True, help="Output classes (MNIST: 10).")
-@click.option("--kept", type=int, default=75, help="Units kept per hidden layer, alpha*k (paper, MNIST: 3 x 25).")
+@click.option("--kept", type=int, default=paper.KEPT,
+              help=f"Units kept per hidden layer, alpha*k (paper, MNIST: {paper.ALPHA:g} x {paper.K}).")
 @click.option("--layers", default="1,2", help="Comma-separated hidden-layer counts: one net of each is timed.")
-@click.option("--batch-size", type=int, default=128, show_default=True, help="Examples per step (the authors' code: 128).")
-@click.option("--topk", type=click.Choice(["sort", "threshold"]), default="sort", show_default=True,
+@click.option("--batch-size", type=int, default=paper.BATCH_SIZE, show_default=True,
+              help=f"Examples per step (the authors' code: {paper.BATCH_SIZE}).")
+@click.option("--topk", type=click.Choice(TOPK_METHODS), default="sort", show_default=True,
               help="Top-k method: selection by sorting, or the iterative threshold (section 4.3.3).")
 @click.option("--repeats", type=int, default=7, help="Timed repeats; the median is reported.")
 @click.option("--steps", type=int, default=20, help="Steps per timed repeat.")

@@ -37,7 +37,7 @@ def main():
 @click.argument("dataset", required=False)
 @declared([OPTIONS[name] for name in ("hidden", "k", "k_start", "no_k_schedule", "epochs")])
 @click.option("--batch-size", type=int, default=PAPER.batch_size, help="The GLOBAL minibatch, split over the ranks.")
-@click.option("--lr", type=float, default=PAPER.lr, help="Learning rate eta (paper: 0.01).")
+@click.option("--lr", type=float, default=PAPER.lr, help=f"Learning rate eta (paper: {PAPER.lr}).")
 @declared([OPTIONS[name] for name in ("momentum", "sigma", "topk", "seed", "dtype")])
 @click.option("--device", default="cpu", help="cpu, or gpu (GPU rank % GPUs per node) or gpu:N.")
 @click.option("--comm", "comm_kind", type=click.Choice(["mpi", "nccl"]), default="mpi",

@@ -24,7 +24,7 @@ from ksae_cupy.reports.children import exit_meaning
 from ksae_cupy.reports.folders import BASELINE, DIVERGED, RunState, clear_unstarted, find_runs, read_json, record_diverged
 from ksae_cupy.reports.markdown import percent, percent_spread, table
 from ksae_cupy.supervised.baseline_trainer import config_for
-from ksae_cupy.supervised.baselines import REGULARISATION
+from ksae_cupy.supervised.baselines import BASELINES, REGULARISATION
 from ksae_cupy.supervised.commands import FINETUNE_PAPER as PAPER_FINETUNE  # momentum 0.25 throughout
 from ksae_cupy.training.runs import FINETUNE, TRAIN
 
@@ -35,7 +35,7 @@ TABLES = {ERR: paper.ERR_MNIST, FN: paper.FN_MNIST}
 # defaults; the commands still spell them out, so that a row's command keeps its meaning.
 BASELINE_SETTINGS = {model: (f"{config.lr:g}", f"{config.weight_decay:g}")
                      for model, config in ((m, config_for(m)) for m in REGULARISATION)}
-FN_OF_BASELINE_RUN = ("rbm", "dropout-ae", "denoising-ae")  # fn_mnist rows that fine-tune a ksae-baseline run
+FN_OF_BASELINE_RUN = tuple(name for name, b in BASELINES.items() if b.fine_tuned)  # fn_mnist rows of a baseline run
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,9 @@ from ksae_cupy.backend import CPU, Backend
 from ksae_cupy.errors import KsaeError, OptionError
 from ksae_cupy.supervised.baseline_trainer import KIND, is_baseline_run, load_baseline_checkpoint  # noqa: F401 (re-export)
 from ksae_cupy.evaluation.features import DEFAULT_L2_EXTEND
-from ksae_cupy.supervised.baselines import PAPER_ERR_MNIST, encode
+from ksae_cupy.supervised.baselines import BASELINES, PAPER_ERR_MNIST, encode
 
-NAMES = {"rbm": "RBM", "dropout-ae": "dropout autoencoder (50% hidden)",
-         "denoising-ae": "denoising autoencoder (20% input dropout)",
-         "dropout-denoising-ae": "dropout + denoising autoencoder (20% input, 50% hidden)"}
+NAMES = {name: baseline.label for name, baseline in BASELINES.items()}  # as the report names each model
 
 
 def open_baseline_run(run_dir):

@@ -13,7 +13,7 @@ import numpy as np
 from ksae_cupy.backend import CPU, Backend
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.supervised.baseline_trainer import BaselineTrainer
-from ksae_cupy.supervised.baselines import (REGULARISATION, AutoencoderConfig, RBMConfig, _checked_input,
+from ksae_cupy.supervised.baselines import (BASELINES, AutoencoderConfig, RBMConfig, _checked_input,
                                             check_rbm_input, encode)
 
 
@@ -63,19 +63,19 @@ UPPER_AUTOENCODER = {"lr": 0.01, "sigma": 0.1}
 
 
 def stack_configs(kind: str, sizes: list[int], epochs: int, seed: int = 0) -> list:
-    """The configuration of each layer of a ``kind`` stack (:data:`REGULARISATION`'s keys): its config
+    """The configuration of each layer of a ``kind`` stack (:data:`BASELINES`' names): its config
     class's defaults, the baseline's dropout, layer l seeded ``seed + l - 1``, and for autoencoder layers
     above the first :data:`UPPER_AUTOENCODER`."""
-    if kind not in REGULARISATION:
-        raise KsaeError(f"baseline {kind!r} is not allowed; use one of {', '.join(REGULARISATION)}")
-    if kind == "rbm":
-        return [RBMConfig(hidden=H, epochs=epochs, seed=seed + i) for i, H in enumerate(sizes)]
-    return [AutoencoderConfig(hidden=H, epochs=epochs, seed=seed + i, **REGULARISATION[kind],
-                              **(UPPER_AUTOENCODER if i else {})) for i, H in enumerate(sizes)]
+    if kind not in BASELINES:
+        raise KsaeError(f"baseline {kind!r} is not allowed; use one of {', '.join(BASELINES)}")
+    baseline = BASELINES[kind]
+    upper = UPPER_AUTOENCODER if baseline.config is AutoencoderConfig else {}
+    return [baseline.config(hidden=H, epochs=epochs, seed=seed + i, **baseline.regularisation, **(upper if i else {}))
+            for i, H in enumerate(sizes)]
 
 
 def pretrain_baseline(kind: str, X_nd, sizes: list[int], epochs: int, seed: int = 0, backend: Backend = CPU,
                       on_epoch=None) -> list:
-    """:func:`fit_stack` of ``len(sizes)`` layers of a baseline named in :data:`REGULARISATION`, each
+    """:func:`fit_stack` of ``len(sizes)`` layers of a baseline named in :data:`BASELINES`, each
     configured by :func:`stack_configs`."""
     return fit_stack(X_nd, stack_configs(kind, sizes, epochs, seed), backend, on_epoch)

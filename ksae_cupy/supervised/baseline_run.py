@@ -51,10 +51,11 @@ def resumed_trainer(folder, backend, values: dict, given: set):
 
 def check_input(config, data, dataset: str, trainer=None) -> None:
     """The data suits the learner (an RBM's rows in [0, 1]) and a resumed ``trainer``'s width."""
-    from ksae_cupy.supervised.baselines import check_rbm_input
+    from ksae_cupy.supervised.baselines import BASELINES
 
-    if bt.model_name(config) == "rbm":
-        check_rbm_input(data.X_train)
+    baseline = BASELINES.get(bt.model_name(config))  # None: an autoencoder of other dropout rates
+    if baseline is not None:
+        baseline.check_input(data.X_train)  # the RBM's rows must be in [0, 1]
     if trainer is not None and trainer.params["W_dh"].shape[0] != data.dim:
         raise KsaeError(f"the checkpoint's model takes {trainer.params['W_dh'].shape[0]} dimensions, "
                         f"{dataset} has {data.dim}")

@@ -55,24 +55,20 @@ class BaselineReport:
 
 def model_name(config) -> str:
     """The ``model`` a config trains: ``rbm``, the baseline whose dropout rates it has, or ``autoencoder``."""
-    if isinstance(config, baselines.RBMConfig):
-        return "rbm"
-    rates = {"input_dropout": config.input_dropout, "hidden_dropout": config.hidden_dropout}
-    for name, regularisation in baselines.REGULARISATION.items():
-        if name != "rbm" and rates == {"input_dropout": 0.0, "hidden_dropout": 0.0, **regularisation}:
+    for name, baseline in baselines.BASELINES.items():
+        if baseline.matches(config):
             return name
     return "autoencoder"
 
 
 def config_for(model: str, **options):
     """The config of baseline ``model`` with its paper dropout and ``options`` (None: the class default)."""
-    if model not in baselines.REGULARISATION:
+    if model not in baselines.BASELINES:
         raise OptionError("model", f"{{name}} {literal(repr(model))} is not allowed; use one of "
-                                   f"{', '.join(baselines.REGULARISATION)}")
+                                   f"{', '.join(baselines.BASELINES)}")
     given = {key: value for key, value in options.items() if value is not None}
-    if model == "rbm":
-        return baselines.RBMConfig(**given)
-    return baselines.AutoencoderConfig(**given, **baselines.REGULARISATION[model])
+    baseline = baselines.BASELINES[model]
+    return baseline.config(**given, **baseline.regularisation)
 
 
 def config_to_dict(config) -> dict:
@@ -81,8 +77,8 @@ def config_to_dict(config) -> dict:
 
 def config_from_dict(values: dict):
     """The config a checkpoint's ``config`` describes (unknown keys are left out)."""
-    cls = baselines.RBMConfig if values.get("model") == "rbm" else baselines.AutoencoderConfig
-    return cls.from_dict(values)
+    baseline = baselines.BASELINES.get(values.get("model"))  # "autoencoder": other dropout rates
+    return (baselines.AutoencoderConfig if baseline is None else baseline.config).from_dict(values)
 
 
 class BaselineTrainer:

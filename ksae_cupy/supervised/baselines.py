@@ -48,10 +48,11 @@ as such in the config classes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from ksae_cupy import paper
 from ksae_cupy.backend import array_module, to_host
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.training.options import (DictConfig, ValidatedOnce, check_batch_size, check_dtype, check_in_dtype,
@@ -62,16 +63,6 @@ from ksae_cupy.supervised.units import check_dropout_rate, sigmoid
 
 PARAM_NAMES = ("W_dh", "b_h", "c_d")  # the same names for the autoencoder and the RBM
 
-# Each baseline's dropout, in pretraining and -- section 4.5: "the regularization method used in
-# the fine-tuning stage ... is the same" -- in fine-tuning. The RBM has none.
-REGULARISATION = {"rbm": {}, "dropout-ae": {"hidden_dropout": 0.5}, "denoising-ae": {"input_dropout": 0.2},
-                  "dropout-denoising-ae": {"input_dropout": 0.2, "hidden_dropout": 0.5}}
-
-# The paper's figures for these baselines on MNIST (1000 hidden units), from ksae_cupy.paper.
-# Table err_mnist: logistic regression on the features (section 5).
-PAPER_ERR_MNIST = {model: errors(ERR_MNIST)[model] for model in REGULARISATION}
-# Table fn_mnist: the pretrained net fine-tuned ("deep-dropout-ae": two layers, layer-wise).
-PAPER_FN_MNIST = {key: errors(FN_MNIST)[key] for key in ("rbm", "dropout-ae", "denoising-ae", "deep-dropout-ae")}
 
 
 def init_params(D: int, H: int, sigma: float, rng: np.random.Generator, dtype=np.float32) -> dict:
@@ -193,15 +184,15 @@ class AutoencoderConfig(DictConfig, ValidatedOnce):
     MNIST for all three autoencoders over 0.003 (docs/baselines-grid.md; the tables' runs use them).
     """
 
-    hidden: int = 1000
+    hidden: int = paper.HIDDEN
     input_dropout: float = 0.0
     hidden_dropout: float = 0.0
     epochs: int = 100
-    batch_size: int = 128
+    batch_size: int = paper.BATCH_SIZE
     lr: float = 0.01
-    momentum: float = 0.9
+    momentum: float = paper.MOMENTUM
     weight_decay: float = 0.0
-    sigma: float = 0.01
+    sigma: float = paper.SIGMA
     seed: int = 0
     dtype: str = "float32"
 
@@ -220,9 +211,9 @@ class RBMConfig(DictConfig, ValidatedOnce):
     the guide says 0.05: lr and weight decay as a validation grid chose them on MNIST
     (docs/baselines-grid.md; the tables' runs use them)."""
 
-    hidden: int = 1000
+    hidden: int = paper.HIDDEN
     epochs: int = 100
-    batch_size: int = 128
+    batch_size: int = paper.BATCH_SIZE
     lr: float = 0.01
     momentum: float = 0.9
     weight_decay: float = 2e-4
@@ -272,3 +263,59 @@ def _checked_input(X_nd, config, what: str):
         raise KsaeError(f"{what} has shape {getattr(X_nd, 'shape', None)}; only an N x D array is allowed")
     config.validate(n_train=X_nd.shape[0])
     return X_nd
+
+
+# -- the registry ---------------------------------------------------------------------------------
+
+def _any_input(X_nd):
+    return X_nd
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """One baseline model: everything the commands, the reports and the scripts ask of it.
+
+    ``name``: how ``ksae-baseline --model`` and ``ksae-finetune --baseline`` spell it, the run folder's
+    ``model`` and its row key in :mod:`ksae_cupy.paper`; ``what``: ``--model``'s help words; ``label``: how
+    ``ksae-eval``'s report names it; ``config``: its configuration class; ``regularisation``: its dropout
+    rates, in pretraining and -- section 4.5: "the regularization method used in the fine-tuning stage ... is
+    the same" -- in fine-tuning; ``fine_tuned``: Table fn_mnist has a row fine-tuning a ``ksae-baseline`` run
+    of it; ``check_input(X_nd)``: refuses data it cannot learn from, in one line (returns ``X_nd``);
+    ``grid_lrs``, ``grid_weight_decays``: the points ``bin/baseline-grid`` tries (comma-separated, as its
+    run folders are named: ``lr0.01-wd2e-5``)."""
+
+    name: str
+    what: str
+    label: str
+    config: type
+    regularisation: dict = field(default_factory=dict)
+    fine_tuned: bool = False
+    check_input: object = _any_input
+    grid_lrs: str = "0.003,0.01"
+    grid_weight_decays: str = "0,1e-3"
+
+    def matches(self, config) -> bool:
+        """Whether ``config`` is one of this baseline's: its class, with exactly its dropout rates."""
+        return type(config) is self.config and all(getattr(config, rate, 0.0) == self.regularisation.get(rate, 0.0)
+                                                    for rate in DROPOUTS)
+
+
+DROPOUTS = ("input_dropout", "hidden_dropout")
+BASELINES = {baseline.name: baseline for baseline in (
+    Baseline("rbm", "CD-1", "RBM", RBMConfig, fine_tuned=True, check_input=check_rbm_input, grid_lrs="0.01,0.05",
+             grid_weight_decays="2e-5,2e-4"),
+    Baseline("dropout-ae", "50% hidden dropout", "dropout autoencoder (50% hidden)", AutoencoderConfig,
+             {"hidden_dropout": 0.5}, fine_tuned=True),
+    Baseline("denoising-ae", "20% input dropout", "denoising autoencoder (20% input dropout)", AutoencoderConfig,
+             {"input_dropout": 0.2}, fine_tuned=True),
+    Baseline("dropout-denoising-ae", "both", "dropout + denoising autoencoder (20% input, 50% hidden)",
+             AutoencoderConfig, {"input_dropout": 0.2, "hidden_dropout": 0.5}),
+)}
+REGULARISATION = {name: baseline.regularisation for name, baseline in BASELINES.items()}  # each one's dropout
+
+# The paper's figures for these baselines on MNIST (1000 hidden units), from ksae_cupy.paper.
+# Table err_mnist: logistic regression on the features (section 5).
+PAPER_ERR_MNIST = {model: error for model, error in errors(ERR_MNIST).items() if model in BASELINES}
+# Table fn_mnist: the pretrained net fine-tuned ("deep-dropout-ae": two layers, layer-wise).
+PAPER_FN_MNIST = {key: errors(FN_MNIST)[key]
+                  for key in (*(name for name, b in BASELINES.items() if b.fine_tuned), "deep-dropout-ae")}

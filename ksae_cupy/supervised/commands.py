@@ -3,11 +3,12 @@ for what a declaration holds and what each resume policy means). The options eve
 shares are :data:`~ksae_cupy.training.fields.SHARED`'s; the paper's numbers are read from the configs."""
 from __future__ import annotations
 
-from ksae_cupy.supervised.baselines import AutoencoderConfig, RBMConfig
-from ksae_cupy.supervised.finetune import TRAIN_ON, FinetuneConfig
+from ksae_cupy.supervised.baselines import BASELINES as REGISTRY, AutoencoderConfig, RBMConfig
+from ksae_cupy import paper
+from ksae_cupy.supervised.finetune_config import TRAIN_ON, FinetuneConfig
 from ksae_cupy.training.fields import APPLIED, KEPT, PAPER, SHARED, THREADS_DEFAULT, Option, shared
 
-MODELS = ("rbm", "dropout-ae", "denoising-ae", "dropout-denoising-ae")  # baselines.REGULARISATION's keys
+MODELS = tuple(REGISTRY)  # baselines.BASELINES's names
 BASELINES = MODELS  # what ksae-finetune --baseline pretrains
 FINETUNE_PAPER = FinetuneConfig()  # the paper's supervised settings (section 4.3.2)
 
@@ -20,17 +21,16 @@ def _per_model(rbm, autoencoders) -> str:
 
 
 BASELINE = [
-    Option("model", "The baseline: rbm (CD-1), dropout-ae (50% hidden dropout), denoising-ae (20% input dropout), "
-           "dropout-denoising-ae (both).", None, MODELS),
-    Option("hidden", "Hidden units (paper: 1000 on MNIST).", PAPER.hidden, int),
-    Option("epochs", "Epochs (the paper's unsupervised length: 5000).", PAPER.epochs, int, APPLIED),
+    Option("model", f"The baseline: {', '.join(f'{b.name} ({b.what})' for b in REGISTRY.values())}.", None, MODELS),
+    Option("hidden", f"Hidden units (paper: {PAPER.hidden} on MNIST).", PAPER.hidden, int),
+    Option("epochs", f"Epochs (the paper's unsupervised length: {PAPER.epochs}).", PAPER.epochs, int, APPLIED),
     Option("batch_size", "Minibatch size.", PAPER.batch_size, int),
     Option("lr", f"Learning rate (chosen on MNIST validation: docs/baselines-grid.md). "
            f"{_per_model(RBMConfig.lr, AutoencoderConfig.lr)}", None, float),
-    Option("momentum", "Momentum (paper: 0.9).", PAPER.momentum, float),
+    Option("momentum", f"Momentum (paper: {PAPER.momentum}).", PAPER.momentum, float),
     Option("weight_decay", "L2 weight decay on W. "
            f"{_per_model(RBMConfig.weight_decay, AutoencoderConfig.weight_decay)}", None, float),
-    Option("sigma", "Std of the Gaussian initial weights (paper: 0.01).", PAPER.sigma, float),
+    Option("sigma", f"Std of the Gaussian initial weights (paper: {PAPER.sigma}).", PAPER.sigma, float),
     SHARED["seed"].but(help="Seed of the initial weights, the batch order and the noise."),
     SHARED["dtype"],
     *shared("device", "run_dir", "checkpoint_every", "checkpoint_minutes", "overwrite", "resume", "data_dir", "threads",
@@ -46,19 +46,22 @@ FINETUNE = [
     Option("dataset", "Deprecated: give DATASET as an argument. Labelled dataset: mnist, fashion-mnist, synthetic, "
            "or your file (see ksae-train). [default: the pretrained run's, with its labels and splits]", None,
            resume=KEPT),
-    Option("alpha", "Keep alpha*k units per hidden layer (paper, MNIST: 3).", 3.0, float),
-    Option("epochs", "Epochs per fine-tuning phase (paper: 200).", FINETUNE_PAPER.epochs, int),
+    Option("alpha", f"Keep alpha*k units per hidden layer (paper, MNIST: {paper.ALPHA:g}).", paper.ALPHA, float),
+    Option("epochs", f"Epochs per fine-tuning phase (paper: {FINETUNE_PAPER.epochs}).", FINETUNE_PAPER.epochs, int),
     Option("phases", "Comma-separated phases from softmax,top,all. [default: all (shallow); softmax,top,all (deep)]",
            None),
-    Option("lr_start", "First learning rate (paper, MNIST: 1; NORB: 0.01).", FINETUNE_PAPER.lr_start, float),
-    Option("lr_end", "Last learning rate, reached linearly (paper: 0.001).", FINETUNE_PAPER.lr_end, float),
+    Option("lr_start", f"First learning rate (paper, MNIST: {FINETUNE_PAPER.lr_start:g}; NORB: 0.01).",
+           FINETUNE_PAPER.lr_start, float),
+    Option("lr_end", f"Last learning rate, reached linearly (paper: {FINETUNE_PAPER.lr_end}).", FINETUNE_PAPER.lr_end,
+           float),
     Option("softmax_lr_start", "Beyond the paper: first learning rate of the softmax-only phase of a deep net "
            "(1000 dense sigmoid features want far less than --lr-start 1). [default: --lr-start]", None, float),
     Option("rising_lr", "Allow --lr-end above --lr-start (a schedule that rises).", False, bool),
     Option("train_on", "Rows fine-tuned on: train (MNIST: 50,000; the validation error is reported), or beyond the "
            "paper's stated split train+valid (60,000: the schedule is fixed, so validation chooses nothing; no "
            "validation error then).", FINETUNE_PAPER.train_on, TRAIN_ON),
-    Option("momentum", "Momentum (paper, MNIST: 0.25; NORB: 0.9); with --momentum-end the first of a ramp.",
+    Option("momentum", f"Momentum (paper, MNIST: {FINETUNE_PAPER.momentum}; NORB: 0.9); with --momentum-end the "
+           f"first of a ramp.",
            FINETUNE_PAPER.momentum, float),
     Option("momentum_end", "Beyond the paper's numbers (it says training \"started with\" 0.25): the momentum rises "
            "linearly from --momentum to this over each phase's first --momentum-epochs, then stays. "
@@ -79,7 +82,7 @@ FINETUNE = [
     Option("baseline", "Pretrain this baseline here and fine-tune its sigmoid layers with its dropout (section 4.5). "
            "Each layer is a ksae-baseline run folder inside the run's (RUN/pretrain-layer1, ...), with "
            "checkpoints: a stopped run goes on with --resume RUN.", None, BASELINES),
-    Option("pretrain_epochs", "With --baseline: epochs per layer (paper: 5000).", PAPER.epochs, int),
+    Option("pretrain_epochs", f"With --baseline: epochs per layer (paper: {PAPER.epochs}).", PAPER.epochs, int),
     Option("hidden", "With --no-pretraining or --baseline: hidden units per layer, e.g. 1000 or 1000,1000.",
            str(PAPER.hidden)),
     Option("k", "With --no-pretraining: k of every layer (alpha*k are kept).", PAPER.k, int, flag="--k"),

@@ -60,23 +60,20 @@ import numpy as np
 from ksae_cupy.backend import Backend, array_module, to_host
 from ksae_cupy.cpu import numba_kernels as cpu_kernels
 from ksae_cupy.cpu import momentum as cpu_momentum
-from ksae_cupy.errors import KsaeError, OptionError, literal
+from ksae_cupy.errors import KsaeError
 from ksae_cupy.training import epochs
-from ksae_cupy.training.options import (DictConfig, check_batch_size, check_dtype, check_in_dtype, check_momentum,
-                                        check_positive_count, check_positive_finite)
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.schedules import linear_decay
-from ksae_cupy.topk import TOPK_METHODS, scatter_rows, topk
-from ksae_cupy.supervised.units import check_dropout_rate, dropout_mask, sigmoid
+from ksae_cupy.topk import scatter_rows, topk
+from ksae_cupy.supervised.units import dropout_mask, sigmoid
 # The network's names and loss, shared with the sparse step (and still reached as finetune.layer_names, ...).
 from ksae_cupy.supervised.network import layer_names, logits_gradient, param_names, softmax_cross_entropy
 from ksae_cupy.supervised.sparse_finetune import loss_and_grads_sparse
 from ksae_cupy.sparse_step import sparse_layout
 
-PHASES = ("softmax", "top", "all")
-ACTIVATIONS = ("ksparse", "sigmoid", "relu")
-STEPS = ("dense", "sparse", "auto")  # the training step: FinetuneConfig.step, ksae-finetune --step
-TRAIN_ON = ("train", "train+valid")  # the rows fine-tuned on: FinetuneConfig.train_on, ksae-finetune --train-on
+# The configuration and its choice sets live in finetune_config.py; still imported from here.
+from ksae_cupy.supervised.finetune_config import (ACTIVATIONS, PHASES, STEPS, TRAIN_ON,  # noqa: F401,E402 (re-export)
+                                                  FinetuneConfig)
 
 
 # -- the network ---------------------------------------------------------------------------
@@ -247,133 +244,6 @@ def error_rate(params, X_nd, y_n, kept, topk_method: str = "sort", activations=N
 
 
 # -- training ------------------------------------------------------------------------------
-
-@dataclass
-class FinetuneConfig(DictConfig):
-    """Options of one fine-tuning run; defaults are the paper's supervised MNIST settings.
-
-    Sources: momentum 0.25 and lr 1 -> 0.001 linearly over 200 epochs (section 4.3.2);
-    alpha*k units kept in every hidden layer, k=25, alpha=3 on MNIST (section 4.6);
-    phases softmax / top / all for the deep net (section 4.6). ``epochs`` is per phase.
-    Batch 128 and softmax std 0.01 are our choices (the paper does not say).
-
-    ``activations`` names each hidden layer's units, "ksparse" or "sigmoid"; None (and
-    every config written before sigmoid layers existed) means all "ksparse". A sigmoid
-    layer's ``kept`` entry is None. Dropout rates are 0 (off) by default.
-
-    ``step``: "dense" (:func:`loss_and_grads`), "sparse" (:mod:`ksae_cupy.supervised.sparse_finetune`:
-    only layer 1's ``X W1`` dense, the same math to float rounding), or "auto": sparse when every
-    hidden layer is ksparse, no dropout is used and the arrays are NumPy's, else dense. Configs
-    written before the field existed load as "auto", so a run resumed from one takes the sparse step
-    from then on (``--step dense`` keeps the dense one and its bits).
-    """
-
-    kept: list = field(default_factory=lambda: [75])  # alpha*k per ksparse layer, None per sigmoid layer
-    activations: list | None = None
-    input_dropout: float = 0.0
-    hidden_dropout: float = 0.0
-    phases: list = field(default_factory=lambda: ["all"])
-    epochs: int = 200
-    batch_size: int = 128
-    lr_start: float = 1.0
-    lr_end: float = 0.001
-    softmax_lr_start: float | None = None  # beyond the paper: the softmax-only phase's own first rate
-    momentum: float = 0.25
-    # Beyond the paper's stated numbers: "training started with m = 0.25" read as a momentum that rises, linearly
-    # to ``momentum_end`` over each phase's first ``momentum_epochs`` epochs (None: all of them), then stays.
-    # None (the default, and every config written before the field existed): 0.25 throughout.
-    momentum_end: float | None = None
-    momentum_epochs: int | None = None
-    sigma: float = 0.01
-    topk: str = "sort"
-    seed: int = 0
-    dtype: str = "float32"
-    step: str = "auto"
-    # Beyond the paper's stated split: "train+valid" fine-tunes on the validation rows too (the schedule is
-    # fixed, so validation chooses nothing here; the paper does not say which rows it fine-tuned on).
-    train_on: str = "train"
-
-    @property
-    def fits_valid_rows(self) -> bool:
-        """True when the validation rows are fine-tuned on (``train+valid``): no validation error then."""
-        return self.train_on == "train+valid"
-
-    def __post_init__(self):
-        self.kept = list(self.kept)
-        self.activations = ["ksparse"] * len(self.kept) if self.activations is None else list(self.activations)
-
-    def validate(self, n_train: int | None = None, hidden: list[int] | None = None) -> None:
-        """Raise :class:`KsaeError` naming the first bad option and what is allowed."""
-        check_dropout_rate("input_dropout", self.input_dropout)
-        check_dropout_rate("hidden_dropout", self.hidden_dropout)
-        if not self.phases or any(p not in PHASES for p in self.phases):
-            raise KsaeError(f"phases {self.phases} are not allowed; use a list drawn from {', '.join(PHASES)}")
-        check_positive_count("--epochs", self.epochs, "epochs")
-        check_batch_size("--batch-size", self.batch_size, n_train)
-        check_positive_finite("--lr-start", self.lr_start, "learning rate")
-        check_positive_finite("--lr-end", self.lr_end, "learning rate")
-        if self.softmax_lr_start is not None:
-            check_positive_finite("--softmax-lr-start", self.softmax_lr_start, "learning rate")
-            if "softmax" not in self.phases:
-                raise OptionError("softmax_lr_start", f"{{name}} {self.softmax_lr_start} applies to the softmax phase, "
-                                                      f"and the phases are {','.join(self.phases)}; drop it or "
-                                                      f"add softmax to {{phases}}")
-        check_momentum("--momentum", self.momentum)
-        if self.momentum_end is not None:
-            check_momentum("--momentum-end", self.momentum_end)
-        if self.momentum_epochs is not None:
-            check_positive_count("--momentum-epochs", self.momentum_epochs, "epochs")
-            if self.momentum_end is None:
-                raise KsaeError(f"--momentum-epochs {self.momentum_epochs} is the length of a momentum ramp, and "
-                                f"there is none; give --momentum-end too, or drop --momentum-epochs")
-        if self.topk not in TOPK_METHODS:
-            raise OptionError("topk", f"{{name}} {literal(repr(self.topk))} is not allowed; use one of "
-                                      f"{', '.join(TOPK_METHODS)}")
-        check_dtype("--dtype", self.dtype)
-        check_in_dtype(self.dtype, **{"--lr-start": ("rate", self.lr_start), "--lr-end": ("rate", self.lr_end),
-                                      **({} if self.softmax_lr_start is None else
-                                         {"--softmax-lr-start": ("rate", self.softmax_lr_start)}),
-                                      "--sigma": ("sigma", self.sigma), "--momentum": ("momentum", self.momentum),
-                                      **({} if self.momentum_end is None else
-                                         {"--momentum-end": ("momentum", self.momentum_end)})})
-        if len(self.activations) != len(self.kept):
-            raise KsaeError(f"activations {self.activations} name {len(self.activations)} layers but kept "
-                            f"{self.kept} has {len(self.kept)}; give one activation per hidden layer")
-        for l, (k, activation) in enumerate(zip(self.kept, self.activations), start=1):
-            H = hidden[l - 1] if hidden else None
-            if activation not in ACTIVATIONS:
-                raise KsaeError(f"activation {activation!r} of layer {l} is not allowed; use one of "
-                                f"{', '.join(ACTIVATIONS)}")
-            if activation != "ksparse" and k is not None:
-                raise KsaeError(f"alpha*k = {k} units kept in {activation} layer {l} is not allowed; a {activation} "
-                                f"layer keeps every unit, use None")
-            if activation == "ksparse" and (not isinstance(k, (int, np.integer)) or k < 1
-                                            or (H is not None and k > H)):
-                raise KsaeError(f"alpha*k = {k} units kept in layer {l} is not allowed; use an integer "
-                                f"1 <= alpha*k <= {H}")
-        if self.step not in STEPS:
-            raise OptionError("step", f"{{name}} {literal(repr(self.step))} is not allowed; use one of {', '.join(STEPS)}")
-        if self.train_on not in TRAIN_ON:
-            raise OptionError("train_on", f"{{name}} {literal(repr(self.train_on))} is not allowed; use one of "
-                                          f"{', '.join(TRAIN_ON)}")
-        if self.step == "sparse" and not self.sparse_step_applies():
-            raise OptionError("step", f"{{name}} sparse needs every hidden layer ksparse and no dropout (here: "
-                                      f"activations {literal(self.activations)}, input dropout {self.input_dropout}, "
-                                      f"hidden dropout {self.hidden_dropout}); use {{name}} dense or auto")
-
-    def sparse_step_applies(self) -> bool:
-        """Whether the net is one the sparse step computes: every hidden layer ksparse, no dropout."""
-        return (all(a == "ksparse" for a in self.activations) and self.input_dropout == 0
-                and self.hidden_dropout == 0)
-
-    def resolved_step(self, backend: Backend) -> str:
-        """``dense`` or ``sparse``: ``auto`` resolved for this net on ``backend``."""
-        if self.step == "sparse" and backend.is_gpu:
-            raise OptionError("step", "{name} sparse runs on the CPU only (NumPy); use {name} dense or auto on a GPU")
-        if self.step == "auto":
-            return "sparse" if self.sparse_step_applies() and not backend.is_gpu else "dense"
-        return self.step
-
 
 @dataclass
 class FinetuneReport:

@@ -199,8 +199,7 @@ def new_trainer(values: dict, pretrained, read, data, backend):
         configs = baseline_fit.stack_configs(baseline, sizes, values["pretrain_epochs"], values["seed"])
         for config in configs:  # before the folder is made: a bad input writes nothing
             config.validate(n_train=len(data.X_train))
-        if baseline == "rbm":
-            baselines.check_rbm_input(data.X_train)  # layer 1's visible units; the layers above get sigmoids
+        baselines.BASELINES[baseline].check_input(data.X_train)  # layer 1's (the RBM's visible units: in [0, 1])
         pretrain_layers = [config_to_dict(layer) for layer in configs]  # config.json: each layer's settings
         network = dict(activations=["sigmoid"] * len(sizes), **baselines.REGULARISATION[baseline])  # section 4.5
     else:

@@ -30,15 +30,19 @@ from ksae_cupy.training.checkpoint import Checkpoint, load_checkpoint, save_chec
 from ksae_cupy.training.learning_rate import (auto_learning_rate, check_data_scale, check_rate_moves_weights,
                                               round_significant, scale_of)
 from ksae_cupy.training.options import check_positive_finite, check_training_memory
+from ksae_cupy.training.config import RULES, TrainConfig
 from ksae_cupy.training.sklearn_compat import (BaseEstimator, ClassNamePrefixFeaturesOutMixin, Integral, Interval,
-                                               Real, StrOptions, TransformerMixin, check_is_fitted, check_parameters,
-                                               check_width, validate_data)
-from ksae_cupy.training.trainer import TrainConfig, Trainer, TrainingDiverged
+                                               Real, TransformerMixin, check_is_fitted, check_parameters,
+                                               check_width, constraints, validate_data)
+from ksae_cupy.training.trainer import Trainer, TrainingDiverged
 
 
 def parameter_name(field: str) -> str:
     """How the estimator's messages name a :class:`TrainConfig` field: by its parameter."""
     return {"hidden": "n_hidden"}.get(field, field)
+
+
+PAPER = TrainConfig()  # the defaults, the paper's (section 4.3)
 
 # Input dtypes kept as they are; anything else (integers, with input_scale) becomes the first.
 KEPT_DTYPES = (np.float64, np.float32)
@@ -74,38 +78,25 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
 
     # Every parameter's type and range, checked when fit starts (scikit-learn's convention and
     # words: "The 'k' parameter of KSparseAutoencoder must be an int in the range [1, inf). Got 2.5
-    # instead."); the constraints between parameters (k <= n_hidden, ...) are TrainConfig.validate's.
+    # instead."): TrainConfig's fields by their rules (config.RULES, which TrainConfig.validate checks too),
+    # then the estimator's own; the constraints between parameters (k <= n_hidden, ...) are TrainConfig.validate's.
     _parameter_constraints = {
-        "n_hidden": [Interval(Integral, 1, None, closed="left")],
-        "k": [Interval(Integral, 1, None, closed="left")],
-        "k_start": [Interval(Integral, 1, None, closed="left"), StrOptions({"auto"}), None],
-        "epochs": [Interval(Integral, 1, None, closed="left")],
-        "batch_size": [Interval(Integral, 1, None, closed="left")],
-        "lr": [Interval(Real, 0, None, closed="neither"), StrOptions({"auto"})],
-        "momentum": [Interval(Real, 0, 1, closed="left")],
-        "sigma": [Interval(Real, 0, None, closed="neither")],
-        "topk": [StrOptions({"sort", "threshold"})],
-        "seed": [Interval(Integral, 0, 2**32 - 1, closed="both")],
-        "dtype": [StrOptions({"float32", "float64"})],
+        **constraints(RULES, parameter_name, also={"k_start": ("auto",)}),
         "device": [str],
-        "activation": [StrOptions({"linear", "relu"})],
-        "step": [StrOptions({"auto", "dense", "sparse"})],
         "alpha": [Interval(Real, 1, None, closed="left")],
         "warm_start": ["boolean"],
         "input_scale": [Interval(Real, 0, None, closed="neither"), None],
         "verbose": [Interval(Integral, 0, None, closed="left"), "boolean"],
         "n_threads": [Interval(Integral, 1, None, closed="left"), None],
-        "aux_k": [Interval(Integral, 0, None, closed="left")],
-        "aux_coef": [Interval(Real, 0, None, closed="neither")],
-        "dead_window": [Interval(Integral, 1, None, closed="left")],
-        "center_input": ["boolean"],
     }
 
-    def __init__(self, n_hidden=1000, k=25, k_start="auto", epochs=5000, batch_size=128, lr="auto",
-                 momentum=0.9, sigma=0.01, topk="sort", seed=0, dtype="float32", device="auto",
-                 activation="linear", step="auto", alpha=1.0,
-                 warm_start=False, input_scale=None, verbose=0, n_threads=None, aux_k=0, aux_coef=1 / 32,
-                 dead_window=10000, center_input=False):
+    # Defaults: TrainConfig's (the paper's), but for the rate and the schedule's start, derived from the data
+    # and from k here ("auto"), and the estimator's own.
+    def __init__(self, n_hidden=PAPER.hidden, k=PAPER.k, k_start="auto", epochs=PAPER.epochs,
+                 batch_size=PAPER.batch_size, lr="auto", momentum=PAPER.momentum, sigma=PAPER.sigma, topk=PAPER.topk,
+                 seed=PAPER.seed, dtype=PAPER.dtype, device="auto", activation=PAPER.activation, step=PAPER.step,
+                 alpha=1.0, warm_start=False, input_scale=None, verbose=0, n_threads=None, aux_k=PAPER.aux_k,
+                 aux_coef=PAPER.aux_coef, dead_window=PAPER.dead_window, center_input=PAPER.center_input):
         self.n_hidden, self.k, self.k_start, self.epochs = n_hidden, k, k_start, epochs
         self.batch_size, self.lr, self.momentum, self.sigma = batch_size, lr, momentum, sigma
         self.topk, self.seed, self.dtype, self.device = topk, seed, dtype, device
@@ -123,11 +114,8 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         lr, lr_auto = self.lr, False
         if isinstance(lr, str) and lr == "auto" and X_nd is not None:
             lr, lr_auto = auto_learning_rate(X_nd), True
-        return TrainConfig(hidden=self.n_hidden, k=self.k, k_start=k_start, epochs=self.epochs,
-                           batch_size=self.batch_size, lr=lr, momentum=self.momentum, sigma=self.sigma,
-                           topk=self.topk, seed=self.seed, dtype=self.dtype, activation=self.activation,
-                           step=self.step, lr_auto=lr_auto, aux_k=self.aux_k, aux_coef=self.aux_coef,
-                           dead_window=self.dead_window, center_input=self.center_input)
+        values = {field: getattr(self, parameter_name(field)) for field in RULES}  # a parameter per ruled field
+        return TrainConfig(**{**values, "k_start": k_start, "lr": lr, "lr_auto": lr_auto})
 
     @property
     def trainer_(self) -> Trainer | None:
@@ -493,11 +481,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         (``lr`` is the rate the run trained with, resolved if it was ``auto``)."""
         ckpt = load_checkpoint(Path(path))
         config = TrainConfig.from_dict(ckpt.config)
-        est = cls(n_hidden=config.hidden, k=config.k, k_start=config.k_start, epochs=config.epochs,
-                  batch_size=config.batch_size, lr=config.lr, momentum=config.momentum, sigma=config.sigma,
-                  topk=config.topk, seed=config.seed, dtype=config.dtype, device=device,
-                  activation=config.activation, step=config.step, warm_start=True, aux_k=config.aux_k,
-                  aux_coef=config.aux_coef, dead_window=config.dead_window, center_input=config.center_input)
+        est = cls(**{parameter_name(field): getattr(config, field) for field in RULES}, device=device, warm_start=True)
         est._restore(ckpt, resolve_device(device))
         est.preprocess_ = dict(ckpt.preprocess)
         est.run_id_ = ckpt.run_id

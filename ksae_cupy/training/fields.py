@@ -6,7 +6,8 @@ as its policy says, and :func:`resume_table` writes the table of every option of
 The options every command shares are declared here once (:data:`SHARED`); each command's own
 live beside its configuration (:data:`TRAIN` here, the supervised commands' in
 :mod:`ksae_cupy.supervised.commands`). The paper's defaults are read from
-:class:`~ksae_cupy.training.trainer.TrainConfig`, never typed again.
+:class:`~ksae_cupy.training.config.TrainConfig`, never typed again, and so are the figures the help
+texts quote; each choice set is its source constant (``TOPK_METHODS``, ``STEPS``, ``DTYPES``, ``ACTIVATIONS``).
 
 What ``--resume`` does with an option (:attr:`Option.resume`):
 
@@ -25,7 +26,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ksae_cupy.training.trainer import TrainConfig
+from ksae_cupy.model import ACTIVATIONS
+from ksae_cupy.sparse_step import STEPS
+from ksae_cupy.topk import TOPK_METHODS
+from ksae_cupy.training.config import TrainConfig
+from ksae_cupy.training.options import DTYPES
 
 APPLIED, REFUSED, KEPT, SESSION = "applied", "refused", "kept", "session"
 POLICIES = (APPLIED, REFUSED, KEPT, SESSION)
@@ -58,7 +63,7 @@ class Option:
         return dataclasses.replace(self, **changes)
 
 
-PAPER = TrainConfig()  # the paper's defaults (section 4.3): 1000 units, k 25, batch 128, ...
+PAPER = TrainConfig()  # the paper's defaults (section 4.3), as ksae_cupy/paper.py types them
 THREADS_DEFAULT = ("[default: OMP_NUM_THREADS or its kin when set, else one per free core (the load average "
                    "counts the busy ones); on --resume, the run's]")
 
@@ -67,12 +72,11 @@ SHARED = {option.name: option for option in (
     Option("device", "auto, cpu, gpu or gpu:N.", "auto", resume=APPLIED),
     Option("threads", f"Threads on the CPU, for BLAS and the CPU kernels. {THREADS_DEFAULT}", None, int, APPLIED),
     Option("topk", "Top-k algorithm: selection by sorting, or iterative threshold (the same units either way).",
-           PAPER.topk, ("sort", "threshold"), APPLIED),
+           PAPER.topk, TOPK_METHODS, APPLIED),
     Option("step", "Training step: dense products, or only the first layer's product dense (sparse); auto picks.",
-           PAPER.step, ("dense", "sparse", "auto"), APPLIED),
+           PAPER.step, STEPS, APPLIED),
     Option("seed", "Seed of the initial weights and of the batch order.", PAPER.seed, int),
-    Option("dtype", "Floating-point type of the parameters and the data on the device.", PAPER.dtype,
-           ("float32", "float64")),
+    Option("dtype", "Floating-point type of the parameters and the data on the device.", PAPER.dtype, DTYPES),
     Option("run_dir", "Folder for checkpoint.h5, config.json, metrics.jsonl.", None, PATH, KEPT),
     Option("checkpoint_every", "Write a checkpoint every N epochs (and at the end).", 10, int, APPLIED),
     Option("checkpoint_minutes", "Also write one whenever this many minutes have passed, mid-epoch if need be "
@@ -100,22 +104,23 @@ RUN_LEVEL = ("checkpoint_every", "checkpoint_minutes", "threads", "device", "dat
 
 # -- ksae-train --------------------------------------------------------------------------------
 TRAIN = [
-    Option("hidden", "Hidden units H (paper: 1000 on MNIST).", PAPER.hidden, int),
+    Option("hidden", f"Hidden units H (paper: {PAPER.hidden} on MNIST).", PAPER.hidden, int),
     Option("k", "Units kept per example during training.", PAPER.k, int, flag="--k"),
-    Option("k_start", "First k of the sparsity schedule (section 4.3.1). [default: 100, or k if larger, at most "
-           "hidden]", None, int),
+    Option("k_start", f"First k of the sparsity schedule (section 4.3.1). [default: {PAPER.k_start}, or k if larger, "
+           f"at most hidden]", None, int),
     Option("no_k_schedule", "Train with k from the first epoch.", False, bool),
-    Option("epochs", "Epochs (paper: 5000).", PAPER.epochs, int, APPLIED),
-    Option("batch_size", "Minibatch size (authors' code: 128).", PAPER.batch_size, int),
-    Option("lr", "Learning rate eta, or auto: derived from the data's scale (0.01 on MNIST). [default: 0.01 (the "
-           "paper's) for the built-in datasets but fashion-mnist; auto for it and your files]", None, str),
-    Option("momentum", "Momentum m (paper: 0.9).", PAPER.momentum, float),
-    Option("sigma", "Std of the Gaussian initial weights (paper: 0.01).", PAPER.sigma, float),
+    Option("epochs", f"Epochs (paper: {PAPER.epochs}).", PAPER.epochs, int, APPLIED),
+    Option("batch_size", f"Minibatch size (authors' code: {PAPER.batch_size}).", PAPER.batch_size, int),
+    Option("lr", f"Learning rate eta, or auto: derived from the data's scale ({PAPER.lr} on MNIST). [default: "
+           f"{PAPER.lr} (the paper's) for the built-in datasets but fashion-mnist; auto for it and your files]", None,
+           str),
+    Option("momentum", f"Momentum m (paper: {PAPER.momentum}).", PAPER.momentum, float),
+    Option("sigma", f"Std of the Gaussian initial weights (paper: {PAPER.sigma}).", PAPER.sigma, float),
     SHARED["topk"],
     SHARED["seed"],
     SHARED["dtype"],
     Option("activation", "Hidden units: linear (the paper) or relu (negative survivors of the top-k set to zero).",
-           PAPER.activation, ("linear", "relu")),
+           PAPER.activation, ACTIVATIONS),
     SHARED["step"].but(help="Training step: dense products, or only the encoder dense (sparse); auto picks by k/H."),
     Option("aux_k", "Beyond the paper: the auxiliary loss of Gao et al. 2024 on this many dead units per example "
            "(0: off).", PAPER.aux_k, int),

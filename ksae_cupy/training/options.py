@@ -34,6 +34,11 @@ def check_momentum(flag: str, value: float) -> None:
         raise KsaeError(f"{flag} {value} is not allowed; use 0 <= momentum < 1")
 
 
+def check_choice(flag: str, value: str, choices: tuple) -> None:
+    if value not in choices:
+        raise KsaeError(f"{flag} {value!r} is not allowed; use one of {', '.join(choices)}")
+
+
 def check_dtype(flag: str, value: str) -> None:
     if value not in DTYPES:
         raise KsaeError(f"{flag} {value!r} is not allowed; use float32 or float64")

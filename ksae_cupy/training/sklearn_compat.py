@@ -181,3 +181,23 @@ def check_parameters(estimator) -> None:
         text = shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
         raise InvalidParameterError(f"The {name!r} parameter of {type(estimator).__name__} must be {text}. "
                                     f"Got {value!r} instead.")
+
+
+def constraints(rules: dict, names=None, also=None) -> dict:
+    """``_parameter_constraints`` made from :data:`~ksae_cupy.training.config.RULES`: ``{parameter: [constraint,
+    ...]}`` in scikit-learn's order (the range or the choices, then the strings allowed besides, then None).
+    ``names(field)`` gives a field's parameter name; ``also``: ``{field: (value, ...)}``, values a front end allows
+    beyond the rule (the estimator's ``k_start="auto"``)."""
+    made = {}
+    for field, rule in rules.items():
+        extra = (*(also or {}).get(field, ()), *rule.also)
+        if rule.kind is bool:
+            first = "boolean"
+        elif rule.choices:
+            first = StrOptions(set(rule.choices))
+        else:
+            first = Interval(Integral if rule.kind is int else Real, rule.low, rule.high, closed=rule.closed)
+        strings = {value for value in extra if isinstance(value, str)}
+        made[field if names is None else names(field)] = [first, *([StrOptions(strings)] if strings else []),
+                                                          *([None] if None in extra else [])]
+    return made

@@ -1,8 +1,8 @@
 """The training loop: shuffled minibatches, the sparsity schedule, momentum SGD, checkpoints.
 
-:class:`TrainConfig` holds every option that shapes a run (it is saved in checkpoints);
-:class:`Trainer` owns the parameters, velocities and random state on one backend and runs
-epochs. It never prints: it reports each epoch to a callback, so the CLI and the Python
+:class:`~ksae_cupy.training.config.TrainConfig` (in config.py, re-exported here) holds every option
+that shapes a run (it is saved in checkpoints); :class:`Trainer` owns the parameters, velocities
+and random state on one backend and runs epochs. It never prints: it reports each epoch to a callback, so the CLI and the Python
 API decide what to show and where to write.
 
 Determinism: the initial weights and each epoch's order come from one NumPy generator on
@@ -26,27 +26,13 @@ from ksae_cupy.cpu.sparse_encoder import RunInputs
 from ksae_cupy.gpu.graph_step import CapturedEpochs, graph_step_applies
 from ksae_cupy.training import epochs
 from ksae_cupy.training.checkpoint import Checkpoint
-from ksae_cupy.errors import KsaeError, OptionError, TrainingDiverged, literal, python_name  # TrainingDiverged is re-exported here
-from ksae_cupy.training.options import (DictConfig, ValidatedOnce, check_batch_size, check_dtype, check_in_dtype,
-                                        check_momentum, check_positive_count, check_positive_finite)
+from ksae_cupy.errors import KsaeError, OptionError, TrainingDiverged  # TrainingDiverged is re-exported here
+# TrainConfig lives in config.py; still imported from here by callers (training.trainer.TrainConfig).
+from ksae_cupy.training.config import TrainConfig  # noqa: F401 (re-export)
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.schedules import sparsity_at_epoch
 from ksae_cupy.sparse_step import choose_step, sparse_layout
-from ksae_cupy.topk import TOPK_METHODS
 from ksae_cupy.training.steps import resolve_evaluation, resolve_steps, step_kind
-
-
-def _template(message: str) -> str:
-    """A shared check's message, made with ``{name}`` for the field, as an OptionError template (its braces kept)."""
-    return literal(message).replace("{{name}}", "{name}")
-
-
-def _option_error(field: str, template: str) -> KsaeError:
-    """An :class:`OptionError` for ``field``; for a caller that still spells fields as flags (``--hidden``),
-    the message with that spelling (a plain KsaeError, which the CLI prints as it reads)."""
-    if field.startswith("-"):
-        return KsaeError(template.format(name=field))
-    return OptionError(field, template)
 
 
 class _Diverged(TrainingDiverged, OptionError):
@@ -55,114 +41,6 @@ class _Diverged(TrainingDiverged, OptionError):
     def __init__(self, template: str):
         OptionError.__init__(self, "lr", template)
         self.loss = self.epoch = self.step = self.lr = None
-
-
-@dataclass
-class TrainConfig(DictConfig, ValidatedOnce):
-    """Options of one training run; defaults are the paper's unsupervised MNIST settings.
-
-    Sources: sigma, momentum, lr and epochs from section 4.3.2; the k schedule (k_start
-    100, linear over the first half of the epochs) from section 4.3.1; batch 128 from the
-    authors' code.
-    """
-
-    hidden: int = 1000
-    k: int = 25
-    k_start: int | None = 100  # None: no schedule, k from the first epoch
-    epochs: int = 5000
-    batch_size: int = 128
-    lr: float = 0.01
-    momentum: float = 0.9
-    sigma: float = 0.01
-    topk: str = "sort"
-    seed: int = 0
-    dtype: str = "float32"
-    activation: str = "linear"  # the paper's linear units; "relu" is an investigated variant
-    # Epochs the k schedule spans (None: all of them). Set when a resumed run changes its
-    # epochs, so that k goes on as it was scheduled instead of jumping back up.
-    k_schedule_epochs: int | None = None
-    # dense, sparse or auto (by k / H): the same math, so a checkpoint without it loads as auto.
-    step: str = "auto"
-    # Whether lr was derived from the data (lr "auto", see learning_rate.py); lr holds the rate.
-    lr_auto: bool = False
-    # Beyond the paper (issue 35), all off by default. aux_k > 0: the auxiliary loss of Gao et al.
-    # (2024) on the dead units (model.loss_and_grads_auxk), weighted by aux_coef (1/32, as theirs).
-    # A unit is dead when no example of the last dead_window examples kept it (also what the
-    # dead_window_fraction metric counts, whatever aux_k). center_input: the training mean is
-    # subtracted from every input (the estimator does it, and keeps the mean with the model).
-    aux_k: int = 0
-    aux_coef: float = 1 / 32
-    dead_window: int = 10000
-    center_input: bool = False
-
-    def validate(self, n_train: int | None = None, name=python_name) -> None:
-        """Raise :class:`~ksae_cupy.errors.OptionError` naming the first bad field and what is allowed.
-
-        Messages name fields as Python does (``k_start``); a command line prints its flag instead
-        (the CLI spells an OptionError's field). ``name(field)`` renames a field for a front end with
-        its own parameter names (the estimator's ``n_hidden``). ``lr`` may still be ``"auto"`` here;
-        a :class:`Trainer` needs the rate itself.
-        """
-        def bad(field, template):
-            return _option_error(name(field), template)
-
-        def checked(field, check, *args):  # a shared check of training/options.py, its message in {name} terms
-            try:
-                check("{name}", *args)
-            except KsaeError as exc:
-                raise bad(field, _template(str(exc))) from None
-
-        # The other field a message names, in words ("1 <= k <= hidden"; n_hidden from the estimator), flag or not.
-        hidden = name("hidden").lstrip("-")
-        checked("hidden", check_positive_count, self.hidden, "hidden units")
-        if not 1 <= self.k <= self.hidden:
-            raise bad("k", f"{{name}} {self.k} is not allowed; use 1 <= k <= {hidden} ({self.hidden})")
-        if self.k_start is not None and self.k_start < self.k:
-            raise bad("k_start", f"{{name}} {self.k_start} is not allowed; use {{name}} >= k ({self.k})")
-        if self.k_start is not None and self.k_start > self.hidden:
-            raise bad("k_start", f"{{name}} {self.k_start} is not allowed; use {{name}} <= {hidden} ({self.hidden})")
-        checked("epochs", check_positive_count, self.epochs, "epochs")
-        checked("batch_size", check_batch_size, self.batch_size, n_train)
-        if self.lr != "auto":
-            if isinstance(self.lr, str):
-                raise bad("lr", f"{{name}} {literal(repr(self.lr))} is not allowed; use a positive learning rate "
-                                f"or 'auto'")
-            checked("lr", check_positive_finite, self.lr, "learning rate (or 'auto')")
-        checked("momentum", check_momentum, self.momentum)
-        checked("sigma", check_positive_finite, self.sigma, "standard deviation")
-        if self.topk not in TOPK_METHODS:
-            raise bad("topk", f"{{name}} {literal(repr(self.topk))} is not allowed; use one of "
-                              f"{', '.join(TOPK_METHODS)}")
-        if self.activation not in model.ACTIVATIONS:
-            raise bad("activation", f"{{name}} {literal(repr(self.activation))} is not allowed; use one of "
-                                    f"{', '.join(model.ACTIVATIONS)}")
-        checked("dtype", check_dtype, self.dtype)
-        # (lr is checked against the data: learning_rate.check_rate_moves_weights)
-        checked("sigma", lambda field, value: check_in_dtype(self.dtype, **{field: ("sigma", value)}), self.sigma)
-        checked("momentum", lambda field, value: check_in_dtype(self.dtype, **{field: ("momentum", value)}),
-                self.momentum)
-        try:
-            choose_step(self.step, self.k, self.hidden)
-        except OptionError as exc:
-            raise bad("step", exc.template) from None
-        if isinstance(self.aux_k, bool) or not isinstance(self.aux_k, (int, np.integer)) or not 0 <= self.aux_k <= self.hidden:
-            raise bad("aux_k", f"{{name}} {literal(self.aux_k)} is not allowed; use 0 (off) to {hidden} "
-                               f"({self.hidden}) dead units per example")
-        if self.aux_k:
-            checked("aux_coef", check_positive_finite, self.aux_coef, "weight of the auxiliary loss")
-        checked("dead_window", check_positive_count, self.dead_window, "examples")
-
-    def resolve_lr(self, lr: float) -> None:
-        """``lr="auto"`` resolved to the rate derived from the data (``lr_auto`` records it). A validated
-        configuration stays validated: the rate is positive and finite, all :meth:`validate` asks of one."""
-        if isinstance(lr, bool) or not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
-            raise ValueError(f"a learning rate derived from the data must be positive and finite, not {lr!r}")
-        self.changed_validly(lr=lr, lr_auto=True)
-
-    def drop_schedule(self) -> None:
-        """Train with ``k`` from the first epoch (``k_start`` None, which :meth:`validate` allows with any
-        other values): a validated configuration stays validated."""
-        self.changed_validly(k_start=None)
 
 
 @dataclass

@@ -22,9 +22,10 @@ def test_the_estimators_defaults_are_train_configs():
     defaults = {name: p.default for name, p in inspect.signature(KSparseAutoencoder).parameters.items()}
     shared = set(defaults) & set(PAPER.to_dict())
     assert {"k", "epochs", "batch_size", "lr", "momentum", "sigma", "topk", "seed", "dtype", "step"} <= shared
-    for name in shared - {"k_start"}:
+    for name in shared - {"k_start", "lr"}:
         assert defaults[name] == getattr(PAPER, name), name
     assert defaults["n_hidden"] == PAPER.hidden
+    assert defaults["lr"] == "auto"  # derived from the data: the paper's 0.01 on MNIST (learning_rate.py)
     # "auto": the schedule from 100 (or k if larger, at most the hidden units), TrainConfig's 100 at the defaults
     assert resolve_k_start(defaults["k_start"], defaults["k"], defaults["n_hidden"]) == PAPER.k_start
 
