@@ -86,6 +86,7 @@ def progress_view(trainer):
 
 def epoch_lines(report, trainer, progress) -> list[str]:
     """The epoch's line (loss, validation reconstruction error, speed, ETA) and, once, the estimate."""
+    from ksae_cupy.training.progress import done_around
     from ksae_cupy.training.wording import format_duration
 
     progress.clear()
@@ -96,10 +97,9 @@ def epoch_lines(report, trainer, progress) -> list[str]:
     per_step, left = progress.seconds_per_step(), progress.seconds_left()
     if not progress.estimated and per_step and left is not None and not trainer.finished:
         progress.estimated = True
-        end = _dt.datetime.now(_dt.timezone.utc) + _dt.timedelta(seconds=left)
         lines.append(f"estimate: {epochs} epochs at {per_step * progress.n_batches:.1f} s each take "
                      f"{format_duration(per_step * progress.n_batches * epochs)} on this device; "
-                     f"{epochs - trainer.epoch} left, done around {end:%Y-%m-%d %H:%M} UTC")
+                     f"{epochs - trainer.epoch} left, {done_around(left)}")
     return lines
 
 
