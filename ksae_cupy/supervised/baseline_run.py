@@ -8,6 +8,8 @@ import datetime as _dt
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
+
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.supervised import baseline_trainer as bt
 from ksae_cupy.supervised.commands import BASELINE, MODELS
@@ -62,8 +64,10 @@ def check_input(config, data, dataset: str, trainer=None) -> None:
 
 def new_trainer(config, data, backend):
     """A new run's trainer on ``data``, the batch and the device's memory checked first."""
+    from ksae_cupy.training.learning_rate import check_data_varies
     from ksae_cupy.training.options import check_batch_size, check_training_memory
 
+    check_data_varies(data.X_train, np)  # constant rows: a loss of 0 that says nothing
     check_batch_size("--batch-size", config.batch_size, len(data.X_train))
     check_training_memory(backend, data.dim, config.hidden, config.batch_size, config.dtype)
     return bt.BaselineTrainer(config, backend, data.dim)

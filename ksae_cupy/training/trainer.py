@@ -150,6 +150,14 @@ class TrainConfig(DictConfig, ValidatedOnce):
             checked("aux_coef", check_positive_finite, self.aux_coef, "weight of the auxiliary loss")
         checked("dead_window", check_positive_count, self.dead_window, "examples")
 
+    def check_new(self, name=lambda field: field) -> None:
+        """What only a new run is refused (a loaded checkpoint keeps what it recorded): a value with no
+        effect, which config.json would record as if it had acted."""
+        if not self.aux_k and self.aux_coef != TrainConfig.aux_coef:
+            raise _option_error(name("aux_coef"), f"{{name}} {self.aux_coef} has no effect with {name('aux_k')} 0 "
+                                                  f"(the auxiliary loss is off); give {name('aux_k')} N too, or "
+                                                  f"leave {{name}} out")
+
     def resolve_lr(self, lr: float) -> None:
         """``lr="auto"`` resolved to the rate derived from the data (``lr_auto`` records it). A validated
         configuration stays validated: the rate is positive and finite, all :meth:`validate` asks of one."""
