@@ -11,11 +11,12 @@ from pathlib import Path
 import numpy as np
 
 from ksae_cupy.atomic import write_json_atomic
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import KsaeError, note
 from ksae_cupy.supervised import finetune
 from ksae_cupy.supervised.commands import FINETUNE
 from ksae_cupy.supervised.units import check_dropout_rate
 from ksae_cupy.training.fields import APPLIED, DATA, KEPT, REFUSED, named
+from ksae_cupy.training.options import check_positive_finite
 
 RESULTS = "finetune.json"
 # Fixed by a run and recorded in another form (--hidden 1000,1000, alpha*k kept): on --resume, giving
@@ -77,7 +78,10 @@ def check_new(values: dict, pretrained, given: set) -> None:
     if not no_pretraining and not pretrained and not baseline:
         raise KsaeError("missing PRETRAINED_RUN_DIR; give one or two ksae-train run folders, --no-pretraining "
                         "or --baseline")
-    if values["lr_end"] > values["lr_start"] and not values["rising_lr"]:  # NaN is named by the config's check
+    for name in ("lr_start", "lr_end", "softmax_lr_start"):  # a rate that is no rate first: not as a rising schedule
+        if values.get(name) is not None:
+            check_positive_finite("--" + name.replace("_", "-"), values[name], "learning rate")
+    if values["lr_end"] > values["lr_start"] and not values["rising_lr"]:
         raise KsaeError(f"--lr-end {values['lr_end']} is above --lr-start {values['lr_start']}: the rate would rise "
                         f"over the run (the paper's falls from 1 to 0.001); swap them, or give --rising-lr if that is "
                         f"meant")
@@ -102,6 +106,12 @@ def check_new(values: dict, pretrained, given: set) -> None:
     for name in ("input_dropout", "hidden_dropout"):  # before --baseline's pretraining, not after it
         if values.get(name) is not None:
             check_dropout_rate(name, values[name])
+    phases = [phase.strip() for phase in (values.get("phases") or "").split(",") if phase.strip()]
+    repeated = sorted({phase for phase in phases if phases.count(phase) > 1}, key=phases.index)
+    if repeated:  # allowed (more epochs of a phase), but not the continuation it may look like
+        note(f"--phases {values['phases']}: phase {' and '.join(repeated)} comes more than once; each time it runs "
+             f"its --epochs again with its rate schedule restarted from the start (--lr-start"
+             f"{' or --softmax-lr-start' if 'softmax' in repeated else ''}), not continued")
     if values["pretrain_epochs"] <= 0:
         raise KsaeError(f"--pretrain-epochs {values['pretrain_epochs']} is not allowed; use a positive number of "
                         f"epochs")
@@ -134,7 +144,24 @@ def read_pretrained(pretrained) -> tuple[list, list, list, dict]:
                         "hidden": model.n_hidden, "data": run_config.get("data"),
                         "epochs_trained": model.trainer_.epoch, "activation": model.activation,
                         "aux_k": int(model.aux_k), "center_input": bool(model.center_input)})
+    if len(encoders) == 2:
+        check_stacking(pretrained, [W_dh.shape for W_dh, _ in encoders])
     return encoders, ks, sources, network
+
+
+def check_stacking(pretrained, shapes) -> None:
+    """Refuse two layers whose widths do not chain (layer 2 takes layer 1's codes as input), naming the
+    cause: the two given in the wrong order, or layer 2 trained on other data."""
+    (D_1, H_1), (D_2, H_2) = shapes
+    if D_2 == H_1:
+        return
+    first, second = pretrained
+    if D_1 == H_2:
+        raise KsaeError(f"the pretrained runs are in the wrong order: {second} has {H_2} units, the {D_1} inputs "
+                        f"{first} takes, so {second} is layer 1; give layer 1 first: ksae-finetune {second} {first}")
+    raise KsaeError(f"the pretrained runs do not stack: {first} (layer 1) has {H_1} units but {second} (layer 2) "
+                    f"takes {D_2} inputs; train layer 2 on layer 1's codes (ksae-data codes {first} codes.npy, then "
+                    f"ksae-train codes.npy)")
 
 
 def data_of(dataset, sources, data_given: dict):
