@@ -74,6 +74,7 @@ class RunState:
     results: dict | None = field(repr=False)
     locked: str | None = None  # why another live process holds the folder (a run writing it now)
     diverged: str | None = None  # the message of a run that diverged (diverged.json)
+    broken: str | None = None  # why its files cannot be read as a run (broken_reason): no command runs there
 
     @property
     def pretraining(self) -> bool:
@@ -97,6 +98,8 @@ class RunState:
 
     def describe(self) -> str:
         """A few words on where the run stands."""
+        if self.broken:
+            return f"broken: {self.broken}"
         if self.done:
             return "done"
         if self.diverged:
@@ -124,7 +127,32 @@ def run_state(folder: Path) -> RunState:
                     epochs_done=len(records) if kind == FINETUNE else (records[-1].get("epoch", 0) if records else 0),
                     seconds=float(sum(r.get("seconds", 0.0) for r in records)),
                     has_checkpoint=(folder / CHECKPOINT).is_file(), results=results, locked=locked_by(folder),
-                    diverged=(read_json(folder / DIVERGED) or {}).get("message"))
+                    diverged=(read_json(folder / DIVERGED) or {}).get("message"), broken=broken_reason(folder))
+
+
+def broken_reason(folder: Path) -> str | None:
+    """Why ``folder``'s run files cannot be read as a run, in a few words, or None (none there, or readable):
+    a config.json that is not JSON or names no command's run, or run files without one. A report shows it
+    as broken rather than missing, since every command would refuse that folder. Only config.json is read
+    (a checkpoint cut short is the command's to name, when it loads it)."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        return "a file, not a folder"
+    if not folder.is_dir():
+        return None
+    config_path = folder / CONFIG
+    if config_path.exists():
+        try:
+            config = json.loads(config_path.read_text())
+        except OSError as exc:
+            return f"{CONFIG} cannot be read ({exc.strerror or exc})"
+        except ValueError:
+            return f"{CONFIG} is not JSON (cut short or overwritten)"
+        if not isinstance(config, dict) or config_kind(config) is None:
+            return f"{CONFIG} names no command's run"
+    elif (folder / CHECKPOINT).exists() or (folder / METRICS).exists():
+        return f"run files without a {CONFIG}"
+    return None
 
 
 def find_runs(root: Path) -> list[RunState]:
