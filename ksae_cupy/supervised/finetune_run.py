@@ -112,6 +112,13 @@ def check_new(values: dict, pretrained, given: set) -> None:
         note(f"--phases {values['phases']}: phase {' and '.join(repeated)} comes more than once; each time it runs "
              f"its --epochs again with its rate schedule restarted from the start (--lr-start"
              f"{' or --softmax-lr-start' if 'softmax' in repeated else ''}), not continued")
+    if "pretrain_epochs" in given and not baseline:
+        raise KsaeError(f"--pretrain-epochs {values['pretrain_epochs']} only applies with --baseline (which pretrains "
+                        f"its layers here); the other runs' layers are trained already; leave it out")
+    if "alpha" in given and (baseline or values["units"] == "relu"):
+        raise KsaeError(f"--alpha {values['alpha']} has no effect with "
+                        f"{'--baseline ' + baseline if baseline else '--units relu'}: its layers keep every unit; "
+                        f"leave it out")
     if values["pretrain_epochs"] <= 0:
         raise KsaeError(f"--pretrain-epochs {values['pretrain_epochs']} is not allowed; use a positive number of "
                         f"epochs")
@@ -159,9 +166,16 @@ def check_stacking(pretrained, shapes) -> None:
     if D_1 == H_2:
         raise KsaeError(f"the pretrained runs are in the wrong order: {second} has {H_2} units, the {D_1} inputs "
                         f"{first} takes, so {second} is layer 1; give layer 1 first: ksae-finetune {second} {first}")
-    raise KsaeError(f"the pretrained runs do not stack: {first} (layer 1) has {H_1} units but {second} (layer 2) "
-                    f"takes {D_2} inputs; train layer 2 on layer 1's codes (ksae-data codes {first} codes.npy, then "
-                    f"ksae-train codes.npy)")
+    raise KsaeError(f"layer 2 takes {D_2} inputs but layer 1 has {H_1} hidden units; the pretrained runs do not "
+                    f"stack ({first}, then {second}); train layer 2 on layer 1's codes (ksae-data codes {first} "
+                    f"codes.npy, then ksae-train codes.npy)")
+
+
+def check_alpha_applies(given: set, values: dict, ks: list) -> None:
+    """Refuse --alpha for pretrained layers that keep every unit (ksae-baseline runs: no k to multiply)."""
+    if "alpha" in given and ks and all(k is None for k in ks):
+        raise KsaeError(f"--alpha {values['alpha']} has no effect on ksae-baseline layers: their sigmoid units are "
+                        f"all kept; leave it out")
 
 
 def data_of(dataset, sources, data_given: dict):

@@ -74,6 +74,9 @@ class RunLifecycle:
         self.settings = resuming.run_level(RUN_LEVEL, values, self.given, self.previous or {})
         if "progress_seconds" in self.settings:
             check_progress_seconds(self.settings["progress_seconds"])
+            if "progress_seconds" in self.given and values.get("quiet"):
+                raise KsaeError(f"--progress-seconds {values['progress_seconds']} has no effect with --quiet, which "
+                                f"shows no progress; give one or the other")
         self.policy = CheckpointPolicy(self.settings["checkpoint_every"], self.settings["checkpoint_minutes"])
         return self.previous
 

@@ -77,6 +77,29 @@ def test_an_alpha_given_for_the_codes_of_a_baseline_folder_is_refused(runs, tmp_
     assert not (tmp_path / "codes.npy").exists()
 
 
+@pytest.mark.parametrize("args, fragment", [
+    (["{layer1}", "--pretrain-epochs", "5"], "--pretrain-epochs 5 only applies with --baseline"),
+    (["{rows}", "--baseline", "rbm", "--hidden", "8", "--alpha", "2"],
+     "--alpha 2.0 has no effect with --baseline rbm: its layers keep every unit"),
+    (["{rows}", "--no-pretraining", "--units", "relu", "--hidden", "8", "--alpha", "2"],
+     "--alpha 2.0 has no effect with --units relu"),
+    (["{baseline}", "--alpha", "2"], "--alpha 2.0 has no effect on ksae-baseline layers"),
+    (["{layer1}", "--progress-seconds", "5"], "--progress-seconds 5.0 has no effect with --quiet"),
+])
+def test_fine_tuning_options_with_no_effect_are_refused(runs, tmp_path, args, fragment):
+    paths = {"layer1": runs / "layer1", "rows": runs / "rows.npz", "baseline": runs / "baseline"}
+    result = invoke(finetune_command, *[a.format(**paths) for a in args], *FT, "--run-dir", tmp_path / "ft")
+    assert_one_line_error(result, fragment, status=2)
+    assert not (tmp_path / "ft").exists()
+
+
+def test_progress_seconds_with_quiet_is_refused_by_the_training_commands(runs, tmp_path):
+    result = invoke(train_command, runs / "rows.npz", "--hidden", "12", "--k", "3", *TRAIN, "--progress-seconds",
+                    "5", "--run-dir", tmp_path / "r")
+    assert_one_line_error(result, "--progress-seconds 5.0 has no effect with --quiet", status=2)
+    assert not (tmp_path / "r").exists()
+
+
 def test_a_repeated_fine_tuning_phase_is_named(runs, tmp_path):
     result = invoke(finetune_command, runs / "layer1", *FT, "--phases", "all,all", "--run-dir", tmp_path / "ft")
     assert result.exit_code == 0, result.output
@@ -121,7 +144,8 @@ def test_layers_in_the_wrong_order_are_refused_as_such_not_as_data_without_label
                           f"{runs / 'layer1'} {runs / 'layer2'}", status=2)
     assert "labels" not in result.stderr
     unstacked = invoke(finetune_command, runs / "layer1", runs / "layer1", *FT, "--run-dir", tmp_path / "ft")
-    assert_one_line_error(unstacked, "the pretrained runs do not stack", "has 12 units", "takes 16 inputs", status=2)
+    assert_one_line_error(unstacked, "layer 2 takes 16 inputs but layer 1 has 12 hidden units",
+                          "the pretrained runs do not stack", status=2)
 
 
 @pytest.mark.parametrize("option", ["--softmax-lr-start", "--lr-start", "--lr-end"])
