@@ -183,3 +183,21 @@ def test_the_mpi_trainers_usage_line_names_how_it_is_started():
     assert result.stderr.startswith("Usage: mpiexec -n R python -m mpi4py -m ksae_cupy.cli.mpi_train train"), \
         result.stderr
     assert "ksae-dist" not in result.stderr
+
+
+def test_a_layout_for_grey_filters_is_refused(runs, tmp_path):
+    pytest.importorskip("matplotlib")
+    from ksae_cupy.cli.plot import plot_command
+
+    result = invoke(plot_command, "filters", runs / "layer1", "--layout", "chw", "--output", tmp_path / "f.png")
+    assert_one_line_error(result, "--layout chw has no effect on grey filters", status=2)
+    assert not (tmp_path / "f.png").exists()
+
+
+def test_workers_with_a_scheduler_are_refused_before_any_connection(runs, tmp_path):
+    from ksae_cupy.cli.sweep import sweep_command
+
+    result = invoke(sweep_command, runs / "rows.npz", "--k", "2", "--hidden", "8", "--epochs", "1",
+                    "--scheduler", "tcp://127.0.0.1:1", "--workers", "4", "--out", tmp_path / "s")
+    assert_one_line_error(result, "--workers 4 has no effect with --scheduler tcp://127.0.0.1:1", status=2)
+    assert not (tmp_path / "s").exists()
