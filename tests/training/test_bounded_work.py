@@ -71,6 +71,24 @@ def test_ksae_train_of_10_to_the_8_epochs_stops_after_the_next_step_on_ctrl_c(tm
     assert saved.step <= 9 + 1, saved.step  # the step under way when the signal came, and no more
 
 
+def test_ksae_baseline_of_10_to_the_8_epochs_stops_after_the_next_step_on_sigterm(tmp_path):
+    from ksae_cupy.supervised.baseline_trainer import load_baseline_checkpoint
+
+    path = tmp_path / "x.npy"
+    np.save(path, np.random.default_rng(0).random((200, 8)).astype(np.float32))  # 180 train rows: 9 steps an epoch
+    run = tmp_path / "run"
+    proc = subprocess.Popen(held_train(1, command="baseline") + [
+        str(path), "--model", "dropout-ae", "--hidden", "8", "--batch-size", "20", "--lr", "0.01", "--device", "cpu",
+        "--threads", "1", "--epochs", str(10**8), "--run-dir", str(run)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    wait_until_held(proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=600)  # a hang guard only
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "estimate: 100000000 epochs" in out + err
+    assert load_baseline_checkpoint(run / "checkpoint.h5").step <= 9 + 1
+
+
 def test_a_thread_count_above_the_cores_is_capped_with_a_note(tmp_path):
     path = tmp_path / "x.npy"
     np.save(path, make_sparse_signals(60, D=8, H=16, k=2, seed=0)[0])
