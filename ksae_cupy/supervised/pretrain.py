@@ -43,7 +43,8 @@ def pretrain_stack(X_nd, layer_settings: list[dict], code_alpha: float = 3.0, X_
 
 
 def load_pretrained_run(run_dir, device: str = "cpu", what: str = "pretrained run",
-                        advice: str = "fine-tuning starts from ksae-train run folders") -> tuple[KSparseAutoencoder, dict]:
+                        advice: str = "fine-tuning starts from ksae-train run folders",
+                        ) -> tuple[KSparseAutoencoder, dict]:
     """The autoencoder of a ``ksae-train`` run folder and its ``config.json``.
 
     A missing folder, checkpoint or config is a one-line :class:`KsaeError`, worded by the caller: the

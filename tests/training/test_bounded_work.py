@@ -4,7 +4,6 @@ the cores this process may use (``--threads 100000``, ``n_threads=10**6``)."""
 import os
 import signal
 import subprocess
-import sys
 import types
 import warnings
 from pathlib import Path
