@@ -79,6 +79,11 @@ def eval_command(run_dir, alphas, l2_text, l2_extend, refit, raw_baseline, max_i
     if baseline and click.get_current_context().get_parameter_source("alphas").name != "DEFAULT":
         raise KsaeError(f"--alphas {alphas} has no effect on {run_dir}, a ksae-baseline run folder: its features "
                         f"are all its hidden units (there is no k); leave --alphas out")
+    if not baseline and Path(run_dir).is_dir():  # another command's folder, in ksae-eval's words
+        from ksae_cupy.training.runs import RunFolder
+
+        RunFolder(Path(run_dir)).check_kind("run folder", "ksae-eval reads ksae-train and ksae-baseline run folders "
+                                                          "(a {kind} run writes its test error to its finetune.json)")
     threads_line, threads_used = set_blas_threads(threads)
     workers = 1 if baseline else threads_used or usable_cores()  # a baseline's fits run one at a time
     if not backend.is_gpu:

@@ -173,6 +173,9 @@ def test_the_codes_of_a_fine_tuning_folder_are_refused_in_the_codes_words(runs, 
     assert_one_line_error(result, f"RUN_DIR {tmp_path / 'ft'}: a ksae-finetune run folder",
                           "ksae-data codes reads the layers a stack is built from", status=2)
     assert "fine-tuning starts from" not in result.stderr
+    # and ksae-eval, which reads baseline folders too, says so
+    evaluated = invoke(eval_command, tmp_path / "ft", "--device", "cpu")
+    assert_one_line_error(evaluated, "ksae-eval reads ksae-train and ksae-baseline run folders", status=2)
 
 
 def test_the_mpi_trainers_usage_line_names_how_it_is_started():
