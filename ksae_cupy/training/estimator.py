@@ -24,7 +24,7 @@ import numpy as np
 from ksae_cupy import model
 from ksae_cupy.backend import CPU, array_module, resolve_device, to_host
 from ksae_cupy.datasets.preprocess import INPUT_MEAN, raw_input_params
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import KsaeError, note
 from ksae_cupy.schedules import resolve_k_start
 from ksae_cupy.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from ksae_cupy.training.learning_rate import (auto_learning_rate, check_data_scale, check_data_varies,
@@ -261,6 +261,10 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         @contextmanager
         def limits():
             if trainer.backend.is_gpu:
+                if self.n_threads is not None and not self.__dict__.get("_gpu_threads_noted"):
+                    self._gpu_threads_noted = True  # once per estimator, not once per partial_fit
+                    note(f"n_threads={self.n_threads} has no effect on the GPU: the training runs there, with "
+                         f"no CPU threads to set")
                 yield
                 return
             with estimator_threads(self.n_threads) as (count, how):
