@@ -310,7 +310,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         if isinstance(config.batch_size, (int, np.integer)):
             config.batch_size = min(config.batch_size, scale.rows)  # so no more rows than X's to check for
         config.check(name=option_names)
-        config.check_new(name=option_names)
+        config.check_new(name=option_names, refuse=False)  # a grid search may pair aux_coef with aux_k=0
         backend = resolve_device(self.device)
         # Before anything is allocated: as ksae-train does (10^9 hidden units would ask for 477 GiB).
         check_training_memory(backend, self.n_features_in_, config.hidden, config.batch_size, config.dtype,

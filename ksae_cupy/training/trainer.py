@@ -24,7 +24,7 @@ from ksae_cupy import model
 from ksae_cupy.backend import Backend, to_host
 from ksae_cupy.gpu.graph_step import CapturedEpochs, graph_step_applies
 from ksae_cupy.training.checkpoint import Checkpoint
-from ksae_cupy.errors import KsaeError, OptionError, TrainingDiverged, literal, python_name  # TrainingDiverged is re-exported here
+from ksae_cupy.errors import KsaeError, OptionError, TrainingDiverged, literal, note, python_name  # TrainingDiverged is re-exported here
 from ksae_cupy.training.options import (DictConfig, ValidatedOnce, check_batch_size, check_dtype, check_in_dtype,
                                         check_momentum, check_positive_count, check_positive_finite)
 from ksae_cupy.optim import MomentumSGD
@@ -150,13 +150,17 @@ class TrainConfig(DictConfig, ValidatedOnce):
             checked("aux_coef", check_positive_finite, self.aux_coef, "weight of the auxiliary loss")
         checked("dead_window", check_positive_count, self.dead_window, "examples")
 
-    def check_new(self, name=lambda field: field) -> None:
-        """What only a new run is refused (a loaded checkpoint keeps what it recorded): a value with no
-        effect, which config.json would record as if it had acted."""
+    def check_new(self, name=lambda field: field, refuse: bool = True) -> None:
+        """A value with no effect in a new run (a loaded checkpoint keeps what it recorded), which
+        config.json would record as if it had acted: refused (a command), or with ``refuse=False`` said
+        in a note (the estimator, which a grid search may give aux_coef beside aux_k=0)."""
         if not self.aux_k and self.aux_coef != TrainConfig.aux_coef:
-            raise _option_error(name("aux_coef"), f"{{name}} {self.aux_coef} has no effect with {name('aux_k')} 0 "
-                                                  f"(the auxiliary loss is off); give {name('aux_k')} N too, or "
-                                                  f"leave {{name}} out")
+            error = _option_error(name("aux_coef"), f"{{name}} {self.aux_coef} has no effect with {name('aux_k')} 0 "
+                                                    f"(the auxiliary loss is off); give {name('aux_k')} N too, or "
+                                                    f"leave {{name}} out")
+            if refuse:
+                raise error
+            note(str(error))
 
     def resolve_lr(self, lr: float) -> None:
         """``lr="auto"`` resolved to the rate derived from the data (``lr_auto`` records it). A validated
