@@ -93,6 +93,11 @@ def data_codes(run_dir, out, alpha, data_dir):
         raise KsaeError(f"--alpha {alpha} is not allowed; use a positive number (the paper's 3, or 1)")
     if out.suffix != ".npy":
         raise KsaeError(f"OUT {out} is not allowed; name an .npy file (ksae-train and ksae-baseline read it)")
+    from ksae_cupy.supervised.baseline_trainer import is_baseline_run
+
+    if is_baseline_run(run_dir) and click.get_current_context().get_parameter_source("alpha").name != "DEFAULT":
+        raise KsaeError(f"--alpha {alpha} has no effect on {run_dir}, a ksae-baseline run folder: its codes are "
+                        f"every sigmoid unit; leave --alpha out")
     info = write_codes(run_dir, out, alpha=alpha, data_dir=data_dir)
     click.echo(f"wrote {out}: {info['shape'][0]} x {info['shape'][1]} float32, from {run_dir} after "
                f"{info['epochs_trained']} epochs, in {info['seconds']:.1f} s; their origin in {origin_file(out)}")

@@ -83,13 +83,22 @@ def eval_command(run_dir, alphas, l2_text, l2_extend, refit, raw_baseline, max_i
     check_run_outputs(run_dir, "eval.json", "eval.md", FITS_FILE)
     backend = resolve_device(device)
     log = progress_printer(quiet)
+    baseline = baseline_eval.is_baseline_run(run_dir)
+    if baseline and click.get_current_context().get_parameter_source("alphas").name != "DEFAULT":
+        raise KsaeError(f"--alphas {alphas} has no effect on {run_dir}, a ksae-baseline run folder: its features "
+                        f"are all its hidden units (there is no k); leave --alphas out")
+    if not baseline and Path(run_dir).is_dir():  # another command's folder, in ksae-eval's words
+        from ksae_cupy.training.runs import RunFolder
+
+        RunFolder(Path(run_dir)).check_kind("run folder", "ksae-eval reads ksae-train and ksae-baseline run folders "
+                                                          "(a {kind} run writes its test error to its finetune.json)")
     threads_line, threads_used = set_blas_threads(threads)
-    workers = threads_used or usable_cores()
+    workers = 1 if baseline else threads_used or usable_cores()  # a baseline's fits run one at a time
     if not backend.is_gpu:
         log(f"classifier fits: up to {workers} side by side; {threads_line}")
     with stop_signals_interrupt() as received:
         try:
-            if baseline_eval.is_baseline_run(run_dir):  # a ksae-baseline run: its own features, the same classifier
+            if baseline:  # a ksae-baseline run: its own features, the same classifier
                 result = baseline_eval.evaluate_baseline_run(run_dir, l2_list, refit, raw_baseline, backend, None,
                                                              data_dir, max_iter, linear_svm, log, data_overrides(data),
                                                              l2_extend=l2_extend)

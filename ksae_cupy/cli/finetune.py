@@ -79,6 +79,7 @@ def finetune_command(ctx, pretrained, **values):
         run.open()
         run.start()  # the threads before the pretraining, which runs here too
         read = ft.read_pretrained(pretrained)
+        ft.check_alpha_applies(given, values, read[1])
         spec = ft.data_of(dataset, read[2], values)
         dataset = spec.data
         run.new_folder(lambda: ft.default_run_dir(dataset))

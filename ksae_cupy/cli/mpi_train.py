@@ -90,6 +90,10 @@ def train(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch_size, l
                     fail_at_step=fail, log=lambda *a, **kw: click.echo(*a, **kw))
 
 
+# How the trainer is started (there is no console script of it): its usage line and help say so.
+PROG_NAME = "mpiexec -n R python -m mpi4py -m ksae_cupy.cli.mpi_train"
+
+
 def run(argv=None):
     """Entry point: ``python -m mpi4py -m ksae_cupy.cli.mpi_train train ...``.
 
@@ -100,7 +104,7 @@ def run(argv=None):
     first = _rank() in (0, "?")
     with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(sys.stdout if first else devnull):
         try:
-            main.main(args=argv, prog_name="ksae-dist", standalone_mode=False)
+            main.main(args=argv, prog_name=PROG_NAME, standalone_mode=False)
         except click.ClickException as exc:
             if first:
                 exc.show()

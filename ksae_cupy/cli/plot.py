@@ -54,6 +54,9 @@ def plot_filters(run_dir, output, n_filters, skip_dead, cols, shape, channels, l
         known = IMAGE_SHAPES.get(run.dataset)
         if known is not None and known[0] * known[1] * (known[2] if len(known) == 3 else 1) == run.params["W_dh"].shape[0]:
             image_shape, channels = known[:2], (known[2] if len(known) == 3 else 1)
+    if (channels or 1) == 1 and click.get_current_context().get_parameter_source("layout").name != "DEFAULT":
+        raise KsaeError(f"--layout {layout} has no effect on grey filters (one channel); it orders a colour "
+                        f"filter's values: give --channels 3, or leave --layout out")
     W_dh, left_out = run.params["W_dh"], ""
     if skip_dead:
         W_dh, left_out = _live_filters(run, data_dir, progress_printer(quiet))

@@ -63,6 +63,9 @@ def sweep_command(dataset, ks, alphas, hiddens, seeds, epochs, batch_size, lr, t
     """Train a grid of k-sparse autoencoders on DATASET in parallel; write one results table."""
     if workers <= 0:
         raise KsaeError(f"--workers {workers} is not allowed; use a positive number")
+    if scheduler is not None and click.get_current_context().get_parameter_source("workers").name != "DEFAULT":
+        raise KsaeError(f"--workers {workers} has no effect with --scheduler {scheduler}: it sizes the LocalCluster "
+                        f"started without one, and that cluster's own workers run the trainings; leave it out")
     if threads <= 0:
         raise KsaeError(f"--threads {threads} is not allowed; use a positive number of threads per training")
     base = {"batch_size": batch_size, "lr": parse_lr(lr, PAPER.lr), "threads": threads,

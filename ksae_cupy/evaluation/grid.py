@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ksae_cupy.errors import note
 from ksae_cupy.evaluation.classifier import SoftmaxModel
 
 FITS_FILE = "eval-fits.npz"
@@ -80,9 +81,22 @@ class FitStore:
                                          n_iter=entry["n_iter"], converged=entry["converged"],
                                          loss=entry["loss"], message=entry["message"])
                     self._fits[entry["key"]] = (entry["trial"], model)
-        except (OSError, ValueError, KeyError, TypeError):  # a damaged file: its fits are made again
+        except Exception as exc:  # noqa: BLE001 (a cut zip, a bad CRC, bad JSON: any damage) the fits are made again
             self._fits = {}
+            self._set_aside(exc)
         self.loaded = len(self._fits)
+
+    def _set_aside(self, exc: Exception) -> None:
+        """Keep a damaged file out of the way (``eval-fits.npz.damaged``), said in one line: left in place,
+        it would be read, and refused, by every later run."""
+        aside = self.path.with_name(self.path.name + ".damaged")
+        try:
+            os.replace(self.path, aside)
+            where = f"set aside as {aside}"
+        except OSError as move_error:
+            where = f"left in place ({move_error.strerror or move_error})"
+        note(f"{self.path} could not be read ({type(exc).__name__}: {exc}); {where}; its classifier fits are "
+             f"made again")
 
     def __len__(self) -> int:
         return len(self._fits)

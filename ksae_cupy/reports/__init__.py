@@ -2,9 +2,10 @@
 
 ``folders.py`` (a run folder's state: epochs asked and done, seconds, eval.json or finetune.json,
 read-only), ``markdown.py`` (tables, percentages, durations, mean and spread over seeds),
-``children.py`` (the project's commands as child processes, one at a time, signals passed on) and
+``children.py`` (the project's commands as child processes, one at a time, signals passed on),
 ``paper_tables.py`` (Tables err_mnist and fn_mnist built from run folders beside the paper's
-figures of :mod:`ksae_cupy.paper`; the commands that make a missing row).
+figures of :mod:`ksae_cupy.paper`; the commands that make a missing row) and ``script.py`` (a
+script's mistake as one ``error:`` line, exit status 2).
 
 May import: everything but :mod:`ksae_cupy.cli` (the commands run as child processes).
 """

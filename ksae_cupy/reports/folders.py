@@ -82,6 +82,7 @@ class RunState:
     def resumable(self) -> bool:
         """Its checkpoint is there, or ``ksae-data restore-checkpoint`` can put it back."""
         return self.has_checkpoint or self.checkpoint_kept
+    broken: str | None = None  # why its files cannot be read as a run (broken_reason): no command runs there
 
     @property
     def pretraining(self) -> bool:
@@ -105,6 +106,8 @@ class RunState:
 
     def describe(self) -> str:
         """A few words on where the run stands."""
+        if self.broken:
+            return f"broken: {self.broken}"
         if self.done:
             return "done"
         if self.diverged:
@@ -134,7 +137,33 @@ def run_state(folder: Path) -> RunState:
                     seconds=float(sum(r.get("seconds", 0.0) for r in records)),
                     has_checkpoint=has_checkpoint, results=results, locked=locked_by(folder),
                     diverged=(read_json(folder / DIVERGED) or {}).get("message"),
-                    checkpoint_kept=not has_checkpoint and kept_checkpoint(folder / CHECKPOINT) is not None)
+                    checkpoint_kept=not has_checkpoint and kept_checkpoint(folder / CHECKPOINT) is not None,
+                    broken=broken_reason(folder))
+
+
+def broken_reason(folder: Path) -> str | None:
+    """Why ``folder``'s run files cannot be read as a run, in a few words, or None (none there, or readable):
+    a config.json that is not JSON or names no command's run, or run files without one. A report shows it
+    as broken rather than missing, since every command would refuse that folder. Only config.json is read
+    (a checkpoint cut short is the command's to name, when it loads it)."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        return "a file, not a folder"
+    if not folder.is_dir():
+        return None
+    config_path = folder / CONFIG
+    if config_path.exists():
+        try:
+            config = json.loads(config_path.read_text())
+        except OSError as exc:
+            return f"{CONFIG} cannot be read ({exc.strerror or exc})"
+        except ValueError:
+            return f"{CONFIG} is not JSON (cut short or overwritten)"
+        if not isinstance(config, dict) or config_kind(config) is None:
+            return f"{CONFIG} names no command's run"
+    elif (folder / CHECKPOINT).exists() or (folder / METRICS).exists():
+        return f"run files without a {CONFIG}"
+    return None
 
 
 def find_runs(root: Path) -> list[RunState]:

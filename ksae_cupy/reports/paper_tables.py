@@ -21,7 +21,8 @@ from pathlib import Path
 
 from ksae_cupy import paper
 from ksae_cupy.reports.children import exit_meaning
-from ksae_cupy.reports.folders import BASELINE, DIVERGED, RunState, clear_unstarted, find_runs, read_json, record_diverged
+from ksae_cupy.reports.folders import (BASELINE, DIVERGED, RunState, broken_reason, clear_unstarted, find_runs,
+                                      read_json, record_diverged)
 from ksae_cupy.reports.markdown import percent, percent_spread, table
 from ksae_cupy.supervised.baseline_trainer import config_for
 from ksae_cupy.supervised.baselines import BASELINES, REGULARISATION
@@ -303,6 +304,7 @@ class Target:
     folder: Path
     found: Found | None
     steps: list = field(default_factory=list)
+    blocked: str | None = None  # why nothing can run: the run it starts from is broken
 
 
 @dataclass
@@ -374,6 +376,8 @@ def _steps(t: Target, root: Path, s: Settings, found: list[Found], script: str, 
         return []
     if state is None and (t.folder / DIVERGED).is_file():  # diverged before it wrote its config.json
         return []
+    if (state is not None and state.broken) or broken_reason(t.folder):  # every command would refuse it
+        return []
     if t.table == ERR:
         evaluate = ("ksae-eval", [t.folder, *threads, *(["--raw-baseline"] if raw and t.key == "k25" and t.seed == 0
                                                        else ["--max-iter", 1000] if not t.key.startswith("k") else [])])
@@ -403,6 +407,10 @@ def _steps(t: Target, root: Path, s: Settings, found: list[Found], script: str, 
     first = _match(found, ERR, "k25" if "ksparse" in t.key else t.key, Length(t.length.pretrain), 0)
     first_folder = first.state.path if first else Path(root) / _folder_name(
         ERR, "k25" if "ksparse" in t.key else t.key, Length(t.length.pretrain), 0)
+    broken = broken_reason(first_folder)
+    if broken:  # it would be refused there: say what it waits for instead
+        t.blocked = f"waits for {_relative(root, first_folder)} (broken: {broken})"
+        return []
     if t.key == "deep-ksparse":  # layer 2 trains on layer 1's codes: the script that writes them does it all
         return [(script, ["--rows", "deep_ksparse", "--ksparse1", first_folder, "--pretrain-epochs",
                           t.length.pretrain, "--epochs", t.length.finetune, "--seed", t.seed, *threads,
@@ -469,15 +477,23 @@ def _row_lines(root, table_name, row, found, targets, command_text) -> list[list
         if waiting and done:
             seeds += "; " + ", ".join(f"{f.seed}: {f.state.describe()}" for f in waiting)
         target = next((t for t in targets if t.found is not None and t.found.state.path == group[0].state.path), None)
-        command = _made_by(group[0], command_text, target)
+        broken = group[0].state.broken
+        command = f"fix or move aside {_relative(root, group[0].state.path)}" if broken else \
+            _made_by(group[0], command_text, target)
         lines.append([row.label + "".join(", " + note for note in notes), percent(row.error), ours, percent_spread(valids) if valids else "",
                       _gap(tests, row.error) if tests else "", str(length), seeds, command,
                       ", ".join(_relative(root, f.state.path) for f in group)])
     if not lines:
         asked = [t for t in targets if (t.table, t.key) == (table_name, row.key)]
+        broken = broken_reason(asked[0].folder) if asked else None  # its own folder, unreadable: not missing
         command = f"`{command_text(*asked[0].steps[0])}`" if asked and asked[0].steps else "not asked (--rows)"
-        lines.append([row.label, percent(row.error), "missing", "", "", str(asked[0].length) if asked else "-",
-                      "-", command, ""])
+        if broken:
+            command = f"fix or move aside {_relative(root, asked[0].folder)}"
+        elif asked and asked[0].blocked:
+            command = asked[0].blocked
+        lines.append([row.label, percent(row.error), f"broken: {broken}" if broken else "missing", "", "",
+                      str(asked[0].length) if asked else "-", "-", command,
+                      _relative(root, asked[0].folder) if broken else ""])
     return lines
 
 

@@ -8,6 +8,8 @@ import datetime as _dt
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
+
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.supervised import baseline_trainer as bt
 from ksae_cupy.supervised.commands import BASELINE, MODELS
@@ -63,8 +65,10 @@ def check_input(config, data, dataset: str, trainer=None) -> None:
 
 def new_trainer(config, data, backend):
     """A new run's trainer on ``data``, the batch and the device's memory checked first."""
+    from ksae_cupy.training.learning_rate import check_data_varies
     from ksae_cupy.training.options import check_batch_size, check_training_memory
 
+    check_data_varies(data.X_train, np)  # constant rows: a loss of 0 that says nothing
     check_batch_size("--batch-size", config.batch_size, len(data.X_train))
     check_training_memory(backend, data.dim, config.hidden, config.batch_size, config.dtype)
     return bt.BaselineTrainer(config, backend, data.dim)
@@ -87,6 +91,7 @@ def progress_view(trainer):
 
 def epoch_lines(report, trainer, progress) -> list[str]:
     """The epoch's line (loss, validation reconstruction error, speed, ETA) and, once, the estimate."""
+    from ksae_cupy.training.progress import done_around
     from ksae_cupy.training.wording import format_duration
 
     progress.clear()
@@ -97,10 +102,9 @@ def epoch_lines(report, trainer, progress) -> list[str]:
     per_step, left = progress.seconds_per_step(), progress.seconds_left()
     if not progress.estimated and per_step and left is not None and not trainer.finished:
         progress.estimated = True
-        end = _dt.datetime.now(_dt.timezone.utc) + _dt.timedelta(seconds=left)
         lines.append(f"estimate: {epochs} epochs at {per_step * progress.n_batches:.1f} s each take "
                      f"{format_duration(per_step * progress.n_batches * epochs)} on this device; "
-                     f"{epochs - trainer.epoch} left, done around {end:%Y-%m-%d %H:%M} UTC")
+                     f"{epochs - trainer.epoch} left, {done_around(left)}")
     return lines
 
 

@@ -218,13 +218,20 @@ def load_baseline_checkpoint(path: Path) -> Checkpoint:
 
 
 def is_baseline_run(run_dir: Path) -> bool:
-    """Whether ``run_dir/checkpoint.h5`` is a baseline's (False for a missing or unreadable file:
-    the caller's own loader then says what is wrong)."""
+    """Whether ``run_dir/checkpoint.h5`` is a baseline's; for a missing or unreadable checkpoint, whether
+    config.json says a baseline run lives there (the baseline's loader then says what is wrong with the file,
+    rather than ksae-train's calling the folder another command's)."""
     import h5py
+
+    from ksae_cupy.errors import KsaeError
+    from ksae_cupy.training.runs import RunFolder
 
     path = Path(run_dir) / "checkpoint.h5"
     try:
         with h5py.File(path, "r") as f:
             return f.attrs.get("format") == FORMAT
     except (OSError, ValueError):
-        return False
+        try:
+            return RunFolder(Path(run_dir), kind=KIND).folder_kind() == KIND
+        except KsaeError:  # config.json unreadable too: the caller's loader says so
+            return False

@@ -11,12 +11,13 @@ from pathlib import Path
 import numpy as np
 
 from ksae_cupy.atomic import write_json_atomic
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import KsaeError, note
 from ksae_cupy.supervised import finetune
 from ksae_cupy.supervised.commands import FINETUNE
 from ksae_cupy.supervised.units import check_dropout_rate
 from ksae_cupy.training import provenance
 from ksae_cupy.training.fields import APPLIED, DATA, KEPT, REFUSED, named
+from ksae_cupy.training.options import check_positive_finite
 
 RESULTS = "finetune.json"
 # Fixed by a run and recorded in another form (--hidden 1000,1000, alpha*k kept): on --resume, giving
@@ -78,6 +79,9 @@ def check_new(values: dict, pretrained, given: set) -> None:
     if not no_pretraining and not pretrained and not baseline:
         raise KsaeError("missing PRETRAINED_RUN_DIR; give one or two ksae-train or ksae-baseline run folders, "
                         "--no-pretraining or --baseline")
+    for name in ("lr_start", "lr_end", "softmax_lr_start"):  # a rate that is no rate first: not as a rising schedule
+        if values.get(name) is not None:
+            check_positive_finite("--" + name.replace("_", "-"), values[name], "learning rate")
     if values["lr_end"] > values["lr_start"] and not values["rising_lr"]:  # NaN is named by the config's check
         raise KsaeError(f"--lr-end {values['lr_end']} is above --lr-start {values['lr_start']}: the rate would rise "
                         f"over the run (the paper's falls from 1 to 0.001); swap them, or give --rising-lr if that is "
@@ -103,6 +107,19 @@ def check_new(values: dict, pretrained, given: set) -> None:
     for name in ("input_dropout", "hidden_dropout"):  # before --baseline's pretraining, not after it
         if values.get(name) is not None:
             check_dropout_rate(name, values[name])
+    phases = [phase.strip() for phase in (values.get("phases") or "").split(",") if phase.strip()]
+    repeated = sorted({phase for phase in phases if phases.count(phase) > 1}, key=phases.index)
+    if repeated:  # allowed (more epochs of a phase), but not the continuation it may look like
+        note(f"--phases {values['phases']}: phase {' and '.join(repeated)} comes more than once; each time it runs "
+             f"its --epochs again with its rate schedule restarted from the start (--lr-start"
+             f"{' or --softmax-lr-start' if 'softmax' in repeated else ''}), not continued")
+    if "pretrain_epochs" in given and not baseline:
+        raise KsaeError(f"--pretrain-epochs {values['pretrain_epochs']} only applies with --baseline (which pretrains "
+                        f"its layers here); the other runs' layers are trained already; leave it out")
+    if "alpha" in given and (baseline or values["units"] == "relu"):
+        raise KsaeError(f"--alpha {values['alpha']} has no effect with "
+                        f"{'--baseline ' + baseline if baseline else '--units relu'}: its layers keep every unit; "
+                        f"leave it out")
     if values["pretrain_epochs"] <= 0:
         raise KsaeError(f"--pretrain-epochs {values['pretrain_epochs']} is not allowed; use a positive number of "
                         f"epochs")
@@ -136,6 +153,8 @@ def read_pretrained(pretrained) -> tuple[list, list, list, dict]:
                         "epochs_trained": model.trainer_.epoch, "activation": model.activation,
                         "aux_k": int(model.aux_k), "center_input": bool(model.center_input),
                         **_provenance(run_config, model.run_id_)})
+    if len(encoders) == 2:  # the shapes first: two layers in the wrong order are named as such
+        check_stacking(pretrained, [W_dh.shape for W_dh, _ in encoders])
     if len(sources) == 2:  # layer 2 must have been trained on the codes of layer 1 as it is now
         provenance.check_chain(pretrained[0], sources[0]["run_id"], sources[0]["epochs_trained"], pretrained[1],
                                sources[1]["config"])
@@ -149,6 +168,28 @@ def _provenance(run_config: dict, run_id: str | None) -> dict:
     config.json) and its config.json (for the chain check, then dropped)."""
     return {"dataset_sha256": run_config.get("dataset_sha256"), "run_id": run_config.get("run_id") or run_id,
             "config": run_config}
+
+
+def check_stacking(pretrained, shapes) -> None:
+    """Refuse two layers whose widths do not chain (layer 2 takes layer 1's codes as input), naming the
+    cause: the two given in the wrong order, or layer 2 trained on other data."""
+    (D_1, H_1), (D_2, H_2) = shapes
+    if D_2 == H_1:
+        return
+    first, second = pretrained
+    if D_1 == H_2:
+        raise KsaeError(f"the pretrained runs are in the wrong order: {second} has {H_2} units, the {D_1} inputs "
+                        f"{first} takes, so {second} is layer 1; give layer 1 first: ksae-finetune {second} {first}")
+    raise KsaeError(f"layer 2 takes {D_2} inputs but layer 1 has {H_1} hidden units; the pretrained runs do not "
+                    f"stack ({first}, then {second}); train layer 2 on layer 1's codes (ksae-data codes {first} "
+                    f"codes.npy, then ksae-train codes.npy)")
+
+
+def check_alpha_applies(given: set, values: dict, ks: list) -> None:
+    """Refuse --alpha for pretrained layers that keep every unit (ksae-baseline runs: no k to multiply)."""
+    if "alpha" in given and ks and all(k is None for k in ks):
+        raise KsaeError(f"--alpha {values['alpha']} has no effect on ksae-baseline layers: their sigmoid units are "
+                        f"all kept; leave it out")
 
 
 def data_of(dataset, sources, data_given: dict):

@@ -43,17 +43,20 @@ def pretrain_stack(X_nd, layer_settings: list[dict], code_alpha: float = 3.0, X_
     return models
 
 
-def load_pretrained_run(run_dir, device: str = "cpu") -> tuple[KSparseAutoencoder, dict]:
+def load_pretrained_run(run_dir, device: str = "cpu", what: str = "pretrained run",
+                        advice: str = "fine-tuning starts from ksae-train run folders",
+                        ) -> tuple[KSparseAutoencoder, dict]:
     """The autoencoder of a ``ksae-train`` run folder and its ``config.json``.
 
-    A missing folder, checkpoint or config is a one-line :class:`KsaeError`.
+    A missing folder, checkpoint or config is a one-line :class:`KsaeError`, worded by the caller: the
+    folder is ``what``, and a folder of another kind is refused with ``advice`` (fine-tuning's by default).
     """
     folder = RunFolder(Path(run_dir))
     if not folder.path.is_dir():
-        raise KsaeError(f"pretrained run {folder.path}: no such run folder")
+        raise KsaeError(f"{what} {folder.path}: no such run folder")
     if not folder.checkpoint.is_file():
-        raise KsaeError(f"pretrained run {folder.path}: the folder holds no checkpoint.h5")
-    folder.check_kind("pretrained run", "fine-tuning starts from ksae-train run folders")
+        raise KsaeError(f"{what} {folder.path}: the folder holds no checkpoint.h5")
+    folder.check_kind(what, advice)
     config = folder.read_config()
     model = KSparseAutoencoder.load(folder.checkpoint, device=device)
     folder.check_checkpoint(model.run_id_, model.trainer_.config.to_dict())  # this folder's run, not a copy
@@ -80,6 +83,11 @@ def encoder_of(model: KSparseAutoencoder):
 
     params = raw_input_params(model.params_, model.preprocess_)
     return to_host(params["W_dh"]), to_host(params["b_h"])
+
+
+# ksae-data codes of a folder of another kind (a fine-tuned network's): which folders it reads.
+CODES_ADVICE = ("ksae-data codes reads the layers a stack is built from: ksae-train and ksae-baseline run folders "
+                "(a {kind} run is a fine-tuned network, not a layer)")
 
 
 def write_codes(run_dir, out_path, alpha: float = 3.0, data_dir=None, device: str = "cpu") -> dict:
@@ -113,7 +121,7 @@ def write_codes(run_dir, out_path, alpha: float = 3.0, data_dir=None, device: st
         features, epochs, alpha = (lambda X: encode(params64, X.astype(np.float64))), ckpt.epoch, None
         layer = provenance.layer_record(run_dir, config.get("run_id") or ckpt.run_id, ckpt.epoch, ckpt.step)
     else:
-        model, config = load_pretrained_run(run_dir, device=device)
+        model, config = load_pretrained_run(run_dir, device=device, what="RUN_DIR", advice=CODES_ADVICE)
         features, epochs = (lambda X: model.transform(X, alpha=alpha, dtype=np.float64)), model.trainer_.epoch
         layer = provenance.layer_record(run_dir, config.get("run_id") or model.run_id_, epochs, model.trainer_.step)
     provenance.check_run_data(run_dir, config)  # the rows the run trained on, not a file replaced since

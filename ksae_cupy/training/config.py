@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ksae_cupy import model, paper
-from ksae_cupy.errors import KsaeError, OptionError, literal, python_name
+from ksae_cupy.errors import KsaeError, OptionError, literal, note, python_name
 from ksae_cupy.sparse_step import STEPS, choose_step
 from ksae_cupy.topk import TOPK_METHODS
 from ksae_cupy.training.options import (DTYPES, MAX_SEED, DictConfig, ValidatedOnce, check_batch_size, check_choice,
@@ -175,6 +175,18 @@ class TrainConfig(DictConfig, ValidatedOnce):
         if self.aux_k:
             ruled("aux_coef")
         ruled("dead_window")
+
+    def check_new(self, name=lambda field: field, refuse: bool = True) -> None:
+        """A value with no effect in a new run (a loaded checkpoint keeps what it recorded), which
+        config.json would record as if it had acted: refused (a command), or with ``refuse=False`` said
+        in a note (the estimator, which a grid search may give aux_coef beside aux_k=0)."""
+        if not self.aux_k and self.aux_coef != TrainConfig.aux_coef:
+            error = _option_error(name("aux_coef"), f"{{name}} {self.aux_coef} has no effect with {name('aux_k')} 0 "
+                                                    f"(the auxiliary loss is off); give {name('aux_k')} N too, or "
+                                                    f"leave {{name}} out")
+            if refuse:
+                raise error
+            note(str(error))
 
     def resolve_lr(self, lr: float) -> None:
         """``lr="auto"`` resolved to the rate derived from the data (``lr_auto`` records it). A validated

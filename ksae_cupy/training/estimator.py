@@ -24,11 +24,11 @@ import numpy as np
 from ksae_cupy import model
 from ksae_cupy.backend import CPU, array_module, resolve_device, to_host
 from ksae_cupy.datasets.preprocess import INPUT_MEAN, raw_input_params
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import KsaeError, note
 from ksae_cupy.schedules import resolve_k_start
 from ksae_cupy.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from ksae_cupy.training.learning_rate import (auto_learning_rate, check_data_scale, check_rate_moves_weights,
-                                              round_significant, scale_of)
+from ksae_cupy.training.learning_rate import (auto_learning_rate, check_data_scale, check_data_varies,
+                                              check_rate_moves_weights, round_significant, scale_of)
 from ksae_cupy.training.options import check_positive_finite, check_training_memory
 from ksae_cupy.training.config import RULES, TrainConfig
 from ksae_cupy.training.sklearn_compat import (BaseEstimator, ClassNamePrefixFeaturesOutMixin, Integral, Interval,
@@ -249,6 +249,10 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         @contextmanager
         def limits():
             if trainer.backend.is_gpu:
+                if self.n_threads is not None and not self.__dict__.get("_gpu_threads_noted"):
+                    self._gpu_threads_noted = True  # once per estimator, not once per partial_fit
+                    note(f"n_threads={self.n_threads} has no effect on the GPU: the training runs there, with "
+                         f"no CPU threads to set")
                 yield
                 return
             with estimator_threads(self.n_threads) as (count, how):
@@ -284,6 +288,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         """The trainer of a fresh fit on the rows ``X_nd`` (of array module ``xp``, as :meth:`_fresh_rows` returns
         them), after the checks that read their summary; it is built from the configuration and the width
         recorded where the rows were checked (``n_features_in_``), as :meth:`load` builds one from a checkpoint's."""
+        check_data_varies(X_nd, xp)  # constant or all-zero rows would train to a loss of 0 that means nothing
         scale = scale_of(X_nd, xp)  # what the checks read of the rows, measured once
         config = self.config() if config is None else config
         if config.lr == "auto":
@@ -293,6 +298,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         if isinstance(config.batch_size, (int, np.integer)):
             config.batch_size = min(config.batch_size, scale.rows)  # so no more rows than X's to check for
         config.check(name=option_names)
+        config.check_new(name=option_names, refuse=False)  # a grid search may pair aux_coef with aux_k=0
         backend = resolve_device(self.device)
         # Before anything is allocated: as ksae-train does (10^9 hidden units would ask for 477 GiB).
         check_training_memory(backend, self.n_features_in_, config.hidden, config.batch_size, config.dtype,

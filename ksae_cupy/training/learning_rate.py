@@ -146,6 +146,24 @@ def check_rate_moves_weights(trainer, X_nd, flag: str = "lr") -> None:
                         f"smallest rate that moves a weight here is about {moving:g}")
 
 
+def check_data_varies(X_nd, xp, name: str = "X", chunk: int = 8192) -> None:
+    """Refuse rows that are all the same (constant or all-zero data): the model learns to output that one
+    row, its loss falls to 0, and the run (or the rate derived "for this data") says nothing of any other
+    data. One pass, ``chunk`` rows at a time; a single row is left alone (``partial_fit`` may see one)."""
+    from ksae_cupy.errors import KsaeError
+
+    if X_nd.shape[0] < 2:
+        return
+    first = X_nd[:1]
+    for start in range(0, X_nd.shape[0], chunk):
+        if bool(xp.any(X_nd[start:start + chunk] != first)):
+            return
+    values = np.unique(np.asarray(first.get() if hasattr(first, "get") else first))
+    shown = f"every value {values[0]:g}" if values.size == 1 else f"{values.size} distinct values, the same in each row"
+    raise KsaeError(f"{name} has no variance: its {X_nd.shape[0]} rows are all the same ({shown}); a model trained on "
+                    f"it only learns that one row and its loss of 0 says nothing; give data whose rows differ")
+
+
 def check_data_scale(scale: DataScale, config, flag: str = "lr") -> None:
     """Refuse, before training, data whose scale (:class:`DataScale`) makes training meaningless, naming
     the data (not the rate) as the cause, on any dtype (integers are converted to float first):

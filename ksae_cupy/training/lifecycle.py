@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.errors import KsaeError, note
 from ksae_cupy.training import resuming
 from ksae_cupy.training.checkpoint import CheckpointWriteError
 from ksae_cupy.training.checkpoint_policy import CheckpointPolicy
@@ -74,6 +74,9 @@ class RunLifecycle:
         self.settings = resuming.run_level(RUN_LEVEL, values, self.given, self.previous or {})
         if "progress_seconds" in self.settings:
             check_progress_seconds(self.settings["progress_seconds"])
+            if "progress_seconds" in self.given and values.get("quiet"):  # said, not refused: scripts pass both
+                note(f"--progress-seconds {values['progress_seconds']} has no effect with --quiet, which shows no "
+                     f"progress")
         self.policy = CheckpointPolicy(self.settings["checkpoint_every"], self.settings["checkpoint_minutes"])
         return self.previous
 

@@ -38,7 +38,7 @@ class RunProgress:
         self.estimated = False
         self.step_cost = step_cost  # k -> seconds of one step at k (None: every step costs the same)
         self.cost_line = None  # (k_a, cost_a, k_b, cost_b), measured once, when first needed
-        self.work_before_epoch = None  # weighed steps before each epoch, made once
+        self.k_runs = None  # (epochs, the runs of epochs of each k of the schedule), made once
 
     # -- rates -------------------------------------------------------------------------
     def _epoch_k(self, epoch: int) -> int:
@@ -80,16 +80,50 @@ class RunProgress:
         return self._work_before(last_step) - self._work_before(first_step)
 
     def _work_before(self, step: int) -> float:
-        if self.work_before_epoch is None:  # once: the weighed steps before each epoch
-            epochs = self.trainer.config.epochs
-            per_epoch = [self.n_batches * self._relative_cost(self._epoch_k(e)) for e in range(epochs)]
-            self.work_before_epoch = [0.0]
-            for work in per_epoch:
-                self.work_before_epoch.append(self.work_before_epoch[-1] + work)
-        epoch = min(step // self.n_batches, len(self.work_before_epoch) - 1)
+        """The weighed steps before run step ``step``, in closed form: a step's cost is linear in k
+        (:meth:`_relative_cost`), so the epochs before ``step`` weigh ``epochs * cost(0) + slope * (sum of
+        their k)``, a sum made of one term per k of the schedule, never one per epoch (``--epochs`` of
+        10^8 once built a list of 10^8 entries here, and the run never got back to its stop check)."""
+        cfg = self.trainer.config
+        if self.step_cost is None or self._epoch_k(0) == cfg.k:
+            return float(step)  # every step costs the same
+        epoch = min(step // self.n_batches, cfg.epochs)
         in_epoch = step - epoch * self.n_batches
-        rate = self._relative_cost(self._epoch_k(epoch)) if in_epoch else 0.0
-        return self.work_before_epoch[epoch] + in_epoch * rate
+        cost_0 = self._relative_cost(0)
+        slope = self._relative_cost(1) - cost_0
+        before = self.n_batches * (epoch * cost_0 + slope * self._k_sum(epoch))
+        return before + (in_epoch * self._relative_cost(self._epoch_k(epoch)) if in_epoch else 0.0)
+
+    def _k_sum(self, epochs_before: int) -> int:
+        """``sum(k of epoch e for e < epochs_before)``, from the runs of epochs of each k (:meth:`_k_runs`)."""
+        total = 0
+        for k, first, stop in self._k_runs():
+            if first >= epochs_before:
+                break
+            total += k * (min(stop, epochs_before) - first)
+        return total
+
+    def _k_runs(self) -> list[tuple[int, int, int]]:
+        """``(k, first epoch, stop epoch)`` for each k the schedule takes, made once per epoch count. The
+        schedule is monotone in the epoch, so each k holds for one run of epochs, whose end is found by
+        bisection: one entry per k (at most ``|k - k_start| + 1``), whatever ``--epochs``."""
+        epochs = self.trainer.config.epochs
+        if self.k_runs is not None and self.k_runs[0] == epochs:
+            return self.k_runs[1]
+        runs, first = [], 0
+        while first < epochs:
+            k = self._epoch_k(first)
+            low, high = first + 1, epochs  # the first epoch whose k differs from k
+            while low < high:
+                middle = (low + high) // 2
+                if self._epoch_k(middle) != k:
+                    high = middle
+                else:
+                    low = middle + 1
+            runs.append((k, first, low))
+            first = low
+        self.k_runs = (epochs, runs)
+        return runs
 
     def _step_number(self) -> int:
         """Steps of the run done so far, counted as ``epoch * n_batches + batch`` (what the ETA needs)."""
@@ -156,15 +190,22 @@ class RunProgress:
             epochs = self.trainer.config.epochs
             left = self.seconds_left()
             total = left * self._work(0, epochs * self.n_batches) / self._work(self._step_number(), epochs * self.n_batches)
-            end = _dt.datetime.now(_dt.timezone.utc) + _dt.timedelta(seconds=left)
             at_k = ""
             if self._relative_cost(self.trainer.config.k) != 1.0:
                 at_k = (f" (k {report.k}; at k {self.trainer.config.k} "
                         f"{per_epoch * self._relative_cost(self.trainer.config.k) / self._relative_cost(report.k):.1f} s)")
             lines.append(f"estimate: {epochs} epochs at {per_epoch:.1f} s each{at_k} take {format_duration(total)} "
-                         f"on this device; {epochs - self.trainer.epoch} left, done around "
-                         f"{end:%Y-%m-%d %H:%M} UTC")
+                         f"on this device; {epochs - self.trainer.epoch} left, {done_around(left)}")
         return lines
+
+
+def done_around(seconds_left: float) -> str:
+    """``done around 2026-11-29 14:32 UTC``, or, past what a date can hold (``--epochs`` of 10^12), the year."""
+    try:
+        end = _dt.datetime.now(_dt.timezone.utc) + _dt.timedelta(seconds=seconds_left)
+    except OverflowError:
+        return "done after the year 9999"
+    return f"done around {end:%Y-%m-%d %H:%M} UTC"
 
 
 def _echo(message: str = "", nl: bool = True, err: bool = False) -> None:

@@ -23,7 +23,7 @@ import os
 
 import numpy as np
 
-from ksae_cupy.errors import OptionError, literal
+from ksae_cupy.errors import OptionError, literal, note
 
 
 def usable_cores() -> int:
@@ -80,11 +80,19 @@ def choose_threads(threads: int | None, flag: str = "--threads") -> tuple[int | 
         raise OptionError("n_threads", f"{{name}} {literal(repr(threads))} is not allowed; use a positive number "
                           f"of threads (this machine has {cores} cores)")
     from_environment = environment_threads()
+    if threads is not None and threads > cores:
+        # More threads than cores only wait for each other, and each lane is a Python thread: 10^5 of
+        # them ran the system out of threads after 86 s, so the count is capped, and said.
+        note(f"{flag} {threads} is more than the {cores} cores this process may use; using {cores}")
+        return cores, f"{flag} {threads} capped at the {cores} usable cores", None
     if threads is not None:
         return int(threads), flag, None  # given: it wins over the environment's count
     if from_environment is not None:
         value = from_environment.split("=", 1)[1]
         wanted = int(value) if value.isdigit() and int(value) > 0 else None
+        if wanted is not None and wanted > cores:  # the BLAS keeps it; this package's lanes need not wait
+            note(f"{from_environment} is more than the {cores} cores this process may use; the CPU kernels use {cores}")
+            wanted = cores
         return wanted, f"set by {from_environment}; {flag} N to change", from_environment  # the user's: kept
     wanted, how = free_cores(cores)
     return wanted, how.replace("--threads", flag), None

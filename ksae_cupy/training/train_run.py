@@ -25,6 +25,7 @@ def describe_auto_lr(scale) -> str:
 def new_config(values: dict, lr):
     """The run's :class:`TrainConfig` from the options (k-start resolved), validated: the one check of
     the options alone, before any data is read."""
+    from ksae_cupy.errors import cli_name
     from ksae_cupy.schedules import resolve_k_start
     from ksae_cupy.training.trainer import TrainConfig
 
@@ -36,6 +37,7 @@ def new_config(values: dict, lr):
     config = TrainConfig(**{**fields, "lr": lr, "k_start": None if values["no_k_schedule"]
                             else resolve_k_start(k_start, values["k"], values["hidden"])})
     config.check()
+    config.check_new(cli_name)
     return config
 
 

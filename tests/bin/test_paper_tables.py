@@ -603,3 +603,21 @@ def test_a_fine_tuning_with_other_dropout_rates_is_its_own_line_and_its_command_
 def test_a_gap_that_rounds_to_zero_reads_plus_zero_and_others_keep_their_sign():
     assert tables._gap([0.0101, 0.0114, 0.0108], 0.0108) == "+0.00"  # mean 1.0767%: -0.0033 points
     assert tables._gap([0.0158], 0.0108) == "+0.50" and tables._gap([0.0160], 0.0180) == "-0.20"
+
+
+def test_a_rows_own_broken_folder_is_shown_broken_with_no_command_it_would_refuse(root, tmp_path):
+    """The denoising row's own folder holds a config.json cut short: every command would refuse that folder,
+    so the row says why instead of "missing", and nothing is planned there."""
+    folder = root / "mnist-denoising-ae-500"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"kind": "ksae-base')
+    out = tmp_path / "t.md"
+    result = paper_tables("--runs-root", str(root), "--out", str(out), cwd=root)
+    assert result.returncode == 0, result.output
+    line = line_of(out.read_text(), "Denoising Autoencoder (20% input dropout)", "500")
+    assert line[2] == "broken: config.json is not JSON (cut short or overwritten)", line
+    assert line[7] == "fix or move aside mnist-denoising-ae-500", line
+    assert not any("mnist-denoising-ae-500" in l for l in result.stdout.splitlines() if l.startswith("left: "))
+    fine_tuning = line_of(out.read_text(), "Denoising AE + F.T. (20% input dropout)", "500 + 200")
+    assert fine_tuning[2] == "missing" and fine_tuning[7] == ("waits for mnist-denoising-ae-500 (broken: config.json "
+                                                              "is not JSON (cut short or overwritten))"), fine_tuning

@@ -172,3 +172,19 @@ def test_finetune_dropout_options_on_the_gpu_as_on_the_cpu(tmp_path):
     for name, value in params["cpu"].items():
         np.testing.assert_allclose(params["gpu"][name], value, rtol=1e-3, atol=1e-5, err_msg=name)
     assert not np.allclose(params["gpu-plain"]["W1_dh"], params["gpu"]["W1_dh"], rtol=1e-3, atol=1e-5)
+
+
+def test_the_estimators_n_threads_on_the_gpu_is_named_as_having_no_effect():
+    import warnings
+
+    from ksae_cupy import KSparseAutoencoder
+    from ksae_cupy.errors import KsaeNote
+
+    X = np.random.default_rng(0).random((60, 8)).astype(np.float32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = KSparseAutoencoder(n_hidden=8, k=2, k_start=None, epochs=1, batch_size=20, lr=0.01, n_threads=2,
+                                   device="gpu").fit(X)
+        model.partial_fit(X)
+    notes = [str(w.message) for w in caught if issubclass(w.category, KsaeNote)]
+    assert notes == ["n_threads=2 has no effect on the GPU: the training runs there, with no CPU threads to set"]

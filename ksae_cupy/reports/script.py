@@ -1,0 +1,22 @@
+"""How a ``bin/`` script that works in its own process ends on a user's mistake: one ``error:`` line, exit
+status 2, as the commands do (:func:`ksae_cupy.cli.common.report_errors`), never a traceback."""
+from __future__ import annotations
+
+import sys
+
+from ksae_cupy.errors import KsaeError, one_line
+
+EXIT_USAGE = 2
+
+
+def run_main(main) -> int:
+    """``main()``'s exit status (None: 0); a :class:`KsaeError` (a folder it cannot read, data not there) or
+    an ``OSError`` is one ``error:`` line on stderr and status 2."""
+    try:
+        return main() or 0
+    except KsaeError as exc:
+        print(f"error: {one_line(exc) or type(exc).__name__}", file=sys.stderr)
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"error: {where}{one_line(exc.strerror or exc)}", file=sys.stderr)
+    return EXIT_USAGE

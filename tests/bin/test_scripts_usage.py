@@ -1,0 +1,83 @@
+"""The scripts in bin/: a usage line for --help (and, for those that need arguments, without any), one
+``error:`` line for a folder they cannot read, and bin/dead-units-table's row for every kind of run folder."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ksae_cupy.cli.train import train_command
+from ksae_cupy.datasets.synthetic import make_sparse_signals
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = sorted(path.name for path in (REPO / "bin").iterdir() if path.is_file())
+ENV = dict(os.environ, PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1")
+# Their arguments are what they work on: without any, a usage line and status 2 (the dead-units table printed
+# an empty table and exited 0). The others' bare form is their documented whole run (bin/reproduce-mnist, ...).
+NEED_ARGUMENTS = ("baseline-grid", "dead-units-table", "gpu-campaign")
+
+
+def script(name: str, *args, cwd: Path):
+    return subprocess.run([sys.executable, str(REPO / "bin" / name), *map(str, args)], cwd=cwd, env=ENV,
+                          capture_output=True, text=True, timeout=600)  # a hang guard only
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_script_gives_a_usage_line_for_help(name, tmp_path):
+    result = script(name, "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: {name} "), result.stdout[:200]
+    assert list(tmp_path.iterdir()) == []  # nothing run, nothing written
+
+
+@pytest.mark.parametrize("name", NEED_ARGUMENTS)
+def test_a_script_that_needs_arguments_gives_its_usage_line_without_any(name, tmp_path):
+    result = script(name, cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == "", result.stdout
+    assert result.stderr.startswith(f"usage: {name} ") and "error:" in result.stderr.splitlines()[-1]
+
+
+def test_a_folder_a_script_cannot_read_is_one_error_line(tmp_path):
+    result = script("dead-units-table", tmp_path / "nowhere", cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"error: RUN_DIR {tmp_path / 'nowhere'} does not exist\n"
+    scored = script("baseline-grid", "--out", tmp_path / "grid", "--score", tmp_path / "nowhere", cwd=tmp_path)
+    assert scored.returncode == 2 and "Traceback" not in scored.stderr, scored.stderr
+    assert scored.stderr.splitlines() == [f"error: run folder {tmp_path / 'nowhere'} does not exist"]
+
+
+def test_the_dead_units_table_has_a_row_for_every_kind_of_run_folder(tmp_path):
+    data = tmp_path / "x.npy"
+    np.save(data, make_sparse_signals(200, D=8, H=16, k=2, seed=0)[0])
+    trained = tmp_path / "trained"
+    result = CliRunner().invoke(train_command, [str(data), "--hidden", "16", "--k", "2", "--no-k-schedule",
+                                                "--batch-size", "60", "--lr", "0.01", "--epochs", "1", "--device",
+                                                "cpu", "--threads", "1", "--run-dir", str(trained), "--quiet"])
+    assert result.exit_code == 0, result.output
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    for name in ("config.json", "metrics.jsonl"):
+        (cut / name).write_bytes((trained / name).read_bytes())
+    whole = (trained / "checkpoint.h5").read_bytes()
+    (cut / "checkpoint.h5").write_bytes(whole[:len(whole) // 2])
+    for kind in ("ksae-baseline", "ksae-finetune"):
+        (tmp_path / kind).mkdir()
+        (tmp_path / kind / "config.json").write_text(json.dumps({"kind": kind, "dataset": str(data)}))
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "config.json").write_text('{"kind": "ksae-tr')
+    result = script("dead-units-table", trained, cut, tmp_path / "ksae-baseline", tmp_path / "ksae-finetune", damaged,
+                    cwd=tmp_path)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    rows = {line.split("|")[-2].strip(): line.split("|")[1].strip() for line in result.stdout.splitlines()[2:]}
+    assert rows["`trained`"] == "the paper's"
+    assert rows["`cut`"].startswith(f"broken: {cut / 'checkpoint.h5'} is corrupt or truncated")
+    assert rows["`ksae-baseline`"] == "a ksae-baseline run: no k-sparse units to count (give ksae-train runs)"
+    assert rows["`ksae-finetune`"] == "a ksae-finetune run: no k-sparse units to count (give ksae-train runs)"
+    assert rows["`damaged`"] == "broken: config.json is not JSON (cut short or overwritten)"
