@@ -369,7 +369,7 @@ topk_radix_kernel(const T* __restrict__ Z, int N, int H, int k, int cache_keys, 
             bool found = false;
             for (int d = top; d > top - 8; --d) {
                 const unsigned int count = hist[d];
-                if (!found && above < need && need <= above + count) {
+                if (!found && need > above && need - above <= count) {
                     found = true;
                     my_digit = static_cast<unsigned int>(d);
                     my_need = need - above;
@@ -404,7 +404,7 @@ topk_radix_kernel(const T* __restrict__ Z, int N, int H, int k, int cache_keys, 
             const unsigned int above_votes = __ballot_sync(0xffffffffu, is_above);
             const unsigned int tie_votes = __ballot_sync(0xffffffffu, is_tie);
             const unsigned int ties_before = run_ties + static_cast<unsigned int>(__popc(tie_votes & lanes_below));
-            const bool keep = is_above || (is_tie && ties_before < need);
+            const bool keep = (is_tie && ties_before < need) || is_above;
             if (j < H) {
                 if (keep) {
                     const unsigned int slot = run_above + static_cast<unsigned int>(__popc(above_votes & lanes_below)) +
@@ -417,7 +417,7 @@ topk_radix_kernel(const T* __restrict__ Z, int N, int H, int k, int cache_keys, 
             run_above += static_cast<unsigned int>(__popc(above_votes));
             run_ties += static_cast<unsigned int>(__popc(tie_votes));
             const unsigned int kept = run_above + (run_ties < need ? run_ties : need);
-            if (!write_dense && kept >= static_cast<unsigned int>(k)) break;  // uniform across the warp
+            if (kept >= static_cast<unsigned int>(k) && !write_dense) break;  // uniform across the warp
         }
 
         // 4. Sort the k kept entries: descending key, ascending column.

@@ -546,9 +546,32 @@ PLANTED = [
      "for (int j = threadIdx.x; j <= H; j += BLOCK) keys[j] = KeyTraits<T>::to_key(z[j]);", "threshold", "bounds"),
     ("digit pick above <= need", "above < need && need <= above + count", "above <= need && need <= above + count",
      "threshold", "equivalent"),
+    ("radix: __syncwarp after the top-digit load removed",
+     "                atomicAdd(&hist[static_cast<unsigned int>(key >> (BITS - 8)) & 0xffu], 1u);\n            }\n"
+     "        }\n        __syncwarp(0xffffffffu);",
+     "                atomicAdd(&hist[static_cast<unsigned int>(key >> (BITS - 8)) & 0xffu], 1u);\n            }\n        }",
+     "radix_threshold", "race"),
+    ("radix: tie off-by-one", "const bool keep = (is_tie && ties_before < need) || is_above;",
+     "const bool keep = (is_tie && ties_before <= need) || is_above;", "radix_threshold", "logic"),
+    ("radix: the uncached path reads the (unwritten) cache", "return cached ? keys[j] : KeyTraits<T>::to_key(z[j]);",
+     "return (cached || z != nullptr) ? keys[j] : keys[j];", "radix_threshold", "logic"),
+    ("radix: vector load caches one key of each vector", "if (cached) keys[q * VEC + e] = key;",
+     "if (cached) keys[q * VEC] = key;", "radix_threshold", "logic"),
+    ("radix: digit pick need - above < count", "need > above && need - above <= count",
+     "need > above && need - above < count", "radix_threshold", "logic"),
+    ("radix: __syncwarp between bitonic stages removed",
+     "                    }\n                    __syncwarp(0xffffffffu);\n                }",
+     "                    }\n                }", "radix_sort", "race"),
+    ("radix: __syncwarp before the sort reloads the kept entries removed",
+     "            __syncwarp(0xffffffffu);  // the emit's reads of keys and writes of idx_row/val_row are done",
+     "", "radix_sort", "race"),
 ]
 PLANTED_NAMES = ["ksae::topk_threshold_kernel<float, 256>", "ksae::topk_sort_kernel<float, 256>",
+                 "ksae::topk_radix_kernel<float, false>", "ksae::topk_radix_kernel<float, true>",
                  "ksae::mask_rows_kernel<float>"]
+# A device whose shared memory caches rows of up to 512 float32 keys per warp: the radix cases below
+# run both the cached and the uncached path.
+TINY_SHARED = kernels.DeviceLimits(sm_count=2, shared_optin=8192 + 2048)
 
 
 @pytest.fixture(scope="module")
@@ -576,13 +599,18 @@ def _planted_cases(what: str):
         name = "ksae::mask_rows_kernel<float>"
         return row_cases(name, [(7, 31, 5), (13, 100, 9)], seed=3)
     cases = []
-    for H, kind, N in [(31, "kth_ties", 7), (100, "random", 9), (257, "ties", 5), (1000, "nan", 3), (300, "inf", 4)]:
+    method, variant = (what[len("radix_"):], "radix") if what.startswith("radix_") else (what, "block")
+    for H, kind, N in [(31, "kth_ties", 7), (100, "random", 9), (257, "ties", 5), (1000, "nan", 3), (300, "inf", 4),
+                       (800, "kth_ties", 3), (64, "ties", 20)]:
         Z = make_rows(kind, N, H, 5, rng, np.float32)
         for k in (1, 5, H):
             i = len(cases)
             s = harness.SCHEDULES[i % len(harness.SCHEDULES)]
-            cases.append(lambda d, Z=Z, k=k, s=s, dense=i % 2 == 1:
-                         run_topk(d, Z, k, what, dense=dense, schedule=s, max_blocks=2, label="planted"))
+            # The radix kernel on the tiny device too: rows longer than 512 run uncached there.
+            limits = TINY_SHARED if variant == "radix" and i % 2 == 0 and not (method == "sort" and k > 256) else LIMITS
+            cases.append(lambda d, Z=Z, k=k, s=s, dense=i % 2 == 1, lim=limits:
+                         run_topk(d, Z, k, method, dense=dense, schedule=s, max_blocks=2, label="planted",
+                                  variant=variant, limits=lim))
     return cases
 
 
