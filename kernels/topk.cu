@@ -295,7 +295,7 @@ __device__ __forceinline__ typename KeyTraits<T>::Key radix_key_at(const T* z, c
 }
 
 template <typename T, bool SORTED>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, 2)
 topk_radix_kernel(const T* __restrict__ Z, int N, int H, int k, int cache_keys, int region_bytes, int P,
                   int* __restrict__ idx_out, T* __restrict__ val_out, T* __restrict__ dense_out, int write_dense) {
     typedef typename KeyTraits<T>::Key Key;
@@ -357,6 +357,7 @@ topk_radix_kernel(const T* __restrict__ Z, int N, int H, int k, int cache_keys, 
             // Lane l owns digits 255 - 8l down to 248 - 8l; `above` counts candidates with a higher digit.
             const int top = 255 - 8 * lane;
             unsigned int sum = 0;
+#pragma unroll
             for (int d = top; d > top - 8; --d) sum += hist[d];
             unsigned int incl = sum;
 #pragma unroll
@@ -367,6 +368,7 @@ topk_radix_kernel(const T* __restrict__ Z, int N, int H, int k, int cache_keys, 
             unsigned int above = incl - sum;
             unsigned int my_digit = 0, my_need = 0, my_bin = 0;
             bool found = false;
+#pragma unroll
             for (int d = top; d > top - 8; --d) {
                 const unsigned int count = hist[d];
                 if (!found && need > above && need - above <= count) {
