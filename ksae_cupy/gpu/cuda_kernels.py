@@ -22,6 +22,11 @@ two >= H. Above 48 KiB in all the launcher opts in (``max_dynamic_shared_size_by
 opt-in limit of current GPUs (227 KiB on H100/H200, 163 KiB on A100) both handle H = 16,384 in
 float32; beyond the device's limit the launcher raises a KsaeError naming the largest H it can take.
 Rows are strided over a 1-D grid of at most a few thousand blocks, so any N up to 2^31 - 1 works.
+
+``variant="radix"`` picks the other kernels (``topk_radix_kernel``): one warp per row, up to 8 rows
+per block, 8,192 bytes of static shared memory (per-warp histograms) plus, per warp, the row's keys
+when they fit (else later digits re-read the row, so any H works) and, for sort, the k kept pairs
+(``next_pow2(k) * 8`` bytes in float32): :func:`radix_layout`. Same sets, order and bits as "block".
 """
 from __future__ import annotations
 

@@ -332,6 +332,7 @@ def radix_cases(name: str, seed: int):
         (4000, (25, 150, 3999), ("random", "kth_ties", "nan"), 3, LIMITS),
         (16384, (1, 150, 16383), ("random", "kth_ties", "nan"), 2, SMALL_SHARED),  # uncached in float32
         (8191, (25, 8190), ("bits", "ties"), 2, SMALL_SHARED),  # uncached in float64, scalar loads
+        (65536, (25, 1000, 65535), ("random", "kth_ties"), 1, LIMITS),  # beyond any cache: the grid's longest rows
     ]
     cases = []
     i = 0
