@@ -241,6 +241,8 @@ def bench_topk(Ns=TOPK_NS, Hs=TOPK_HS, ks=TOPK_KS, *, repeats: int = 50, warmup:
                         results.append(record)
                 del Zs, inputs
                 cupy.get_default_memory_pool().free_all_blocks()
+                if torch is not None:  # torch's cache would otherwise keep what the next shape needs
+                    torch.cuda.empty_cache()
     payload = {
         "benchmark": "topk-gpu",
         "meta": run_metadata(backend),
