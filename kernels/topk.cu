@@ -325,12 +325,13 @@ topk_radix_kernel(const T* __restrict__ Z, int N, int H, int k, int cache_keys, 
             const Vec16<T>* zv = reinterpret_cast<const Vec16<T>*>(z);
             for (int q = lane; q < H / VEC; q += 32) {
                 const Vec16<T> x = zv[q];
+                Vec16<Key> kv;  // the keys of one vector, stored as one 16-byte word (no bank conflicts)
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
-                    const Key key = KeyTraits<T>::to_key(x.v[e]);
-                    if (cached) keys[q * VEC + e] = key;
-                    atomicAdd(&hist[static_cast<unsigned int>(key >> (BITS - 8)) & 0xffu], 1u);
+                    kv.v[e] = KeyTraits<T>::to_key(x.v[e]);
+                    atomicAdd(&hist[static_cast<unsigned int>(kv.v[e] >> (BITS - 8)) & 0xffu], 1u);
                 }
+                if (cached) reinterpret_cast<Vec16<Key>*>(keys)[q] = kv;
             }
         } else {
             for (int j = lane; j < H; j += 32) {
