@@ -261,6 +261,210 @@ topk_sort_kernel(const T* __restrict__ Z, int N, int H, int P, int k, int* __res
 }
 
 // ---------------------------------------------------------------------------------------------
+// Radix select, one warp per row (the "radix" kernels; the block kernels above stay selectable).
+//
+// A block holds blockDim.x / 32 warps (at most RADIX_MAX_WARPS), each working on its own rows
+// (row = blockIdx.x * warps + warp, striding by gridDim.x * warps), so short rows pack several to a
+// block and no step needs a block-wide barrier: only __syncwarp and warp votes.
+//   1. One read of the row (16-byte vector loads when the row is aligned and a whole number of
+//      vectors) turns it into keys, histograms their top digit (per-warp histogram in shared
+//      memory), and, when `cache_keys` is set, keeps the keys in the warp's shared-memory region.
+//   2. Later digits (8 bits at a time) histogram only the candidates matching the digits found so
+//      far, from the cache or, for rows too long to cache, from global memory again. Each lane
+//      owns 8 bins; a warp scan of the lanes' sums finds the bin holding the k-th key. Stop early
+//      when that bin's candidates are exactly the ones still needed (as the block kernel does).
+//   3. Emit in ascending column order, 32 columns at a time: two ballots (above the threshold
+//      group, in it) and popc of the lanes below give each kept column its slot.
+//   4. SORTED: the warp reloads its k kept (key, column) pairs into its region, pads them to P (a
+//      power of two) with pairs ranking below everything, bitonic-sorts them (descending key,
+//      ascending column) and rewrites idx/val in that order: the sort variant's output, sorting k
+//      entries rather than H.
+// `region_bytes`: each warp's share of the dynamic shared memory (a multiple of 16), enough for
+// H keys when cache_keys is set and for P (key, column) pairs when SORTED.
+constexpr int RADIX_MAX_WARPS = 8;
+
+template <typename T>
+struct __align__(16) Vec16 {
+    T v[16 / sizeof(T)];
+};
+
+template <typename T>
+__device__ __forceinline__ typename KeyTraits<T>::Key radix_key_at(const T* z, const typename KeyTraits<T>::Key* keys,
+                                                                   bool cached, int j) {
+    return cached ? keys[j] : KeyTraits<T>::to_key(z[j]);
+}
+
+template <typename T, bool SORTED>
+__global__ void __launch_bounds__(256, 2)
+topk_radix_kernel(const T* __restrict__ Z, int N, int H, int k, int cache_keys, int region_bytes, int P,
+                  int* __restrict__ idx_out, T* __restrict__ val_out, T* __restrict__ dense_out, int write_dense) {
+    typedef typename KeyTraits<T>::Key Key;
+    constexpr int BITS = KeyTraits<T>::BITS;
+    constexpr int VEC = 16 / static_cast<int>(sizeof(T));
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    __shared__ unsigned int hist_all[RADIX_MAX_WARPS][256];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int warps = blockDim.x >> 5;
+    const unsigned int lanes_below = (1u << lane) - 1u;
+    unsigned int* hist = hist_all[warp];
+    unsigned char* region = smem_raw + static_cast<long long>(warp) * region_bytes;
+    Key* keys = reinterpret_cast<Key*>(region);
+    const bool cached = cache_keys != 0;
+
+    for (long long row = static_cast<long long>(blockIdx.x) * warps + warp; row < N;
+         row += static_cast<long long>(gridDim.x) * warps) {
+        const T* z = Z + row * static_cast<long long>(H);
+        // The previous row's last reads of keys/hist (emit, sort) come before this barrier.
+        __syncwarp(0xffffffffu);
+        for (int b = lane * 8; b < lane * 8 + 8; ++b) hist[b] = 0u;
+        __syncwarp(0xffffffffu);
+        // 1. One read of the row: keys (cached if asked) and the histogram of the top digit.
+        const bool vector_ok = (H % VEC == 0) && ((reinterpret_cast<unsigned long long>(z) & 15ull) == 0ull);
+        if (vector_ok) {
+            const Vec16<T>* zv = reinterpret_cast<const Vec16<T>*>(z);
+            for (int q = lane; q < H / VEC; q += 32) {
+                const Vec16<T> x = zv[q];
+                Vec16<Key> kv;  // the keys of one vector, stored as one 16-byte word (no bank conflicts)
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    kv.v[e] = KeyTraits<T>::to_key(x.v[e]);
+                    atomicAdd(&hist[static_cast<unsigned int>(kv.v[e] >> (BITS - 8)) & 0xffu], 1u);
+                }
+                if (cached) reinterpret_cast<Vec16<Key>*>(keys)[q] = kv;
+            }
+        } else {
+            for (int j = lane; j < H; j += 32) {
+                const Key key = KeyTraits<T>::to_key(z[j]);
+                if (cached) keys[j] = key;
+                atomicAdd(&hist[static_cast<unsigned int>(key >> (BITS - 8)) & 0xffu], 1u);
+            }
+        }
+        __syncwarp(0xffffffffu);
+
+        // 2. The k-th key's digits, top down.
+        Key prefix = 0, mask = 0;
+        unsigned int need = static_cast<unsigned int>(k);
+        for (int shift = BITS - 8;; shift -= 8) {
+            if (shift != BITS - 8) {  // the top digit's histogram came with the load
+                for (int b = lane * 8; b < lane * 8 + 8; ++b) hist[b] = 0u;
+                __syncwarp(0xffffffffu);
+                for (int j = lane; j < H; j += 32) {
+                    const Key key = radix_key_at<T>(z, keys, cached, j);
+                    if ((key & mask) == prefix) atomicAdd(&hist[static_cast<unsigned int>(key >> shift) & 0xffu], 1u);
+                }
+                __syncwarp(0xffffffffu);
+            }
+            // Lane l owns digits 255 - 8l down to 248 - 8l; `above` counts candidates with a higher digit.
+            const int top = 255 - 8 * lane;
+            unsigned int sum = 0;
+#pragma unroll
+            for (int d = top; d > top - 8; --d) sum += hist[d];
+            unsigned int incl = sum;
+#pragma unroll
+            for (int offset = 1; offset < 32; offset <<= 1) {
+                const unsigned int y = __shfl_up_sync(0xffffffffu, incl, offset);
+                if (lane >= offset) incl += y;
+            }
+            unsigned int above = incl - sum;
+            unsigned int my_digit = 0, my_need = 0, my_bin = 0;
+            bool found = false;
+#pragma unroll
+            for (int d = top; d > top - 8; --d) {
+                const unsigned int count = hist[d];
+                if (!found && need > above && need - above <= count) {
+                    found = true;
+                    my_digit = static_cast<unsigned int>(d);
+                    my_need = need - above;
+                    my_bin = count;
+                }
+                above += count;
+            }
+            const int src = __ffs(static_cast<int>(__ballot_sync(0xffffffffu, found))) - 1;  // exactly one lane
+            const unsigned int digit = __shfl_sync(0xffffffffu, my_digit, src);
+            need = __shfl_sync(0xffffffffu, my_need, src);
+            const unsigned int bin = __shfl_sync(0xffffffffu, my_bin, src);
+            prefix |= static_cast<Key>(digit) << shift;
+            mask |= static_cast<Key>(0xffu) << shift;
+            // The lanes' reads of hist came before the votes above; the next pass clears only the
+            // bins its lane read, and the histogram after it follows a __syncwarp.
+            if (bin == need || shift == 0) break;  // uniform: every lane holds the same values
+        }
+
+        // 3. Emit the kept columns in ascending order.
+        int* idx_row = idx_out + row * static_cast<long long>(k);
+        T* val_row = val_out + row * static_cast<long long>(k);
+        T* dense_row = dense_out + (write_dense ? row * static_cast<long long>(H) : 0ll);
+        unsigned int run_above = 0, run_ties = 0;
+        for (int base = 0; base < H; base += 32) {
+            const int j = base + lane;
+            bool is_above = false, is_tie = false;
+            if (j < H) {
+                const Key m = radix_key_at<T>(z, keys, cached, j) & mask;
+                is_above = m > prefix;
+                is_tie = m == prefix;
+            }
+            const unsigned int above_votes = __ballot_sync(0xffffffffu, is_above);
+            const unsigned int tie_votes = __ballot_sync(0xffffffffu, is_tie);
+            const unsigned int ties_before = run_ties + static_cast<unsigned int>(__popc(tie_votes & lanes_below));
+            const bool keep = (is_tie && ties_before < need) || is_above;
+            if (j < H) {
+                if (keep) {
+                    const unsigned int slot = run_above + static_cast<unsigned int>(__popc(above_votes & lanes_below)) +
+                                              (ties_before < need ? ties_before : need);
+                    idx_row[slot] = j;
+                    val_row[slot] = z[j];
+                }
+                if (write_dense) dense_row[j] = keep ? z[j] : T(0);
+            }
+            run_above += static_cast<unsigned int>(__popc(above_votes));
+            run_ties += static_cast<unsigned int>(__popc(tie_votes));
+            const unsigned int kept = run_above + (run_ties < need ? run_ties : need);
+            if (kept >= static_cast<unsigned int>(k) && !write_dense) break;  // uniform across the warp
+        }
+
+        // 4. Sort the k kept entries: descending key, ascending column.
+        if (SORTED) {
+            Key* pkeys = reinterpret_cast<Key*>(region);  // reuses the key cache: emit has read it
+            int* pcols = reinterpret_cast<int*>(pkeys + P);
+            __syncwarp(0xffffffffu);  // the emit's reads of keys and writes of idx_row/val_row are done
+            for (int i = lane; i < P; i += 32) {
+                if (i < k) {
+                    const int c = idx_row[i];
+                    pkeys[i] = KeyTraits<T>::to_key(val_row[i]);
+                    pcols[i] = c;
+                } else {
+                    pkeys[i] = 0;
+                    pcols[i] = 0x7fffffff;
+                }
+            }
+            __syncwarp(0xffffffffu);
+            for (int size = 2; size <= P; size <<= 1) {
+                for (int stride = size >> 1; stride > 0; stride >>= 1) {
+                    for (int i = lane; i < (P >> 1); i += 32) {
+                        const int lo = 2 * i - (i & (stride - 1));
+                        const int hi = lo + stride;
+                        const bool forward = (lo & size) == 0;
+                        const Key ka = pkeys[lo], kb = pkeys[hi];
+                        const int ia = pcols[lo], ib = pcols[hi];
+                        if (ranks_before<T>(kb, ib, ka, ia) == forward) {
+                            pkeys[lo] = kb; pkeys[hi] = ka;
+                            pcols[lo] = ib; pcols[hi] = ia;
+                        }
+                    }
+                    __syncwarp(0xffffffffu);
+                }
+            }
+            for (int i = lane; i < k; i += 32) {
+                const int c = pcols[i];
+                idx_row[i] = c;
+                val_row[i] = z[c];
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Sparse backward helpers: one grid-stride loop over the N*k kept entries, shared by the three
 // kernels, which differ only in what they do with entry t = (n, j) and its column c. A column
 // outside [0, H) is skipped (never read or written out of bounds).

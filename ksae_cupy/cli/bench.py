@@ -86,14 +86,16 @@ def bench_train(device, hidden, dim, k, batch_size, topk, repeats, steps, thread
 @bench_command.command("topk")
 @click.option("--device", default="gpu", help="gpu or gpu:N.")
 @click.option("--N", "Ns", default="128,4096,65536", help="Comma-separated batch sizes.")
-@click.option("--H", "Hs", default="1000,4000,16384", help="Comma-separated row lengths.")
-@click.option("--k", "ks", default="25,150,512", help="Comma-separated k values (k <= H).")
+@click.option("--H", "Hs", default="1000,4000,16384,65536", help="Comma-separated row lengths.")
+@click.option("--k", "ks", default="25,150,1000", help="Comma-separated k values (shapes with k >= H are left out).")
 @click.option("--repeats", type=int, default=50, show_default=True, help="Timed repeats; the median is reported.")
 @click.option("--no-torch", is_flag=True, help="Leave torch.topk out even when torch imports.")
+@click.option("--time-budget", type=click.FloatRange(min=0), default=420.0, show_default=True,
+              help="Seconds after which no new shape starts (the rest are recorded as skipped).")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Results folder. [default: results/benchmarks]")
 @report_errors
-def bench_topk_command(device, Ns, Hs, ks, repeats, no_torch, out):
-    """Both top-k kernels against cupy (argpartition, sort) and torch.topk, validated then timed."""
+def bench_topk_command(device, Ns, Hs, ks, repeats, no_torch, time_budget, out):
+    """Our top-k kernels (block and radix) against CuPy, torch.topk (sorted, unsorted) and RAFT, validated then timed."""
     from ksae_cupy.backend import resolve_device
     from ksae_cupy.bench.gpu import bench_topk
 
@@ -103,7 +105,7 @@ def bench_topk_command(device, Ns, Hs, ks, repeats, no_torch, out):
     click.echo(backend.description)
     parse = lambda text, flag: tuple(positive_ints(text, flag))
     result = bench_topk(Ns=parse(Ns, "--N"), Hs=parse(Hs, "--H"), ks=parse(ks, "--k"), repeats=repeats,
-                        device=backend.gpu_index, include_torch=not no_torch, out_dir=out)
+                        device=backend.gpu_index, include_torch=not no_torch, out_dir=out, time_budget_s=time_budget)
     click.echo(f"results: {result.get('path')}")
 
 

@@ -22,6 +22,11 @@ two >= H. Above 48 KiB in all the launcher opts in (``max_dynamic_shared_size_by
 opt-in limit of current GPUs (227 KiB on H100/H200, 163 KiB on A100) both handle H = 16,384 in
 float32; beyond the device's limit the launcher raises a KsaeError naming the largest H it can take.
 Rows are strided over a 1-D grid of at most a few thousand blocks, so any N up to 2^31 - 1 works.
+
+``variant="radix"`` picks the other kernels (``topk_radix_kernel``): one warp per row, up to 8 rows
+per block, 8,192 bytes of static shared memory (per-warp histograms) plus, per warp, the row's keys
+when they fit (else later digits re-read the row, so any H works) and, for sort, the k kept pairs
+(``next_pow2(k) * 8`` bytes in float32): :func:`radix_layout`. Same sets, order and bits as "block".
 """
 from __future__ import annotations
 
@@ -44,13 +49,24 @@ DEFAULT_SHARED = 48 * 1024  # shared memory per block (static + dynamic) without
 # Static shared memory of the top-k kernels, as ptxas reports it for sm_80 and sm_90
 # (tests/gpu/test_kernels_compile.py checks it). On a GPU the launcher uses the compiled kernel's own
 # figure; plans made without a GPU (the CPU harness) use these.
-STATIC_SHARED_BYTES = {"threshold": 1168, "sort": 0}
+STATIC_SHARED_BYTES = {"threshold": 1168, "sort": 0, "radix": 8192}
+# Kernel variants of the top-k methods: "block" (one block per row, the first kernels) and "radix"
+# (one warp per row, several rows per block, sort over the k kept entries only). Both keep the same
+# sets, in the same order, bit for bit; "block" stays the default until a GPU session has timed both.
+TOPK_VARIANTS = ("block", "radix")
+DEFAULT_TOPK_VARIANT = "block"
+RADIX_MAX_WARPS = 8  # as in topk.cu
+RADIX_BLOCK_LIMIT = 256  # the kernels' __launch_bounds__
 ROW_KINDS = ("gather", "scatter", "mask")
 INT32_MAX = int(np.iinfo(np.int32).max)
 
 
 def _topk_name(method: str, ctype: str, block: int) -> str:
     return f"ksae::topk_{method}_kernel<{ctype}, {block}>"
+
+
+def _radix_name(method: str, ctype: str) -> str:
+    return f"ksae::topk_radix_kernel<{ctype}, {'true' if method == 'sort' else 'false'}>"
 
 
 def _flat_name(kind: str, ctype: str) -> str:
@@ -61,6 +77,7 @@ def _flat_name(kind: str, ctype: str) -> str:
 # by tests/gpu/test_kernels_compile.py for the nvcc compile check and by the CPU harness.
 KERNEL_NAMES: tuple[str, ...] = tuple(
     [_topk_name(m, c, b) for m in ("threshold", "sort") for c in CTYPES.values() for b in TOPK_BLOCKS]
+    + [_radix_name(m, c) for m in ("threshold", "sort") for c in CTYPES.values()]
     + [_flat_name(kind, c) for kind in ROW_KINDS for c in CTYPES.values()]
 )
 
@@ -71,7 +88,14 @@ _LIMITS: dict[int, "DeviceLimits"] = {}  # device id -> its limits
 
 
 def kernel_source_path(name: str = SOURCE_NAME) -> Path:
-    """Path of a ``.cu`` file: from the installed package ``ksae_cupy.kernels``, else the source tree."""
+    """Path of a ``.cu`` file: from the source tree this module sits in, else the installed package ``ksae_cupy.kernels``.
+
+    The source tree first: with a checkout on PYTHONPATH and another one installed (editable), the
+    kernels must be the checkout's, the ones this module's launch plans describe.
+    """
+    tree = Path(__file__).resolve().parents[2] / "kernels" / name  # the source tree: <repo>/kernels
+    if tree.is_file():
+        return tree
     try:
         from importlib.resources import files
 
@@ -164,9 +188,49 @@ def topk_block(method: str, H: int) -> int:
     return TOPK_BLOCKS[1] if length >= BIG_ROW else TOPK_BLOCKS[0]
 
 
-def topk_kernel_name(method: str, dtype, H: int) -> str:
-    """The instantiation the launcher runs for this method, dtype and row length."""
+def topk_kernel_name(method: str, dtype, H: int, variant: str = DEFAULT_TOPK_VARIANT) -> str:
+    """The instantiation the launcher runs for this method, dtype, row length and variant."""
+    if variant == "radix":
+        return _radix_name(method, CTYPES[np.dtype(dtype)])
     return _topk_name(method, CTYPES[np.dtype(dtype)], topk_block(method, H))
+
+
+@dataclass(frozen=True)
+class RadixLayout:
+    """How the radix kernel spends shared memory: rows (warps) per block, per-warp region, key cache."""
+
+    warps: int
+    region_bytes: int  # per warp, a multiple of 16
+    cache_keys: bool  # the row's keys stay in shared memory (else later digits re-read the row)
+    P: int  # padded length of the k kept entries sorted by the sort variant (1 for threshold)
+
+
+def radix_layout(method: str, H: int, k: int, dtype, shared_limit: int, N: int | None = None) -> RadixLayout:
+    """Largest useful packing: up to 8 rows per block, the keys cached when they fit.
+
+    Rows are cached when one warp's region fits; fewer rows per block when the region is large (and
+    for small N, so the grid still spreads over the SMs). Raises KsaeError when the sort variant's k
+    kept pairs do not fit even for one warp.
+    """
+    key = KEY_BYTES[np.dtype(dtype)]
+    budget = shared_limit - STATIC_SHARED_BYTES["radix"]
+    P = next_pow2(k) if method == "sort" else 1
+    pairs = P * (key + 4) if method == "sort" else 0
+
+    def region(cache: bool) -> int:
+        return -(-max(H * key if cache else 0, pairs) // 16) * 16
+
+    cache = region(True) <= budget
+    r = region(cache)
+    if r > budget:
+        max_k = topk_max_H("sort", dtype, shared_limit, STATIC_SHARED_BYTES["radix"])
+        raise KsaeError(f"k={k} is too large for the radix sort top-k kernel in {np.dtype(dtype)}: its kept entries "
+                        f"need {r} bytes of shared memory and this GPU allows {budget}; use k <= {max_k}")
+    warps = RADIX_MAX_WARPS if r == 0 else max(1, min(RADIX_MAX_WARPS, budget // r))
+    if N is not None:
+        warps = max(1, min(warps, -(-int(N) // 256)))  # small N: spread the rows over more blocks
+        warps = 1 << (warps.bit_length() - 1)
+    return RadixLayout(warps=warps, region_bytes=r, cache_keys=cache, P=P)
 
 
 def _grid(limits: DeviceLimits, work_items: int, per_sm: int) -> int:
@@ -203,8 +267,10 @@ def _check_int32_range(*sizes: int) -> None:
         raise KsaeError(f"sizes {sizes} are too large; the kernels take N, H, k <= {INT32_MAX}")
 
 
-def check_topk_inputs(Z_nh, k, method: str) -> tuple[int, int, int]:
-    """``(N, H, k)`` after checking method, array and k; raises KsaeError otherwise."""
+def check_topk_inputs(Z_nh, k, method: str, variant: str = DEFAULT_TOPK_VARIANT) -> tuple[int, int, int]:
+    """``(N, H, k)`` after checking method, variant, array and k; raises KsaeError otherwise."""
+    if variant not in TOPK_VARIANTS:
+        raise KsaeError(f"top-k kernel variant {variant!r} is not allowed; use one of {', '.join(TOPK_VARIANTS)}")
     if method not in TOPK_GPU_METHODS:
         raise KsaeError(f"top-k method {method!r} is not allowed; use one of {', '.join(TOPK_GPU_METHODS)}")
     _check_array(Z_nh, "Z_nh", 2, tuple(CTYPES))
@@ -217,14 +283,14 @@ def check_topk_inputs(Z_nh, k, method: str) -> tuple[int, int, int]:
 
 
 def plan_topk(Z_nh, k, method: str, outs: tuple, limits: DeviceLimits, *, static_shared: int | None = None,
-              max_blocks: int | None = None) -> KernelLaunch:
+              max_blocks: int | None = None, variant: str = DEFAULT_TOPK_VARIANT) -> KernelLaunch:
     """The launch of the top-k kernel for ``Z_nh`` into ``outs`` = ``(idx_nk, val_nk)`` or ``(idx_nk, val_nk, Zs_nh)``.
 
     ``static_shared``: the kernel's static shared memory (on a GPU, its ``shared_size_bytes``);
     default :data:`STATIC_SHARED_BYTES`. Raises KsaeError when a row does not fit in the device's
     shared memory, naming the largest H that does.
     """
-    N, H, k = check_topk_inputs(Z_nh, k, method)
+    N, H, k = check_topk_inputs(Z_nh, k, method, variant)
     dtype = np.dtype(Z_nh.dtype)
     dense = len(outs) == 3
     if len(outs) not in (2, 3):
@@ -233,6 +299,8 @@ def plan_topk(Z_nh, k, method: str, outs: tuple, limits: DeviceLimits, *, static
     _check_out(outs[1], "out val_nk", (N, k), dtype)
     if dense:
         _check_out(outs[2], "out Zs_nh", (N, H), dtype)
+    if variant == "radix":
+        return _plan_radix(Z_nh, N, H, k, method, outs, limits, static_shared, max_blocks)
     static = STATIC_SHARED_BYTES[method] if static_shared is None else int(static_shared)
     smem = topk_shared_bytes(method, H, dtype)
     if smem + static > limits.shared_optin:
@@ -258,6 +326,27 @@ def plan_topk(Z_nh, k, method: str, outs: tuple, limits: DeviceLimits, *, static
     outputs = (n - 4, n - 3, n - 2) if dense else (n - 4, n - 3)
     return KernelLaunch(name=_topk_name(method, CTYPES[dtype], block), grid=grid if N else 0, block=block,
                         args=tuple(args), outputs=outputs, shared_mem=smem, shared_optin=optin, static_shared=static)
+
+
+def _plan_radix(Z_nh, N: int, H: int, k: int, method: str, outs: tuple, limits: DeviceLimits,
+                static_shared: int | None, max_blocks: int | None) -> KernelLaunch:
+    """The radix kernel's launch: rows per block and shared memory from :func:`radix_layout`."""
+    dtype = np.dtype(Z_nh.dtype)
+    dense = len(outs) == 3
+    static = STATIC_SHARED_BYTES["radix"] if static_shared is None else int(static_shared)
+    layout = radix_layout(method, H, k, dtype, limits.shared_optin - (static - STATIC_SHARED_BYTES["radix"]), N)
+    smem = layout.warps * layout.region_bytes
+    optin = smem if smem + static > DEFAULT_SHARED else 0
+    block = 32 * layout.warps
+    grid = _grid(limits, -(-N // layout.warps), 2048 // block)
+    if max_blocks is not None:
+        grid = max(1, min(grid, int(max_blocks)))
+    dense_arg = outs[2] if dense else outs[1]  # never written when write_dense is 0
+    args = (Z_nh, np.int32(N), np.int32(H), np.int32(k), np.int32(1 if layout.cache_keys else 0),
+            np.int32(layout.region_bytes), np.int32(layout.P), outs[0], outs[1], dense_arg, np.int32(1 if dense else 0))
+    outputs = (7, 8, 9) if dense else (7, 8)
+    return KernelLaunch(name=_radix_name(method, CTYPES[dtype]), grid=grid if N else 0, block=block, args=args,
+                        outputs=outputs, shared_mem=smem, shared_optin=optin, static_shared=static)
 
 
 def plan_rows(kind: str, src, idx_nk, out, limits: DeviceLimits) -> KernelLaunch:
@@ -355,7 +444,8 @@ def _require_gpu_array(a, what: str) -> None:
 # ------------------------------------------------------------------------------------------------
 # Top-k.
 
-def topk_gpu(Z_nh, k: int, method: str = "sort", *, dense: bool = False, out=None, max_blocks: int | None = None):
+def topk_gpu(Z_nh, k: int, method: str = "sort", *, dense: bool = False, out=None, max_blocks: int | None = None,
+             variant: str = DEFAULT_TOPK_VARIANT):
     """Top-k of every row of the cupy array ``Z_nh`` with the CUDA kernels.
 
     Returns ``(idx_nk int32, val_nk)``, or ``(idx_nk, val_nk, Zs_nh)`` with ``dense=True``
@@ -365,10 +455,11 @@ def topk_gpu(Z_nh, k: int, method: str = "sort", *, dense: bool = False, out=Non
 
     ``out``: optional preallocated outputs ``(idx_nk, val_nk)`` (plus ``Zs_nh`` with ``dense``),
     written completely. ``max_blocks`` caps the grid (tests use it to force several row passes).
+    ``variant``: which kernels, ``"block"`` (one block per row) or ``"radix"`` (one warp per row).
     """
     cupy = _cupy()
     _require_gpu_array(Z_nh, "Z_nh")
-    N, H, k = check_topk_inputs(Z_nh, k, method)
+    N, H, k = check_topk_inputs(Z_nh, k, method, variant)
     dtype = np.dtype(Z_nh.dtype)
     with cupy.cuda.Device(Z_nh.device.id):
         if out is None:
@@ -382,9 +473,9 @@ def topk_gpu(Z_nh, k: int, method: str = "sort", *, dense: bool = False, out=Non
             outs = tuple(out)
             for o, what in zip(outs, ("out idx_nk", "out val_nk", "out Zs_nh")):
                 _require_gpu_array(o, what)
-        kernel = _function(cupy, topk_kernel_name(method, dtype, H))
+        kernel = _function(cupy, topk_kernel_name(method, dtype, H, variant))
         plan = plan_topk(Z_nh, k, method, outs, device_limits(cupy), static_shared=int(kernel.shared_size_bytes),
-                         max_blocks=max_blocks)
+                         max_blocks=max_blocks, variant=variant)
         _launch(cupy, plan, kernel)
     return outs
 

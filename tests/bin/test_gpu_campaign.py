@@ -98,7 +98,7 @@ def test_tiny_gpu_run_takes_the_gpu_branches(tmp_path, gpu_cupy):
     assert json.loads((out / "tests.json").read_text())["counts"]["passed"] == 3
     topk = json.loads((out / json.loads((out / "topk.json").read_text())["result_file"]).read_text())
     ours = [r for r in topk["results"] if r["candidate"].startswith("ksae")]
-    assert len(ours) == 2 and all(r["valid"] for r in ours)
+    assert len(ours) == 4 and all(r["valid"] for r in ours)  # block and radix, sort and threshold
 
 
 def test_second_call_resumes_the_interrupted_training(tmp_path):

@@ -77,7 +77,7 @@ def bits(a: np.ndarray) -> np.ndarray:
     return a.view(np.uint32 if a.dtype == np.float32 else np.uint64)
 
 
-def run_and_check(Z: np.ndarray, k: int, method: str, *, dense: bool = False, max_blocks=None):
+def run_and_check(Z: np.ndarray, k: int, method: str, *, dense: bool = False, max_blocks=None, variant: str = "block"):
     N, H = Z.shape
     Zd = cupy.asarray(Z)
     idx = cupy.full((N, k), -1, dtype=np.int32)
@@ -85,7 +85,7 @@ def run_and_check(Z: np.ndarray, k: int, method: str, *, dense: bool = False, ma
     outs = [idx, val]
     if dense:
         outs.append(cupy.full((N, H), np.nan, dtype=Z.dtype))
-    result = cuda.topk_gpu(Zd, k, method, dense=dense, out=tuple(outs), max_blocks=max_blocks)
+    result = cuda.topk_gpu(Zd, k, method, dense=dense, out=tuple(outs), max_blocks=max_blocks, variant=variant)
     assert all(r is o for r, o in zip(result, outs))
     ref_idx, ref_val = REFERENCE[method](Z, k)
     got_idx, got_val = idx.get(), val.get()
@@ -186,6 +186,37 @@ def test_h_16384_fits_both_methods_float32():
     Z = make_rows("random", 3, 16384, seed=1)
     for method in ("sort", "threshold"):
         run_and_check(Z, 512, method, dense=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# The radix kernels (variant="radix"): the launcher's own plans on the device.
+
+@pytest.mark.parametrize("method", ["sort", "threshold"])
+@pytest.mark.parametrize("H", [1, 31, 1000, 4000, 16384])
+def test_radix_matches_reference(method, H):
+    """Rows packed 8 to a block (N above 2,048), one to a block (small N), ties and NaN, float32 and float64."""
+    for kind in ("random", "ties", "nan"):
+        Z = make_rows(kind, rows(3000, 300) if H <= 1000 else rows(64, 3), H, seed=H * 7 + len(kind))
+        for k in sorted({k for k in (1, 25, 150, H - 1, H) if 1 <= k <= H}):
+            run_and_check(Z, k, method, variant="radix", dense=k == 25)
+        run_and_check(Z.astype(np.float64)[:5], min(H, 25), method, variant="radix", dense=True, max_blocks=2)
+
+
+def test_radix_takes_rows_longer_than_the_block_kernels():
+    """H = 65,536 (float32): the block kernels refuse it, the radix kernels re-read the row per digit."""
+    Z = make_rows("random", rows(8, 1), 65536, seed=3)
+    for method in ("sort", "threshold"):
+        with pytest.raises(KsaeError, match="H <= "):
+            cuda.topk_gpu(cupy.asarray(Z), 25, method)
+        run_and_check(Z, 1000 if method == "sort" else 65535, method, variant="radix")
+
+
+def test_radix_rejects_bad_variant_and_too_large_k():
+    Z = cupy.zeros((2, 10), dtype=np.float32)
+    with pytest.raises(KsaeError, match="variant 'warp' is not allowed; use one of block, radix"):
+        cuda.topk_gpu(Z, 2, "sort", variant="warp")
+    with pytest.raises(KsaeError, match="k=65535 is too large for the radix sort"):
+        cuda.topk_gpu(cupy.zeros((1, 65536), dtype=np.float32), 65535, "sort", variant="radix")
 
 
 # ------------------------------------------------------------------------------------------------

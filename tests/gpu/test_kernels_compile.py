@@ -68,7 +68,8 @@ def test_all_instantiations_compile(arch, tmp_path: Path):
     assert all(int(s) == 0 for s in spills), log[-4000:]
     # The static shared memory the launch plans count (STATIC_SHARED_BYTES) is what ptxas allots.
     for entry, smem in _static_smem(log).items():
-        method = "threshold" if "topk_threshold" in entry else "sort" if "topk_sort" in entry else None
+        method = ("threshold" if "topk_threshold" in entry else "sort" if "topk_sort" in entry
+                  else "radix" if "topk_radix" in entry else None)
         assert smem == (cuda.STATIC_SHARED_BYTES[method] if method else 0), (entry, smem)
 
 
@@ -76,7 +77,7 @@ def test_kernel_names_cover_every_template():
     """The name list names each kernel template of the source for both dtypes."""
     text = cuda.kernel_source()
     templates = set(re.findall(r"__global__ void(?: __launch_bounds__\([\w, ]+\))?\s+(\w+_kernel)\(", text))
-    assert templates == {"topk_threshold_kernel", "topk_sort_kernel", "gather_rows_kernel",
+    assert templates == {"topk_threshold_kernel", "topk_sort_kernel", "topk_radix_kernel", "gather_rows_kernel",
                          "scatter_rows_kernel", "mask_rows_kernel"}
     for name in templates:
         for ctype in ("float", "double"):

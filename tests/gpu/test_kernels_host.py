@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 
 from ksae_cupy.gpu import cuda_kernels as kernels
+from ksae_cupy.gpu.cuda_kernels import next_pow2
 from ksae_cupy.gpu.fused_step import fused_step
 from ksae_cupy.topk import topk_sort, topk_threshold
 
@@ -152,7 +153,8 @@ def block_of(name: str) -> int:
 
 
 def run_topk(driver: harness.Driver, Z: np.ndarray, k: int, method: str, *, dense: bool, schedule: harness.Schedule,
-             max_blocks=None, label: str = "", instantiation: str | None = None) -> int:
+             max_blocks=None, label: str = "", instantiation: str | None = None, variant: str = "block",
+             limits: kernels.DeviceLimits = LIMITS) -> int:
     """One top-k launch as topk_gpu would make it, checked against the reference; returns the rows.
 
     ``instantiation``: run this one instead of the one the launcher picks for H (same arguments,
@@ -164,7 +166,7 @@ def run_topk(driver: harness.Driver, Z: np.ndarray, k: int, method: str, *, dens
     outs = (idx, val)
     if dense:
         outs += (np.full((N, H), POISON[dtype], dtype=UINT[dtype]).view(dtype),)
-    plan = kernels.plan_topk(Z, k, method, outs, LIMITS, max_blocks=max_blocks)
+    plan = kernels.plan_topk(Z, k, method, outs, limits, max_blocks=max_blocks, variant=variant)
     if instantiation is not None and instantiation != plan.name:
         plan = dataclasses.replace(plan, name=instantiation, block=block_of(instantiation))
     label = f"{label} N={N} H={H} k={k} {dtype} dense={int(dense)} grid={plan.grid} {schedule}"
@@ -240,12 +242,13 @@ def _report(pool, before: dict, t0: float, what: str) -> dict:
     return rows
 
 
-TOPK_NAMES = [n for n in kernels.KERNEL_NAMES if "topk_" in n]
+TOPK_NAMES = [n for n in kernels.KERNEL_NAMES if "topk_" in n and "topk_radix" not in n]
+RADIX_NAMES = [n for n in kernels.KERNEL_NAMES if "topk_radix" in n]
 ROW_NAMES = [n for n in kernels.KERNEL_NAMES if "_rows_kernel" in n]
 
 
 def test_every_instantiation_is_covered():
-    assert set(TOPK_NAMES) | set(ROW_NAMES) == set(kernels.KERNEL_NAMES)
+    assert set(TOPK_NAMES) | set(RADIX_NAMES) | set(ROW_NAMES) == set(kernels.KERNEL_NAMES)
     for name in TOPK_NAMES:
         assert routed_Hs(name, H_SMALL + H_LARGE), f"no H of the case list routes to {name}"
 
@@ -303,6 +306,74 @@ def test_topk_threshold_longest_rows(pool, dtype):
     Z = np.zeros((1, H + 1), dtype=dtype)
     with pytest.raises(kernels.KsaeError, match=f"H <= {H}"):
         kernels.plan_topk(Z, 1, "threshold", (np.empty((1, 1), np.int32), np.empty((1, 1), dtype)), LIMITS)
+
+
+# ------------------------------------------------------------------------------------------------
+# The radix kernels (one warp per row): every path of the launch plan and of the kernel.
+
+# A device with 64 KiB of opt-in shared memory: H = 16,384 (float32) and H = 8,191 (float64) no
+# longer fit in one warp's cache, so those rows take the path that re-reads the row per digit.
+SMALL_SHARED = kernels.DeviceLimits(sm_count=4, shared_optin=64 * 1024)
+
+
+def radix_cases(name: str, seed: int):
+    """(H, k, kind, N, limits) covering: several rows per block (small H, N above 256), one row per
+    block (N small), the key cache and the uncached path, 16-byte vector loads (H a multiple of the
+    vector) and scalar loads (H odd), k in {1, 25, 150, H - 1, H}, ties, NaN, every schedule."""
+    method = "sort" if "true>" in name else "threshold"
+    dtype = np.float32 if "<float" in name else np.float64
+    rng = np.random.default_rng(seed)
+    shapes = [  # H, ks, kinds, N, limits
+        (1, (1,), ("random", "nan"), 5, LIMITS),
+        (37, (1, 25, 36, 37), ("ties", "nan", "kth_ties", "bits"), 7, LIMITS),
+        (100, (1, 25, 99), ("random", "equal", "zeros", "inf"), 300, LIMITS),  # 2 warps a block
+        (1000, (1, 25, 150, 999), ("random", "kth_ties", "nan", "bits"), 9, LIMITS),
+        (1001, (25, 150, 1000), ("ties", "subnormal", "extremes"), 5, LIMITS),  # scalar loads
+        (4000, (25, 150, 3999), ("random", "kth_ties", "nan"), 3, LIMITS),
+        (16384, (1, 150, 16383), ("random", "kth_ties", "nan"), 2, SMALL_SHARED),  # uncached in float32
+        (8191, (25, 8190), ("bits", "ties"), 2, SMALL_SHARED),  # uncached in float64, scalar loads
+        (65536, (25, 1000, 65535), ("random", "kth_ties"), 1, LIMITS),  # beyond any cache: the grid's longest rows
+    ]
+    cases = []
+    i = 0
+    for H, ks, kinds, N, limits in shapes:
+        for kind in kinds:
+            for k in ks:
+                if k > H or (method == "sort" and next_pow2(k) * (dtype(0).itemsize + 4) > limits.shared_optin - 8192):
+                    continue  # the sort's k kept pairs do not fit (test_radix_layout_covers_each_path)
+                Z = make_rows(kind, N, H, k, rng, dtype)
+                schedule = harness.SCHEDULES[i % len(harness.SCHEDULES)]
+                max_blocks = [None, 1, 2][i % 3]
+                dense = i % 2 == 1
+                cases.append(lambda d, Z=Z, k=k, dense=dense, s=schedule, mb=max_blocks, lim=limits:
+                             run_topk(d, Z, k, method, dense=dense, schedule=s, max_blocks=mb, label=name,
+                                      variant="radix", limits=lim))
+                i += 1
+    return cases
+
+
+def test_radix_layout_covers_each_path():
+    """The launch plans the radix cases rely on: rows per block, key cache on and off."""
+    f32, f64 = np.float32, np.float64
+    small = kernels.radix_layout("threshold", 1000, 25, f32, LIMITS.shared_optin, N=4096)
+    assert small.warps == 8 and small.cache_keys and small.region_bytes == 4000
+    assert kernels.radix_layout("threshold", 1000, 25, f32, LIMITS.shared_optin, N=100).warps == 1
+    assert kernels.radix_layout("threshold", 100, 25, f32, LIMITS.shared_optin, N=300).warps == 2
+    assert not kernels.radix_layout("threshold", 16384, 150, f32, SMALL_SHARED.shared_optin).cache_keys
+    assert not kernels.radix_layout("threshold", 8191, 25, f64, SMALL_SHARED.shared_optin).cache_keys
+    # H = 65,536 in float32 does not fit one warp's cache on any GPU: it runs uncached.
+    big = kernels.radix_layout("sort", 65536, 1000, f32, LIMITS.shared_optin, N=4096)
+    assert not big.cache_keys and big.P == 1024 and big.region_bytes == 1024 * 8
+    with pytest.raises(kernels.KsaeError, match="k=65535 is too large"):
+        kernels.radix_layout("sort", 65536, 65535, f32, SMALL_SHARED.shared_optin)
+
+
+@pytest.mark.parametrize("name", RADIX_NAMES)
+def test_radix_instantiation_matches_reference(pool, name):
+    t0, before = time.perf_counter(), pool.rows()
+    pool.map(radix_cases(name, seed=len(name)))
+    rows = _report(pool, before, t0, name)
+    assert rows.get(name, 0) >= 300
 
 
 @pytest.mark.slow
@@ -476,9 +547,32 @@ PLANTED = [
      "for (int j = threadIdx.x; j <= H; j += BLOCK) keys[j] = KeyTraits<T>::to_key(z[j]);", "threshold", "bounds"),
     ("digit pick above <= need", "above < need && need <= above + count", "above <= need && need <= above + count",
      "threshold", "equivalent"),
+    ("radix: __syncwarp after the top-digit load removed",
+     "                atomicAdd(&hist[static_cast<unsigned int>(key >> (BITS - 8)) & 0xffu], 1u);\n            }\n"
+     "        }\n        __syncwarp(0xffffffffu);",
+     "                atomicAdd(&hist[static_cast<unsigned int>(key >> (BITS - 8)) & 0xffu], 1u);\n            }\n        }",
+     "radix_threshold", "race"),
+    ("radix: tie off-by-one", "const bool keep = (is_tie && ties_before < need) || is_above;",
+     "const bool keep = (is_tie && ties_before <= need) || is_above;", "radix_threshold", "logic"),
+    ("radix: the uncached path reads the (unwritten) cache", "return cached ? keys[j] : KeyTraits<T>::to_key(z[j]);",
+     "return (cached || z != nullptr) ? keys[j] : keys[j];", "radix_threshold", "logic"),
+    ("radix: vector load caches half the vectors", "if (cached) reinterpret_cast<Vec16<Key>*>(keys)[q] = kv;",
+     "if (cached) reinterpret_cast<Vec16<Key>*>(keys)[q / 2] = kv;", "radix_threshold", "logic"),
+    ("radix: digit pick need - above < count", "need > above && need - above <= count",
+     "need > above && need - above < count", "radix_threshold", "logic"),
+    ("radix: __syncwarp between bitonic stages removed",
+     "                    }\n                    __syncwarp(0xffffffffu);\n                }",
+     "                    }\n                }", "radix_sort", "race"),
+    ("radix: __syncwarp before the sort reloads the kept entries removed",
+     "            __syncwarp(0xffffffffu);  // the emit's reads of keys and writes of idx_row/val_row are done",
+     "", "radix_sort", "race"),
 ]
 PLANTED_NAMES = ["ksae::topk_threshold_kernel<float, 256>", "ksae::topk_sort_kernel<float, 256>",
+                 "ksae::topk_radix_kernel<float, false>", "ksae::topk_radix_kernel<float, true>",
                  "ksae::mask_rows_kernel<float>"]
+# A device whose shared memory caches rows of up to 512 float32 keys per warp: the radix cases below
+# run both the cached and the uncached path.
+TINY_SHARED = kernels.DeviceLimits(sm_count=2, shared_optin=8192 + 2048)
 
 
 @pytest.fixture(scope="module")
@@ -506,13 +600,18 @@ def _planted_cases(what: str):
         name = "ksae::mask_rows_kernel<float>"
         return row_cases(name, [(7, 31, 5), (13, 100, 9)], seed=3)
     cases = []
-    for H, kind, N in [(31, "kth_ties", 7), (100, "random", 9), (257, "ties", 5), (1000, "nan", 3), (300, "inf", 4)]:
+    method, variant = (what[len("radix_"):], "radix") if what.startswith("radix_") else (what, "block")
+    for H, kind, N in [(31, "kth_ties", 7), (100, "random", 9), (257, "ties", 5), (1000, "nan", 3), (300, "inf", 4),
+                       (800, "kth_ties", 3), (64, "ties", 20)]:
         Z = make_rows(kind, N, H, 5, rng, np.float32)
         for k in (1, 5, H):
             i = len(cases)
             s = harness.SCHEDULES[i % len(harness.SCHEDULES)]
-            cases.append(lambda d, Z=Z, k=k, s=s, dense=i % 2 == 1:
-                         run_topk(d, Z, k, what, dense=dense, schedule=s, max_blocks=2, label="planted"))
+            # The radix kernel on the tiny device too: rows longer than 512 run uncached there.
+            limits = TINY_SHARED if variant == "radix" and i % 2 == 0 and not (method == "sort" and k > 256) else LIMITS
+            cases.append(lambda d, Z=Z, k=k, s=s, dense=i % 2 == 1, lim=limits:
+                         run_topk(d, Z, k, method, dense=dense, schedule=s, max_blocks=2, label="planted",
+                                  variant=variant, limits=lim))
     return cases
 
 
