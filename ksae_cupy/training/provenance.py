@@ -1,6 +1,6 @@
 """Provenance: what a command reads from a run is what the run was trained on.
 
-Three records, each checked by every command that reads it:
+Four records, each checked by every command that reads it:
 
 * **The data file.** A run on a user's file records the file's SHA-256 in config.json
   (``dataset_sha256``, :func:`~ksae_cupy.training.runs.dataset_record`). :func:`check_run_data`
