@@ -249,7 +249,8 @@ def test_kept_fits_are_not_reused_when_a_row_outside_the_old_sample_changed(tmp_
     with pytest.raises(grid.EvaluationInterrupted):
         evaluate.evaluate_run(run, dataset=data, **grid_args)
     kept = grid.FitStore(run / grid.FITS_FILE, grid.fingerprint(run / "checkpoint.h5", data, max_iter=500,
-                                                                 topk="sort", activation="linear"))
+                                                                 topk="sort", activation="linear",
+                                                                 protocol=evaluate.PROTOCOL))
     assert len(kept) == 1  # the fit made before the stop, under the data's key
     data.X_train = data.X_train.copy()
     data.X_train[1, 0] += 1.0
