@@ -56,6 +56,7 @@ def finetune_command(ctx, pretrained, **values):
     given; with --no-pretraining or --baseline it is required. --dataset is its old spelling.
     """
     from ksae_cupy.supervised import finetune_run as ft
+    from ksae_cupy.training.provenance import data_files_record
     from ksae_cupy.training.runs import FINETUNE as KIND, dataset_record
 
     ft.check_step(values["step"])
@@ -85,7 +86,7 @@ def finetune_command(ctx, pretrained, **values):
         run.new_folder(lambda: ft.default_run_dir(dataset))
         data = run.load(spec)
         trainer, record = ft.new_trainer(values, pretrained, read, data, run.backend)
-        record.update({**dataset_record(spec.data), "data": spec.record()})  # with its SHA-256: --resume checks it
+        record.update({**dataset_record(spec.data), "data": data_files_record(spec.record())})  # SHA-256s: --resume checks them
     backend = run.backend
     if trainer is None:  # --baseline before its fine-tuning: on a resume, --step and --topk apply as to a checkpoint
         applied = {name: values[name] for name in ft.IN_CHECKPOINT if run.resuming and name in given}

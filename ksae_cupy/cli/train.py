@@ -35,6 +35,7 @@ def train_command(ctx, dataset, **values):
       ksae-train --resume runs/mnist-h1000-k25-20261121-101500
     """
     from ksae_cupy.training import train_run
+    from ksae_cupy.training.provenance import data_files_record
     from ksae_cupy.training.runs import TRAIN as KIND, dataset_record, default_run_dir
 
     values["dataset"] = dataset
@@ -58,7 +59,7 @@ def train_command(ctx, dataset, **values):
         run.open(lambda: default_run_dir(dataset, config.hidden, config.k))
         record, backend, model = dataset_record(spec.data), run.start(), None
     if spec.is_user_file:
-        record["data"] = spec.record()  # labels and splits, for ksae-eval and --resume
+        record["data"] = data_files_record(spec.record())  # labels and splits (files hashed), for ksae-eval and --resume
     say(backend.description)
     say(run.threads_line)
     data = run.load(spec)

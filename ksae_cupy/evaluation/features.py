@@ -520,7 +520,8 @@ def load_run_dataset(run: Run, data_root=None, log=print, overrides: dict | None
 
     if not run.dataset:
         raise KsaeError(f"{run.path}: neither config.json nor the checkpoint names the dataset")
-    check_run_data(run.path)  # the rows the run was trained on, not a file replaced since
+    given = {key for key, value in (overrides or {}).items() if value is not None}
+    check_run_data(run.path, given=given)  # the rows the run was trained on, not a file replaced since
     spec = DataSpec.from_record(run.dataset, run.data_record).for_run(**(overrides or {}))
     dataset = load_dataset(spec, data_root, log=log)
     D = run.params["W_dh"].shape[0]

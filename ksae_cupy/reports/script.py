@@ -20,3 +20,13 @@ def run_main(main) -> int:
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"error: {where}{one_line(exc.strerror or exc)}", file=sys.stderr)
     return EXIT_USAGE
+
+
+def refuse_no_arguments(parser, what_to_give: str, argv=None) -> None:
+    """With no arguments at all: the usage line and one ``error:`` line saying what to give, status 2. A bare
+    script name must not start an hours-long run or write a file (issue 54): the whole run takes a flag."""
+    if sys.argv[1:] if argv is None else argv:
+        return
+    parser.print_usage(sys.stderr)
+    print(f"error: no arguments; {what_to_give}", file=sys.stderr)
+    sys.exit(EXIT_USAGE)

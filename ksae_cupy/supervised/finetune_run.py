@@ -208,6 +208,7 @@ def data_of(dataset, sources, data_given: dict):
     if layer1.get("dataset") is None:
         raise KsaeError("missing DATASET; name a labelled dataset such as mnist")
     provenance.check_data(layer1["dataset"], layer1.get("dataset_sha256"), layer1["run_dir"])  # the rows it learnt
+    provenance.check_data_files(layer1["data"], layer1["run_dir"], given)  # its labels and test set, unless replaced
     return DataSpec.from_record(layer1["dataset"], layer1["data"]).for_run(**given)
 
 

@@ -27,6 +27,7 @@ from ksae_cupy.training import resuming
 from ksae_cupy.training.checkpoint import CheckpointWriteError
 from ksae_cupy.training.checkpoint_policy import CheckpointPolicy
 from ksae_cupy.training.fields import RUN_LEVEL
+from ksae_cupy.training.provenance import check_data_files
 from ksae_cupy.training.runs import RunFolder
 from ksae_cupy.training.stopping import StopOnSignals
 from ksae_cupy.training.wording import epochs_done, interrupted, nothing_to_train, position
@@ -69,6 +70,7 @@ class RunLifecycle:
             # The run's data: DATASET and the data options given again must name the run's own.
             dataset = resuming.check_dataset(values.get("dataset"), self.previous)
             self.spec = resuming.check_data_options(self.given, values, dataset, self.previous)
+            check_data_files(self.previous.get("data"), self.folder.path)  # its --labels, --test: the run's bytes
         elif default_dir is not None:
             self.new_folder(default_dir)
         self.settings = resuming.run_level(RUN_LEVEL, values, self.given, self.previous or {})

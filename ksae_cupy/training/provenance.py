@@ -1,6 +1,6 @@
 """Provenance: what a command reads from a run is what the run was trained on.
 
-Three records, each checked by every command that reads it:
+Four records, each checked by every command that reads it:
 
 * **The data file.** A run on a user's file records the file's SHA-256 in config.json
   (``dataset_sha256``, :func:`~ksae_cupy.training.runs.dataset_record`). :func:`check_run_data`
@@ -8,6 +8,10 @@ Three records, each checked by every command that reads it:
   ksae-data codes, ksae-finetune; ``--resume`` has its own check in
   :mod:`ksae_cupy.training.resuming`). A built-in dataset is recorded by its name only: its files
   are checked against their published checksums by ``ksae-data fetch`` and ``ksae-data verify``.
+* **Its other files.** The ``--labels``, ``--test`` and ``--test-labels`` files of a run on a user's
+  data are hashed beside their paths in config.json's ``data`` (``labels_sha256``, ...,
+  :func:`data_files_record`) and checked with the data file (:func:`check_data_files`), and on
+  ``--resume``; a command given one of these options reads that file instead, unchecked.
 * **Where codes came from.** ``ksae-data codes RUN OUT.npy`` writes ``OUT.json`` beside the codes
   (:func:`write_codes_origin`): the codes' SHA-256, and layer 1's folder, run id, epoch and
   checkpoint SHA-256. A run trained on OUT.npy (layer 2) copies that origin into its config.json
@@ -66,8 +70,9 @@ def check_data(dataset: str | None, expected: str | None, run_dir) -> None:
                         f"or train a new run on the new file")
 
 
-def check_run_data(run_dir, config: dict | None = None) -> None:
-    """:func:`check_data` of the run folder ``run_dir`` (its config.json, unless given)."""
+def check_run_data(run_dir, config: dict | None = None, given=()) -> None:
+    """:func:`check_data` and :func:`check_data_files` of the run folder ``run_dir`` (its config.json, unless
+    given); ``given``: the data options the command gave, whose files replace the run's."""
     if config is None:
         try:
             config = json.loads((Path(run_dir) / "config.json").read_text())
@@ -75,6 +80,47 @@ def check_run_data(run_dir, config: dict | None = None) -> None:
             return  # the command's own reading of config.json says what is wrong with it
     if isinstance(config, dict):
         check_data(config.get("dataset"), config.get("dataset_sha256"), run_dir)
+        check_data_files(config.get("data"), run_dir, given)
+
+
+# -- the other files of a user's data --------------------------------------------------------------
+DATA_FILES = {"labels": "--labels", "test": "--test", "test_labels": "--test-labels"}  # config.json's key: option
+
+
+def data_files_record(data: dict) -> dict:
+    """config.json's ``data`` (:meth:`~ksae_cupy.datasets.user_files.DataSpec.record`) with the SHA-256 of each
+    file it names beside it (``labels_sha256``, ``test_sha256``, ``test_labels_sha256``)."""
+    from ksae_cupy.datasets.user_files import split_member
+
+    record = dict(data)
+    for key in DATA_FILES:
+        path = split_member(data[key])[0] if data.get(key) else None
+        if path is not None and path.is_file():
+            record[f"{key}_sha256"] = file_sha256(path)
+    return record
+
+
+def check_data_files(data: dict | None, run_dir, given=()) -> None:
+    """Refuse a ``--labels``, ``--test`` or ``--test-labels`` file of the run (config.json's ``data``) whose bytes
+    are not those recorded. Not checked: one the command replaces (``given``: its data options; a new --test
+    brings its own labels), one recorded without a hash (an older folder), one missing (the loader says so)."""
+    from ksae_cupy.datasets.user_files import split_member
+
+    if not isinstance(data, dict):
+        return
+    replaced = set(given) | ({"test_labels"} if "test" in given else set())
+    for key, option in DATA_FILES.items():
+        expected = data.get(f"{key}_sha256")
+        if key in replaced or not data.get(key) or not expected:
+            continue
+        path = split_member(data[key])[0]
+        if not path.is_file():
+            continue
+        found = file_sha256(path)
+        if found != expected:
+            raise KsaeError(f"{run_dir}: its {option} file {path} changed since the run was trained (SHA-256 now "
+                            f"{short(found)}, the run recorded {short(expected)}); put the run's file back at {path}, "
+                            f"or give {option} {path} to a command that takes it to read it as it is now")
 
 
 # -- codes and their origin ------------------------------------------------------------------------

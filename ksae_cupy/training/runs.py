@@ -32,7 +32,7 @@ from pathlib import Path
 from ksae_cupy.atomic import write_json_atomic, write_text_atomic
 from ksae_cupy.errors import KsaeError, note
 from ksae_cupy.paths import check_writable_folder
-from ksae_cupy.training.provenance import codes_origin, file_sha256  # noqa: F401 (file_sha256: re-exported)
+from ksae_cupy.training.provenance import codes_origin, data_files_record, file_sha256  # noqa: F401 (file_sha256: re-exported)
 from ksae_cupy.training.runlock import RunLock, check_unlocked
 
 CHECKPOINT = "checkpoint.h5"
@@ -358,5 +358,5 @@ def data_record(spec) -> dict:
     dataset (:func:`dataset_record`) and, for a user file, its labels and splits (for ksae-eval and --resume)."""
     record = dataset_record(spec.data)
     if spec.is_user_file:
-        record["data"] = spec.record()
+        record["data"] = data_files_record(spec.record())
     return record

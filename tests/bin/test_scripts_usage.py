@@ -1,4 +1,4 @@
-"""The scripts in bin/: a usage line for --help (and, for those that need arguments, without any), one
+"""The scripts in bin/: a usage line for --help and without arguments (the whole run takes a flag), one
 ``error:`` line for a folder they cannot read, and bin/dead-units-table's row for every kind of run folder."""
 from __future__ import annotations
 
@@ -18,9 +18,11 @@ from ksae_cupy.datasets.synthetic import make_sparse_signals
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted(path.name for path in (REPO / "bin").iterdir() if path.is_file())
 ENV = dict(os.environ, PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1")
-# Their arguments are what they work on: without any, a usage line and status 2 (the dead-units table printed
-# an empty table and exited 0). The others' bare form is their documented whole run (bin/reproduce-mnist, ...).
-NEED_ARGUMENTS = ("baseline-grid", "dead-units-table", "gpu-campaign")
+# Without arguments every script gives its usage line and status 2: the dead-units table printed an empty
+# table and exited 0, and these started their whole (hours-long) run or wrote a file. Their whole run is now an
+# explicit flag, and bin/paper-tables writes its tables where --out says.
+WHOLE_RUN_FLAG = {"reproduce-mnist": "--all", "reproduce-finetune": "--all", "fashion-mnist-table": "--all",
+                  "bench-auxk": "--all", "measure-lr": "--all", "paper-tables": "--out"}
 
 
 def script(name: str, *args, cwd: Path):
@@ -36,11 +38,44 @@ def test_every_script_gives_a_usage_line_for_help(name, tmp_path):
     assert list(tmp_path.iterdir()) == []  # nothing run, nothing written
 
 
-@pytest.mark.parametrize("name", NEED_ARGUMENTS)
-def test_a_script_that_needs_arguments_gives_its_usage_line_without_any(name, tmp_path):
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_script_gives_its_usage_line_without_arguments(name, tmp_path):
     result = script(name, cwd=tmp_path)
     assert result.returncode == 2 and result.stdout == "", result.stdout
-    assert result.stderr.startswith(f"usage: {name} ") and "error:" in result.stderr.splitlines()[-1]
+    assert result.stderr.startswith(f"usage: {name} ") and "error: " in result.stderr.splitlines()[-1]
+    if name in WHOLE_RUN_FLAG:  # the one line says what to give
+        assert f"give {WHOLE_RUN_FLAG[name]} " in result.stderr.splitlines()[-1], result.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing run, nothing written
+
+
+@pytest.mark.parametrize("name", sorted(WHOLE_RUN_FLAG))
+def test_the_whole_run_flag_is_an_option_of_the_script(name, tmp_path):
+    """The flag is known to the parser: beside an unknown option, only the unknown one is refused (before any
+    work, so nothing runs)."""
+    flag = ["--all"] if WHOLE_RUN_FLAG[name] == "--all" else ["--out", tmp_path / "t.md"]
+    assert WHOLE_RUN_FLAG[name] in script(name, "--help", cwd=tmp_path).stdout
+    result = script(name, *flag, "--no-such-option", cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == "", result.stdout
+    assert result.stderr.splitlines()[-1].endswith("unrecognized arguments: --no-such-option"), result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_explicit_forms_run(tmp_path):
+    """A run of each explicit form that takes seconds: reproduce-finetune's table of an empty folder with --all
+    (nothing trained: --collect-only), paper-tables' of an empty run root with --out, reproduce-mnist's --ks
+    checked after --all."""
+    finetune = script("reproduce-finetune", "--all", "--collect-only", "--out", tmp_path / "fn", cwd=tmp_path)
+    assert finetune.returncode == 0, finetune.stderr
+    assert "| k-Sparse AE + F.T. (k=25) | 1.08% | not started |" in (tmp_path / "fn" / "table_fn_mnist.md").read_text()
+    (tmp_path / "runs").mkdir()
+    tables = script("paper-tables", "--runs-root", tmp_path / "runs", "--out", tmp_path / "t.md", cwd=tmp_path)
+    assert tables.returncode == 0 and tables.stdout.startswith(f"tables: {tmp_path / 't.md'}\n"), tables.stderr
+    assert "Table err_mnist" in (tmp_path / "t.md").read_text()
+    mnist = script("reproduce-mnist", "--all", "--ks", "x", "--out", tmp_path / "mnist", cwd=tmp_path)
+    assert (mnist.returncode, mnist.stdout) == (2, "")
+    assert mnist.stderr.splitlines()[-1] == ("reproduce-mnist: error: --ks 'x' is not allowed; use a comma-separated "
+                                             "list of integers such as 40,25,10")
+    assert not (tmp_path / "mnist").exists()
 
 
 def test_a_folder_a_script_cannot_read_is_one_error_line(tmp_path):

@@ -108,6 +108,47 @@ def test_a_fine_tuning_run_records_its_data_and_resume_refuses_it_replaced(tmp_p
     assert_one_line_error(result, f"the run's data file {rows.resolve()} changed since the run started", status=2)
 
 
+def labelled_separately(tmp_path):
+    """Rows, their labels and a test set in separate files (ksae-train DATA --labels --test --test-labels)."""
+    rng = np.random.default_rng(0)
+    files = {name: tmp_path / f"{name}.npy" for name in ("X", "y", "X_test", "y_test")}
+    for name, n in (("X", 300), ("X_test", 60)):
+        np.save(files[name], rng.random((n, 16)).astype(np.float32))
+        np.save(files["y" + name[1:]], (np.load(files[name])[:, 0] > 0.5).astype(np.int64))
+    return files
+
+
+def test_a_labels_file_replaced_since_training_is_refused_in_one_line_naming_both_hashes(tmp_path):
+    from ksae_cupy.training.runs import file_sha256
+    files = labelled_separately(tmp_path)
+    run = tmp_path / "run"
+    invoke(train_command, [files["X"], "--labels", files["y"], "--test", files["X_test"], "--test-labels",
+                           files["y_test"], "--hidden", 12, "--k", 3, "--epochs", 1, "--batch-size", 50,
+                           "--run-dir", run, *SESSION])
+    data = RunFolder(run).read_config()["data"]
+    assert data["labels_sha256"] == file_sha256(files["y"]) and data["test_sha256"] == file_sha256(files["X_test"])
+    assert data["test_labels_sha256"] == file_sha256(files["y_test"])
+    recorded = data["labels_sha256"]
+    np.save(files["y"], 1 - np.load(files["y"]))  # the same shape and classes, every label flipped
+    result = invoke(eval_command, [run, "--threads", "1", "--alphas", "1", "--l2", "1e-3"], expect=2)
+    assert_one_line_error(result, f"{run}: its --labels file {files['y'].resolve()} changed since the run was "
+                          f"trained (SHA-256 now {file_sha256(files['y'])[:12]}, the run recorded {recorded[:12]})",
+                          "put the run's file back", status=2)
+    assert not (run / "eval.json").exists()
+    result = invoke(train_command, ["--resume", run, "--epochs", 2, "--threads", "1", "--quiet"], expect=2)
+    assert_one_line_error(result, "its --labels file", "changed since the run was trained", status=2)
+    # given again, the file is read as it is now: the command's choice, not the run's
+    invoke(eval_command, [run, "--labels", files["y"], "--threads", "1", "--alphas", "1", "--l2", "1e-3", "--quiet"])
+    assert (run / "eval.json").is_file()
+    # a test file replaced: refused the same way, unless a new --test is given (with its labels)
+    np.save(files["X_test"], np.load(files["X_test"])[::-1].copy())
+    result = invoke(eval_command, [run, "--labels", files["y"], "--threads", "1", "--alphas", "1", "--l2", "1e-3"],
+                    expect=2)
+    assert_one_line_error(result, f"its --test file {files['X_test'].resolve()} changed", status=2)
+    invoke(eval_command, [run, "--labels", files["y"], "--test", files["X_test"], "--test-labels", files["y_test"],
+                          "--threads", "1", "--alphas", "1", "--l2", "1e-3", "--quiet"])
+
+
 # -- codes, layer 2 and the chain --------------------------------------------------------------------
 
 def test_codes_carry_their_origin_and_layer_2_records_it(stack):
