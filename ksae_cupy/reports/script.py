@@ -30,3 +30,21 @@ def refuse_no_arguments(parser, what_to_give: str, argv=None) -> None:
     parser.print_usage(sys.stderr)
     print(f"error: no arguments; {what_to_give}", file=sys.stderr)
     sys.exit(EXIT_USAGE)
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type=``: a whole number >= 1, else argparse's one-line usage error (no traceback)."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; give a whole number >= 1")
+    return value
+
+
+def positive_ints(text: str) -> list[int]:
+    """An argparse ``type=``: comma-separated whole numbers >= 1 (``10,25,40``)."""
+    return [positive_int(part.strip()) for part in text.split(",")]

@@ -116,3 +116,13 @@ def test_the_dead_units_table_has_a_row_for_every_kind_of_run_folder(tmp_path):
     assert rows["`ksae-baseline`"] == "a ksae-baseline run: no k-sparse units to count (give ksae-train runs)"
     assert rows["`ksae-finetune`"] == "a ksae-finetune run: no k-sparse units to count (give ksae-train runs)"
     assert rows["`damaged`"] == "broken: config.json is not JSON (cut short or overwritten)"
+
+
+@pytest.mark.parametrize("name, args", [("fashion-mnist-table", ["--ks", "x"]), ("fashion-mnist-table", ["--ks", "10,0"]),
+                                        ("bench-auxk", ["--rounds", "0"])])
+def test_a_bad_count_is_a_usage_error_not_a_traceback(name, args, tmp_path):
+    """These ended in a ValueError / StatisticsError traceback after loading data."""
+    result = script(name, *args, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.splitlines()[-1].endswith("is not allowed; give a whole number >= 1"), result.stderr
+    assert list(tmp_path.iterdir()) == []
