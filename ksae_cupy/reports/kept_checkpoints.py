@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ksae_cupy.errors import KsaeError
+from ksae_cupy.training.provenance import file_sha256
 
 MANIFEST = Path("results") / "checkpoints.json"  # relative to the repository's root
 RESTORE_COMMAND = "ksae-data restore-checkpoint"
@@ -143,7 +144,7 @@ def restore(root: Path, entry: KeptCheckpoint, log=print) -> str:
     Returns what was done, in a few words."""
     target = Path(root) / entry.path
     if target.exists():
-        if _sha256(target) == entry.sha256:
+        if file_sha256(target) == entry.sha256:
             return f"{entry.path}: already in place (SHA-256 checked)"
         raise KsaeError(f"{entry.path} exists and differs from the checkpoint the manifest lists (another run's, "
                         f"or trained on since); move it away first, then restore")
@@ -157,7 +158,7 @@ def restore(root: Path, entry: KeptCheckpoint, log=print) -> str:
         if shown.returncode != 0:
             raise KsaeError(f"{entry.path}: commit {entry.commit} does not hold it "
                             f"({shown.stderr.decode(errors='replace').strip()})")
-        digest, size = _sha256(Path(temp)), os.path.getsize(temp)
+        digest, size = file_sha256(Path(temp)), os.path.getsize(temp)
         if digest != entry.sha256 or size != entry.bytes:
             raise KsaeError(f"{entry.path} at commit {entry.commit[:12]} has SHA-256 {digest[:16]}... ({size} bytes), "
                             f"not the manifest's {entry.sha256[:16]}... ({entry.bytes} bytes); nothing written")
@@ -180,14 +181,6 @@ def _have_commit(root: Path, entry: KeptCheckpoint, log) -> None:
         raise KsaeError(f"git fetch --depth=1 origin {entry.commit} failed in {root} "
                         f"({' '.join(fetched.stderr.split()) or 'no message'}); fetch it by hand, or git fetch "
                         f"--unshallow, then restore again")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _git(cwd: Path, *args: str) -> str:
