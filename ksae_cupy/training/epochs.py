@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ksae_cupy.backend import array_module, to_host
+from ksae_cupy.metrics import fve_from_sums
 
 
 class EpochTally:
@@ -159,22 +160,9 @@ def code_nonzero(cache):
     return array_module(values).count_nonzero(values)
 
 
-def centred_sum_of_squares(X_nd, chunk: int = 4096) -> float:
-    """``sum_n ||x_n - mean(x)||^2`` over the rows of ``X_nd``, in float64 (the FVE's denominator). Two
-    passes, the mean first: data far from 0 (unscaled pixels, say) loses nothing to cancellation."""
-    xp = array_module(X_nd)
-    if X_nd.shape[0] == 0:
-        return 0.0
-    mean_d = X_nd.mean(axis=0, dtype=np.float64)
-    squares = 0.0
-    for start in range(0, X_nd.shape[0], chunk):
-        R_cd = X_nd[start:start + chunk].astype(np.float64) - mean_d
-        squares += float(xp.vdot(R_cd, R_cd))
-    return squares
-
-
 def fraction_of_variance_explained(sq_error: float | None, spread: float | None) -> float | None:
-    """``1 - sq_error / spread``; None when either is unknown or the rows do not vary."""
-    if sq_error is None or not spread or spread <= 0:
+    """The epoch's FVE from its summed squared error and the set's ``metrics.total_variance`` (one
+    definition, :func:`ksae_cupy.metrics.fve_from_sums`); None where either was not counted."""
+    if sq_error is None or spread is None:
         return None
-    return 1.0 - float(sq_error) / spread
+    return fve_from_sums(sq_error, spread)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ksae_cupy import model
+from ksae_cupy.metrics import total_variance
 from ksae_cupy.backend import Backend, to_host
 from ksae_cupy.cpu.sparse_encoder import RunInputs
 from ksae_cupy.gpu.graph_step import CapturedEpochs, graph_step_applies
@@ -173,8 +174,8 @@ class Trainer:
 
         with self.backend.use():
             # The data's spread, once for the run (a pass over the rows): the FVE's denominators.
-            self._spread = {"train": epochs.centred_sum_of_squares(X_train_nd),
-                            "valid": None if X_valid_nd is None else epochs.centred_sum_of_squares(X_valid_nd)}
+            self._spread = {"train": total_variance(X_train_nd),
+                            "valid": None if X_valid_nd is None else total_variance(X_valid_nd)}
             try:
                 return epochs.run_epochs(self, lambda: self.run_epoch(X_train_nd, X_valid_nd, on_batch), on_epoch,
                                          after_epoch)
@@ -277,8 +278,8 @@ class Trainer:
         tally = self.tally
         self._check_health(float(tally.get("loss", 0.0)), valid_loss)
         epochs.end_epoch(self)
-        spread = self._spread or {"train": epochs.centred_sum_of_squares(X_train_nd),
-                                  "valid": None if X_valid_nd is None else epochs.centred_sum_of_squares(X_valid_nd)}
+        spread = self._spread or {"train": total_variance(X_train_nd),
+                                  "valid": None if X_valid_nd is None else total_variance(X_valid_nd)}
         # Host numbers (a count may sit on the device); the same on every rank of a distributed trainer.
         sq_error, nonzero, examples = (epochs.host_number(tally.get(name, 0))
                                        for name in ("sq_error", "nonzero", "examples"))
