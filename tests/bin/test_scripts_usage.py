@@ -126,3 +126,19 @@ def test_a_bad_count_is_a_usage_error_not_a_traceback(name, args, tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.splitlines()[-1].endswith("is not allowed; give a whole number >= 1"), result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_dead_units_table_counts_only_on_the_data_the_run_recorded(tmp_path):
+    """A data file replaced since training is the row's refusal (both hashes), not a count on other data."""
+    data = tmp_path / "x.npy"
+    np.save(data, make_sparse_signals(200, D=8, H=16, k=2, seed=0)[0])
+    run = tmp_path / "run"
+    result = CliRunner().invoke(train_command, [str(data), "--hidden", "16", "--k", "2", "--no-k-schedule",
+                                                "--batch-size", "60", "--lr", "0.01", "--epochs", "1", "--device",
+                                                "cpu", "--threads", "1", "--run-dir", str(run), "--quiet"])
+    assert result.exit_code == 0, result.output
+    np.save(data, make_sparse_signals(200, D=8, H=16, k=2, seed=1)[0])  # replaced since
+    result = script("dead-units-table", run, cwd=tmp_path)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    row = result.stdout.splitlines()[2].split("|")[1].strip()
+    assert row.startswith("broken: ") and "changed since the run was trained on it" in row, row
