@@ -4,8 +4,10 @@
 read-only), ``markdown.py`` (tables, percentages, durations, mean and spread over seeds),
 ``children.py`` (the project's commands as child processes, one at a time, signals passed on),
 ``paper_tables.py`` (Tables err_mnist and fn_mnist built from run folders beside the paper's
-figures of :mod:`ksae_cupy.paper`; the commands that make a missing row) and ``script.py`` (a
-script's mistake as one ``error:`` line, exit status 2).
+figures of :mod:`ksae_cupy.paper`; the commands that make a missing row), ``campaign.py`` and
+``campaign_stages.py`` (``bin/gpu-campaign``: a lent GPU machine's checks, benchmarks and runs),
+``baseline_grid.py`` (``bin/baseline-grid``: the baselines' learning rate and weight decay) and
+``script.py`` (a script's mistake as one ``error:`` line, exit status 2).
 
 May import: everything but :mod:`ksae_cupy.cli` (the commands run as child processes).
 """

@@ -1,0 +1,311 @@
+"""The GPU campaign's stages, in order: env, tests, topk, train, mnist, finetune, collect
+(``bin/gpu-campaign``; settings, clock and records in :mod:`ksae_cupy.reports.campaign`).
+
+Each stage returns ``(status, reason)`` and writes ``<stage>.json`` / ``<stage>.md``;
+:func:`run_campaign` runs the ones asked for and not done yet, within the budget.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from ksae_cupy.bench.environment import device_check
+from ksae_cupy.bench.metadata import git_commit
+from ksae_cupy.paper import err_mnist_error, ksparse_key
+from ksae_cupy.reports.campaign import EXIT_INTERRUPTED, MNIST_FILES, OF_THE_CODE, REPO, STAGES, Campaign
+from ksae_cupy.reports.children import python_argv
+from ksae_cupy.reports.folders import evaluation_is_current, progress, read_json
+from ksae_cupy.reports.markdown import percent, table as md_table
+
+
+def stage_env(c: Campaign):
+    """Device, driver, CUDA, CuPy, PyTorch; every kernel instantiation compiled by NVRTC."""
+    info = device_check(c.device, c.out / "logs" / "env.log")
+    rows = []
+    meta = c.meta()
+    for key in ("device", "cuda_driver", "cuda_runtime", "cupy", "torch", "numpy", "python", "commit"):
+        rows.append(f"| {key} | {meta.get(key, '-')} |")
+    for key, value in info.items():
+        rows.append(f"| {key} | {value} |")
+    c.write("env", info, "| what | value |\n|---|---|\n" + "\n".join(rows))
+    if info.get("nvrtc_failed"):
+        return "failed", f"NVRTC failed on {len(info['nvrtc_failed'])} kernel(s)"
+    return "done", ""
+
+
+# --tiny: three quick GPU tests (without a GPU they run against the tests' CuPy stand-in, slowly).
+TINY_GPU_TESTS = ("tests/gpu/test_cuda_topk.py", "empty_batch or dispatch_from_topk or rejects_bad_arguments")
+
+
+def stage_tests(c: Campaign):
+    """``pytest -m gpu`` over the whole suite (tiny: three tests of tests/gpu/test_cuda_topk.py)."""
+    where, select = (TINY_GPU_TESTS[0], ["-k", TINY_GPU_TESTS[1]]) if c.tiny else ("tests", [])
+    argv = [sys.executable, "-m", "pytest", "-m", "gpu", *select, "-q", "-rs", "-p", "no:cacheprovider",
+            str(REPO / where)]
+    run = c.call("tests", argv, min(c.left(), 420.0))  # a hang must not eat the budget
+    log = (c.out / run["log"]).read_text()
+    counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", log)}
+    c.write("tests", {"command": "pytest -m gpu " + where, **run, "counts": counts},
+            f"`pytest -m gpu {where}`: exit status {run['status']}, "
+            + ", ".join(f"{n} {w}" for w, n in counts.items()) + f"; log `{run['log']}`")
+    if run["timed_out"]:
+        return "failed", "ran out of budget"
+    # pytest: 0 all passed, 1 some failed, 5 none collected/selected.
+    return ("done", "") if run["status"] in (0, 5) else ("failed", f"pytest exit status {run['status']}")
+
+
+def _bench_stage(c: Campaign, stage: str, gpu_args: list[str], cpu_args: list[str], gpu_only: bool):
+    folder = c.out / stage
+    argv = python_argv("ksae-bench", *(cpu_args if c.device == "cpu" else gpu_args), "--out", folder)
+    run = c.call(stage, argv, c.left())
+    results = sorted(folder.glob("*.json")) if folder.exists() else []
+    log = (c.out / run["log"]).read_text()
+    if c.device == "cpu" and gpu_only:
+        # The command line was parsed (options exist) and refused the CPU, as it must.
+        ok = run["status"] == 2 and "use --device gpu" in log
+        c.write(stage, {"command": argv[3:], **run}, f"not run: needs a GPU (command line checked: {ok})")
+        return ("skipped", "needs a GPU; command line checked") if ok else ("failed", "command line rejected")
+    if run["status"] != 0 or not results:
+        c.write(stage, {"command": argv[3:], **run}, f"failed: exit status {run['status']}; log `{run['log']}`")
+        return "failed", f"exit status {run['status']}" + (" (out of budget)" if run["timed_out"] else "")
+    payload = json.loads(results[-1].read_text())
+    table = _topk_table(payload) if stage == "topk" else _train_table(payload)
+    c.write(stage, {"command": argv[3:], **run, "result_file": str(results[-1].relative_to(c.out)),
+                    "bench_meta": payload.get("meta")}, table)
+    return "done", ""
+
+
+TINY_TOPK = ["--N", "64", "--H", "128", "--k", "8", "--repeats", "2"]
+TINY_TRAIN = ["--hidden", "32", "--dim", "16", "--k", "4", "--batch-size", "8", "--repeats", "1", "--steps", "2"]
+
+
+def stage_topk(c: Campaign):
+    return _bench_stage(c, "topk", ["topk", "--device", c.device, "--time-budget", f"{max(10, min(240, c.left() - 90)):.0f}",
+                                     *(TINY_TOPK if c.tiny else [])],
+                        ["topk", "--device", "cpu", *TINY_TOPK], gpu_only=True)
+
+
+def stage_train(c: Campaign):
+    # ksae-bench train times ours captured and generic, and PyTorch eager and captured (docs/guide/gpu.md).
+    return _bench_stage(c, "train", ["train", "--device", c.device, *(TINY_TRAIN if c.tiny else [])],
+                        ["train", "--device", "cpu", *TINY_TRAIN], gpu_only=False)
+
+
+def stage_mnist(c: Campaign):
+    """ksae-train then ksae-eval for each run, resuming checkpoints, ``--side-by-side`` runs at once on the
+    one GPU (the step is launch-bound: two go at about 0.135 s/epoch each where one alone goes at 0.10,
+    H200 2026-11-26); stops at the budget's end."""
+    dataset = "synthetic" if c.tiny else "mnist"
+    hidden = 32 if c.tiny else 1000
+    if not c.tiny:
+        missing = [name for name in MNIST_FILES if not any((c.data_dir / "mnist" / (name + ext)).is_file()
+                                                           for ext in ("", ".gz"))]
+        if missing:  # the machine has no network: say so now rather than after a failed fetch
+            reason = f"{c.data_dir / 'mnist'} lacks {', '.join(missing)} (.gz or plain); carry data/mnist"
+            c.write("mnist", {"rows": [], "status": "failed", "reason": reason}, f"not run: {reason}")
+            return "failed", reason
+    if c.side_by_side > 1:
+        c.say(f"mnist: {len(c.runs)} runs, {c.side_by_side} side by side")
+    # Threads only wait on the children; results come back in the runs' order whatever order they end in.
+    with ThreadPoolExecutor(max_workers=c.side_by_side) as pool:
+        outcomes = list(pool.map(lambda run: _mnist_run(c, *run, dataset=dataset, hidden=hidden), c.runs))
+    rows = [row for row, _, _ in outcomes if row is not None]
+    failed = [reason for _, status, reason in outcomes if status == "failed"]
+    partial = [reason for _, status, reason in outcomes if status == "partial"]
+    status, reason = ("failed", "; ".join(failed)) if failed else ("partial", "; ".join(partial)) if partial \
+        else ("done", "")
+    lines = md_table(["run", "epochs", "train time", "alpha", "L2", "test error", "paper (k alone)"],
+                     [[r["name"], f"{r['epochs']}/{r['target']}", f"{r['train_seconds'] / 60:.1f} min",
+                       "-" if r["alpha"] is None else r["alpha"], "-" if r["l2"] is None else r["l2"],
+                       percent(r["test_error"]), f"{r['paper']:.2f}%" if r["paper"] and not c.tiny else "-"]
+                      for r in rows]).splitlines()
+    c.write("mnist", {"dataset": dataset, "hidden": hidden, "side_by_side": c.side_by_side, "rows": rows,
+                      "status": status, "reason": reason},
+            f"{dataset}, {hidden} hidden units, {c.side_by_side} run(s) at once; alpha and L2 chosen on the validation "
+            "set, test set once.\n\n" + "\n".join(lines) + (f"\n\n{reason}" if reason else ""))
+    return status, reason
+
+
+def _mnist_run(c: Campaign, name: str, k: int, extra: list, *, dataset: str, hidden: int):
+    """One run of the mnist stage: train (or resume) to the campaign's epochs, then evaluate.
+    Returns ``(row or None, status, reason)``; a run not started for want of budget has no row."""
+    run_dir = c.out / "mnist" / name
+    done_epochs, _ = progress(run_dir)
+    if done_epochs < c.epochs:
+        if c.left() < c.needs("mnist"):
+            return None, "partial", f"{name}: {done_epochs}/{c.epochs} epochs; out of budget"
+        if (run_dir / "checkpoint.h5").exists():
+            argv = python_argv("ksae-train", "--resume", run_dir, "--device", c.device, *c.data_args)
+        else:
+            # No checkpoint: whatever a run that died before its first one left is discarded.
+            argv = python_argv("ksae-train", dataset, "--hidden", hidden, "--k", k, "--epochs", c.epochs, "--device",
+                               c.device, "--run-dir", run_dir, "--overwrite", "--checkpoint-every",
+                               1 if c.tiny else 100, *extra, *c.data_args)
+        c.say(f"mnist {name}: training from epoch {done_epochs} to {c.epochs}")
+        printed = [done_epochs]
+        block = 1 if c.tiny else 100
+
+        def say_progress():
+            """Say how far training is; True (stop now) once --stop-after-epochs are logged."""
+            epoch, seconds = progress(run_dir)
+            if epoch >= printed[0] + block:
+                printed[0] = epoch
+                per = seconds / max(epoch, 1)
+                c.say(f"mnist {name}: epoch {epoch}/{c.epochs}, {per:.2f} s/epoch, "
+                      f"about {per * (c.epochs - epoch) / 60:.0f} min to go")
+            return c.stop_after_epochs is not None and epoch >= c.stop_after_epochs
+
+        run = c.call(f"mnist-{name}-train", argv, c.left(), interrupt=True, poll=say_progress)
+        done_epochs, _ = progress(run_dir)
+        if run["status"] == EXIT_INTERRUPTED or run["timed_out"]:
+            reason = f"{name}: stopped at epoch {done_epochs}/{c.epochs}; checkpoint saved"
+            c.say(f"mnist {reason}; call again with the same OUT_DIR to resume")
+            return _mnist_row(name, k, run_dir, c.epochs), "partial", reason
+        if run["status"] != 0:
+            return None, "failed", f"{name}: ksae-train exit status {run['status']} (log {run['log']})"
+        if done_epochs < c.epochs:  # e.g. --epochs changed between calls: a resume keeps the run's own
+            return None, "failed", f"{name}: the run stopped at {done_epochs} epochs, not {c.epochs}"
+    if not evaluation_is_current(run_dir):
+        if c.left() < (1.0 if c.tiny else 120.0):
+            return _mnist_row(name, k, run_dir, c.epochs), "partial", f"{name}: trained; evaluation waits for the next call"
+        grids = ["--alphas", "1,2", "--l2", "1e-3", "--max-iter", "50"] if c.tiny else []
+        c.say(f"mnist {name}: ksae-eval")
+        run = c.call(f"mnist-{name}-eval", python_argv("ksae-eval", run_dir, "--device", c.device, *grids, *c.data_args),
+                     c.left())
+        if run["status"] != 0:
+            return None, "failed", f"{name}: ksae-eval exit status {run['status']} (log {run['log']})"
+    return _mnist_row(name, k, run_dir, c.epochs), "done", ""
+
+
+def stage_finetune(c: Campaign):
+    """bin/reproduce-finetune for the k-sparse rows at the campaign's epochs. Layer 1 is the mnist stage's
+    first run when it is finished and the paper's recipe at the row's k (--ksparse1), so only layer 2 and
+    the fine-tunings are left. A call that ends first stops it with SIGINT (every step saves); the next
+    call continues it."""
+    out = c.out / "finetune"
+    name, k, extra = c.runs[0]
+    layer1 = c.out / "mnist" / name
+    epochs, seconds = progress(layer1)
+    if not c.tiny:
+        if epochs == 0:
+            return "skipped", "no measured epoch time yet (the mnist stage comes first)"
+        if c.left() < c.needs("finetune"):
+            reason = f"{c.left() / 60:.1f} min left in this call; this stage starts with {c.needs('finetune') / 60:.0f}"
+            c.write("finetune", {"waiting": reason}, f"not run: {reason}")
+            return "waiting", reason
+        layer2_epochs, _ = progress(out / "pretrain" / "ksparse2")
+        left = 2 * c.epochs - min(epochs, c.epochs) - min(layer2_epochs, c.epochs)
+        c.say(f"finetune: {left} pretraining epochs left (about {left * seconds / epochs / 60:.0f} min at "
+              f"{seconds / epochs:.2f} s/epoch), then the fine-tunings; a call that ends first is continued by the next")
+    row_k = 4 if c.tiny else 25
+    reuse = epochs >= c.epochs and k == row_k and not extra  # the paper's recipe, finished
+    args = [*(["--dataset", "synthetic", "--hidden", "32", "--k", "4"] if c.tiny else []),
+            "--pretrain-epochs", str(c.epochs), "--epochs", "1" if c.tiny else "200", *c.data_args,
+            *(["--ksparse1", str(layer1)] if reuse else [])]
+    argv = [sys.executable, str(REPO / "bin" / "reproduce-finetune"), "--rows", "ksparse,deep_ksparse",
+            "--device", c.device, "--out", str(out), *args]
+    run = c.call("finetune", argv, c.left(), interrupt=True)
+    table = out / "table_fn_mnist.md"
+    c.write("finetune", {"command": argv[1:], **run},
+            (table.read_text() if table.exists() else "no table written") + f"\n\nexit status {run['status']}")
+    if run["status"] != 0:
+        if run["timed_out"]:
+            return "partial", "out of this call's budget; the next call continues it"
+        return "failed", f"exit status {run['status']}"
+    return "done", ""
+
+
+def stage_collect(c: Campaign):
+    """summary.md: one table of every stage, then each stage's own table."""
+    lines = ["| stage | status | note |", "|---|---|---|"]
+    for stage in STAGES[:-1]:
+        entry = c.state["stages"].get(stage, {"status": "not run", "reason": ""})
+        lines.append(f"| {stage} | {entry['status']} | {entry.get('reason', '')} |")
+    parts = ["\n".join(lines)]
+    for stage in STAGES[:-1]:
+        md = c.out / f"{stage}.md"
+        if md.exists():
+            body = md.read_text().split("\n\n", 2)
+            parts.append(f"### {stage}\n\n{body[2] if len(body) > 2 else ''}".rstrip())
+    c.write("collect", {"stages": c.state["stages"]}, "\n\n".join(parts))
+    shutil.copyfile(c.out / "collect.md", c.out / "summary.md")
+    return "done", ""
+
+
+# ------------------------------------------------------------------------------------------------
+# Helpers.
+
+def _topk_table(payload: dict) -> str:
+    copy = payload.get("copy", {}).get("GBps")
+    rows = [[r["N"], r["H"], r["k"], r["candidate"], r.get("valid"),
+             f"{r['median_ms']:.4f}" if "median_ms" in r else r.get("error", "-"),
+             f"{r['GBps']:.0f}" if "GBps" in r else "-",
+             percent(r["fraction_of_copy"], 0) if "fraction_of_copy" in r else "-"] for r in payload.get("results", [])]
+    return (f"device-to-device copy: {copy:.0f} GB/s" if copy else "") + "\n\n" + md_table(
+        ["N", "H", "k", "candidate", "valid", "median ms", "GB/s", "of copy"], rows)
+
+
+def _train_table(payload: dict) -> str:
+    results = payload.get("results")
+    if isinstance(results, dict) and all(isinstance(v, dict) for v in results.values()):
+        return md_table(["variant", "s/epoch", "projected 5000 epochs", "error"],
+                        [[name, f"{r['seconds_per_epoch']:.3f}" if "seconds_per_epoch" in r else "-",
+                          f"{r['projected_hours']:.2f} h" if "projected_hours" in r else "-", r.get("error", "")]
+                         for name, r in results.items()])
+    # The CPU benchmark's layout: its scalar figures, as they are.
+    flat = {key: value for key, value in payload.items() if isinstance(value, (int, float, str)) and key != "path"}
+    return md_table(["figure", "value"], [[key, value] for key, value in sorted(flat.items())])
+
+
+def _mnist_row(name: str, k: int, run_dir: Path, target: int) -> dict:
+    epochs, seconds = progress(run_dir)
+    paper = err_mnist_error(ksparse_key(k), "mnist", 1000)
+    row = {"name": name, "k": k, "epochs": epochs, "target": target, "train_seconds": round(seconds, 1), "alpha": None, "l2": None,
+           "test_error": None, "paper": None if paper is None else round(100 * paper, 2), "run_dir": f"mnist/{name}"}
+    if evaluation_is_current(run_dir):
+        feats = read_json(run_dir / "eval.json")["features"]
+        row.update(alpha=feats["selected"]["alpha"], l2=feats["selected"]["l2"], test_error=feats["test_error"])
+    return row
+
+
+STAGE_FUNCTIONS = {"env": stage_env, "tests": stage_tests, "topk": stage_topk, "train": stage_train,
+                   "mnist": stage_mnist, "finetune": stage_finetune, "collect": stage_collect}
+
+
+def run_campaign(args) -> int:
+    """Every stage of ``args.stage`` (default: all) not done yet in OUT_DIR, each only if the budget left
+    covers it; one stage's failure is recorded and the next one runs."""
+    c = Campaign(args)
+    wanted = args.stage or list(STAGES)
+    c.say(f"results in {c.out}; {args.budget_minutes:g} min budget; stages {', '.join(wanted)}")
+    for stage in STAGES:
+        if stage not in wanted:
+            continue
+        earlier = c.state["stages"].get(stage, {})
+        before = earlier.get("status")
+        # The checks and benchmarks are of the code: done at another commit, they run again.
+        stale = stage in OF_THE_CODE and earlier.get("commit") != git_commit()
+        if before in ("done", "skipped", "failed") and stage != "collect" and not args.stage and not stale:
+            c.say(f"{stage}: {before} in an earlier call")
+            continue
+        if stage != "collect" and c.left() < c.needs(stage):
+            reason = f"needs about {c.needs(stage):.0f} s, {max(c.left(), 0):.0f} s left"
+            c.record(stage, "waiting", reason)
+            c.say(f"{stage}: not started ({reason}); call again with the same OUT_DIR")
+            continue
+        c.say(f"{stage}: start ({max(c.left(), 0) / 60:.1f} min left)")
+        t0 = time.monotonic()
+        try:
+            status, reason = STAGE_FUNCTIONS[stage](c)
+        except Exception as exc:  # noqa: BLE001 -- one stage's failure must not cost the others
+            status, reason = "failed", f"{type(exc).__name__}: {exc}".splitlines()[0]
+        c.record(stage, status, reason, time.monotonic() - t0)
+        c.say(f"{stage}: {status}{' (' + reason + ')' if reason else ''} in {time.monotonic() - t0:.0f} s")
+    c.say(f"done; summary in {c.out / 'summary.md'}")
+    return 0
+
