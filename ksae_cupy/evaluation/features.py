@@ -127,13 +127,19 @@ class CodesByAlpha:
         self._lock = threading.Lock()
 
     def __call__(self, alpha, X_nd):
-        with self._lock:  # fits side by side wait for one encoding, not make their own
+        # Fits side by side wait for one encoding (the lock in top), not make their own.
+        return codes_matrix(*self.top(X_nd), alpha_k(self.k, alpha, self.H), self.H, self.backend)
+
+    def top(self, X_nd):
+        """``(idx_nK, val_nK)`` of :func:`top_units` for the largest alpha: the encoding of ``X_nd`` kept for the
+        fits (made now if there is none), which the reconstruction metrics read too."""
+        with self._lock:
             entry = self._tops.get(id(X_nd))
             if entry is None or entry[0] is not X_nd:
                 entry = X_nd, top_units(self.params, X_nd, self.kept_max, self.topk_method, self.backend,
                                         activation=self.activation)
                 self._tops[id(X_nd)] = entry
-        return codes_matrix(*entry[1], alpha_k(self.k, alpha, self.H), self.H, self.backend)
+            return entry[1]
 
     def forget(self, X_nd) -> None:
         """Drop the encoding of ``X_nd`` (the test set's, read once)."""
@@ -584,8 +590,10 @@ def evaluate_run(run_dir, alphas=DEFAULT_ALPHAS, l2_grid=DEFAULT_L2, refit: str 
                                                  l2_grid, refit, max_iter, backend, log, workers, store, "raw",
                                                  extend=l2_extend, max_iter_name=max_iter_name)
     # The field's metrics of the autoencoder itself (FVE, L0, dead units), after the choice: alpha is the chosen one.
+    # Read from the fits' encoding of each split (the test set's made again: select_and_test forgot it).
     result["reconstruction"] = reconstruction_splits(params, dataset, k, result["features"]["selected"]["alpha"],
-                                                     topk_method, activation, backend)
+                                                     topk_method, activation, backend, tops=encode.top)
+    encode.forget(dataset.X_test)
     result["seconds"] = round(time.perf_counter() - start, 1)
     if (dataset.name, H) == (DATASET, HIDDEN):  # the paper's setting: its figure (None for a k it lacks)
         result["paper_test_error"] = err_mnist_error(ksparse_key(k), dataset.name, H)
@@ -598,13 +606,16 @@ SPLITS = ("train", "valid", "test")  # the reconstruction table's rows, in this 
 
 
 def reconstruction_splits(params, dataset, k: int, alpha: float, topk_method: str, activation: str,
-                          backend: Backend = CPU) -> dict:
+                          backend: Backend = CPU, tops=None) -> dict:
     """``{split: metrics}`` of :func:`ksae_cupy.metrics.reconstruction_metrics` on each split the dataset has
-    (train, valid, test): FVE, L0 of the k-code and of the ``alpha*k`` features, dead fraction."""
+    (train, valid, test): FVE, L0 of the k-code and of the ``alpha*k`` features, dead fraction.
+    ``tops(X_nd)``: the split's largest units in descending order (:meth:`CodesByAlpha.top`), decoded
+    instead of encoding the split again."""
     from ksae_cupy.metrics import reconstruction_metrics
 
     splits = dict(zip(SPLITS, (dataset.X_train, dataset.X_valid, dataset.X_test)))
-    return {name: reconstruction_metrics(params, X_nd, k, alpha, topk_method, activation, backend)
+    return {name: reconstruction_metrics(params, X_nd, k, alpha, topk_method, activation, backend,
+                                         top=tops(X_nd) if tops is not None else None)
             for name, X_nd in splits.items() if X_nd is not None and len(X_nd)}
 
 
