@@ -39,8 +39,9 @@ DEFAULT_L2 = (1e-3, 1e-4, 1e-5)
 DEFAULT_L2_EXTEND = 3  # decades tried beyond DEFAULT_L2's edge while the best L2 is on it
 # The selection protocol, in eval.json and in the kept fits' fingerprint (fits of another protocol are
 # not reused). 1: every (alpha, L2) of the grid, L-BFGS to 1e-6 with 20 pairs (until 2026-11-26/27);
-# 2: the walk of select_and_test, L-BFGS to classifier.TOL / FTOL with classifier.HISTORY pairs.
-PROTOCOL = 2
+# 2: the walk of select_and_test, L-BFGS to classifier.TOL / FTOL with classifier.HISTORY pairs (until 2026-11-27);
+# 3: the same walk, its fits to classifier.CHOICE_TOL (the refit still to TOL).
+PROTOCOL = 3
 REFIT_CHOICES = ("train+valid", "train")
 
 
@@ -160,7 +161,8 @@ def l2_lattice(l2_grid, extend: int) -> list[float]:
 
 def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid", max_iter: int = 500,
                     backend: Backend = CPU, log=print, workers: int = 1, store=None, block: str = "sparse",
-                    extend: int = 0, *, early_stop: bool = False, max_iter_name: str = "max_iter") -> dict:
+                    extend: int = 0, *, early_stop: bool = False, max_iter_name: str = "max_iter",
+                    choice_tol: float = classifier.CHOICE_TOL) -> dict:
     """Choose (alpha, L2) on validation error, refit, and report the test error once.
 
     Each alpha walks the L2 values (:func:`l2_lattice`: the grid, and ``extend`` decades beyond each
@@ -228,6 +230,7 @@ def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid"
             F_train, F_valid = train_valid(alpha)
             what = f"alpha={_fmt_alpha(alpha)} l2={l2:g}"
             model = classifier.fit(F_train, y_train, n_classes, l2, max_iter=max_iter, init=init,
+                                   tol=min(max(l2, classifier.TOL), choice_tol),
                                    should_stop=progress.watch(what, stop))
             trial = Trial(alpha=alpha, l2=float(l2), valid_error=classifier.error_rate(model, F_valid, y_valid),
                           train_error=classifier.error_rate(model, F_train, y_train), n_iter=model.n_iter,
