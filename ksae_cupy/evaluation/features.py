@@ -176,6 +176,9 @@ def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid"
     epochs the walk made 10 fits where it made 16 and 12, and chose a pair whose validation error
     is within 0.01 point of the full grid's choice (docs/guide/evaluation.md).
 
+    The walk's fits stop at a gradient of ``max(l2, classifier.TOL)``, at most ``choice_tol``: they only
+    choose; the refit goes on to ``classifier.TOL`` (protocol 3).
+
     ``encode(alpha, X_nd)`` returns the classifier's features for host rows ``X_nd``.
     Returns a JSON-ready dict: every trial, the choice, and the test error.
     ``workers``: alphas fitted side by side (threads, CPU only); ``store``: a
