@@ -54,6 +54,23 @@ def test_reconstruction_metrics_follow_their_definitions_chunk_by_chunk(activati
         assert got["l0"] < 4 and got["l0_alpha_k"] < 10
 
 
+@pytest.mark.parametrize("activation", ["linear", "relu"])
+def test_reconstruction_metrics_from_units_already_found_are_the_same(activation):
+    # ksae-eval hands over its one encoding (the largest alpha's units, descending) instead of encoding again.
+    from ksae_cupy.evaluation.features import top_units
+
+    params, X = setup()
+    params["b_h"] -= 1.0
+    k, alpha = 4, 2.5
+    top = top_units(params, X, 14, activation=activation)  # more columns than alpha*k = 10: the first are read
+    again = metrics.reconstruction_metrics(params, X, k, alpha, activation=activation, chunk=7)
+    given = metrics.reconstruction_metrics(params, X, k, alpha, activation=activation, chunk=7, top=top)
+    assert given == pytest.approx(again, rel=1e-6)
+    wrong = metrics.reconstruction_metrics(params, X, k, alpha, activation=activation, chunk=7,
+                                           top=(top[0][::-1].copy(), top[1][::-1].copy()))  # other rows' units
+    assert wrong["fve"] < again["fve"]
+
+
 def test_l0_and_dead_fraction_of_dense_and_sparse_codes():
     import scipy.sparse as sp
 

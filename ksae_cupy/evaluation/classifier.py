@@ -81,6 +81,11 @@ def check_labels(y_n, n_classes: int) -> None:
 
 HISTORY = 100  # L-BFGS correction pairs kept (scipy's maxcor)
 TOL = 1e-5  # largest gradient entry at which a fit has converged (scipy's gtol; scikit-learn's default: 1e-4)
+# The walk's fits, which only choose (alpha, L2), stop at a gradient of max(l2, TOL), at most this (scikit-learn's
+# default); the refit, whose weights meet the test set, goes on to TOL (features.select_and_test). Measured on
+# MNIST codes (docs/guide/evaluation.md): at L2 >= 1e-4 the validation errors moved by at most 0.06 point, in
+# 60% to 75% of the passes. Below, L2 W is smaller than 1e-4 and a looser stop would not see the L2 at all.
+CHOICE_TOL = 1e-4
 # ... or one iteration lowered the loss by less than this (relative, absolute below a loss of 1: scipy's ftol,
 # its default). Looser, it stops a warm-started fit of small loss after an iteration or two, unconverged.
 FTOL = 2.2e-9

@@ -39,8 +39,9 @@ DEFAULT_L2 = (1e-3, 1e-4, 1e-5)
 DEFAULT_L2_EXTEND = 3  # decades tried beyond DEFAULT_L2's edge while the best L2 is on it
 # The selection protocol, in eval.json and in the kept fits' fingerprint (fits of another protocol are
 # not reused). 1: every (alpha, L2) of the grid, L-BFGS to 1e-6 with 20 pairs (until 2026-11-26/27);
-# 2: the walk of select_and_test, L-BFGS to classifier.TOL / FTOL with classifier.HISTORY pairs.
-PROTOCOL = 2
+# 2: the walk of select_and_test, L-BFGS to classifier.TOL / FTOL with classifier.HISTORY pairs (until 2026-11-27);
+# 3: the same walk, its fits to classifier.CHOICE_TOL (the refit still to TOL).
+PROTOCOL = 3
 REFIT_CHOICES = ("train+valid", "train")
 
 
@@ -127,13 +128,19 @@ class CodesByAlpha:
         self._lock = threading.Lock()
 
     def __call__(self, alpha, X_nd):
-        with self._lock:  # fits side by side wait for one encoding, not make their own
+        # Fits side by side wait for one encoding (the lock in top), not make their own.
+        return codes_matrix(*self.top(X_nd), alpha_k(self.k, alpha, self.H), self.H, self.backend)
+
+    def top(self, X_nd):
+        """``(idx_nK, val_nK)`` of :func:`top_units` for the largest alpha: the encoding of ``X_nd`` kept for the
+        fits (made now if there is none), which the reconstruction metrics read too."""
+        with self._lock:
             entry = self._tops.get(id(X_nd))
             if entry is None or entry[0] is not X_nd:
                 entry = X_nd, top_units(self.params, X_nd, self.kept_max, self.topk_method, self.backend,
                                         activation=self.activation)
                 self._tops[id(X_nd)] = entry
-        return codes_matrix(*entry[1], alpha_k(self.k, alpha, self.H), self.H, self.backend)
+            return entry[1]
 
     def forget(self, X_nd) -> None:
         """Drop the encoding of ``X_nd`` (the test set's, read once)."""
@@ -154,7 +161,8 @@ def l2_lattice(l2_grid, extend: int) -> list[float]:
 
 def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid", max_iter: int = 500,
                     backend: Backend = CPU, log=print, workers: int = 1, store=None, block: str = "sparse",
-                    extend: int = 0, *, early_stop: bool = False, max_iter_name: str = "max_iter") -> dict:
+                    extend: int = 0, *, early_stop: bool = False, max_iter_name: str = "max_iter",
+                    choice_tol: float = classifier.CHOICE_TOL) -> dict:
     """Choose (alpha, L2) on validation error, refit, and report the test error once.
 
     Each alpha walks the L2 values (:func:`l2_lattice`: the grid, and ``extend`` decades beyond each
@@ -167,6 +175,9 @@ def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid"
     protocol until 2026-11-27) fitted every value of every alpha; on MNIST runs of 10 and 5000
     epochs the walk made 10 fits where it made 16 and 12, and chose a pair whose validation error
     is within 0.01 point of the full grid's choice (docs/guide/evaluation.md).
+
+    The walk's fits stop at a gradient of ``max(l2, classifier.TOL)``, at most ``choice_tol``: they only
+    choose; the refit goes on to ``classifier.TOL`` (protocol 3).
 
     ``encode(alpha, X_nd)`` returns the classifier's features for host rows ``X_nd``.
     Returns a JSON-ready dict: every trial, the choice, and the test error.
@@ -222,6 +233,7 @@ def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid"
             F_train, F_valid = train_valid(alpha)
             what = f"alpha={_fmt_alpha(alpha)} l2={l2:g}"
             model = classifier.fit(F_train, y_train, n_classes, l2, max_iter=max_iter, init=init,
+                                   tol=min(max(l2, classifier.TOL), choice_tol),
                                    should_stop=progress.watch(what, stop))
             trial = Trial(alpha=alpha, l2=float(l2), valid_error=classifier.error_rate(model, F_valid, y_valid),
                           train_error=classifier.error_rate(model, F_train, y_train), n_iter=model.n_iter,
@@ -584,8 +596,10 @@ def evaluate_run(run_dir, alphas=DEFAULT_ALPHAS, l2_grid=DEFAULT_L2, refit: str 
                                                  l2_grid, refit, max_iter, backend, log, workers, store, "raw",
                                                  extend=l2_extend, max_iter_name=max_iter_name)
     # The field's metrics of the autoencoder itself (FVE, L0, dead units), after the choice: alpha is the chosen one.
+    # Read from the fits' encoding of each split (the test set's made again: select_and_test forgot it).
     result["reconstruction"] = reconstruction_splits(params, dataset, k, result["features"]["selected"]["alpha"],
-                                                     topk_method, activation, backend)
+                                                     topk_method, activation, backend, tops=encode.top)
+    encode.forget(dataset.X_test)
     result["seconds"] = round(time.perf_counter() - start, 1)
     if (dataset.name, H) == (DATASET, HIDDEN):  # the paper's setting: its figure (None for a k it lacks)
         result["paper_test_error"] = err_mnist_error(ksparse_key(k), dataset.name, H)
@@ -598,13 +612,16 @@ SPLITS = ("train", "valid", "test")  # the reconstruction table's rows, in this 
 
 
 def reconstruction_splits(params, dataset, k: int, alpha: float, topk_method: str, activation: str,
-                          backend: Backend = CPU) -> dict:
+                          backend: Backend = CPU, tops=None) -> dict:
     """``{split: metrics}`` of :func:`ksae_cupy.metrics.reconstruction_metrics` on each split the dataset has
-    (train, valid, test): FVE, L0 of the k-code and of the ``alpha*k`` features, dead fraction."""
+    (train, valid, test): FVE, L0 of the k-code and of the ``alpha*k`` features, dead fraction.
+    ``tops(X_nd)``: the split's largest units in descending order (:meth:`CodesByAlpha.top`), decoded
+    instead of encoding the split again."""
     from ksae_cupy.metrics import reconstruction_metrics
 
     splits = dict(zip(SPLITS, (dataset.X_train, dataset.X_valid, dataset.X_test)))
-    return {name: reconstruction_metrics(params, X_nd, k, alpha, topk_method, activation, backend)
+    return {name: reconstruction_metrics(params, X_nd, k, alpha, topk_method, activation, backend,
+                                         top=tops(X_nd) if tops is not None else None)
             for name, X_nd in splits.items() if X_nd is not None and len(X_nd)}
 
 

@@ -325,3 +325,25 @@ def test_time_left_counts_the_refit_and_ranges_to_what_the_walk_may_add():
     progress.start_round([], {}, refit_alpha=1)  # the walk ended: the refit alone
     progress.refitted("r", 12.0)
     assert lines[-1] == "  fit 3 of 3 r"
+
+
+def test_the_walks_fits_stop_at_a_gradient_of_their_l2_and_the_refit_at_tol(run_and_data, monkeypatch):
+    # Protocol 3: a fit that only chooses stops at a gradient of max(l2, TOL), at most CHOICE_TOL; the refit,
+    # which meets the test set, goes on to TOL.
+    run, data = run_and_data
+    tols = []
+
+    def fit(*args, **kwargs):
+        tols.append((args[3], kwargs.get("tol", classifier.TOL)))
+        return REAL_FIT(*args, **kwargs)
+
+    monkeypatch.setattr(classifier, "fit", fit)
+    result = evaluate.evaluate_run(run, alphas=[1], l2_grid=[1e-2, 1e-3, 1e-4, 1e-5, 1e-6], dataset=data,
+                                   log=lambda *_: None, l2_extend=0)
+    walk, (refit_l2, refit_tol) = tols[:-1], tols[-1]
+    assert len(walk) == len(result["features"]["trials"]) >= 2
+    expected = {1e-2: 1e-4, 1e-3: 1e-4, 1e-4: 1e-4, 1e-5: 1e-5, 1e-6: 1e-5}
+    assert all(tol == expected[l2] for l2, tol in walk), walk
+    assert (classifier.CHOICE_TOL, classifier.TOL) == (1e-4, 1e-5)
+    assert refit_l2 == result["features"]["selected"]["l2"] and refit_tol == classifier.TOL
+    assert result["protocol"] == 3
