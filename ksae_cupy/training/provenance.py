@@ -61,13 +61,18 @@ def check_data(dataset: str | None, expected: str | None, run_dir) -> None:
     if not dataset or not expected:
         return
     path = data_file(dataset)
+    refuse_if_changed(path, expected, f"{run_dir}: its data file {path} changed since the run was trained on it",
+                      f"put the run's data back at {path}, or train a new run on the new file")
+
+
+def refuse_if_changed(path: Path, expected: str, what: str, advice: str) -> None:
+    """One line naming both hashes and what to do, when the file at ``path`` is there and its SHA-256 is not
+    ``expected`` (a missing file is the loader's to name)."""
     if not path.is_file():
         return
     found = file_sha256(path)
     if found != expected:
-        raise KsaeError(f"{run_dir}: its data file {path} changed since the run was trained on it (SHA-256 now "
-                        f"{short(found)}, the run recorded {short(expected)}); put the run's data back at {path}, "
-                        f"or train a new run on the new file")
+        raise KsaeError(f"{what} (SHA-256 now {short(found)}, the run recorded {short(expected)}); {advice}")
 
 
 def check_run_data(run_dir, config: dict | None = None, given=()) -> None:
@@ -114,13 +119,9 @@ def check_data_files(data: dict | None, run_dir, given=()) -> None:
         if key in replaced or not data.get(key) or not expected:
             continue
         path = split_member(data[key])[0]
-        if not path.is_file():
-            continue
-        found = file_sha256(path)
-        if found != expected:
-            raise KsaeError(f"{run_dir}: its {option} file {path} changed since the run was trained (SHA-256 now "
-                            f"{short(found)}, the run recorded {short(expected)}); put the run's file back at {path}, "
-                            f"or give {option} {path} to a command that takes it to read it as it is now")
+        refuse_if_changed(path, expected, f"{run_dir}: its {option} file {path} changed since the run was trained",
+                          f"put the run's file back at {path}, or give {option} {path} to a command that takes it "
+                          f"to read it as it is now")
 
 
 # -- codes and their origin ------------------------------------------------------------------------

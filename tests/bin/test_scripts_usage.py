@@ -87,14 +87,20 @@ def test_a_folder_a_script_cannot_read_is_one_error_line(tmp_path):
     assert scored.stderr.splitlines() == [f"error: run folder {tmp_path / 'nowhere'} does not exist"]
 
 
-def test_the_dead_units_table_has_a_row_for_every_kind_of_run_folder(tmp_path):
+def trained_run(tmp_path, name: str) -> tuple[Path, Path]:
+    """``(data file, run folder)``: one epoch of ksae-train on a small .npy."""
     data = tmp_path / "x.npy"
     np.save(data, make_sparse_signals(200, D=8, H=16, k=2, seed=0)[0])
-    trained = tmp_path / "trained"
+    run = tmp_path / name
     result = CliRunner().invoke(train_command, [str(data), "--hidden", "16", "--k", "2", "--no-k-schedule",
                                                 "--batch-size", "60", "--lr", "0.01", "--epochs", "1", "--device",
-                                                "cpu", "--threads", "1", "--run-dir", str(trained), "--quiet"])
+                                                "cpu", "--threads", "1", "--run-dir", str(run), "--quiet"])
     assert result.exit_code == 0, result.output
+    return data, run
+
+
+def test_the_dead_units_table_has_a_row_for_every_kind_of_run_folder(tmp_path):
+    data, trained = trained_run(tmp_path, "trained")
     cut = tmp_path / "cut"
     cut.mkdir()
     for name in ("config.json", "metrics.jsonl"):
@@ -130,13 +136,7 @@ def test_a_bad_count_is_a_usage_error_not_a_traceback(name, args, tmp_path):
 
 def test_the_dead_units_table_counts_only_on_the_data_the_run_recorded(tmp_path):
     """A data file replaced since training is the row's refusal (both hashes), not a count on other data."""
-    data = tmp_path / "x.npy"
-    np.save(data, make_sparse_signals(200, D=8, H=16, k=2, seed=0)[0])
-    run = tmp_path / "run"
-    result = CliRunner().invoke(train_command, [str(data), "--hidden", "16", "--k", "2", "--no-k-schedule",
-                                                "--batch-size", "60", "--lr", "0.01", "--epochs", "1", "--device",
-                                                "cpu", "--threads", "1", "--run-dir", str(run), "--quiet"])
-    assert result.exit_code == 0, result.output
+    data, run = trained_run(tmp_path, "run")
     np.save(data, make_sparse_signals(200, D=8, H=16, k=2, seed=1)[0])  # replaced since
     result = script("dead-units-table", run, cwd=tmp_path)
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
