@@ -379,7 +379,7 @@ class Trainer:
         # On the CPU kernels the sparse step may hand W's gradient over in parts, for step.update to apply.
         loss, grads, cache = step.loss_and_grads(self.params, X_nd, k, lanes, self._batch_rows)
         kept_h = self.backend.xp.bincount(cache.idx_nk.ravel(), minlength=self.config.hidden)
-        self._batch_nonzero = epochs.code_nonzero(cache)
+        self._batch_nonzero = self._code_nonzero(cache)
         return loss, grads, kept_h
 
     def _gradients(self, X_nd, k: int):
@@ -401,8 +401,13 @@ class Trainer:
         loss, aux_loss, grads, cache = step.loss_and_grads_auxk(self.params if params is None else params, X_nd, k,
                                                                 self.dead_h(), lanes)
         kept_h = self.backend.xp.bincount(cache.idx_nk.ravel(), minlength=self.config.hidden)
-        self._batch_nonzero = epochs.code_nonzero(cache)
+        self._batch_nonzero = self._code_nonzero(cache)
         return loss, aux_loss, grads, kept_h
+
+    def _code_nonzero(self, cache):
+        """The batch's non-zero code units, counted only for relu units (a unit kept at 0); linear units keep
+        n * k, which the tally adds without a count on the step's path."""
+        return None if self.config.activation == "linear" else epochs.code_nonzero(cache)
 
     def _note_kept(self, kept_h, n_examples: int) -> None:
         """Count ``n_examples`` more for every unit this batch kept in no example; reset those it kept."""
