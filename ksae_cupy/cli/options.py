@@ -44,6 +44,9 @@ def dataset_command(options: list[Option]):
     from ksae_cupy.cli.version import version_option
 
     def decorate(func):
+        from ksae_cupy.datasets.registry import names, spelled
+
+        func.__doc__ = func.__doc__.replace("{datasets}", spelled(names()))  # the help names the registry's
         # as the decorators stacked above a def would apply: the innermost first
         func = declared(options)(data_options(click.pass_context(report_errors(func))))
         return click.command(context_settings=CONTEXT)(version_option(click.argument("dataset", required=False)(func)))

@@ -49,9 +49,9 @@ def plot_filters(run_dir, output, n_filters, skip_dead, cols, shape, channels, l
     check_image_output(output)
     image_shape, channels = parse_image_shape(shape), None if channels is None else int(channels)
     if image_shape is None and channels is None:  # draw the run's dataset as it is laid out
-        from ksae_cupy.datasets.catalog import IMAGE_SHAPES
+        from ksae_cupy.datasets.registry import DATASETS
 
-        known = IMAGE_SHAPES.get(run.dataset)
+        known = DATASETS[run.dataset].image_shape if run.dataset in DATASETS else None
         if known is not None and known[0] * known[1] * (known[2] if len(known) == 3 else 1) == run.params["W_dh"].shape[0]:
             image_shape, channels = known[:2], (known[2] if len(known) == 3 else 1)
     if (channels or 1) == 1 and click.get_current_context().get_parameter_source("layout").name != "DEFAULT":

@@ -9,10 +9,10 @@ import click
 
 from ksae_cupy.cli.common import data_spec
 from ksae_cupy.cli.options import dataset_command, run_of
+from ksae_cupy.datasets.registry import DATASETS
 from ksae_cupy.errors import KsaeError, cli_name
 from ksae_cupy.training.fields import PAPER, TRAIN, parse_lr
 from ksae_cupy.training.options import check_seed
-from ksae_cupy.training.train_run import AUTO_LR_DATASETS
 from ksae_cupy.training.wording import dead_units_note, done_dead
 
 
@@ -20,8 +20,8 @@ from ksae_cupy.training.wording import dead_units_note, done_dead
 def train_command(ctx, dataset, **values):
     """Train a k-sparse autoencoder on DATASET.
 
-    DATASET is a built-in name (mnist, fashion-mnist, synthetic, and the others `ksae-data
-    list` shows) or your own data: an .npz holding X (N x D) and, optionally, y, X_test and
+    DATASET is a built-in name ({datasets}: `ksae-data list` tells more)
+    or your own data: an .npz holding X (N x D) and, optionally, y, X_test and
     y_test; an .npy file; or file.h5[:dataset]. Labels and splits of your own data are set
     with --labels, --test, --valid-fraction and the options below; ksae-eval then reads them
     from the run folder.
@@ -54,7 +54,9 @@ def train_command(ctx, dataset, **values):
         if dataset is None:
             raise KsaeError("missing DATASET; give a dataset name or file, or --resume RUN_DIR")
         spec = data_spec(dataset, values)
-        lr = parse_lr(values["lr"], default="auto" if spec.is_user_file or dataset in AUTO_LR_DATASETS else PAPER.lr)
+        builtin = DATASETS.get(dataset)  # None: the user's file (or a name load_dataset refuses)
+        auto = builtin is None or builtin.auto_lr  # the paper's 0.01 diverges on some datasets
+        lr = parse_lr(values["lr"], default="auto" if auto else PAPER.lr)
         config = train_run.new_config(values, lr)
         run.open(lambda: default_run_dir(dataset, config.hidden, config.k))
         record, backend, model = dataset_record(spec.data), run.start(), None

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from ksae_cupy.supervised.baselines import BASELINES as REGISTRY, AutoencoderConfig, RBMConfig
 from ksae_cupy import paper
+from ksae_cupy.datasets.registry import names as dataset_names
 from ksae_cupy.supervised.finetune_config import TRAIN_ON, FinetuneConfig
 from ksae_cupy.training.fields import APPLIED, KEPT, PAPER, SHARED, THREADS_DEFAULT, Option, shared
 
 MODELS = tuple(REGISTRY)  # baselines.BASELINES's names
 BASELINES = MODELS  # what ksae-finetune --baseline pretrains
 FINETUNE_PAPER = FinetuneConfig()  # the paper's supervised settings (section 4.3.2)
+LABELLED = dataset_names(labelled=True)  # the datasets ksae-finetune can train on
 
 
 def _per_model(rbm, autoencoders) -> str:
@@ -43,7 +45,7 @@ BASELINE = [
 ]
 
 FINETUNE = [
-    Option("dataset", "Deprecated: give DATASET as an argument. Labelled dataset: mnist, fashion-mnist, synthetic, "
+    Option("dataset", f"Deprecated: give DATASET as an argument. Labelled dataset: {', '.join(LABELLED)}, "
            "or your file (see ksae-train). [default: the pretrained run's, with its labels and splits]", None,
            resume=KEPT),
     Option("alpha", f"Keep alpha*k units per hidden layer (paper, MNIST: {paper.ALPHA:g}).", paper.ALPHA, float),

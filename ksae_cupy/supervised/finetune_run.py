@@ -30,10 +30,10 @@ IN_CHECKPOINT = tuple(n for n in named(FINETUNE, APPLIED) if n in ("step", "topk
 def split_arguments(arguments, dataset_option: str | None):
     """``(pretrained run folders, DATASET)`` of the positional arguments: a built-in dataset's name or a
     data file (.npz, .npy, .h5) is DATASET, anything else a run folder. ``--dataset`` is its old spelling."""
-    from ksae_cupy.datasets import LOADERS
+    from ksae_cupy.datasets.registry import DATASETS
     from ksae_cupy.datasets.user_files import is_user_file
 
-    datasets = [a for a in arguments if not Path(a).is_dir() and (str(a) in LOADERS or is_user_file(str(a)))]
+    datasets = [a for a in arguments if not Path(a).is_dir() and (str(a) in DATASETS or is_user_file(str(a)))]
     runs = [Path(a) for a in arguments if a not in datasets]
     if len(datasets) + (dataset_option is not None) > 1:
         raise KsaeError(f"{len(datasets) + (dataset_option is not None)} datasets given "

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ksae_cupy.datasets.registry import names as dataset_names, spelled
 from ksae_cupy.model import ACTIVATIONS
 from ksae_cupy.sparse_step import STEPS
 from ksae_cupy.topk import TOPK_METHODS
@@ -112,7 +113,8 @@ TRAIN = [
     Option("epochs", f"Epochs (paper: {PAPER.epochs}).", PAPER.epochs, int, APPLIED),
     Option("batch_size", f"Minibatch size (authors' code: {PAPER.batch_size}).", PAPER.batch_size, int),
     Option("lr", f"Learning rate eta, or auto: derived from the data's scale ({PAPER.lr} on MNIST). [default: "
-           f"{PAPER.lr} (the paper's) for the built-in datasets but fashion-mnist; auto for it and your files]", None,
+           f"{PAPER.lr} (the paper's) for the built-in datasets but {spelled(dataset_names(auto_lr=True))}; auto for "
+           f"these and your files]", None,
            str),
     Option("momentum", f"Momentum m (paper: {PAPER.momentum}).", PAPER.momentum, float),
     Option("sigma", f"Std of the Gaussian initial weights (paper: {PAPER.sigma}).", PAPER.sigma, float),

@@ -9,8 +9,6 @@ from ksae_cupy.errors import KsaeError
 from ksae_cupy.training import resuming
 from ksae_cupy.training.fields import APPLIED, REFUSED, TRAIN, named, parse_lr
 
-# Built-in datasets whose default rate is --lr auto: the paper's 0.01 diverges on them.
-AUTO_LR_DATASETS = ("fashion-mnist",)
 IN_CHECKPOINT = ("epochs", "topk", "step")  # applied options kept in the checkpoint's configuration
 
 

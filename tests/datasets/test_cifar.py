@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ksae_cupy.datasets import LOADERS, cifar, preprocess
+from ksae_cupy.datasets.registry import DATASETS
+from ksae_cupy.datasets import cifar, preprocess
 from ksae_cupy.datasets.fetch import FileSpec
 from ksae_cupy.errors import KsaeError
 
@@ -163,7 +164,7 @@ def test_real_spec_refuses_a_synthetic_archive(tmp_path):
 
 
 def test_registered():
-    assert LOADERS["cifar-patches"].__name__ == "load_cifar_patches"
+    assert DATASETS["cifar-patches"].load.__name__ == "load_cifar_patches"
 
 
 def test_junk_archive_fails_the_format_check_in_one_line(tmp_path):

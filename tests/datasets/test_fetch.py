@@ -6,6 +6,7 @@ import gzip
 import hashlib
 import http.server
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from ksae_cupy.datasets import catalog, fetch
 from ksae_cupy.datasets.fetch import FileSpec, HttpSource, ensure_files, verify_file
 from ksae_cupy.datasets.idx import read_idx, write_idx
+from ksae_cupy.datasets.registry import DATASETS, DatasetEntry
 from ksae_cupy.errors import KsaeError
 
 PAYLOAD = bytes(range(256)) * 40  # 10,240 bytes
@@ -169,18 +171,25 @@ def test_idx_round_trip_and_bad_magic(tmp_path):
 
 # --- catalog: ksae-data list / verify / fetch ----------------------------------------------
 
+def demo_entry(files, sources) -> DatasetEntry:
+    """A dataset with only files to fetch, in the data root's folder ``demo``."""
+    return DatasetEntry("demo", "files to fetch", load=None, image_shape=(1, 1), folder="demo", files=tuple(files),
+                        sources=tuple(sources))
+
+
 def test_catalog_lists_every_builtin_dataset(tmp_path):
-    from ksae_cupy.datasets import LOADERS
+    from ksae_cupy.datasets.registry import DATASETS
 
     rows = catalog.list_datasets(tmp_path)
-    assert {r[0] for r in rows} == set(LOADERS)
+    assert {r[0] for r in rows} == set(DATASETS)
     assert dict((r[0], r[2]) for r in rows)["norb"] == f"0/4 files present in {tmp_path / 'norb'}"
 
 
 def test_verify_all_names_bad_and_missing_files(tmp_path, monkeypatch):
     from ksae_cupy.datasets import norb
 
-    monkeypatch.setattr(catalog, "SEARCH_FOLDERS", {})  # this machine's system packages stay out of it
+    for name, entry in DATASETS.items():  # this machine's system packages stay out of it
+        monkeypatch.setitem(DATASETS, name, replace(entry, search=()))
 
     (tmp_path / "norb").mkdir()
     (tmp_path / "norb" / norb.TRAIN_CAT).write_bytes(b"\x54\x4c\x3d\x1e" + b"\x00" * 100)  # wrong size
@@ -193,7 +202,7 @@ def test_verify_all_names_bad_and_missing_files(tmp_path, monkeypatch):
 
 
 def test_fetch_dataset_through_the_catalog(server, tmp_path, monkeypatch):
-    monkeypatch.setitem(catalog.DATASET_FILES, "demo", ("demo", [FileSpec("f.bin", SHA)], [src(server, "good")]))
+    monkeypatch.setitem(DATASETS, "demo", demo_entry([FileSpec("f.bin", SHA)], [src(server, "good")]))
     paths = catalog.fetch_dataset("demo", tmp_path, log=lambda m: None)
     assert paths["f.bin"] == tmp_path / "demo" / "f.bin"
     assert catalog.verify_all(tmp_path, ["demo"])[0][2] == "ok"
@@ -252,8 +261,8 @@ def test_a_damaged_copy_in_the_package_folder_is_passed_over(server, tmp_path, m
 
 def test_catalog_knows_fashion_mnist_and_its_package_folder(server, tmp_path, monkeypatch):
     fashion_mnist, bodies, package = _fashion_files(server, monkeypatch, tmp_path)
-    monkeypatch.setitem(catalog.DATASET_FILES, "fashion-mnist", ("fashion-mnist", fashion_mnist.FILES, []))
-    monkeypatch.setitem(catalog.SEARCH_FOLDERS, "fashion-mnist", (package,))
+    monkeypatch.setitem(DATASETS, "fashion-mnist",
+                        replace(DATASETS["fashion-mnist"], files=tuple(fashion_mnist.FILES), sources=(), search=(package,)))
     package.mkdir()
     for name, body in bodies.items():
         (package / (name + ".gz")).write_bytes(gzip.compress(body))
@@ -285,13 +294,13 @@ def test_ksae_data_fetch_prints_one_line_per_file_and_failures_only_when_all_fai
     specs = [FileSpec("f.bin", SHA), FileSpec("g.bin", SHA)]
     monkeypatch.setitem(_Handler.routes, "/good/g.bin", (PAYLOAD, None))
     mirrors = [src(server, "missing"), src(server, "wrong"), src(server, "good")]  # two fail for each file
-    monkeypatch.setitem(catalog.DATASET_FILES, "demo", ("demo", specs, mirrors))
+    monkeypatch.setitem(DATASETS, "demo", demo_entry(specs, mirrors))
     fetched = CliRunner().invoke(data_command, ["fetch", "demo", "--data-dir", str(tmp_path)])
     assert fetched.exit_code == 0, fetched.output
     assert fetched.stderr.splitlines() == [f"fetched {name} from {server}/good/" for name in ("f.bin", "g.bin")]
     # Every source failing: one error line naming each failure, the only time failures are shown.
     monkeypatch.setitem(_Handler.routes, "/wrong/h.bin", (PAYLOAD[::-1], None))
-    monkeypatch.setitem(catalog.DATASET_FILES, "demo", ("demo", [FileSpec("h.bin", SHA)], mirrors[:2]))
+    monkeypatch.setitem(DATASETS, "demo", demo_entry([FileSpec("h.bin", SHA)], mirrors[:2]))
     failed = CliRunner().invoke(data_command, ["fetch", "demo", "--data-dir", str(tmp_path)])
     assert failed.exit_code == 2 and len(failed.stderr.splitlines()) == 1, failed.output
     assert failed.stderr.startswith("error: could not fetch h.bin")

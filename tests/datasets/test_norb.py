@@ -7,7 +7,8 @@ import struct
 import numpy as np
 import pytest
 
-from ksae_cupy.datasets import LOADERS, norb
+from ksae_cupy.datasets.registry import DATASETS
+from ksae_cupy.datasets import norb
 from ksae_cupy.datasets.fetch import FileSpec
 from ksae_cupy.errors import KsaeError
 
@@ -140,4 +141,4 @@ def test_load_end_to_end_from_synthetic_files(tmp_path):
 
 
 def test_registered():
-    assert LOADERS["norb"].__name__ == "load_norb"
+    assert DATASETS["norb"].load.__name__ == "load_norb"

@@ -6,7 +6,8 @@ import sys
 import numpy as np
 import pytest
 
-from ksae_cupy.datasets import LOADERS, patches
+from ksae_cupy.datasets.registry import DATASETS
+from ksae_cupy.datasets import patches
 from ksae_cupy.errors import KsaeError
 
 
@@ -42,4 +43,4 @@ def test_load_from_bundled_photographs():
 
 
 def test_registered():
-    assert LOADERS["patches"].__name__ == "load_patches"
+    assert DATASETS["patches"].load.__name__ == "load_patches"

@@ -5,6 +5,7 @@ CuPy stand-in (tests/cupy_standin), whose kernels run in the CUDA host emulator.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from click.testing import CliRunner
 from ksae_cupy import model
 from ksae_cupy.auxk_step import loss_and_grads_sparse_auxk
 from ksae_cupy.cli.train import train_command
+from ksae_cupy.datasets.registry import DATASETS
 from ksae_cupy.sparse_step import sparse_layout
 from ksae_cupy.training.checkpoint import load_checkpoint
 
@@ -56,7 +58,7 @@ def small_synthetic(monkeypatch):
         return datasets.Dataset(name="synthetic", X_train=X[:600], y_train=y[:600], X_valid=X[600:700],
                                 y_valid=y[600:700], X_test=X[700:], y_test=y[700:], n_classes=4, image_shape=(8, 8))
 
-    monkeypatch.setitem(datasets.LOADERS, "synthetic", load_small)
+    monkeypatch.setitem(DATASETS, "synthetic", replace(DATASETS["synthetic"], load=load_small))
 
 
 @pytest.mark.parametrize("step", ["dense", "sparse"])

@@ -6,6 +6,7 @@ within float32 rounding: same data order, same initial weights, same kept units.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from click.testing import CliRunner
 from ksae_cupy.cli.evaluate import eval_command
 from ksae_cupy.cli.finetune import finetune_command
 from ksae_cupy.cli.train import train_command
+from ksae_cupy.datasets.registry import DATASETS
 from ksae_cupy.training.checkpoint import load_checkpoint
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu_cupy", "small_synthetic")]
@@ -33,7 +35,7 @@ def small_synthetic(monkeypatch):
                                 y_valid=y[1000:1200], X_test=X[1200:], y_test=y[1200:], n_classes=4,
                                 image_shape=(8, 8))
 
-    monkeypatch.setitem(datasets.LOADERS, "synthetic", load_small)
+    monkeypatch.setitem(DATASETS, "synthetic", replace(DATASETS["synthetic"], load=load_small))
 
 
 # 3 epochs of 1,000 synthetic signals (D = 64), 64 hidden units, k = 5, no k schedule.
