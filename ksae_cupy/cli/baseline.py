@@ -4,8 +4,8 @@
     ksae-baseline --resume runs/dropout-ae                 # after a stop, a crash or kill -9
     ksae-eval runs/dropout-ae                              # the features' classifier, as for k-sparse runs
 
-The models are :mod:`ksae_cupy.supervised.baselines`' (``rbm``, ``dropout-ae``, ``denoising-ae``,
-``dropout-denoising-ae``), trained by :class:`~ksae_cupy.supervised.baseline_trainer.BaselineTrainer`.
+The models are the registry's, :data:`ksae_cupy.supervised.baselines.BASELINES` (``--model``'s choices and help
+read it), trained by :class:`~ksae_cupy.supervised.baseline_trainer.BaselineTrainer`.
 The run folder is a ``ksae-train`` one (:class:`~ksae_cupy.training.runs.RunFolder`: lock,
 ``config.json``, ``metrics.jsonl``, ``checkpoint.h5``) and the run has what a ``ksae-train`` run has,
 from the same pieces: checkpoints every N epochs and M minutes (mid-epoch if need be), a progress
@@ -29,7 +29,7 @@ from ksae_cupy.training.options import check_seed
 
 @dataset_command(BASELINE)
 def baseline_command(ctx, dataset, **values):
-    """Train a baseline learner of the paper (RBM, dropout / denoising autoencoders) on DATASET.
+    """Train a baseline learner of the paper ({baselines}) on DATASET.
 
     DATASET is what ksae-train takes (a built-in name or your file, with the same data options).
     Evaluate the run folder with ksae-eval, as a k-sparse run: logistic regression on the

@@ -6,8 +6,7 @@
     ksae-finetune mnist --baseline dropout-ae --hidden 1000,1000            # baseline pretrained here
     ksae-finetune --resume runs/finetune-mnist-...
 
-``--baseline rbm|dropout-ae|denoising-ae|dropout-denoising-ae`` pretrains that learner of
-:mod:`ksae_cupy.supervised.baselines` (one layer per ``--hidden`` size, ``--pretrain-epochs`` each) on
+``--baseline NAME`` pretrains that learner of :data:`ksae_cupy.supervised.baselines.BASELINES` (one layer per ``--hidden`` size, ``--pretrain-epochs`` each) on
 the training set, each layer a ``ksae-baseline`` run folder inside the run's (``RUN/pretrain-layer1``,
 ...: :mod:`ksae_cupy.supervised.baseline_pretrain`), then fine-tunes its sigmoid layers with the same
 dropout (section 4.5). A stop during the pretraining saves the layer's checkpoint, and ``--resume RUN``

@@ -45,8 +45,10 @@ def dataset_command(options: list[Option]):
 
     def decorate(func):
         from ksae_cupy.datasets.registry import names, spelled
+        from ksae_cupy.supervised.baselines import BASELINES
 
-        func.__doc__ = func.__doc__.replace("{datasets}", spelled(names()))  # the help names the registry's
+        # the help names the registries' datasets and baselines
+        func.__doc__ = func.__doc__.replace("{datasets}", spelled(names())).replace("{baselines}", ", ".join(BASELINES))
         # as the decorators stacked above a def would apply: the innermost first
         func = declared(options)(data_options(click.pass_context(report_errors(func))))
         return click.command(context_settings=CONTEXT)(version_option(click.argument("dataset", required=False)(func)))

@@ -14,7 +14,7 @@ from ksae_cupy.backend import CPU, Backend
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.supervised.baseline_trainer import BaselineTrainer
 from ksae_cupy.supervised.baselines import (BASELINES, AutoencoderConfig, RBMConfig, _checked_input,
-                                            check_rbm_input, encode)
+                                            check_rbm_input, encode, learner_of)
 
 
 def fit_autoencoder(X_nd, config: AutoencoderConfig, backend: Backend = CPU, on_epoch=None) -> dict:
@@ -28,6 +28,14 @@ def fit_autoencoder(X_nd, config: AutoencoderConfig, backend: Backend = CPU, on_
 def fit_rbm(X_nd, config: RBMConfig, backend: Backend = CPU, on_epoch=None) -> dict:
     """Train one Bernoulli RBM by CD-1 on ``X_nd`` (values in [0, 1]); host parameters."""
     return _fit(check_rbm_input(_checked_input(X_nd, config, "the RBM's input")), config, backend, on_epoch)
+
+
+def fit_baseline(X_nd, config, backend: Backend = CPU, on_epoch=None) -> dict:
+    """Train the baseline ``config`` is one of (its registry entry refuses input it cannot learn from); host
+    parameters."""
+    baseline = learner_of(config)
+    return _fit(baseline.check_input(_checked_input(X_nd, config, f"the {baseline.label}'s input")), config,
+                backend, on_epoch)
 
 
 def _fit(X_nd, config, backend: Backend, on_epoch) -> dict:
@@ -45,8 +53,7 @@ def fit_stack(X_nd, configs: list, backend: Backend = CPU, on_epoch=None) -> lis
     stack, inputs = [], X_nd
     for layer, config in enumerate(configs, start=1):
         report = None if on_epoch is None else (lambda r, layer=layer: on_epoch(layer, r))
-        fit = fit_rbm if isinstance(config, RBMConfig) else fit_autoencoder
-        params = fit(inputs, config, backend, report)
+        params = fit_baseline(inputs, config, backend, report)
         stack.append(params)
         with backend.use():
             inputs = encode({n: backend.asarray(v) for n, v in params.items()},
@@ -54,22 +61,14 @@ def fit_stack(X_nd, configs: list, backend: Backend = CPU, on_epoch=None) -> lis
     return stack
 
 
-# An autoencoder above the first layer starts from sigma 0.1 and learns at lr 0.01 (a stated deviation from
-# the paper's sigma 0.01; the lr is also layer 1's default, chosen apart on layer 1): on 1000 sigmoid
-# features of ||h||^2 ~ 3 a layer drawn at sigma 0.01 has every unit at 0.5, and its tied decoder learns
-# only the mean (MNIST: validation loss 1.11-1.14 after 156 epochs, the mean's 1.097); an 8-epoch
-# validation grid chose these (docs/baselines.md, "The deep dropout AE again").
-UPPER_AUTOENCODER = {"lr": 0.01, "sigma": 0.1}
-
-
 def stack_configs(kind: str, sizes: list[int], epochs: int, seed: int = 0) -> list:
     """The configuration of each layer of a ``kind`` stack (:data:`BASELINES`' names): its config
-    class's defaults, the baseline's dropout, layer l seeded ``seed + l - 1``, and for autoencoder layers
-    above the first :data:`UPPER_AUTOENCODER`."""
+    class's defaults, the baseline's dropout, layer l seeded ``seed + l - 1``, and above the first layer its
+    ``upper_layers`` (autoencoders: :data:`~ksae_cupy.supervised.baselines.UPPER_AUTOENCODER`)."""
     if kind not in BASELINES:
         raise KsaeError(f"baseline {kind!r} is not allowed; use one of {', '.join(BASELINES)}")
     baseline = BASELINES[kind]
-    upper = UPPER_AUTOENCODER if baseline.config is AutoencoderConfig else {}
+    upper = baseline.upper_layers
     return [baseline.config(hidden=H, epochs=epochs, seed=seed + i, **baseline.regularisation, **(upper if i else {}))
             for i, H in enumerate(sizes)]
 

@@ -32,7 +32,7 @@ from ksae_cupy.cpu import momentum as cpu_momentum
 from ksae_cupy.errors import OptionError, TrainingDiverged, literal
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.supervised import baselines
-from ksae_cupy.supervised.units import dropout_mask, sigmoid
+from ksae_cupy.supervised.units import dropout_mask
 from ksae_cupy.training import epochs
 from ksae_cupy.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 
@@ -87,7 +87,7 @@ class BaselineTrainer:
     def __init__(self, config, backend: Backend, D: int, checkpoint: Checkpoint | None = None):
         config.check()  # validated here unless the caller already did (ksae-baseline validates its options once)
         self.config, self.backend = config, backend
-        self.is_rbm = isinstance(config, baselines.RBMConfig)
+        self.learner = baselines.learner_of(config)  # its step and validation loss (the registry's entry)
         self.dtype = np.dtype(config.dtype)
         if checkpoint is None:
             self.rng = np.random.default_rng(config.seed)
@@ -122,18 +122,13 @@ class BaselineTrainer:
     def finished(self) -> bool:
         return self.epoch >= self.config.epochs
 
-    def _mask(self, shape, p):
+    def mask(self, shape, p):
+        """A dropout mask of rate ``p`` drawn from the run's generator, on the device (None for ``p`` 0)."""
         return None if p == 0 else self.backend.asarray(dropout_mask(self.rng, shape, p, self.dtype))
 
     def batch_loss_and_grads(self, X_bd):
         """``(loss, grads)`` of one minibatch, its random numbers drawn from the run's generator."""
-        cfg, n = self.config, X_bd.shape[0]
-        if self.is_rbm:
-            U_nh = self.backend.asarray(self.rng.random((n, cfg.hidden)), dtype=self.dtype)
-            return baselines.rbm_cd1(self.params, X_bd, U_nh, cfg.weight_decay)
-        M_in = self._mask((n, X_bd.shape[1]), cfg.input_dropout)  # input mask first, then hidden
-        M_hid = self._mask((n, cfg.hidden), cfg.hidden_dropout)
-        return baselines.ae_loss_and_grads(self.params, X_bd, M_in, M_hid, cfg.weight_decay)
+        return self.learner.step(self, X_bd)
 
     def run_epoch(self, X_train_nd, X_valid_nd=None, on_batch=None) -> BaselineReport | None:
         """Train one epoch (or the rest of an interrupted one) on device arrays.
@@ -175,15 +170,8 @@ class BaselineTrainer:
 
     def valid_loss(self, X_nd) -> float:
         """Mean 0.5 ||x - xhat||^2 per row without noise: the autoencoder's clean reconstruction,
-        the RBM's mean-field one (``sigmoid(sigmoid(x W + b) W^T + c)``, no sampling)."""
-        if not self.is_rbm:
-            return baselines.ae_reconstruction_error(self.params, X_nd)
-        xp, total = self.backend.xp, 0.0
-        for s in range(0, X_nd.shape[0], 4096):
-            X_chunk = X_nd[s:s + 4096]
-            R_nd = sigmoid(baselines.encode(self.params, X_chunk) @ self.params["W_dh"].T + self.params["c_d"]) - X_chunk
-            total += 0.5 * float(xp.vdot(R_nd, R_nd))
-        return total / X_nd.shape[0]
+        the RBM's mean-field one (the baseline's own: :attr:`Baseline.valid_loss`)."""
+        return self.learner.valid_loss(self.params, X_nd)
 
     def fit(self, X_nd, on_epoch=None, on_batch=None) -> dict:
         """Train the epochs left on host or device rows ``X_nd``; host parameters (None when stopped)."""

@@ -265,6 +265,35 @@ def _checked_input(X_nd, config, what: str):
     return X_nd
 
 
+# -- one training step and the validation loss, as the trainer calls them -------------------------------
+
+def rbm_step(run, X_bd):
+    """``(loss, grads)`` of one CD-1 step; the uniforms drawn from the run's generator. ``run`` is a
+    :class:`~ksae_cupy.supervised.baseline_trainer.BaselineTrainer` (its params, config, rng, backend, dtype)."""
+    U_nh = run.backend.asarray(run.rng.random((X_bd.shape[0], run.config.hidden)), dtype=run.dtype)
+    return rbm_cd1(run.params, X_bd, U_nh, run.config.weight_decay)
+
+
+def rbm_valid_loss(params, X_nd, chunk: int = 4096) -> float:
+    """Mean 0.5 ||x - xhat||^2 per row of the mean-field reconstruction ``sigmoid(sigmoid(x W + b) W^T + c)``
+    (no sampling)."""
+    xp, total = array_module(X_nd), 0.0
+    for s in range(0, X_nd.shape[0], chunk):
+        X_chunk = X_nd[s:s + chunk]
+        R_nd = sigmoid(encode(params, X_chunk) @ params["W_dh"].T + params["c_d"]) - X_chunk
+        total += 0.5 * float(xp.vdot(R_nd, R_nd))
+    return total / X_nd.shape[0]
+
+
+def ae_step(run, X_bd):
+    """``(loss, grads)`` of one autoencoder step; its dropout masks (input first, then hidden) drawn from
+    the run's generator."""
+    cfg, n = run.config, X_bd.shape[0]
+    M_in = run.mask((n, X_bd.shape[1]), cfg.input_dropout)
+    M_hid = run.mask((n, cfg.hidden), cfg.hidden_dropout)
+    return ae_loss_and_grads(run.params, X_bd, M_in, M_hid, cfg.weight_decay)
+
+
 # -- the registry ---------------------------------------------------------------------------------
 
 def _any_input(X_nd):
@@ -282,7 +311,11 @@ class Baseline:
     the same" -- in fine-tuning; ``fine_tuned``: Table fn_mnist has a row fine-tuning a ``ksae-baseline`` run
     of it; ``check_input(X_nd)``: refuses data it cannot learn from, in one line (returns ``X_nd``);
     ``grid_lrs``, ``grid_weight_decays``: the points ``bin/baseline-grid`` tries (comma-separated, as its
-    run folders are named: ``lr0.01-wd2e-5``)."""
+    run folders are named: ``lr0.01-wd2e-5``); ``step(run, X_bd)``: ``(loss, grads)`` of one minibatch, its random
+    numbers drawn from the run's generator; ``valid_loss(params, X_nd)``: the clean reconstruction error the
+    metrics report; ``family``: how help texts name the baselines sharing its config class (its defaults);
+    ``upper_layers``: the options of a stacked layer above the first (``ksae-finetune --baseline`` with two
+    layers), where they are not the first layer's."""
 
     name: str
     what: str
@@ -293,6 +326,10 @@ class Baseline:
     check_input: object = _any_input
     grid_lrs: str = "0.003,0.01"
     grid_weight_decays: str = "0,1e-3"
+    step: object = ae_step
+    valid_loss: object = ae_reconstruction_error
+    family: str = "autoencoders"
+    upper_layers: dict = field(default_factory=dict)
 
     def matches(self, config) -> bool:
         """Whether ``config`` is one of this baseline's: its class, with exactly its dropout rates."""
@@ -301,16 +338,55 @@ class Baseline:
 
 
 DROPOUTS = ("input_dropout", "hidden_dropout")
-BASELINES = {baseline.name: baseline for baseline in (
+# An autoencoder above the first layer starts from sigma 0.1 and learns at lr 0.01 (a stated deviation from
+# the paper's sigma 0.01; the lr is also layer 1's default, chosen apart on layer 1): on 1000 sigmoid
+# features of ||h||^2 ~ 3 a layer drawn at sigma 0.01 has every unit at 0.5, and its tied decoder learns
+# only the mean (MNIST: validation loss 1.11-1.14 after 156 epochs, the mean's 1.097); an 8-epoch
+# validation grid chose these (docs/baselines.md, "The deep dropout AE again").
+UPPER_AUTOENCODER = {"lr": 0.01, "sigma": 0.1}
+BASELINES: dict[str, Baseline] = {}
+
+
+def register(baseline: Baseline) -> Baseline:
+    """Add ``baseline`` to :data:`BASELINES` (a name already there is refused in one line)."""
+    if baseline.name in BASELINES:
+        raise KsaeError(f"baseline {baseline.name!r} is already registered; choose another name")
+    BASELINES[baseline.name] = baseline
+    return baseline
+
+
+for _baseline in (
     Baseline("rbm", "CD-1", "RBM", RBMConfig, fine_tuned=True, check_input=check_rbm_input, grid_lrs="0.01,0.05",
-             grid_weight_decays="2e-5,2e-4"),
+             grid_weight_decays="2e-5,2e-4", step=rbm_step, valid_loss=rbm_valid_loss, family="rbm"),
     Baseline("dropout-ae", "50% hidden dropout", "dropout autoencoder (50% hidden)", AutoencoderConfig,
-             {"hidden_dropout": 0.5}, fine_tuned=True),
+             {"hidden_dropout": 0.5}, fine_tuned=True, upper_layers=UPPER_AUTOENCODER),
     Baseline("denoising-ae", "20% input dropout", "denoising autoencoder (20% input dropout)", AutoencoderConfig,
-             {"input_dropout": 0.2}, fine_tuned=True),
+             {"input_dropout": 0.2}, fine_tuned=True, upper_layers=UPPER_AUTOENCODER),
     Baseline("dropout-denoising-ae", "both", "dropout + denoising autoencoder (20% input, 50% hidden)",
-             AutoencoderConfig, {"input_dropout": 0.2, "hidden_dropout": 0.5}),
-)}
+             AutoencoderConfig, {"input_dropout": 0.2, "hidden_dropout": 0.5}, upper_layers=UPPER_AUTOENCODER),
+):
+    register(_baseline)
+
+
+def learner_of(config) -> Baseline:
+    """The registered baseline that trains ``config``: one with its config class (every baseline of a class
+    shares its step; the dropout rates are the config's own)."""
+    for baseline in BASELINES.values():
+        if type(config) is baseline.config:
+            return baseline
+    raise KsaeError(f"no registered baseline trains a {type(config).__name__}; use one of "
+                    f"{', '.join(sorted({b.config.__name__ for b in BASELINES.values()}))}")
+
+
+def per_family_default(option: str) -> str:
+    """``[default: V]``, or ``[default: V1 (family), V2 (family)]`` where the config classes differ: the help's
+    default of ``option``, read from the registered baselines' config classes (so it cannot drift from them)."""
+    values = {}
+    for baseline in BASELINES.values():
+        values.setdefault(baseline.family, getattr(baseline.config, option))
+    if len(set(values.values())) == 1:
+        return f"[default: {next(iter(values.values())):g}]"
+    return "[default: " + ", ".join(f"{value:g} ({family})" for family, value in values.items()) + "]"
 REGULARISATION = {name: baseline.regularisation for name, baseline in BASELINES.items()}  # each one's dropout
 
 # The paper's figures for these baselines on MNIST (1000 hidden units), from ksae_cupy.paper.

@@ -3,7 +3,7 @@ for what a declaration holds and what each resume policy means). The options eve
 shares are :data:`~ksae_cupy.training.fields.SHARED`'s; the paper's numbers are read from the configs."""
 from __future__ import annotations
 
-from ksae_cupy.supervised.baselines import BASELINES as REGISTRY, AutoencoderConfig, RBMConfig
+from ksae_cupy.supervised.baselines import BASELINES as REGISTRY, per_family_default
 from ksae_cupy import paper
 from ksae_cupy.datasets.registry import names as dataset_names
 from ksae_cupy.supervised.finetune_config import TRAIN_ON, FinetuneConfig
@@ -15,23 +15,16 @@ FINETUNE_PAPER = FinetuneConfig()  # the paper's supervised settings (section 4.
 LABELLED = dataset_names(labelled=True)  # the datasets ksae-finetune can train on
 
 
-def _per_model(rbm, autoencoders) -> str:
-    """A default that is the config classes' (read there, so that the help cannot drift from them)."""
-    if rbm == autoencoders:
-        return f"[default: {rbm:g}]"
-    return f"[default: {rbm:g} (rbm), {autoencoders:g} (autoencoders)]"
-
-
 BASELINE = [
     Option("model", f"The baseline: {', '.join(f'{b.name} ({b.what})' for b in REGISTRY.values())}.", None, MODELS),
     Option("hidden", f"Hidden units (paper: {PAPER.hidden} on MNIST).", PAPER.hidden, int),
     Option("epochs", f"Epochs (the paper's unsupervised length: {PAPER.epochs}).", PAPER.epochs, int, APPLIED),
     Option("batch_size", "Minibatch size.", PAPER.batch_size, int),
     Option("lr", f"Learning rate (chosen on MNIST validation: docs/baselines-grid.md). "
-           f"{_per_model(RBMConfig.lr, AutoencoderConfig.lr)}", None, float),
+           f"{per_family_default('lr')}", None, float),
     Option("momentum", f"Momentum (paper: {PAPER.momentum}).", PAPER.momentum, float),
     Option("weight_decay", "L2 weight decay on W. "
-           f"{_per_model(RBMConfig.weight_decay, AutoencoderConfig.weight_decay)}", None, float),
+           f"{per_family_default('weight_decay')}", None, float),
     Option("sigma", f"Std of the Gaussian initial weights (paper: {PAPER.sigma}).", PAPER.sigma, float),
     SHARED["seed"].but(help="Seed of the initial weights, the batch order and the noise."),
     SHARED["dtype"],

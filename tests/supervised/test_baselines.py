@@ -132,12 +132,12 @@ def test_stack_learns_each_layer_on_the_features_of_the_layer_below():
                                              ("dropout-denoising-ae", 0.2, 0.5)])
 def test_pretrain_baseline_uses_the_papers_dropout(kind, p_in, p_hid, monkeypatch):
     seen = []
-    real = baseline_fit.fit_autoencoder
-    monkeypatch.setattr(baseline_fit, "fit_autoencoder", lambda X, c, *a: seen.append(c) or real(X, c, *a))
+    real = baseline_fit.fit_baseline
+    monkeypatch.setattr(baseline_fit, "fit_baseline", lambda X, c, *a: seen.append(c) or real(X, c, *a))
     baseline_fit.pretrain_baseline(kind, low_rank_images(N=200), [6, 4], epochs=1, seed=3)
     assert [(c.hidden, c.input_dropout, c.hidden_dropout, c.seed) for c in seen] == [(6, p_in, p_hid, 3),
                                                                                     (4, p_in, p_hid, 4)]
-    # layer 1 the config's defaults, the layers above it their own start (baseline_fit.UPPER_AUTOENCODER)
+    # layer 1 the config's defaults, the layers above it their own start (baselines.UPPER_AUTOENCODER)
     assert [(c.lr, c.sigma) for c in seen] == [(0.01, 0.01), (0.01, 0.1)]
 
 
