@@ -15,6 +15,23 @@ from ksae_cupy.training.fields import PATH, Option
 CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True}
 
 
+class RegistryChoice(click.Choice):
+    """A choice among a registry's names (a dict: :data:`~ksae_cupy.optimizers.OPTIMIZERS`, ...) as they are
+    when the command runs, so that one registered after the command was built is a choice too."""
+
+    def __init__(self, registry: dict):
+        self.registry = registry
+        super().__init__(tuple(registry))
+
+    @property
+    def choices(self) -> tuple:
+        return tuple(self.registry)
+
+    @choices.setter
+    def choices(self, _names) -> None:  # click.Choice sets a copy; the registry stays the source
+        pass
+
+
 def click_option(option: Option):
     """The click decorator of one declared option."""
     kind = option.type
@@ -22,6 +39,8 @@ def click_option(option: Option):
         return click.option(option.spelled, option.name, is_flag=True, help=option.help)
     if kind == PATH:
         kind = GivenPath(path_type=Path)
+    elif isinstance(kind, dict):
+        kind = RegistryChoice(kind)
     elif isinstance(kind, tuple):
         kind = click.Choice(kind)
     return click.option(option.spelled, option.name, type=kind, default=option.default, help=option.help)

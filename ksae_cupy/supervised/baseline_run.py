@@ -12,7 +12,8 @@ import numpy as np
 
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.supervised import baseline_trainer as bt
-from ksae_cupy.supervised.commands import BASELINE, MODELS
+from ksae_cupy.supervised.baselines import BASELINES
+from ksae_cupy.supervised.commands import BASELINE
 from ksae_cupy.training import resuming
 from ksae_cupy.training.fields import REFUSED, named
 
@@ -29,7 +30,7 @@ def default_run_dir(dataset: str, model: str, hidden: int, root: Path = Path("ru
 def new_config(values: dict):
     """The learner's configuration from the options, validated (the one check of the options alone)."""
     if values["model"] is None:
-        raise KsaeError(f"missing --model; use one of {', '.join(MODELS)}")
+        raise KsaeError(f"missing --model; use one of {', '.join(BASELINES)}")
     config = bt.config_for(values["model"], **{name: values[name] for name in (
         "hidden", "epochs", "batch_size", "lr", "momentum", "weight_decay", "sigma", "seed", "dtype")})
     config.check()

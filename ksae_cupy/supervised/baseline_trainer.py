@@ -28,9 +28,8 @@ import numpy as np
 
 from ksae_cupy.backend import Backend, to_host
 from ksae_cupy.cpu import numba_kernels as cpu_kernels
-from ksae_cupy.cpu import momentum as cpu_momentum
 from ksae_cupy.errors import OptionError, TrainingDiverged, literal
-from ksae_cupy.optim import MomentumSGD
+from ksae_cupy.optimizers import OPTIMIZERS, PAPER as MOMENTUM
 from ksae_cupy.supervised import baselines
 from ksae_cupy.supervised.units import dropout_mask
 from ksae_cupy.training import epochs
@@ -102,9 +101,10 @@ class BaselineTrainer:
             self.batch_in_epoch, self.epoch_perm = checkpoint.batch_in_epoch, checkpoint.epoch_perm
         with backend.use():
             self.params = {name: backend.asarray(value, dtype=self.dtype) for name, value in host_params.items()}
-            self.optimizer = MomentumSGD(self.params, config.momentum, backend.xp)
+            momentum = OPTIMIZERS[MOMENTUM]  # the baselines' optimizer: momentum SGD
+            self.optimizer = momentum.make(self.params, config, backend.xp)
             # On the CPU kernels the same update in one pass per array (ksae_cupy.cpu.momentum), chosen once.
-            self._update = cpu_momentum.fused_step if backend.xp is np and cpu_kernels.enabled() else MomentumSGD.step
+            self._update = momentum.cpu_step if backend.xp is np and cpu_kernels.enabled() else momentum.step
             for name, value in (velocities or {}).items():
                 self.optimizer.velocities[name][...] = backend.asarray(value)
         self.stop_requested = False  # set (e.g. by a SIGTERM handler) to stop after the current step

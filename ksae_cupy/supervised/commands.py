@@ -9,14 +9,12 @@ from ksae_cupy.datasets.registry import names as dataset_names
 from ksae_cupy.supervised.finetune_config import TRAIN_ON, FinetuneConfig
 from ksae_cupy.training.fields import APPLIED, KEPT, PAPER, SHARED, THREADS_DEFAULT, Option, shared
 
-MODELS = tuple(REGISTRY)  # baselines.BASELINES's names
-BASELINES = MODELS  # what ksae-finetune --baseline pretrains
 FINETUNE_PAPER = FinetuneConfig()  # the paper's supervised settings (section 4.3.2)
 LABELLED = dataset_names(labelled=True)  # the datasets ksae-finetune can train on
 
 
 BASELINE = [
-    Option("model", f"The baseline: {', '.join(f'{b.name} ({b.what})' for b in REGISTRY.values())}.", None, MODELS),
+    Option("model", f"The baseline: {', '.join(f'{b.name} ({b.what})' for b in REGISTRY.values())}.", None, REGISTRY),
     Option("hidden", f"Hidden units (paper: {PAPER.hidden} on MNIST).", PAPER.hidden, int),
     Option("epochs", f"Epochs (the paper's unsupervised length: {PAPER.epochs}).", PAPER.epochs, int, APPLIED),
     Option("batch_size", "Minibatch size.", PAPER.batch_size, int),
@@ -76,7 +74,7 @@ FINETUNE = [
            "its pretraining) or relu (a plain network, every unit max(z, 0)).", "ksparse", ("ksparse", "relu")),
     Option("baseline", "Pretrain this baseline here and fine-tune its sigmoid layers with its dropout (section 4.5). "
            "Each layer is a ksae-baseline run folder inside the run's (RUN/pretrain-layer1, ...), with "
-           "checkpoints: a stopped run goes on with --resume RUN.", None, BASELINES),
+           "checkpoints: a stopped run goes on with --resume RUN.", None, REGISTRY),
     Option("pretrain_epochs", f"With --baseline: epochs per layer (paper: {PAPER.epochs}).", PAPER.epochs, int),
     Option("hidden", "With --no-pretraining or --baseline: hidden units per layer, e.g. 1000 or 1000,1000.",
            str(PAPER.hidden)),

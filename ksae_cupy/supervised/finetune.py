@@ -59,10 +59,9 @@ import numpy as np
 
 from ksae_cupy.backend import Backend, array_module, to_host
 from ksae_cupy.cpu import numba_kernels as cpu_kernels
-from ksae_cupy.cpu import momentum as cpu_momentum
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.training import epochs
-from ksae_cupy.optim import MomentumSGD
+from ksae_cupy.optimizers import OPTIMIZERS, PAPER as MOMENTUM
 from ksae_cupy.schedules import linear_decay
 from ksae_cupy.topk import scatter_rows, topk
 from ksae_cupy.supervised.units import dropout_mask, sigmoid
@@ -279,9 +278,10 @@ class FinetuneTrainer:
         if self.step_kind == "sparse":  # W1_dh.T then holds one contiguous row per unit (sparse_layout)
             self.params["W1_dh"] = sparse_layout(self.params["W1_dh"])
         self.phase_index, self.epoch, self.step, self.batch_in_epoch, self.epoch_perm = 0, 0, 0, 0, None
-        self.optimizer = MomentumSGD(self.params, config.momentum, backend.xp)
+        momentum = OPTIMIZERS[MOMENTUM]  # the paper's fine-tuning optimizer (section 4.3.2), its momentum ramped per epoch
+        self.optimizer = momentum.make(self.params, config, backend.xp)
         # The update, chosen once: on the CPU kernels fused, the sparse step's weight gradients applied in parts.
-        self._update = cpu_momentum.parts_step if backend.xp is np and cpu_kernels.enabled() else MomentumSGD.step
+        self._update = momentum.cpu_parts_step if backend.xp is np and cpu_kernels.enabled() else momentum.step
         self.stop_requested = False
         self.tally = epochs.EpochTally()  # the running epoch's loss sum (ksae_cupy.training.epochs)
 

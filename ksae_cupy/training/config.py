@@ -6,7 +6,8 @@ estimator's constructor defaults and the commands' option defaults and help text
 
 :data:`RULES` says what each field allows, once: its type, its bounds, its choice set (the source
 constant: :data:`~ksae_cupy.topk.TOPK_METHODS`, :data:`~ksae_cupy.model.ACTIVATIONS`,
-:data:`~ksae_cupy.training.options.DTYPES`, :data:`~ksae_cupy.sparse_step.STEPS`) and the shared check
+:data:`~ksae_cupy.training.options.DTYPES`, :data:`~ksae_cupy.sparse_step.STEPS`, the registry
+:data:`~ksae_cupy.optimizers.OPTIMIZERS`) and the shared check
 that words its message. :meth:`TrainConfig.validate` runs those checks; the estimator's
 ``_parameter_constraints`` are made from the same rules (:func:`~ksae_cupy.training.sklearn_compat.constraints`).
 """
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ksae_cupy import model, paper
+from ksae_cupy import model, optimizers, paper
 from ksae_cupy.errors import KsaeError, OptionError, literal, note, python_name
 from ksae_cupy.sparse_step import STEPS, choose_step
 from ksae_cupy.topk import TOPK_METHODS
@@ -63,6 +64,8 @@ RULES = {
     "aux_coef": Rule(float, 0, closed="neither", check=check_positive_finite, args=("weight of the auxiliary loss",)),
     "dead_window": Rule(int, 1, check=check_positive_count, args=("examples",)),
     "center_input": Rule(bool),
+    # the registry itself, so that an optimizer registered at run time is allowed (a command's choices read it too)
+    "optimizer": Rule(str, choices=optimizers.OPTIMIZERS, check=check_choice, args=(optimizers.OPTIMIZERS,)),
 }
 
 
@@ -118,6 +121,8 @@ class TrainConfig(DictConfig, ValidatedOnce):
     aux_coef: float = 1 / 32
     dead_window: int = 10000
     center_input: bool = False
+    # The update (ksae_cupy.optimizers): the paper's momentum SGD; a checkpoint without it loads as that.
+    optimizer: str = optimizers.PAPER
 
     def validate(self, n_train: int | None = None, name=python_name) -> None:
         """Raise :class:`~ksae_cupy.errors.OptionError` naming the first bad field and what is allowed.
@@ -161,6 +166,7 @@ class TrainConfig(DictConfig, ValidatedOnce):
         ruled("topk")
         ruled("activation")
         ruled("dtype")
+        ruled("optimizer")
         # (lr is checked against the data: learning_rate.check_rate_moves_weights)
         checked("sigma", lambda field, value: check_in_dtype(self.dtype, **{field: ("sigma", value)}), self.sigma)
         checked("momentum", lambda field, value: check_in_dtype(self.dtype, **{field: ("momentum", value)}),

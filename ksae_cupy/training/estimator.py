@@ -69,6 +69,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     ``aux_k > 0`` adds the auxiliary loss of Gao et al. (2024) on the units kept in none of the last
     ``dead_window`` examples, weighted by ``aux_coef``; ``center_input=True`` subtracts the training
     mean from every input (kept in ``preprocess_["input_mean"]``, subtracted by ``transform`` and ``score``).
+    ``optimizer`` names the update (:data:`ksae_cupy.optimizers.OPTIMIZERS`; the paper's momentum SGD).
 
     Fitted attributes: ``components_`` (the dictionary ``W_dh`` transposed, H x D, as in
     scikit-learn's decomposition estimators), ``n_features_in_``, ``trainer_`` (the
@@ -96,7 +97,8 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
                  batch_size=PAPER.batch_size, lr="auto", momentum=PAPER.momentum, sigma=PAPER.sigma, topk=PAPER.topk,
                  seed=PAPER.seed, dtype=PAPER.dtype, device="auto", activation=PAPER.activation, step=PAPER.step,
                  alpha=1.0, warm_start=False, input_scale=None, verbose=0, n_threads=None, aux_k=PAPER.aux_k,
-                 aux_coef=PAPER.aux_coef, dead_window=PAPER.dead_window, center_input=PAPER.center_input):
+                 aux_coef=PAPER.aux_coef, dead_window=PAPER.dead_window, center_input=PAPER.center_input,
+                 optimizer=PAPER.optimizer):
         self.n_hidden, self.k, self.k_start, self.epochs = n_hidden, k, k_start, epochs
         self.batch_size, self.lr, self.momentum, self.sigma = batch_size, lr, momentum, sigma
         self.topk, self.seed, self.dtype, self.device = topk, seed, dtype, device
@@ -105,6 +107,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         self.verbose, self.n_threads = verbose, n_threads
         # Beyond the paper (issue 35): the AuxK loss on dead units, and centred inputs (TrainConfig says how).
         self.aux_k, self.aux_coef, self.dead_window, self.center_input = aux_k, aux_coef, dead_window, center_input
+        self.optimizer = optimizer  # the update (ksae_cupy.optimizers): the paper's momentum SGD
 
     # -- configuration -------------------------------------------------------------------
     def config(self, X_nd=None) -> TrainConfig:

@@ -27,6 +27,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ksae_cupy.datasets.registry import names as dataset_names, spelled
+from ksae_cupy import optimizers
 from ksae_cupy.model import ACTIVATIONS
 from ksae_cupy.sparse_step import STEPS
 from ksae_cupy.topk import TOPK_METHODS
@@ -41,8 +42,8 @@ PATH = "path"  # the type of an option that names a file or folder
 @dataclass(frozen=True)
 class Option:
     """One command-line option: ``name`` is its Python name (the configuration field it sets,
-    where there is one), ``type`` is int, float, str, bool (a flag), :data:`PATH` or a tuple of
-    choices; ``flag`` is how the command line spells it (default: ``--`` + name with dashes)."""
+    where there is one), ``type`` is int, float, str, bool (a flag), :data:`PATH`, a tuple of
+    choices or a registry (a dict: its names are the choices, read when the command runs); ``flag`` is how the command line spells it (default: ``--`` + name with dashes)."""
 
     name: str
     help: str
@@ -131,6 +132,7 @@ TRAIN = [
            PAPER.dead_window, int),
     Option("center_input", "Beyond the paper: subtract the training mean from every input (kept with the model).",
            PAPER.center_input, bool),
+    Option("optimizer", f"The update: {optimizers.described()}.", PAPER.optimizer, optimizers.OPTIMIZERS),
     *shared("device", "run_dir", "checkpoint_every", "checkpoint_minutes", "overwrite", "resume", "data_dir", "threads",
             "progress_seconds", "quiet",
             run_dir="Folder for checkpoint.h5, config.json, metrics.jsonl. [default: runs/<dataset>-h<H>-k<k>-<time>]",

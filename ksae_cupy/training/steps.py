@@ -10,7 +10,7 @@ A :class:`Step` is three functions:
 
     loss_and_grads(params, X_nd, k, lanes, X_rows=None)  -> (loss, grads, cache)
     loss_and_grads_auxk(params, X_nd, k, dead_h, lanes)  -> (loss, aux_loss, grads, cache)
-    update(optimizer, params, grads, lr)                 the momentum update, in place
+    update(optimizer, params, grads, lr)                 the optimizer's update, in place
 
 and :class:`Evaluation` the validation loss's sum of squared errors. ``lanes`` is read when an
 epoch starts (:meth:`Step.lanes`): the thread count may be set after the trainer is built (the
@@ -28,9 +28,8 @@ import numpy as np
 from ksae_cupy import model
 from ksae_cupy.auxk_step import loss_and_grads_sparse_auxk
 from ksae_cupy.cpu import numba_kernels as cpu_kernels
-from ksae_cupy.cpu import momentum as cpu_momentum
 from ksae_cupy.cpu import sparse_encoder
-from ksae_cupy.optim import MomentumSGD
+from ksae_cupy.optimizers import OptimizerEntry, lookup
 from ksae_cupy.sparse_step import choose_step, loss_and_grads_sparse
 
 
@@ -49,17 +48,19 @@ class Step:
         return cpu_kernels.threads() if self.in_lanes else 1
 
 
-def resolve_steps(config, xp, W_in_rows: bool, sparse: bool = True) -> dict:
+def resolve_steps(config, xp, W_in_rows: bool, sparse: bool = True, optimizer: OptimizerEntry | None = None) -> dict:
     """``{"dense": Step, "sparse": Step}`` for a trainer with ``config`` on the array module ``xp``.
 
     ``W_in_rows``: the trainer stores ``W_dh`` in Fortran order (one contiguous row per unit of
     ``W_dh.T``): on the CPU kernels the sparse step then hands ``W``'s gradient over in parts,
-    applied row by row. ``sparse`` False (the distributed trainers): the dense step only.
+    applied row by row, where the optimizer can. ``sparse`` False (the distributed trainers): the dense
+    step only. ``optimizer``: the entry of ``config.optimizer`` (looked up when not given).
     """
+    optimizer = optimizer or lookup(config.optimizer)
     kernels = xp is np and cpu_kernels.enabled()
     topk, activation, aux_k, aux_coef = config.topk, config.activation, config.aux_k, config.aux_coef
-    # One pass per array on the CPU kernels (bit for bit NumPy's update); the optimizer's own elsewhere.
-    fused = cpu_momentum.fused_step if kernels else MomentumSGD.step
+    # One pass per array on the CPU kernels (bit for bit NumPy's update), where the optimizer has them; its own elsewhere.
+    fused = optimizer.cpu_step if kernels and optimizer.cpu_step else optimizer.step
 
     def dense(params, X_nd, k, lanes, X_rows=None):
         return model.loss_and_grads(params, X_nd, k, topk, activation)
@@ -70,7 +71,7 @@ def resolve_steps(config, xp, W_in_rows: bool, sparse: bool = True) -> dict:
     steps = {"dense": Step("dense", False, dense, dense_auxk, fused)}
     if not sparse:
         return steps
-    in_parts = kernels and W_in_rows  # W's gradient in parts, applied row by row
+    in_parts = kernels and W_in_rows and optimizer.cpu_rows_step is not None  # W's gradient in parts, row by row
 
     def sparse_step(params, X_nd, k, lanes, X_rows=None):
         return loss_and_grads_sparse(params, X_nd, k, topk, activation, defer_weight_gradient=in_parts, lanes=lanes,
@@ -81,7 +82,7 @@ def resolve_steps(config, xp, W_in_rows: bool, sparse: bool = True) -> dict:
                                           defer_weight_gradient=in_parts, lanes=lanes)
 
     steps["sparse"] = Step("sparse", kernels, sparse_step, sparse_auxk,
-                           cpu_momentum.rows_step if in_parts else fused)
+                           optimizer.cpu_rows_step if in_parts else fused)
     return steps
 
 

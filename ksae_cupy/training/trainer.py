@@ -30,7 +30,7 @@ from ksae_cupy.training.checkpoint import Checkpoint
 from ksae_cupy.errors import KsaeError, OptionError, TrainingDiverged  # TrainingDiverged is re-exported here
 # TrainConfig lives in config.py; still imported from here by callers (training.trainer.TrainConfig).
 from ksae_cupy.training.config import TrainConfig  # noqa: F401 (re-export)
-from ksae_cupy.optim import MomentumSGD
+from ksae_cupy import optimizers
 from ksae_cupy.schedules import sparsity_at_epoch
 from ksae_cupy.sparse_step import choose_step, sparse_layout
 from ksae_cupy.training.steps import resolve_evaluation, resolve_steps, step_kind
@@ -97,19 +97,21 @@ class Trainer:
         self.dtype = np.dtype(config.dtype)
         xp = backend.xp
         # On a GPU, the paper's step is captured once as a CUDA graph and replayed per batch.
-        self._captures = backend.is_gpu and self.captures_gpu_step and graph_step_applies(config)
+        self._optimizer = optimizers.lookup(config.optimizer)  # its entry: how to build it, its updates
+        self._captures = backend.is_gpu and self.captures_gpu_step and graph_step_applies(config) \
+            and self._optimizer.captured
         if checkpoint is None:
             self.rng = np.random.default_rng(config.seed)
             host_params = model.init_params(D, config.hidden, config.sigma, self.rng, self.dtype)
             self.params = self._resident(host_params)
-            self.optimizer = MomentumSGD(self.params, config.momentum, xp)
+            self.optimizer = self._optimizer.make(self.params, config, xp)
             self.epoch, self.step, self.batch_in_epoch, self.epoch_perm = 0, 0, 0, None
             since_kept_h = np.zeros(config.hidden, dtype=np.int64)
         else:
             self.rng = np.random.default_rng()
             self.rng.bit_generator.state = checkpoint.rng_state
             self.params = self._resident(checkpoint.params)
-            self.optimizer = MomentumSGD(self.params, config.momentum, xp)
+            self.optimizer = self._optimizer.make(self.params, config, xp)
             for name, value in checkpoint.velocities.items():
                 self.optimizer.velocities[name][...] = backend.asarray(value)
             self.epoch, self.step = checkpoint.epoch, checkpoint.step
@@ -131,7 +133,7 @@ class Trainer:
         # The functions each batch calls, chosen once here (ksae_cupy.training.steps); an epoch picks
         # the step of its k, and reads the lanes it runs in when it starts.
         self._steps = resolve_steps(config, xp, W_in_rows=bool(self.params["W_dh"].flags.f_contiguous),
-                                    sparse=self.takes_sparse_step)
+                                    sparse=self.takes_sparse_step, optimizer=self._optimizer)
         self._evaluation = resolve_evaluation(config, xp)
         # The inputs' CSR form, built once per set, where they are sparse enough for the encoder to run
         # from their non-zeros (ksae_cupy.cpu.sparse_encoder); else BLAS's X W. _batch_rows: the batch's rows in it.
@@ -442,7 +444,7 @@ class Trainer:
         batch ``X_nd``, taken on scratch copies: the run's parameters and velocities are untouched.
         The progress estimate calls it to learn how a step's cost changes with k."""
         params = {name: value.copy(order="K") for name, value in self.params.items()}
-        optimizer = MomentumSGD(params, self.config.momentum, self.backend.xp)
+        optimizer = self._optimizer.make(params, self.config, self.backend.xp)
         step, lanes = self._at(k)
         times = []
         with self._blas_for(lanes):
