@@ -16,6 +16,7 @@ import numpy as np
 from ksae_cupy.errors import OptionError, literal
 
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|gpu(:\d+)?)$")
+DEVICES = "auto, cpu, gpu or gpu:N"  # DEVICE_PATTERN in words: what --device and device= allow
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ def resolve_device(spec: str = "auto") -> Backend:
     """
     spec = spec.strip().lower()
     if not DEVICE_PATTERN.match(spec):
-        raise OptionError("device", f"{{name}} {literal(repr(spec))} is not allowed; use auto, cpu, gpu or gpu:N")
+        raise OptionError("device", f"{{name}} {literal(repr(spec))} is not allowed; use {DEVICES}")
     if spec == "cpu":
         return CPU
     index = int(spec.split(":")[1]) if ":" in spec else 0

@@ -261,9 +261,10 @@ def launch_job(mpiexec: str, ranks: int, threads: int, spec: dict, timeout: floa
 def formula_table(N: int, H: int, ks, ranks) -> list[dict]:
     """Bytes per step of both top-k methods versus rank count, from the formulas (rank 0)."""
     from ksae_cupy.parallel.commvolume import topk_volume
+    from ksae_cupy.parallel.sharded_topk import DIST_TOPK_METHODS
 
     return [dict(method=method, k=k, ranks=R, N=N, H=H, **topk_volume(method, N, H, k, R).to_dict())
-            for k in ks for R in ranks if R <= H for method in ("threshold", "gather")]
+            for k in ks for R in ranks if R <= H for method in DIST_TOPK_METHODS]
 
 
 def bench_dist(*, ranks, threads=1, baseline_threads=0, D=784, H=paper.HIDDEN, N=paper.BATCH_SIZE, k=paper.K,

@@ -595,7 +595,7 @@ def bench_train_step(backend, D=784, H=paper.HIDDEN, k=paper.K, batch_size=paper
     (:func:`time_epoch`), with each encoder, interleaved ``epoch_repeats`` times."""
     if encoder not in ENCODER_CHOICES:
         raise KsaeError(f"--encoder {encoder!r} is not allowed; use one of {', '.join(ENCODER_CHOICES)}")
-    encoders = ("dense", "sparse") if encoder == "both" else (encoder,)
+    encoders = tuple(e for e in sparse_encoder.ENCODERS if e != "auto") if encoder == "both" else (encoder,)
     limit, limited = _thread_limit(threads)
     comparison = {}
     with backend.use(), limit:

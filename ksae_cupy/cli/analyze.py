@@ -8,6 +8,7 @@ import click
 from ksae_cupy.cli.version import version_option
 from ksae_cupy.cli.common import (CONTEXT, DATA_DIR, DEVICE, QUIET, RUN_DIR, check_run_outputs, run_data_options,
                                    data_overrides, dataset_split, progress_printer, report_errors, write_json)
+from ksae_cupy.cli.run_options import SPLITS
 from ksae_cupy.errors import KsaeError
 
 
@@ -39,7 +40,7 @@ def analyze_coherence(run_dir):
 @analyze_command.command("iti", context_settings=CONTEXT)
 @click.argument("run_dir", type=RUN_DIR)
 @click.option("--n-samples", type=int, default=1000, help="Rows of the split to analyse.")
-@click.option("--split", type=click.Choice(["test", "valid", "train"]), default="test", help="Split whose rows are analysed.")
+@click.option("--split", type=click.Choice(SPLITS), default="test", help="Split whose rows are analysed.")
 @click.option("--k", "k", type=int, default=None, help="Sparsity of ITI and of the encoder. [default: the run's k]")
 @click.option("--max-iter", type=int, default=100, help="ITI iterations at most.")
 @run_data_options

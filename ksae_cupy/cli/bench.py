@@ -13,6 +13,7 @@ from ksae_cupy import paper
 from ksae_cupy.cli.version import version_option
 from ksae_cupy.cli.common import positive_ints, report_errors
 from ksae_cupy.errors import KsaeError
+from ksae_cupy.bench.train_cpu import ENCODER_CHOICES
 from ksae_cupy.topk import TOPK_METHODS
 
 
@@ -40,7 +41,7 @@ def bench_command():
 @click.option("--no-torch", is_flag=True, help="Leave the PyTorch step out even when torch imports.")
 @click.option("--epoch-k", default="",
               help="Comma-separated k values at which to time a whole 50,000-image epoch and its parts, e.g. 100,25 (CPU).")
-@click.option("--encoder", type=click.Choice(["both", "dense", "sparse", "auto"]), default="both", show_default=True,
+@click.option("--encoder", type=click.Choice(ENCODER_CHOICES), default="both", show_default=True,
               help="X W of the sparse step (CPU kernels), timed on MNIST batches: BLAS's (dense), from the non-zero "
                    "inputs (sparse), chosen by density (auto), or dense and sparse side by side (both).")
 @click.option("--epoch-repeats", type=int, default=3, show_default=True,

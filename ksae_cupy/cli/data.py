@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from ksae_cupy.cli.common import GivenPath, report_errors
+from ksae_cupy.training.export import FORMATS
 from ksae_cupy.cli.version import version_option
 from ksae_cupy.errors import KsaeError
 
@@ -127,7 +128,7 @@ def data_restore_checkpoint(paths, everything):
 
 @data_command.command("export")
 @click.argument("run_dir", type=GivenPath(path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["safetensors", "npz", "torch"]), default=None,
+@click.option("--format", "fmt", type=click.Choice(tuple(FORMATS)), default=None,
               help="safetensors and npz need nothing; torch (a PyTorch state dict, .pt) needs PyTorch. "
                    "[default: from --out's suffix]")
 @click.option("--out", type=GivenPath(path_type=Path), required=True,

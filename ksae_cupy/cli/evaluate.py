@@ -14,6 +14,7 @@ import click
 from ksae_cupy.cli.version import version_option
 from ksae_cupy.cli.common import (signals_interrupt, CONTEXT, DATA_DIR, DEVICE, EXIT_INTERRUPTED, QUIET, RUN_DIR, check_run_outputs,
                                    data_overrides, progress_printer, report_errors, run_data_options)
+from ksae_cupy.evaluation.features import REFIT_CHOICES
 from ksae_cupy.errors import KsaeError
 
 
@@ -27,7 +28,7 @@ from ksae_cupy.errors import KsaeError
 @click.option("--l2-extend", type=int, default=3, show_default=True,
               help="Decades the walk may go beyond the grid's weakest (or strongest) L2 while its best lies there "
                    "(0: within the grid).")
-@click.option("--refit", type=click.Choice(["train+valid", "train"]), default="train+valid",
+@click.option("--refit", type=click.Choice(REFIT_CHOICES), default="train+valid",
               help="Data the classifier is refit on once alpha and L2 are chosen on the validation set.")
 @click.option("--raw-baseline", is_flag=True, help="Also run the raw-pixel baseline through the same classifier.")
 @click.option("--max-iter", type=int, default=500, show_default=True,

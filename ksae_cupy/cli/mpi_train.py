@@ -20,6 +20,8 @@ from ksae_cupy.cli.common import GivenPath, flag_of, refuse_empty
 from ksae_cupy.cli.options import declared
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.parallel.agree import abort_on_error, agree
+from ksae_cupy.parallel.comm import COMMS
+from ksae_cupy.parallel.sharded_topk import DIST_TOPK_METHODS
 from ksae_cupy.parallel.data_parallel import RunSettings, run_distributed
 from ksae_cupy.parallel.resume import resumed
 from ksae_cupy.training import train_run
@@ -40,10 +42,10 @@ def main():
 @click.option("--lr", type=float, default=PAPER.lr, help=f"Learning rate eta (paper: {PAPER.lr}).")
 @declared([OPTIONS[name] for name in ("momentum", "sigma", "topk", "seed", "dtype")])
 @click.option("--device", default="cpu", help="cpu, or gpu (GPU rank % GPUs per node) or gpu:N.")
-@click.option("--comm", "comm_kind", type=click.Choice(["mpi", "nccl"]), default="mpi",
+@click.option("--comm", "comm_kind", type=click.Choice(COMMS), default="mpi",
               help="Gradient all-reduce: MPI on host buffers, or NCCL on GPU buffers.")
 @click.option("--shard-hidden", is_flag=True, help="Split the hidden units (W's columns) over the ranks.")
-@click.option("--topk-dist", type=click.Choice(["threshold", "gather"]), default="threshold",
+@click.option("--topk-dist", type=click.Choice(DIST_TOPK_METHODS), default="threshold",
               help="With --shard-hidden: global top-k by all-reduced radix counts, or local top-k + all-gather.")
 @click.option("--run-dir", type=GivenPath(), default=None, help=OPTIONS["run_dir"].help)
 @click.option("--checkpoint-every", type=int, default=10, help=OPTIONS["checkpoint_every"].help)

@@ -9,6 +9,8 @@ import click
 from ksae_cupy.cli.version import version_option
 from ksae_cupy.cli.common import (GivenPath, CONTEXT, DATA_DIR, QUIET, RUN_DIR,
                                    dataset_split, progress_printer, report_errors)
+from ksae_cupy.cli.run_options import SPLITS
+from ksae_cupy.evaluation.plots import LAYOUTS
 from ksae_cupy.errors import KsaeError
 
 
@@ -32,7 +34,7 @@ def plot_command():
               help="Filter image shape HxW. [default: the run's dataset's, else square, sqrt(D / channels)]")
 @click.option("--channels", type=click.Choice(["1", "3"]), default=None,
               help="1: grey; 3: colour patches. [default: the run's dataset's, else 1]")
-@click.option("--layout", type=click.Choice(["hwc", "chw"]), default="hwc", help="Order of a colour filter's values.")
+@click.option("--layout", type=click.Choice(LAYOUTS), default="hwc", help="Order of a colour filter's values.")
 @click.option("--scale", type=int, default=2, help="Pixels per filter pixel.")
 @DATA_DIR
 @QUIET
@@ -85,7 +87,7 @@ def _live_filters(run, data_dir, say):
 @click.option("-o", "--output", type=GivenPath(path_type=Path), default=None,
               help="Image file; its suffix picks the format. [default: the first RUN_DIR's activity-histogram.png]")
 @click.option("--n-samples", type=int, default=1000, help="Rows of the split to encode per run.")
-@click.option("--split", type=click.Choice(["test", "valid", "train"]), default="test", help="Split whose rows are encoded.")
+@click.option("--split", type=click.Choice(SPLITS), default="test", help="Split whose rows are encoded.")
 @click.option("--alpha", type=float, default=1.0, help="Encode with the alpha*k largest units.")
 @click.option("--bins", type=int, default=100, help="Histogram bins.")
 @DATA_DIR

@@ -6,6 +6,7 @@ from pathlib import Path
 import click
 
 from ksae_cupy.atomic import write_json_atomic
+from ksae_cupy.backend import DEVICES
 from ksae_cupy.cli.given_path import GivenPath
 from ksae_cupy.errors import KsaeError
 
@@ -19,7 +20,7 @@ def progress_printer(quiet: bool):
 
 PATH = GivenPath(path_type=Path)
 RUN_DIR = PATH  # existence is checked by open_run, with a one-line error
-DEVICE = click.option("--device", default="auto", help="auto (a GPU when one answers, else the CPU), cpu, gpu or gpu:N.")
+DEVICE = click.option("--device", default="auto", help=f"{DEVICES} (auto: a GPU when one answers, else the CPU).")
 DATA_DIR = click.option("--data-dir", type=PATH, default=None,
                         help="Data root. [default: $KSAE_DATA_DIR or ./data]")
 QUIET = click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
@@ -37,6 +38,9 @@ def check_run_outputs(run_dir: Path, *names: str) -> None:
 
 def write_json(path: Path, payload: dict) -> None:
     write_json_atomic(path, payload)
+
+
+SPLITS = ("test", "valid", "train")  # --split's choices: the splits dataset_split reads
 
 
 def dataset_split(dataset, split: str):

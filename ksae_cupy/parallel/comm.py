@@ -105,6 +105,9 @@ class NCCLAllreducer:
         return flat
 
 
+COMMS = ("mpi", "nccl")  # the allreducers make_allreducer builds: ksae-train-mpi --comm
+
+
 def make_allreducer(comm, kind: str):
     """``mpi`` or ``nccl`` (the latter needs CuPy and a GPU per rank): the run setting ``comm``."""
     from ksae_cupy.errors import OptionError, literal
@@ -113,7 +116,7 @@ def make_allreducer(comm, kind: str):
         return MPIAllreducer(comm)
     if kind == "nccl":
         return NCCLAllreducer(comm)
-    raise OptionError("comm", f"{{name}} {literal(repr(kind))} is not allowed; use mpi or nccl")
+    raise OptionError("comm", f"{{name}} {literal(repr(kind))} is not allowed; use {' or '.join(COMMS)}")
 
 
 def shard_bounds(n: int, size: int, rank: int) -> tuple[int, int]:

@@ -68,8 +68,10 @@ def block_sizes_r(H: int, R: int) -> list[int]:
 
 def topk_volume(method: str, N: int, H: int, k: int, R: int, rank: int = 0, dtype: str = "float32") -> Volume:
     """What ``sharded_topk`` passes to MPI on ``rank`` for one (N, H) batch over R ranks."""
-    if method not in ("threshold", "gather"):
-        raise KsaeError(f"method {method!r} is not allowed; use threshold or gather")
+    from ksae_cupy.parallel.sharded_topk import DIST_TOPK_METHODS
+
+    if method not in DIST_TOPK_METHODS:
+        raise KsaeError(f"method {method!r} is not allowed; use {' or '.join(DIST_TOPK_METHODS)}")
     if dtype not in KEY_BYTES:
         raise KsaeError(f"dtype {dtype!r} is not allowed; use one of {', '.join(KEY_BYTES)}")
     if not (1 <= R <= H and 0 <= rank < R and 1 <= k <= H and N >= 1):

@@ -64,13 +64,16 @@ import shlex
 import sys
 from pathlib import Path
 
+from ksae_cupy import paper
 from ksae_cupy.atomic import write_text_atomic as atomic_write
+from ksae_cupy.backend import DEVICES
 from ksae_cupy.reports import folders
 from ksae_cupy.reports.children import Children, Stopped, exit_meaning
 from ksae_cupy.reports.finetune_table import (BASELINE_OF_ROW, DIVERGED, KSPARSE_OF_ROW, ROWS, Diverged, Failed,
                                               Plan, checkpoint_epochs, write_tables)
 from ksae_cupy.reports.folders import read_json
 from ksae_cupy.reports.script import refuse_no_arguments
+from ksae_cupy.sparse_step import STEPS
 
 REPO = Path(__file__).resolve().parents[2]  # the clone: the children import this package from it
 
@@ -112,18 +115,20 @@ def parse_args(argv):
     ap.add_argument("--rows", default=",".join(keys), help="comma-separated rows, from: " + ", ".join(keys))
     ap.add_argument("--dataset", default="mnist")
     ap.add_argument("--hidden", type=int, default=1000)
-    ap.add_argument("--k", type=int, default=25)
-    ap.add_argument("--alpha", type=float, default=3.0, help="alpha*k units kept in fine-tuning and in layer 1's "
-                    "codes for layer 2")
-    ap.add_argument("--pretrain-epochs", type=int, default=5000, help="per pretrained model (paper: 5000)")
-    ap.add_argument("--epochs", type=int, default=200, help="per fine-tuning phase (paper: 200)")
-    ap.add_argument("--lr-start", type=float, default=1.0)
-    ap.add_argument("--lr-end", type=float, default=0.001)
-    ap.add_argument("--momentum", type=float, default=0.25)
+    ap.add_argument("--k", type=int, default=paper.K)
+    ap.add_argument("--alpha", type=float, default=paper.ALPHA, help="alpha*k units kept in fine-tuning and in "
+                    "layer 1's codes for layer 2")
+    ap.add_argument("--pretrain-epochs", type=int, default=paper.EPOCHS,
+                    help=f"per pretrained model (paper: {paper.EPOCHS})")
+    ap.add_argument("--epochs", type=int, default=paper.FINETUNE_EPOCHS,
+                    help=f"per fine-tuning phase (paper: {paper.FINETUNE_EPOCHS})")
+    ap.add_argument("--lr-start", type=float, default=paper.FINETUNE_LR_START)
+    ap.add_argument("--lr-end", type=float, default=paper.FINETUNE_LR_END)
+    ap.add_argument("--momentum", type=float, default=paper.FINETUNE_MOMENTUM)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--step", choices=["auto", "dense", "sparse"], default=None,
+    ap.add_argument("--step", choices=STEPS, default=None,
                     help="ksae-finetune's training step [default: its own, auto]")
-    ap.add_argument("--device", default=None, help="auto, cpu, gpu or gpu:N, for every child [default: auto; a "
+    ap.add_argument("--device", default=None, help=f"{DEVICES}, for every child [default: auto; a "
                     "resumed step keeps its own]")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads of every child [default: theirs: one "
                     "per free core; a resumed step keeps its own]")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ksae_cupy.supervised.baselines import BASELINES as REGISTRY, per_family_default
 from ksae_cupy import paper
 from ksae_cupy.datasets.registry import names as dataset_names
-from ksae_cupy.supervised.finetune_config import TRAIN_ON, FinetuneConfig
+from ksae_cupy.supervised.finetune_config import TRAIN_ON, UNITS, FinetuneConfig
 from ksae_cupy.training.fields import APPLIED, KEPT, PAPER, SHARED, THREADS_DEFAULT, Option, shared
 
 FINETUNE_PAPER = FinetuneConfig()  # the paper's supervised settings (section 4.3.2)
@@ -71,7 +71,7 @@ FINETUNE = [
     Option("sigma", "Std of the Gaussian initial softmax (and random) weights.", FINETUNE_PAPER.sigma, float),
     Option("no_pretraining", "Random initial weights instead of pretrained runs.", False, bool),
     Option("units", "With --no-pretraining: the hidden units, ksparse (alpha*k kept: the k-sparse net without "
-           "its pretraining) or relu (a plain network, every unit max(z, 0)).", "ksparse", ("ksparse", "relu")),
+           "its pretraining) or relu (a plain network, every unit max(z, 0)).", "ksparse", UNITS),
     Option("baseline", "Pretrain this baseline here and fine-tune its sigmoid layers with its dropout (section 4.5). "
            "Each layer is a ksae-baseline run folder inside the run's (RUN/pretrain-layer1, ...), with "
            "checkpoints: a stopped run goes on with --resume RUN.", None, REGISTRY),

@@ -21,6 +21,7 @@ from ksae_cupy.training.options import (DictConfig, check_batch_size, check_dtyp
 
 PHASES = ("softmax", "top", "all")
 ACTIVATIONS = ("ksparse", "sigmoid", "relu")
+UNITS = ("ksparse", "relu")  # ksae-finetune --no-pretraining --units: a k-sparse net, or a plain ReLU one
 TRAIN_ON = ("train", "train+valid")  # the rows fine-tuned on: FinetuneConfig.train_on, ksae-finetune --train-on
 
 

@@ -29,7 +29,7 @@ from ksae_cupy.schedules import resolve_k_start
 from ksae_cupy.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from ksae_cupy.training.learning_rate import (auto_learning_rate, check_data_scale, check_data_varies,
                                               check_rate_moves_weights, round_significant, scale_of)
-from ksae_cupy.training.options import check_positive_finite, check_training_memory
+from ksae_cupy.training.options import DTYPES, check_positive_finite, check_training_memory
 from ksae_cupy.training.config import RULES, TrainConfig
 from ksae_cupy.training.sklearn_compat import (BaseEstimator, ClassNamePrefixFeaturesOutMixin, Integral, Interval,
                                                Real, TransformerMixin, check_is_fitted, check_parameters,
@@ -149,7 +149,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.transformer_tags.preserves_dtype = ["float64", "float32"]
+        tags.transformer_tags.preserves_dtype = sorted(DTYPES, reverse=True)  # float64 first: scikit-learn's default
         return tags
 
     @property

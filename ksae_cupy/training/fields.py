@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from ksae_cupy.datasets.registry import names as dataset_names, spelled
 from ksae_cupy import optimizers
+from ksae_cupy.backend import DEVICES
 from ksae_cupy.model import ACTIVATIONS
 from ksae_cupy.sparse_step import STEPS
 from ksae_cupy.topk import TOPK_METHODS
@@ -71,7 +72,7 @@ THREADS_DEFAULT = ("[default: OMP_NUM_THREADS or its kin when set, else one per 
 
 # -- shared by every training command --------------------------------------------------------
 SHARED = {option.name: option for option in (
-    Option("device", "auto, cpu, gpu or gpu:N.", "auto", resume=APPLIED),
+    Option("device", f"{DEVICES}.", "auto", resume=APPLIED),
     Option("threads", f"Threads on the CPU, for BLAS and the CPU kernels. {THREADS_DEFAULT}", None, int, APPLIED),
     Option("topk", "Top-k algorithm: selection by sorting, or iterative threshold (the same units either way).",
            PAPER.topk, TOPK_METHODS, APPLIED),
