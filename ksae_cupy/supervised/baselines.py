@@ -54,9 +54,9 @@ import numpy as np
 
 from ksae_cupy import paper
 from ksae_cupy.backend import array_module, to_host
-from ksae_cupy.errors import KsaeError
-from ksae_cupy.training.options import (DictConfig, ValidatedOnce, check_batch_size, check_dtype, check_in_dtype,
-                                        check_momentum, check_positive_count, check_positive_finite)
+from ksae_cupy.errors import KsaeError, OptionError
+from ksae_cupy.training.config import RATE, check_by_rule, check_in_dtype_by_field, check_with
+from ksae_cupy.training.options import DictConfig, ValidatedOnce, check_batch_size
 from ksae_cupy.model import reconstruction_loss
 from ksae_cupy.paper import ERR_MNIST, FN_MNIST, errors
 from ksae_cupy.supervised.units import check_dropout_rate, sigmoid
@@ -229,24 +229,25 @@ class RBMConfig(DictConfig, ValidatedOnce):
 
 def _check_weight_decay(weight_decay) -> None:
     if not (isinstance(weight_decay, (int, float)) and math.isfinite(weight_decay) and weight_decay >= 0):
-        raise KsaeError(f"weight_decay {weight_decay} is not allowed; use a finite value >= 0")
+        raise OptionError("weight_decay", f"{{name}} {weight_decay} is not allowed; use a finite value >= 0")
 
 
 def _check_common(cfg, n_train) -> None:
-    check_positive_count("hidden", cfg.hidden, "hidden units")
-    check_positive_count("epochs", cfg.epochs, "epochs")
-    check_batch_size("batch_size", cfg.batch_size, n_train)
-    check_positive_finite("lr", cfg.lr, "learning rate")
-    check_momentum("momentum", cfg.momentum)
-    check_positive_finite("sigma", cfg.sigma, "standard deviation")
-    check_dtype("dtype", cfg.dtype)
+    """The fields every baseline has, a kind TrainConfig has too, by its rules (training/config.py: RULES)."""
+    for field in ("hidden", "epochs"):
+        check_by_rule(field, getattr(cfg, field))
+    check_with("batch_size", check_batch_size, cfg.batch_size, n_train)
+    check_by_rule("lr", cfg.lr, RATE)
+    for field in ("momentum", "sigma", "dtype"):
+        check_by_rule(field, getattr(cfg, field))
     # legal numbers that lose their meaning in the model's dtype (a step of 0, all-zero weights, no decay)
-    check_in_dtype(cfg.dtype, lr=("rate", cfg.lr), sigma=("sigma", cfg.sigma), momentum=("momentum", cfg.momentum))
+    check_in_dtype_by_field(cfg.dtype, lr=("rate", cfg.lr), sigma=("sigma", cfg.sigma),
+                            momentum=("momentum", cfg.momentum))
     decay = getattr(cfg, "weight_decay", 0) or 0
     if cfg.lr * decay >= 1:  # W <- (1 - lr weight_decay) W - lr g: each step would flip every weight's sign
-        raise KsaeError(f"weight_decay {decay} is not allowed with lr {cfg.lr}: lr * weight_decay = "
-                        f"{cfg.lr * decay:.3g} >= 1 would shrink every weight past zero each step; use weight_decay "
-                        f"< {1 / cfg.lr:.3g}")
+        raise OptionError("weight_decay", f"{{name}} {decay} is not allowed with {{lr}} {cfg.lr}: lr * weight_decay "
+                                          f"= {cfg.lr * decay:.3g} >= 1 would shrink every weight past zero each "
+                                          f"step; use {{name}} < {1 / cfg.lr:.3g}")
 
 
 def check_rbm_input(X_nd):

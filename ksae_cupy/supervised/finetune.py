@@ -71,8 +71,9 @@ from ksae_cupy.supervised.sparse_finetune import loss_and_grads_sparse
 from ksae_cupy.sparse_step import sparse_layout
 
 # The configuration and its choice sets live in finetune_config.py; still imported from here.
-from ksae_cupy.supervised.finetune_config import (ACTIVATIONS, PHASES, STEPS, TRAIN_ON,  # noqa: F401,E402 (re-export)
+from ksae_cupy.supervised.finetune_config import (ACTIVATIONS, PHASES, TRAIN_ON,  # noqa: F401,E402 (re-export)
                                                   FinetuneConfig)
+from ksae_cupy.sparse_step import STEPS  # noqa: F401,E402 (re-exported: the fine-tuning's steps are the autoencoder's)
 
 
 # -- the network ---------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The options of one fine-tuning run (:class:`FinetuneConfig`, saved with the run) and their choice sets.
 
-Its defaults are the paper's supervised MNIST settings, read from :mod:`ksae_cupy.paper`; the step's
-choices are the autoencoder's (:data:`~ksae_cupy.sparse_step.STEPS`). :mod:`ksae_cupy.supervised.finetune`,
+Its defaults are the paper's supervised MNIST settings, read from :mod:`ksae_cupy.paper`; a field of a kind
+:class:`~ksae_cupy.training.config.TrainConfig` has (epochs, rates, momentum, sigma, top-k, dtype, step) is checked
+by its rule (:data:`~ksae_cupy.training.config.RULES`), with the same words. :mod:`ksae_cupy.supervised.finetune`,
 the network and its trainer, re-exports every name here.
 """
 from __future__ import annotations
@@ -13,11 +14,9 @@ import numpy as np
 from ksae_cupy import paper
 from ksae_cupy.backend import Backend
 from ksae_cupy.errors import KsaeError, OptionError, literal
-from ksae_cupy.sparse_step import STEPS
 from ksae_cupy.supervised.units import check_dropout_rate
-from ksae_cupy.topk import TOPK_METHODS
-from ksae_cupy.training.options import (DictConfig, check_batch_size, check_dtype, check_in_dtype, check_momentum,
-                                        check_positive_count, check_positive_finite)
+from ksae_cupy.training.config import RATE, RULES, check_by_rule, check_in_dtype_by_field, check_with
+from ksae_cupy.training.options import DictConfig, check_batch_size, check_choice
 
 PHASES = ("softmax", "top", "all")
 ACTIVATIONS = ("ksparse", "sigmoid", "relu")
@@ -85,34 +84,34 @@ class FinetuneConfig(DictConfig):
         check_dropout_rate("hidden_dropout", self.hidden_dropout)
         if not self.phases or any(p not in PHASES for p in self.phases):
             raise KsaeError(f"phases {self.phases} are not allowed; use a list drawn from {', '.join(PHASES)}")
-        check_positive_count("--epochs", self.epochs, "epochs")
-        check_batch_size("--batch-size", self.batch_size, n_train)
-        check_positive_finite("--lr-start", self.lr_start, "learning rate")
-        check_positive_finite("--lr-end", self.lr_end, "learning rate")
+        # the fields of a kind TrainConfig has, by its rules (training/config.py: RULES)
+        check_by_rule("epochs", self.epochs)
+        check_with("batch_size", check_batch_size, self.batch_size, n_train)
+        check_by_rule("lr_start", self.lr_start, RATE)
+        check_by_rule("lr_end", self.lr_end, RATE)
         if self.softmax_lr_start is not None:
-            check_positive_finite("--softmax-lr-start", self.softmax_lr_start, "learning rate")
+            check_by_rule("softmax_lr_start", self.softmax_lr_start, RATE)
             if "softmax" not in self.phases:
                 raise OptionError("softmax_lr_start", f"{{name}} {self.softmax_lr_start} applies to the softmax phase, "
                                                       f"and the phases are {','.join(self.phases)}; drop it or "
                                                       f"add softmax to {{phases}}")
-        check_momentum("--momentum", self.momentum)
+        check_by_rule("momentum", self.momentum)
         if self.momentum_end is not None:
-            check_momentum("--momentum-end", self.momentum_end)
+            check_by_rule("momentum_end", self.momentum_end, RULES["momentum"])
         if self.momentum_epochs is not None:
-            check_positive_count("--momentum-epochs", self.momentum_epochs, "epochs")
+            check_by_rule("momentum_epochs", self.momentum_epochs, RULES["epochs"])
             if self.momentum_end is None:
-                raise KsaeError(f"--momentum-epochs {self.momentum_epochs} is the length of a momentum ramp, and "
-                                f"there is none; give --momentum-end too, or drop --momentum-epochs")
-        if self.topk not in TOPK_METHODS:
-            raise OptionError("topk", f"{{name}} {literal(repr(self.topk))} is not allowed; use one of "
-                                      f"{', '.join(TOPK_METHODS)}")
-        check_dtype("--dtype", self.dtype)
-        check_in_dtype(self.dtype, **{"--lr-start": ("rate", self.lr_start), "--lr-end": ("rate", self.lr_end),
-                                      **({} if self.softmax_lr_start is None else
-                                         {"--softmax-lr-start": ("rate", self.softmax_lr_start)}),
-                                      "--sigma": ("sigma", self.sigma), "--momentum": ("momentum", self.momentum),
-                                      **({} if self.momentum_end is None else
-                                         {"--momentum-end": ("momentum", self.momentum_end)})})
+                raise OptionError("momentum_epochs", f"{{name}} {self.momentum_epochs} is the length of a momentum "
+                                                     f"ramp, and there is none; give {{momentum_end}} too, or drop "
+                                                     f"{{name}}")
+        check_by_rule("sigma", self.sigma)
+        check_by_rule("topk", self.topk)
+        check_by_rule("dtype", self.dtype)
+        check_in_dtype_by_field(self.dtype, lr_start=("rate", self.lr_start), lr_end=("rate", self.lr_end),
+                                **({} if self.softmax_lr_start is None else
+                                   {"softmax_lr_start": ("rate", self.softmax_lr_start)}),
+                                sigma=("sigma", self.sigma), momentum=("momentum", self.momentum),
+                                **({} if self.momentum_end is None else {"momentum_end": ("momentum", self.momentum_end)}))
         if len(self.activations) != len(self.kept):
             raise KsaeError(f"activations {self.activations} name {len(self.activations)} layers but kept "
                             f"{self.kept} has {len(self.kept)}; give one activation per hidden layer")
@@ -128,11 +127,8 @@ class FinetuneConfig(DictConfig):
                                             or (H is not None and k > H)):
                 raise KsaeError(f"alpha*k = {k} units kept in layer {l} is not allowed; use an integer "
                                 f"1 <= alpha*k <= {H}")
-        if self.step not in STEPS:
-            raise OptionError("step", f"{{name}} {literal(repr(self.step))} is not allowed; use one of {', '.join(STEPS)}")
-        if self.train_on not in TRAIN_ON:
-            raise OptionError("train_on", f"{{name}} {literal(repr(self.train_on))} is not allowed; use one of "
-                                          f"{', '.join(TRAIN_ON)}")
+        check_by_rule("step", self.step)
+        check_with("train_on", check_choice, self.train_on, TRAIN_ON)
         if self.step == "sparse" and not self.sparse_step_applies():
             raise OptionError("step", f"{{name}} sparse needs every hidden layer ksparse and no dropout (here: "
                                       f"activations {literal(self.activations)}, input dropout {self.input_dropout}, "

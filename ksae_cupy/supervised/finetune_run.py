@@ -43,8 +43,10 @@ def split_arguments(arguments, dataset_option: str | None):
 
 
 def check_step(step: str) -> None:
-    if step not in finetune.STEPS:
-        raise KsaeError(f"--step {step!r} is not allowed; use one of {', '.join(finetune.STEPS)}")
+    """``--step`` checked by its rule (training/config.py: RULES), before anything is read."""
+    from ksae_cupy.training.config import check_by_rule
+
+    check_by_rule("step", step)
 
 
 def refuse_on_resume(given: set, pretrained) -> None:

@@ -59,7 +59,8 @@ RULES = {
     "seed": Rule(int, 0, MAX_SEED, closed="both"),  # checked by the estimator; NumPy's generator takes any
     "dtype": Rule(str, choices=DTYPES, check=check_dtype),
     "activation": Rule(str, choices=model.ACTIVATIONS, check=check_choice, args=(model.ACTIVATIONS,)),
-    "step": Rule(str, choices=STEPS),  # choose_step also refuses sparse where it does not apply
+    "step": Rule(str, choices=STEPS, check=check_choice, args=(STEPS,)),  # choose_step also refuses sparse where
+    # it does not apply
     "aux_k": Rule(int, 0),  # and at most hidden
     "aux_coef": Rule(float, 0, closed="neither", check=check_positive_finite, args=("weight of the auxiliary loss",)),
     "dead_window": Rule(int, 1, check=check_positive_count, args=("examples",)),
@@ -67,6 +68,34 @@ RULES = {
     # the registry itself, so that an optimizer registered at run time is allowed (a command's choices read it too)
     "optimizer": Rule(str, choices=optimizers.OPTIMIZERS, check=check_choice, args=(optimizers.OPTIMIZERS,)),
 }
+
+
+# The rule of a learning rate with no "auto" (the fine-tuning's lr_start and lr_end, the baselines' lr): a field
+# of the other configurations, which share RULES's rules where their fields are the same kind of value.
+RATE = Rule(float, 0, closed="neither", check=check_positive_finite, args=("learning rate",))
+
+
+def check_with(field: str, check, *args, name=python_name) -> None:
+    """Run a shared check of training/options.py (``check(flag, *args)``); a value it refuses raises an
+    :class:`~ksae_cupy.errors.OptionError` on ``name(field)``, its message the check's."""
+    try:
+        check("{name}", *args)
+    except KsaeError as exc:
+        raise _option_error(name(field), _template(str(exc))) from None
+
+
+def check_by_rule(field: str, value, rule: Rule | None = None, name=python_name) -> None:
+    """``value`` of the field ``field`` checked by ``rule`` (default: ``RULES[field]``): how every configuration
+    (:class:`TrainConfig`, the fine-tuning's, the baselines') checks a field of a kind RULES declares."""
+    rule = rule or RULES[field]
+    check_with(field, rule.check, value, *rule.args, name=name)
+
+
+def check_in_dtype_by_field(dtype: str, name=python_name, **fields) -> None:
+    """:func:`~ksae_cupy.training.options.check_in_dtype` of ``fields`` (``{field: (kind, value)}``), a value
+    it refuses an :class:`~ksae_cupy.errors.OptionError` on its field."""
+    for field, (kind, value) in fields.items():
+        check_with(field, lambda flag, v, kind=kind: check_in_dtype(dtype, **{flag: (kind, v)}), value, name=name)
 
 
 def _template(message: str) -> str:
@@ -136,14 +165,10 @@ class TrainConfig(DictConfig, ValidatedOnce):
             return _option_error(name(field), template)
 
         def checked(field, check, *args):  # a shared check of training/options.py, its message in {name} terms
-            try:
-                check("{name}", *args)
-            except KsaeError as exc:
-                raise bad(field, _template(str(exc))) from None
+            check_with(field, check, *args, name=name)
 
         def ruled(field):  # a field's own rule (RULES), its message in {name} terms
-            rule = RULES[field]
-            checked(field, rule.check, getattr(self, field), *rule.args)
+            check_by_rule(field, getattr(self, field), name=name)
 
         # The other field a message names, in words ("1 <= k <= hidden"; n_hidden from the estimator), flag or not.
         hidden = name("hidden").lstrip("-")
@@ -168,9 +193,7 @@ class TrainConfig(DictConfig, ValidatedOnce):
         ruled("dtype")
         ruled("optimizer")
         # (lr is checked against the data: learning_rate.check_rate_moves_weights)
-        checked("sigma", lambda field, value: check_in_dtype(self.dtype, **{field: ("sigma", value)}), self.sigma)
-        checked("momentum", lambda field, value: check_in_dtype(self.dtype, **{field: ("momentum", value)}),
-                self.momentum)
+        check_in_dtype_by_field(self.dtype, name, sigma=("sigma", self.sigma), momentum=("momentum", self.momentum))
         try:
             choose_step(self.step, self.k, self.hidden)
         except OptionError as exc:

@@ -358,11 +358,11 @@ def test_config_round_trips_and_old_configs_load_with_defaults(tmp_path):
     (dict(activations=["ksparse", "sigmoid"]), ["name 2 layers", "has 1"]),
     (dict(softmax_lr_start=0.1), ["softmax_lr_start 0.1 applies to the softmax phase", "phases are all",
                                   "add softmax to phases"]),
-    (dict(softmax_lr_start=0.0, phases=["softmax", "all"]), ["--softmax-lr-start", "0.0"]),
+    (dict(softmax_lr_start=0.0, phases=["softmax", "all"]), ["softmax_lr_start", "0.0"]),
     (dict(train_on="all"), ["train_on 'all' is not allowed", "train, train+valid"]),
-    (dict(momentum_end=1.0), ["--momentum-end 1.0", "0 <= momentum < 1"]),
-    (dict(momentum_end=0.9, momentum_epochs=0), ["--momentum-epochs 0", "epochs"]),
-    (dict(momentum_epochs=5), ["--momentum-epochs 5", "give --momentum-end too"]),
+    (dict(momentum_end=1.0), ["momentum_end 1.0", "0 <= momentum < 1"]),
+    (dict(momentum_end=0.9, momentum_epochs=0), ["momentum_epochs 0", "epochs"]),
+    (dict(momentum_epochs=5), ["momentum_epochs 5", "give momentum_end too"]),
 ])
 def test_bad_network_options_are_one_line_errors(changes, fragments):
     from ksae_cupy.errors import KsaeError
