@@ -138,7 +138,7 @@ if _SklearnInvalidParameterError is None:
 
     class StrOptions:
         def __init__(self, options):
-            self.options, self.hidden = set(options), False
+            self.options, self.hidden = options, False  # a set, or a registry's live keys
 
         def is_satisfied_by(self, value) -> bool:
             return isinstance(value, str) and value in self.options
@@ -194,7 +194,8 @@ def constraints(rules: dict, names=None, also=None) -> dict:
         if rule.kind is bool:
             first = "boolean"
         elif rule.choices:
-            first = StrOptions(set(rule.choices))
+            # a registry's names as they are when fit runs (one registered later is allowed), else the set
+            first = StrOptions(rule.choices.keys() if isinstance(rule.choices, dict) else set(rule.choices))
         else:
             first = Interval(Integral if rule.kind is int else Real, rule.low, rule.high, closed=rule.closed)
         strings = {value for value in extra if isinstance(value, str)}
