@@ -86,7 +86,7 @@ SECTION = {"ksae-train": "train", "ksae-baseline": "baseline", "ksae-finetune": 
 CHANGED = {"hidden": "24", "k": "3", "k_start": "9", "no_k_schedule": None, "epochs": "3", "batch_size": "64",
            "lr": "0.02", "momentum": "0.5", "sigma": "0.02", "topk": "threshold", "seed": "7", "dtype": "float64",
            "activation": "relu", "step": "dense", "aux_k": "2", "aux_coef": "0.5", "dead_window": "500",
-           "center_input": None, "device": "auto", "run_dir": "elsewhere", "checkpoint_every": "4",
+           "center_input": None, "optimizer": "sgd", "device": "auto", "run_dir": "elsewhere", "checkpoint_every": "4",
            "checkpoint_minutes": "1.5", "overwrite": None, "data_dir": "data2", "threads": "2",
            "progress_seconds": "9", "quiet": None, "model": "rbm", "weight_decay": "0.001", "alpha": "2",
            "phases": "all", "lr_start": "0.5", "lr_end": "0.0001", "softmax_lr_start": "0.05", "momentum_end": "0.9",
@@ -128,8 +128,13 @@ def test_every_option_of_every_command_has_a_policy_and_a_changed_value():
 
 @pytest.mark.parametrize("command_name, name", CASES)
 def test_an_option_changed_on_resume_is_kept_applied_or_refused_as_the_table_says(command_name, name, finished_runs,
-                                                                                 tmp_path, spies):
+                                                                                 tmp_path, spies, monkeypatch):
     policy = policies(commands()[command_name])[name]
+    if name == "optimizer":  # a second optimizer to change to: one registered for this test
+        from ksae_cupy import optimizers
+
+        monkeypatch.setitem(optimizers.OPTIMIZERS, "sgd", optimizers.OptimizerEntry(
+            "sgd", "plain SGD", optimizers.OPTIMIZERS["momentum"].make, optimizers.OPTIMIZERS["momentum"].step))
     run = tmp_path / "run"
     shutil.copytree(finished_runs[command_name], run)
     (tmp_path / "data2").mkdir()
