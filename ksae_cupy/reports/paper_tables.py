@@ -206,7 +206,7 @@ def _classify_finetune(state: RunState) -> Found | None:
         key = ("no-pretraining-relu" if plain else "no-pretraining") if layers == 1 else None
     elif config.get("baseline"):
         baseline, pretrain = config["baseline"], config.get("pretrain_epochs")
-        key = {(1, "rbm"): "rbm", (1, "dropout-ae"): "dropout-ae", (1, "denoising-ae"): "denoising-ae",
+        key = {**{(1, name): name for name in FN_OF_BASELINE_RUN},  # a Table fn_mnist row of each, one layer
                (2, "dropout-ae"): "deep-dropout-ae"}.get((layers, baseline))
     elif sources and all(source.get("model") for source in sources):  # a ksae-baseline run, fine-tuned
         model = sources[0]["model"] if len({source["model"] for source in sources}) == 1 else None
@@ -331,7 +331,7 @@ def plan(root: Path, rows: list[tuple[str, str]], settings: Settings, found: lis
         length = _length(table_name, key, settings)
         if (table_name, key, str(length), seed) in targets:
             return targets[(table_name, key, str(length), seed)]
-        if table_name == FN and key in ("rbm", "dropout-ae", "denoising-ae", "ksparse", "deep-ksparse"):
+        if table_name == FN and key in (*FN_OF_BASELINE_RUN, "ksparse", "deep-ksparse"):
             add(ERR, "k25" if "ksparse" in key else key, 0)  # the run it starts from: seed 0
         match = _match(found, table_name, key, length, seed)
         folder = match.state.path if match else Path(root) / _folder_name(table_name, key, length, seed)
