@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 from ksae_cupy.atomic import write_json_atomic, write_text_atomic
+from ksae_cupy.backend import DEVICES
 from ksae_cupy.paper import err_mnist_error, ksparse_key
 from ksae_cupy.reports.children import run_or_exit
 from ksae_cupy.reports.folders import evaluation_is_current, progress
@@ -35,7 +36,7 @@ def main(argv=None) -> None:
     parser.add_argument("--hidden", type=int, default=1000, help="hidden units (paper: 1000)")
     parser.add_argument("--epochs", type=int, default=5000, help="training epochs (paper: 5000)")
     parser.add_argument("--dataset", default="mnist", help="dataset (default: mnist; others for a smoke test)")
-    parser.add_argument("--device", default="auto", help="auto, cpu, gpu or gpu:N")
+    parser.add_argument("--device", default="auto", help=DEVICES)
     parser.add_argument("--out", type=Path, default=Path("runs/reproduce-mnist"), help="folder of the run folders")
     parser.add_argument("--alphas", default="1,2,3,4", help="alpha grid for ksae-eval")
     parser.add_argument("--l2", default="1e-3,1e-4,1e-5", help="L2 grid for ksae-eval")

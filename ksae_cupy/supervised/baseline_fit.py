@@ -34,7 +34,7 @@ def fit_baseline(X_nd, config, backend: Backend = CPU, on_epoch=None) -> dict:
     """Train the baseline ``config`` is one of (its registry entry refuses input it cannot learn from); host
     parameters."""
     baseline = learner_of(config)
-    return _fit(baseline.check_input(_checked_input(X_nd, config, f"the {baseline.label}'s input")), config,
+    return _fit(baseline.check_input(_checked_input(X_nd, config, "the baseline's input")), config,
                 backend, on_epoch)
 
 
