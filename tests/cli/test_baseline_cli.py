@@ -160,7 +160,7 @@ def test_mistakes_are_one_line(data_file, tmp_path):
                                   "--run-dir", tmp_path / "signed"], expect=None),
                           "the RBM's input holds values in", "only values in [0, 1]", status=2)
     assert_one_line_error(invoke(common(data_file, "denoising-ae") + ["--epochs", "1", "--weight-decay", "-1"],
-                                 expect=None), "weight_decay -1.0", ">= 0", status=2)
+                                 expect=None), "--weight-decay -1.0", ">= 0", status=2)
     invoke(common(data_file, "dropout-ae") + ["--epochs", "2", "--run-dir", run, "--quiet"])
     assert_one_line_error(invoke(["--resume", run, "--hidden", "8", "--lr", "0.01"], expect=None),
                           "--resume: options contradict the checkpoint", "--hidden 8 (the run has 12)", status=2)
