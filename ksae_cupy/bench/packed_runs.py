@@ -114,17 +114,18 @@ def bench_packed(device: str = "gpu", *, tiny: bool = False, data_dir: Path | No
             payload.update(status="failed", reason=f"train_packed(configs, data, backend, folders): "
                                                    f"{type(exc).__name__}: {exc}".splitlines()[0])
         payload["launches"] = {str(R): record for R, record in launches.items()}
+        refused = [f"{R} run(s): {r['refused']}" for R, r in launches.items() if "refused" in r]
         alone, packed = (launches.get(R) for R in (TINY_RUN_COUNTS if tiny else RUN_COUNTS))
-        if alone and packed:
+        if payload["status"] == "done" and refused:
+            payload.update(status="failed", reason="; ".join(refused))
+        elif payload["status"] == "done" and alone and packed:
             a, p = np.asarray(alone["train_losses"][0]), np.asarray(packed["train_losses"][0])
             diff = float(np.max(np.abs(a - p) / np.abs(a))) if a.shape == p.shape and a.size else math.inf
             payload["seed0_alone_vs_packed_max_rel_diff"] = diff
             if not diff <= AGREE_RTOL:
                 payload.update(status="failed", reason=f"seed 0 packed differs from seed 0 alone by {diff:.3g}")
-            if "seconds_per_epoch" in alone and "seconds_per_epoch" in packed:
+            else:
                 payload["packed_over_alone"] = packed["seconds_per_epoch"] / alone["seconds_per_epoch"]
-        if payload["status"] == "done" and any("refused" in r for r in launches.values()):
-            payload.update(status="failed", reason="; ".join(r["refused"] for r in launches.values() if "refused" in r))
     if write:
         payload["path"] = str(write_results("packed-runs", payload, out_dir))
     return payload

@@ -39,8 +39,7 @@ import time
 from pathlib import Path
 
 from ksae_cupy.atomic import write_json_atomic, write_text_atomic
-from ksae_cupy.bench.kernel_grid import torch_version
-from ksae_cupy.bench.metadata import git_commit, run_metadata
+from ksae_cupy.bench.metadata import git_commit, run_metadata, torch_meta
 from ksae_cupy.reports.children import run_until
 from ksae_cupy.reports.folders import utc_now
 
@@ -133,7 +132,7 @@ class Campaign:
 
                 backend = resolve_device(self.device)
             self._meta = run_metadata(backend)
-            self._meta["torch"] = torch_version()
+            self._meta.update(torch_meta())
             self._meta["mode"] = ("dry run (cpu, tiny)" if self.device == "cpu" else f"tiny ({self.device})") \
                 if self.tiny else f"full ({self.device})"
         return dict(self._meta, date=utc_now())
