@@ -18,6 +18,7 @@ import importlib
 import importlib.util
 import inspect
 import math
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -96,23 +97,24 @@ def bench_packed(device: str = "gpu", *, tiny: bool = False, data_dir: Path | No
         payload.update(status="skipped", reason=where)
     else:
         payload["api"] = f"{where}.train_packed{inspect.signature(train_packed)}"
-        data = load_dataset("synthetic" if tiny else "mnist", data_dir or data_root(), log=lambda *_: None)
-        if tiny:  # a few batches: the stand-in emulates every kernel on the host
-            data = dataclasses.replace(data, X_train=data.X_train[:512], X_valid=data.X_valid[:128])
         hidden, k = (32, 4) if tiny else (paper.HIDDEN, paper.K)
         epochs = TINY_EPOCHS if tiny else EPOCHS
-        payload["setup"] = {"dataset": data.name, "rows": len(data.X_train), "hidden": hidden, "k": k,
-                            "epochs": epochs, "lr": paper.LR, "momentum": paper.MOMENTUM, "batch": paper.BATCH_SIZE}
         launches = {}
+        shutil.rmtree(out_dir / "runs", ignore_errors=True)  # a benchmark's runs, not kept: every call starts afresh
         try:
+            data = load_dataset("synthetic" if tiny else "mnist", data_dir or data_root(), log=lambda *_: None)
+            if tiny:  # a few batches: the stand-in emulates every kernel on the host
+                data = dataclasses.replace(data, X_train=data.X_train[:512], X_valid=data.X_valid[:128])
+            payload["setup"] = {"dataset": data.name, "rows": len(data.X_train), "hidden": hidden, "k": k,
+                                "epochs": epochs, "lr": paper.LR, "momentum": paper.MOMENTUM,
+                                "batch": paper.BATCH_SIZE}
             for R in TINY_RUN_COUNTS if tiny else RUN_COUNTS:
                 configs = [TrainConfig(hidden=hidden, k=k, k_start=None, epochs=epochs, seed=seed)
                            for seed in range(R)]
                 folders = [out_dir / "runs" / f"packed{R}" / f"seed{seed}" for seed in range(R)]
                 launches[R] = _launch(train_packed, configs, data, backend, folders)
-        except Exception as exc:  # noqa: BLE001 -- an API that does not take this call: recorded
-            payload.update(status="failed", reason=f"train_packed(configs, data, backend, folders): "
-                                                   f"{type(exc).__name__}: {exc}".splitlines()[0])
+        except Exception as exc:  # noqa: BLE001 -- no MNIST, or an API that does not take this call: recorded
+            payload.update(status="failed", reason=f"stopped: {type(exc).__name__}: {exc}".splitlines()[0])
         payload["launches"] = {str(R): record for R, record in launches.items()}
         refused = [f"{R} run(s): {r['refused']}" for R, r in launches.items() if "refused" in r]
         alone, packed = (launches.get(R) for R in (TINY_RUN_COUNTS if tiny else RUN_COUNTS))
