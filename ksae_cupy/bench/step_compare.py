@@ -169,7 +169,7 @@ class OursStepGraphs(_BatchedVariant):
         from ksae_cupy.gpu.graph_step import EpochCounters, GraphStep
 
         super().__init__(setup, X_nd.shape[0])
-        self.cupy, self.name, self.device_order = cupy, f"ours_step_graphs_{method}", cupy.asarray
+        self.cupy, self.name = cupy, f"ours_step_graphs_{method}"
         self.W0_dh = cupy.asarray(W0_dh)
         self.params = {"W_dh": self.W0_dh.copy(), "b_h": cupy.zeros(setup.H, dtype=np.float32),
                        "c_d": cupy.zeros(setup.D, dtype=np.float32)}
@@ -179,6 +179,12 @@ class OursStepGraphs(_BatchedVariant):
         self.step = GraphStep(cupy, self.params, self.velocities, cupy.asarray(X_nd), setup.batch, setup.k, method,
                               setup.lr, setup.momentum, self.counters, self.stream)
         self.path = "GraphStep: the parts between the 4 products as CUDA graphs, the products launched between them"
+        cupy.cuda.Device().synchronize()  # what the default stream queued comes first: the steps' stream does not wait
+
+    def device_order(self, order):
+        order_dev = self.cupy.asarray(order)
+        self.cupy.cuda.Device().synchronize()  # copied before the steps' stream (which does not wait on it) reads it
+        return order_dev
 
     def reset(self):
         with self.stream:
