@@ -33,6 +33,7 @@ variant's time is refused.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
 import time
@@ -47,6 +48,7 @@ from ksae_cupy.bench.metadata import run_metadata, torch_meta, write_results
 VALIDATE_RTOL = 1e-3  # float32 against float64 over 16 steps differs by about 1e-6; a wrong rate by percents
 MIN_TIMED_EPOCHS = 5
 OUR_METHODS = ("sort", "threshold")
+TORCH_GRAPH_ON_CPU = "a CPU run: a CUDA graph needs a CUDA device"
 
 
 @dataclass(frozen=True)
@@ -205,75 +207,121 @@ class OursStepGraphs(_BatchedVariant):
         return float(self.counters.loss_sum)
 
 
-class TorchStep(_BatchedVariant):
-    """The same step in PyTorch (``torch.topk`` unsorted, autograd, the same update), eager or captured
-    whole as one CUDA graph (warmed up on a side stream and captured as PyTorch's recipe says)."""
+def torch_device(torch, backend) -> tuple[str | None, str | None]:
+    """``(device, None)``: where PyTorch's step runs, like for like with ours (``cpu`` for a CPU run, the same
+    GPU, ``cuda:N``, for ``gpu:N``); ``(None, why)`` where torch cannot run there."""
+    if not backend.is_gpu:
+        return "cpu", None
+    if not torch.cuda.is_available():
+        return None, (f"torch {torch.__version__} sees no CUDA device: its step on the CPU against ours on "
+                      f"{backend.name} would not be like for like")
+    return f"cuda:{backend.gpu_index}", None
 
-    def __init__(self, torch, setup: StepSetup, W0_dh, X_nd, captured: bool):
+
+class TorchStep(_BatchedVariant):
+    """The same step in PyTorch (``torch.topk`` unsorted, autograd, the same update) on ``device`` (``cpu`` or
+    ``cuda:N``), eager or (``captured``, CUDA only) captured whole as one CUDA graph and replayed per batch.
+
+    Both run the one function :meth:`train_step`: the eager variant calls it per batch, the captured one
+    captures that very call once. So the eager step validated on the CPU validates the captured step's
+    arithmetic; what capture adds is PyTorch's recipe (``_capture``): every tensor the step reads or
+    writes (rows, data, parameters, velocities, the loss total) allocated before capture and only ever
+    written in place afterwards, warm-up on a side stream, no host sync inside the step."""
+
+    WARMUP_STEPS = 3  # before capture: autograd's and cuBLAS's lazy set-up happens outside it
+
+    def __init__(self, torch, setup: StepSetup, W0_dh, X_nd, device: str, captured: bool):
         super().__init__(setup, X_nd.shape[0])
         self.torch, self.name = torch, "torch_graph" if captured else "torch_eager"
-        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.device_order = lambda order: torch.as_tensor(order, dtype=torch.int64, device=dev)
-        self.X = torch.as_tensor(X_nd, device=dev)
-        self.W0 = torch.as_tensor(W0_dh, device=dev)
+        self.device = torch.device(device)
+        if captured and self.device.type != "cuda":
+            raise ValueError(f"captured on device {device!r} is not allowed; a CUDA graph needs a cuda device")
+        f32, dev = torch.float32, self.device
+        self.X = torch.as_tensor(X_nd, dtype=f32, device=dev)  # only read (on the CPU: X_nd's own memory)
+        self.W0 = torch.tensor(W0_dh, dtype=f32, device=dev)  # a copy: reset() restores W from it
+        # dtype given everywhere: a caller's torch.set_default_dtype must not turn a bias into float64
         self.W = self.W0.clone().requires_grad_(True)
-        self.b = torch.zeros(setup.H, device=dev, requires_grad=True)
-        self.c = torch.zeros(setup.D, device=dev, requires_grad=True)
+        self.b = torch.zeros(setup.H, dtype=f32, device=dev, requires_grad=True)
+        self.c = torch.zeros(setup.D, dtype=f32, device=dev, requires_grad=True)
         self.params = (self.W, self.b, self.c)
-        self.velocities = tuple(torch.zeros_like(p) for p in self.params)
-        self.rows = torch.zeros(setup.batch, dtype=torch.int64, device=dev)
-        self.total = torch.zeros((), dtype=torch.float64, device=dev)
+        self.velocities = tuple(torch.zeros_like(p) for p in self.params)  # before capture: its addresses
+        self.rows = torch.zeros(setup.batch, dtype=torch.int64, device=dev)  # the batch's rows, copied in place
+        self.total = torch.zeros((), dtype=torch.float64, device=dev)  # the losses' sum, read once per epoch
         self.graph = None
-        self.path = f"PyTorch {torch.__version__} on {dev}, " + ("one CUDA graph per step" if captured else "eager")
+        precision = torch.get_float32_matmul_precision()  # "highest": no TF32, as CuPy's default
+        self.path = f"PyTorch {torch.__version__} on {dev}, float32 matmul precision {precision}, " + \
+                    ("captured whole as one CUDA graph, replayed per batch" if captured else "eager")
         if captured:
-            self._capture()
+            with self._on_device():
+                self._capture()
 
-    def _step(self):
+    def device_order(self, order):
+        return self.torch.as_tensor(np.asarray(order, dtype=np.int64), device=self.device)
+
+    def _on_device(self):
+        """The step's GPU as torch's current device (streams, capture and replay are per device)."""
+        return self.torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+
+    def train_step(self):
+        """One step on the batch ``self.rows``; adds its loss to ``self.total``. No host sync: captured as is.
+        ``v <- m v - lr g; theta <- theta + v`` in float32, as :func:`ksae_cupy.optim.momentum_update`."""
         torch, s = self.torch, self.setup
-        x = self.X.index_select(0, self.rows)
-        z = torch.addmm(self.b, x, self.W)
-        vals, idx = torch.topk(z, s.k, dim=1, sorted=False)
-        xhat = torch.addmm(self.c, torch.zeros_like(z).scatter(1, idx, vals), self.W.T)
-        loss = 0.5 * ((xhat - x) ** 2).sum() / s.batch
+        X_nd = self.X.index_select(0, self.rows)
+        Z_nh = torch.addmm(self.b, X_nd, self.W)
+        val_nk, idx_nk = torch.topk(Z_nh, s.k, dim=1, sorted=False)  # int64 indices, as scatter wants
+        Zs_nh = torch.zeros_like(Z_nh).scatter(1, idx_nk, val_nk)
+        Xhat_nd = torch.addmm(self.c, Zs_nh, self.W.T)
+        loss = 0.5 * ((Xhat_nd - X_nd) ** 2).sum() / s.batch  # the model's 0.5/N sum of squares
         grads = torch.autograd.grad(loss, self.params)
         with torch.no_grad():
-            for p, v, g in zip(self.params, self.velocities, grads):
+            for theta, v, g in zip(self.params, self.velocities, grads):
                 v.mul_(s.momentum).sub_(g * s.lr)
-                p.add_(v)
+                theta.add_(v)
             self.total.add_(loss.double())
 
     def _capture(self):
+        """PyTorch's recipe for capturing a whole training step (its CUDA Graphs notes): warm-up on a side
+        stream that waits for what the current stream queued, then capture on that same stream; the
+        warm-up trained, so back to the initial state, in place (the graph holds the addresses)."""
         torch = self.torch
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
+        side = torch.cuda.Stream(device=self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            for _ in range(3):
-                self._step()
-        torch.cuda.current_stream().wait_stream(side)
+            for _ in range(self.WARMUP_STEPS):
+                self.train_step()
+        torch.cuda.current_stream(self.device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self._step()
-        self.reset()  # the warm-up trained: back to the initial state, in place
+        with torch.cuda.graph(self.graph, stream=side):
+            self.train_step()
+        self.reset()
 
     def reset(self):
-        with self.torch.no_grad():
+        with self.torch.no_grad(), self._on_device():
             self.W.copy_(self.W0)
             for t in (self.b, self.c, *self.velocities):
                 t.zero_()
+
+    def steps(self, order, n_steps: int) -> list[float]:
+        with self._on_device():
+            return super().steps(order, n_steps)
+
+    def epoch(self, order) -> float:
+        with self._on_device():
+            return super().epoch(order)
 
     def start(self):
         self.total.zero_()
 
     def run(self, order, b: int):
         B = self.setup.batch
-        self.rows.copy_(order[b * B:(b + 1) * B])
+        self.rows.copy_(order[b * B:(b + 1) * B])  # in place: the graph reads this buffer
         if self.graph is not None:
             self.graph.replay()
         else:
-            self._step()
+            self.train_step()
 
     def loss_sum(self) -> float:
-        return float(self.total.item())
+        return float(self.total.item())  # the one host sync, after the step(s)
 
 
 class OursTrainer:
@@ -331,11 +379,15 @@ def _variants(backend, torch, setup: StepSetup, W0_dh, X_nd) -> tuple[list, dict
                 for m in OUR_METHODS] if backend.is_gpu else []
     builders.append(("ours_trainer", lambda: OursTrainer(backend, setup, X_nd)))
     if torch is not None:
-        builders.append(("torch_eager", lambda: TorchStep(torch, setup, W0_dh, X_nd, captured=False)))
-        if torch.cuda.is_available():
-            builders.append(("torch_graph", lambda: TorchStep(torch, setup, W0_dh, X_nd, captured=True)))
+        device, why = torch_device(torch, backend)
+        if device is None:
+            absent["torch_eager"] = absent["torch_graph"] = why
         else:
-            absent["torch_graph"] = "torch has no CUDA device here (a CUDA graph needs one)"
+            builders.append(("torch_eager", lambda: TorchStep(torch, setup, W0_dh, X_nd, device, captured=False)))
+            if device.startswith("cuda"):
+                builders.append(("torch_graph", lambda: TorchStep(torch, setup, W0_dh, X_nd, device, captured=True)))
+            else:
+                absent["torch_graph"] = TORCH_GRAPH_ON_CPU
     if not backend.is_gpu:
         absent["ours_step_graphs"] = "not a GPU: the captured step needs one"
     for name, build in builders:

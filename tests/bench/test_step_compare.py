@@ -11,6 +11,7 @@ import pytest
 
 from ksae_cupy.bench import step_compare
 from ksae_cupy.bench.step_compare import StepSetup, refusal
+from ksae_cupy.model import init_params
 
 
 @pytest.mark.parametrize("losses, fragment", [
@@ -92,11 +93,15 @@ def _check_common(data):
         # trained the same model on the same batches: the same epoch losses to float32 rounding, falling
         np.testing.assert_allclose(r["epoch_losses"], results["ours_trainer"]["epoch_losses"], rtol=1e-4)
         assert r["epoch_losses"][-1] < data["untrained_loss"]
+    absent = data["absent"]
     if data["meta"]["torch"] is None:  # torch does not import here: recorded as absent, never timed
-        assert "torch does not import" in data["absent"]["torch"]
-    else:  # a torch without CUDA runs its eager step here; its graph needs a CUDA device
-        assert "torch_eager" in results
-        assert "torch_graph" in results or "CUDA" in data["absent"]["torch_graph"]
+        assert "torch does not import" in absent["torch"] and not {"torch_eager", "torch_graph"} & set(results)
+    elif data["meta"]["device"] == "cpu":  # PyTorch's eager step on the CPU (validated and timed above), no graph
+        assert "torch_eager" in results and absent["torch_graph"] == step_compare.TORCH_GRAPH_ON_CPU
+    elif data["meta"]["torch_cuda_available"]:  # a GPU: both of PyTorch's steps validated and timed above
+        assert {"torch_eager", "torch_graph"} <= set(results)
+    else:  # a GPU run (here: the CuPy stand-in) beside a torch without CUDA: PyTorch on the CPU is no comparison
+        assert "sees no CUDA device" in absent["torch_eager"] and absent["torch_graph"] == absent["torch_eager"]
 
 
 @pytest.mark.gpu
@@ -131,3 +136,34 @@ def test_a_variant_at_another_rate_than_the_references_is_refused(tmp_path, monk
     out = step_compare.compare_steps("cpu", tiny=True, write=False)
     trainer = out["results"]["ours_trainer"]
     assert trainer["refused"].startswith("validation: losses differ") and "seconds_per_epoch" not in trainer
+
+
+@pytest.mark.parametrize("shape", [step_compare.TINY, dict(D=784, H=256, k=25, batch=32, validate_steps=4)],
+                         ids=["tiny", "mnist-like"])
+def test_pytorchs_step_takes_the_reference_steps_on_the_cpu(shape):
+    """PyTorch's step (the very function its CUDA graph captures) against NumPy float64, step by step, where
+    torch imports; where it does not, its absence is what the comparison records, and our trainer's steps
+    are checked alone."""
+    setup = StepSetup(**shape)
+    X_nd = step_compare.mnist_like(8 * setup.batch, setup.D, seed=0)
+    W0_dh = init_params(setup.D, setup.H, setup.sigma, np.random.default_rng(0))["W_dh"]
+    order = np.random.default_rng(1).permutation(len(X_nd))
+    V, B = setup.validate_steps, setup.batch
+    reference = step_compare.reference_losses(setup, W0_dh, X_nd, [order[b * B:(b + 1) * B] for b in range(V)] * 2)
+    assert sum(reference[V:]) < sum(reference[:V])  # it learns: the same batches cost less the second time
+    torch, why = step_compare._import_torch()
+    if torch is None:
+        from ksae_cupy.backend import resolve_device
+
+        assert why.startswith("torch does not import")
+        ours = step_compare.OursTrainer(resolve_device("cpu"), setup, X_nd).steps(order, V)
+        np.testing.assert_allclose(ours, [np.mean(reference[:V]), np.mean(reference[V:])], rtol=1e-5)
+        return
+    step = step_compare.TorchStep(torch, setup, W0_dh, X_nd, "cpu", captured=False)
+    two_passes = step.device_order(np.concatenate([order[:V * B]] * 2))
+    got = step.steps(two_passes, 2 * V)
+    assert step_compare.worst_relative_difference(got, reference) < 1e-5  # float32 against float64: ~1e-7
+    step.reset()  # back to the initial state in place: the same steps again
+    assert step.steps(two_passes, 2 * V) == got
+    with pytest.raises(ValueError, match="captured on device 'cpu' is not allowed; a CUDA graph needs a cuda device"):
+        step_compare.TorchStep(torch, setup, W0_dh, X_nd, "cpu", captured=True)
