@@ -398,7 +398,8 @@ def _variants(backend, torch, setup: StepSetup, W0_dh, X_nd) -> tuple[list, dict
     return variants, absent
 
 
-def _validate_and_time(variant, setup: StepSetup, validation_order, reference, orders, initial_loss: float) -> dict:
+def _validate_and_time(variant, setup: StepSetup, validation_order, reference, orders, initial_loss: float,
+                       validate_only: bool = False) -> dict:
     record = {"path": variant.path}
     V = setup.validate_steps
     try:
@@ -413,6 +414,8 @@ def _validate_and_time(variant, setup: StepSetup, validation_order, reference, o
         if not record["validation_max_rel_diff"] <= VALIDATE_RTOL:
             record["refused"] = f"validation: losses differ from NumPy float64's by {record['validation_max_rel_diff']:.3g}" \
                                 f" (allowed {VALIDATE_RTOL:g}); not timed"
+            return record
+        if validate_only:
             return record
         variant.reset()
         device_orders = [variant.device_order(order) for order in orders]
@@ -435,9 +438,10 @@ def _validate_and_time(variant, setup: StepSetup, validation_order, reference, o
 
 def compare_steps(device: str = "gpu", *, tiny: bool = False, data_dir: Path | None = None,
                   epochs: int = MIN_TIMED_EPOCHS, include_torch: bool = True, out_dir: Path | None = None,
-                  write: bool = True) -> dict:
+                  write: bool = True, validate_only: bool = False) -> dict:
     """Validate, then time, every variant on one device; returns the result (``"path"``: the JSON written).
-    ``device``: ``gpu[:N]`` (or ``cpu``: the trainer and PyTorch eager only, a check of the code paths)."""
+    ``device``: ``gpu[:N]`` (or ``cpu``: the trainer and PyTorch eager only, a check of the code paths).
+    ``validate_only``: the validation alone, no epoch timed (on the CPU, MNIST's epochs take minutes)."""
     from ksae_cupy.backend import resolve_device
     from ksae_cupy.model import init_params
 
@@ -461,14 +465,15 @@ def compare_steps(device: str = "gpu", *, tiny: bool = False, data_dir: Path | N
         variants, absent = _variants(backend, torch, setup, W0_dh, X_nd)
         if torch is None:
             absent["torch"] = torch_absent
-        results = {v.name: _validate_and_time(v, setup, validation_order, reference, orders, initial_loss)
-                   for v in variants}
+        results = {v.name: _validate_and_time(v, setup, validation_order, reference, orders, initial_loss,
+                                              validate_only) for v in variants}
     timed = {name: r["seconds_per_epoch"] for name, r in results.items() if "seconds_per_epoch" in r}
     payload = {
         "benchmark": "step-compare",
         "meta": {**run_metadata(backend), **torch_meta()},
         "setup": {**asdict(setup), "rows": len(X_nd), "batches_per_epoch": len(X_nd) // setup.batch, "data": data,
-                  "dtype": "float32", "validate_rtol": VALIDATE_RTOL, "reference": "NumPy float64, the same steps"},
+                  "dtype": "float32", "validate_rtol": VALIDATE_RTOL, "reference": "NumPy float64, the same steps",
+                  "validate_only": validate_only},
         "reference_losses": reference,
         "untrained_loss": initial_loss,
         "results": results,
@@ -484,7 +489,8 @@ def compare_steps(device: str = "gpu", *, tiny: bool = False, data_dir: Path | N
 
 
 def main(argv=None) -> int:
-    """``python -m ksae_cupy.bench.step_compare --out DIR [--device gpu] [--tiny] [--epochs N] [--no-torch]``."""
+    """``python -m ksae_cupy.bench.step_compare --out DIR [--device gpu] [--tiny] [--epochs N] [--no-torch]
+    [--validate-only]``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="folder of the JSON")
     ap.add_argument("--device", default="gpu", help="gpu, gpu:N or cpu (cpu: the trainer and PyTorch eager only)")
@@ -492,11 +498,15 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=int, default=MIN_TIMED_EPOCHS, help="timed epochs after the warm-up (>= 5)")
     ap.add_argument("--data-dir", type=Path, default=None, help="data root holding mnist/ (default $KSAE_DATA_DIR)")
     ap.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
+    ap.add_argument("--validate-only", action="store_true", help="validate every variant, time none")
     args = ap.parse_args(argv)
     result = compare_steps(args.device, tiny=args.tiny, data_dir=args.data_dir, epochs=args.epochs,
-                           include_torch=not args.no_torch, out_dir=args.out)
+                           include_torch=not args.no_torch, out_dir=args.out, validate_only=args.validate_only)
+    for name, why in result["absent"].items():
+        print(f"step {name}: absent: {why}", flush=True)
     for name, r in result["results"].items():
-        said = f"{r['seconds_per_epoch']:.4f} s/epoch" if "seconds_per_epoch" in r else f"refused: {r['refused']}"
+        said = f"refused: {r['refused']}" if "refused" in r else f"{r['seconds_per_epoch']:.4f} s/epoch" \
+            if "seconds_per_epoch" in r else f"validated (worst relative difference {r['validation_max_rel_diff']:.2g})"
         print(f"step {name}: {said}", flush=True)
     print(f"step-compare JSON: {result['path']}", flush=True)
     return 0
