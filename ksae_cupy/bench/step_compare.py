@@ -21,6 +21,9 @@ own epoch, :meth:`Trainer.run_epoch`, given the same order; it also counts dead 
 which GPU path the trainer took, so the one-graph-per-epoch path is timed here once the trainer takes it),
 ``torch_eager`` and ``torch_graph`` (the same step in PyTorch: ``torch.topk(sorted=False)``, autograd,
 the same update; the second captured whole, gather to update, as one CUDA graph and replayed per batch).
+PyTorch runs where ours does: ``cuda:N`` for ``gpu:N``, the CPU (eager only) for ``cpu``; beside a GPU run,
+a torch without CUDA is recorded absent. Both of its variants run one function (:meth:`TorchStep.train_step`),
+so its eager step validated on the CPU checks the arithmetic of the captured one too.
 
 Protocol: (1) validate: from the initial state, every variant trains ``2 x validate_steps`` steps (the
 first ``validate_steps`` batches, twice); its losses must equal a NumPy float64 run of the same steps to
