@@ -239,10 +239,10 @@ class TorchStep(_BatchedVariant):
         self.device = torch.device(device)
         if captured and self.device.type != "cuda":
             raise ValueError(f"captured on device {device!r} is not allowed; a CUDA graph needs a cuda device")
+        # float32 given everywhere: a caller's torch.set_default_dtype must not turn a bias into float64
         f32, dev = torch.float32, self.device
         self.X = torch.as_tensor(X_nd, dtype=f32, device=dev)  # only read (on the CPU: X_nd's own memory)
         self.W0 = torch.tensor(W0_dh, dtype=f32, device=dev)  # a copy: reset() restores W from it
-        # dtype given everywhere: a caller's torch.set_default_dtype must not turn a bias into float64
         self.W = self.W0.clone().requires_grad_(True)
         self.b = torch.zeros(setup.H, dtype=f32, device=dev, requires_grad=True)
         self.c = torch.zeros(setup.D, dtype=f32, device=dev, requires_grad=True)
@@ -251,7 +251,7 @@ class TorchStep(_BatchedVariant):
         self.rows = torch.zeros(setup.batch, dtype=torch.int64, device=dev)  # the batch's rows, copied in place
         self.total = torch.zeros((), dtype=torch.float64, device=dev)  # the losses' sum, read once per epoch
         self.graph = None
-        precision = torch.get_float32_matmul_precision()  # "highest": no TF32, as CuPy's default
+        precision = torch.get_float32_matmul_precision()  # recorded: "highest" is no TF32, as CuPy's default
         self.path = f"PyTorch {torch.__version__} on {dev}, float32 matmul precision {precision}, " + \
                     ("captured whole as one CUDA graph, replayed per batch" if captured else "eager")
         if captured:

@@ -122,6 +122,15 @@ def test_on_the_cpu_the_trainer_is_validated_then_timed(tmp_path):
     _check_common(data)
 
 
+def test_validate_only_validates_every_variant_and_times_none():
+    out = step_compare.compare_steps("cpu", tiny=True, write=False, validate_only=True)
+    assert out["setup"]["validate_only"] and "ours_trainer" in out["results"]
+    assert ("torch_eager" in out["results"]) == (out["meta"]["torch"] is not None)  # where torch imports
+    for name, r in out["results"].items():
+        assert "refused" not in r and r["validation_max_rel_diff"] <= step_compare.VALIDATE_RTOL, name
+        assert not {"epoch_losses", "seconds_per_epoch", "warmup_seconds"} & set(r), name
+
+
 def test_fewer_than_five_timed_epochs_are_refused():
     with pytest.raises(ValueError, match="epochs 3 is not allowed; use at least 5"):
         step_compare.compare_steps("cpu", tiny=True, epochs=3, write=False)
