@@ -147,7 +147,7 @@ def test_a_variant_at_another_rate_than_the_references_is_refused(tmp_path, monk
     assert trainer["refused"].startswith("validation: losses differ") and "seconds_per_epoch" not in trainer
 
 
-@pytest.mark.parametrize("shape", [step_compare.TINY, dict(D=784, H=256, k=25, batch=32, validate_steps=4)],
+@pytest.mark.parametrize("shape", [step_compare.TINY, dict(D=784, H=1000, k=25, batch=32, validate_steps=4)],
                          ids=["tiny", "mnist-like"])
 def test_pytorchs_step_takes_the_reference_steps_on_the_cpu(shape):
     """PyTorch's step (the very function its CUDA graph captures) against NumPy float64, step by step, where
