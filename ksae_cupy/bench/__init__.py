@@ -5,7 +5,8 @@ versions, commit and date with every figure (``metadata.py``).
 and the sparse fine-tuning step), ``gpu.py`` (top-k kernels and a GPU epoch against CuPy and
 PyTorch), ``distributed.py`` (a data-parallel step, all-reduce and sharded top-k traffic),
 ``kernel_grid.py`` (the top-k grid in one device call), ``environment.py`` (a lent device and
-NVRTC's compile of every kernel, checked first).
+NVRTC's compile of every kernel, checked first), ``step_compare.py`` (our GPU step against PyTorch's,
+like for like, validated before it is timed), ``packed_runs.py`` (one run against 16 in one launch).
 
 May import: everything but :mod:`ksae_cupy.cli`.
 """

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ksae_cupy import paper
-from ksae_cupy.bench.metadata import run_metadata, write_results
+from ksae_cupy.bench.metadata import run_metadata, torch_meta, write_results
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.topk import TOPK_METHODS
 
@@ -247,7 +247,7 @@ def bench_topk(Ns=TOPK_NS, Hs=TOPK_HS, ks=TOPK_KS, *, repeats: int = 50, warmup:
                     torch.cuda.empty_cache()
     payload = {
         "benchmark": "topk-gpu",
-        "meta": run_metadata(backend),
+        "meta": {**run_metadata(backend), **torch_meta()},
         "torch": getattr(torch, "__version__", None),
         "absent": absent_libraries(torch, include_torch),
         "copy": copy,
@@ -361,6 +361,9 @@ def _failed_variant(message: str):
     return run_epoch
 
 
+DIVERGED_FACTOR = 2.0  # bench_train_gpu: an epoch's mean loss above twice the first step's is a run that diverged
+
+
 def bench_train_gpu(n_samples: int = 60000, D: int = 784, H: int = paper.HIDDEN, k: int = paper.K,
                     batch: int = paper.BATCH_SIZE, *, lr: float = paper.LR, momentum: float = paper.MOMENTUM,
                     sigma: float = paper.SIGMA, topk_methods=TOPK_METHODS,
@@ -374,8 +377,13 @@ def bench_train_gpu(n_samples: int = 60000, D: int = 784, H: int = paper.HIDDEN,
     imports with CUDA, eager and captured whole as one CUDA graph (``torch_cuda_graph``). Ours also as
     the trainer itself, its step captured as CUDA graphs (``trainer_graph_*``) or not (``trainer_generic_*``). Synthetic uniform [0, 1) data of MNIST's shape. Every variant runs one
     warm-up epoch, then ``epochs`` timed epochs; the median epoch time is projected to
-    ``project_epochs`` epochs. Returns the result dict (``"path"`` of the JSON unless ``write=False``).
+    ``project_epochs`` epochs; a variant whose first or last epoch's mean loss is not finite, or above
+    twice its first step's, gets ``refused`` (why) and no time: at lr 0.01 these uniform rows diverge, as the
+    PyTorch rows of 2026-11-25/26 did. The like-for-like comparison with PyTorch, validated before it is
+    timed, is :mod:`ksae_cupy.bench.step_compare`. Returns the result dict (``"path"`` of the JSON unless
+    ``write=False``).
     """
+    from ksae_cupy.bench.step_compare import refusal
     from ksae_cupy.gpu import fused_step
     from ksae_cupy.model import init_params, loss_and_grads
     from ksae_cupy.optim import MomentumSGD
@@ -449,16 +457,19 @@ def bench_train_gpu(n_samples: int = 60000, D: int = 784, H: int = paper.HIDDEN,
                     t0 = time.perf_counter()
                     last = run_epoch()
                     times.append(time.perf_counter() - t0)
-                sec = float(np.median(times))
-                record = {"seconds_per_epoch": sec, "epoch_times": times, "steps_per_epoch": len(last),
-                          "first_loss": first[0], "last_loss": last[-1],
-                          "projected_hours": sec * project_epochs / 3600.0}
+                record = {"steps_per_epoch": len(last), "first_loss": first[0], "last_loss": last[-1]}
+                why = refusal([float(np.mean(first)), float(np.mean(last))], first[0] * DIVERGED_FACTOR)
+                if why:  # a run that went to NaN or diverged times other arithmetic: no time reported
+                    record["refused"] = why + "; no time reported"
+                else:
+                    sec = float(np.median(times))
+                    record.update(seconds_per_epoch=sec, epoch_times=times, projected_hours=sec * project_epochs / 3600.0)
             except (KsaeError, RuntimeError, MemoryError) as exc:
                 record = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
             results[name] = record
     payload = {
         "benchmark": "train-gpu",
-        "meta": run_metadata(backend),
+        "meta": {**run_metadata(backend), **torch_meta()},
         "torch": getattr(torch, "__version__", None),
         "config": {"n_samples": n_samples, "D": D, "H": H, "k": k, "batch": batch, "lr": lr, "momentum": momentum,
                    "sigma": sigma, "trainer_lr": lr / 10, "epochs_timed": epochs, "project_epochs": project_epochs, "dtype": "float32",

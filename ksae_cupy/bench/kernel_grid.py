@@ -21,16 +21,6 @@ from ksae_cupy.errors import KsaeError
 MARGIN_S = 75.0  # kept back from the budget: the last shape started, and writing the JSON
 
 
-def torch_version():
-    """torch's version, or None when it is absent or broken."""
-    try:
-        import torch
-
-        return torch.__version__
-    except Exception:  # noqa: BLE001 -- absent or broken: recorded as None
-        return None
-
-
 def torch_cuda() -> bool:
     """Whether torch imports with a CUDA device."""
     try:

@@ -59,6 +59,16 @@ def run_metadata(backend=None) -> dict:
     return meta
 
 
+def torch_meta() -> dict:
+    """PyTorch's version, its CUDA and whether it sees a device (None where torch does not import):
+    recorded with every figure that times PyTorch."""
+    try:
+        import torch
+    except Exception:  # noqa: BLE001 -- absent or broken: recorded as None
+        return {"torch": None}
+    return {"torch": torch.__version__, "torch_cuda": torch.version.cuda, "torch_cuda_available": torch.cuda.is_available()}
+
+
 SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_tile", "neon", "asimd",
               "sve")
 

@@ -7,9 +7,11 @@ k-sparse rows at 5000 epochs, Table fn_mnist's k-sparse rows through bin/reprodu
     PYTHONPATH=. python3 bin/gpu-campaign campaign-out --dry-run              # anywhere, CPU, seconds
     PYTHONPATH=. python3 bin/gpu-campaign kernel-grid --kernel-grid --budget-minutes 7   # top-k grid only
 
-Stages, in this order (``--stage`` picks some): env, tests, topk, train, mnist, finetune, collect.
+Stages, in this order (``--stage`` picks some): env, tests, step, packed, grid, mnist, finetune, collect.
+``--benchmarks`` picks env, step, packed, grid and collect, every one run again: all the figures of issue 52
+in one device call of ``--budget-minutes 8``.
 Each writes ``OUT_DIR/<stage>.json`` and ``OUT_DIR/<stage>.md`` (with device, versions, commit and
-date) and its log under ``OUT_DIR/logs/``, and is skipped, with the reason written down, when the
+date) and its log under ``OUT_DIR/logs/``, and is not started, with the reason written down, when the
 budget left is smaller than it needs. ``OUT_DIR/campaign.json`` records each stage's status, so a
 second call with the same OUT_DIR runs only what is not done yet: the MNIST runs checkpoint and
 resume where the last call stopped (training is stopped with Ctrl-C's signal at the budget's end,
@@ -17,10 +19,13 @@ which saves a checkpoint). Everything is written under OUT_DIR; no network is ne
 read from its four ``.gz`` files under ``$KSAE_DATA_DIR/mnist`` or ``./data/mnist``).
 
 The stages call the project's commands in child processes, exactly as a user would: ``pytest -m
-gpu``, ``ksae-bench topk``, ``ksae-bench train --device gpu``, ``ksae-train`` then ``ksae-eval``,
-and ``bin/reproduce-finetune``. ``--dry-run`` (= ``--device cpu --tiny``) runs the same plumbing
-on the CPU with tiny shapes, the synthetic dataset and a few epochs; the GPU-only benchmarks are
-then called with ``--device cpu`` to check their command lines and are recorded as skipped.
+gpu``, the step comparison (:mod:`ksae_cupy.bench.step_compare`), the packed runs
+(:mod:`ksae_cupy.bench.packed_runs`), the kernel grid (``bin/gpu-campaign --kernel-grid``),
+``ksae-train`` then ``ksae-eval``, and ``bin/reproduce-finetune``. ``--dry-run`` (= ``--device cpu --tiny``) runs the same plumbing
+on the CPU with tiny shapes, the synthetic dataset and a few epochs (the step comparison times the
+trainer, and PyTorch eager where torch imports); the kernel grid is then called with ``--device cpu``
+to check its command line and is recorded as skipped. ``--tiny --device gpu`` runs every stage down its
+GPU branches (in CI: on the CuPy stand-in, tests/cupy_standin).
 
 The stages themselves are in :mod:`ksae_cupy.reports.campaign_stages`; the top-k kernel grid
 (``--kernel-grid``) in :mod:`ksae_cupy.bench.kernel_grid`.
@@ -34,21 +39,24 @@ import time
 from pathlib import Path
 
 from ksae_cupy.atomic import write_json_atomic, write_text_atomic
-from ksae_cupy.bench.kernel_grid import torch_version
-from ksae_cupy.bench.metadata import git_commit, run_metadata
+from ksae_cupy.bench.metadata import git_commit, run_metadata, torch_meta
 from ksae_cupy.reports.children import run_until
 from ksae_cupy.reports.folders import utc_now
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout: children import it, tests and bin/ live there
 
 
-STAGES = ("env", "tests", "topk", "train", "mnist", "finetune", "collect")
+STAGES = ("env", "tests", "step", "packed", "grid", "mnist", "finetune", "collect")
+BENCHMARK_STAGES = ("env", "step", "packed", "grid", "collect")  # --benchmarks: issue 52's figures, one call
 # Rough seconds a stage needs on an H100 before it is worth starting (tiny runs: about 1 s).
-# Measured: tests 114-126 s, topk 122 s, train 68 s (2026-11-25/26).
-NEEDS_GPU = {"env": 30, "tests": 150, "topk": 150, "train": 100, "mnist": 90, "finetune": 300, "collect": 0}
+# Measured: tests 114-126 s, the top-k grid 122 s (2026-11-25/26); step and packed: estimates.
+NEEDS_GPU = {"env": 30, "tests": 150, "step": 60, "packed": 60, "grid": 150, "mnist": 90, "finetune": 300,
+             "collect": 0}
+# The most seconds a benchmark stage may take (the grid stops starting shapes before its end).
+STAGE_MAX_S = {"step": 180, "packed": 180, "grid": 300}
 MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 EXIT_INTERRUPTED = 130  # ksae-train: stopped by SIGINT, checkpoint saved
-OF_THE_CODE = ("env", "tests", "topk", "train")  # stages rerun when the commit changed since (runs resume instead)
+OF_THE_CODE = ("env", "tests", "step", "packed", "grid")  # stages rerun when the commit changed since (runs resume instead)
 # The mnist stage's runs, in order: k = 25 at the paper's length (done on an H200, 2026-11-26), then beyond the
 # paper (issue 35: k = 25 with both options), seeds of k = 25 (issue 34), k = 40 both options, k = 40 and 10 (the
 # CPU has run their rows). The centred k = 25 and 40 are done (CPU then H200, results/runs/mnist-k*-5000-center).
@@ -124,7 +132,7 @@ class Campaign:
 
                 backend = resolve_device(self.device)
             self._meta = run_metadata(backend)
-            self._meta["torch"] = torch_version()
+            self._meta.update(torch_meta())
             self._meta["mode"] = ("dry run (cpu, tiny)" if self.device == "cpu" else f"tiny ({self.device})") \
                 if self.tiny else f"full ({self.device})"
         return dict(self._meta, date=utc_now())
@@ -159,6 +167,10 @@ def check_options(args) -> str | None:
     or None when all are good."""
     if args.dry_run:
         args.device, args.tiny = "cpu", True
+    if args.benchmarks:
+        if args.stage:
+            return "--benchmarks and --stage are not allowed together; --benchmarks runs " + ", ".join(BENCHMARK_STAGES)
+        args.stage = list(BENCHMARK_STAGES)
     if args.stop_after_epochs is not None and args.stop_after_epochs < 1:
         return f"--stop-after-epochs {args.stop_after_epochs} is not allowed; use a positive number of epochs"
     if not args.budget_minutes > 0:

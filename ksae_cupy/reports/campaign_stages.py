@@ -1,4 +1,4 @@
-"""The GPU campaign's stages, in order: env, tests, topk, train, mnist, finetune, collect
+"""The GPU campaign's stages, in order: env, tests, step, packed, grid, mnist, finetune, collect
 (``bin/gpu-campaign``; settings, clock and records in :mod:`ksae_cupy.reports.campaign`).
 
 Each stage returns ``(status, reason)`` and writes ``<stage>.json`` / ``<stage>.md``;
@@ -17,7 +17,8 @@ from pathlib import Path
 from ksae_cupy.bench.environment import device_check
 from ksae_cupy.bench.metadata import git_commit
 from ksae_cupy.paper import err_mnist_error, ksparse_key
-from ksae_cupy.reports.campaign import EXIT_INTERRUPTED, MNIST_FILES, OF_THE_CODE, REPO, STAGES, Campaign
+from ksae_cupy.bench.kernel_grid import torch_cuda
+from ksae_cupy.reports.campaign import EXIT_INTERRUPTED, MNIST_FILES, OF_THE_CODE, REPO, STAGE_MAX_S, STAGES, Campaign
 from ksae_cupy.reports.children import python_argv
 from ksae_cupy.reports.folders import evaluation_is_current, progress, read_json
 from ksae_cupy.reports.markdown import percent, table as md_table
@@ -59,41 +60,69 @@ def stage_tests(c: Campaign):
     return ("done", "") if run["status"] in (0, 5) else ("failed", f"pytest exit status {run['status']}")
 
 
-def _bench_stage(c: Campaign, stage: str, gpu_args: list[str], cpu_args: list[str], gpu_only: bool):
-    folder = c.out / stage
-    argv = python_argv("ksae-bench", *(cpu_args if c.device == "cpu" else gpu_args), "--out", folder)
-    run = c.call(stage, argv, c.left())
-    results = sorted(folder.glob("*.json")) if folder.exists() else []
-    log = (c.out / run["log"]).read_text()
-    if c.device == "cpu" and gpu_only:
-        # The command line was parsed (options exist) and refused the CPU, as it must.
-        ok = run["status"] == 2 and "use --device gpu" in log
-        c.write(stage, {"command": argv[3:], **run}, f"not run: needs a GPU (command line checked: {ok})")
-        return ("skipped", "needs a GPU; command line checked") if ok else ("failed", "command line rejected")
+def _child_result(c: Campaign, stage: str, argv: list, pattern: str):
+    """Run a benchmark's child for at most the stage's share of the budget; ``(run, payload or None)``:
+    its newest ``pattern`` JSON under ``OUT_DIR/<stage>/``, read back."""
+    run = c.call(stage, [str(a) for a in argv], min(c.left(), STAGE_MAX_S[stage]))
+    results = sorted((c.out / stage).glob(pattern))
     if run["status"] != 0 or not results:
-        c.write(stage, {"command": argv[3:], **run}, f"failed: exit status {run['status']}; log `{run['log']}`")
-        return "failed", f"exit status {run['status']}" + (" (out of budget)" if run["timed_out"] else "")
-    payload = json.loads(results[-1].read_text())
-    table = _topk_table(payload) if stage == "topk" else _train_table(payload)
-    c.write(stage, {"command": argv[3:], **run, "result_file": str(results[-1].relative_to(c.out)),
-                    "bench_meta": payload.get("meta")}, table)
-    return "done", ""
+        return run, None
+    return {**run, "result_file": str(results[-1].relative_to(c.out))}, json.loads(results[-1].read_text())
 
 
-TINY_TOPK = ["--N", "64", "--H", "128", "--k", "8", "--repeats", "2"]
-TINY_TRAIN = ["--hidden", "32", "--dim", "16", "--k", "4", "--batch-size", "8", "--repeats", "1", "--steps", "2"]
+def _failed_child(c: Campaign, stage: str, argv: list, run: dict):
+    c.write(stage, {"command": [str(a) for a in argv], **run}, f"failed: exit status {run['status']}; log `{run['log']}`")
+    return "failed", f"exit status {run['status']}" + (" (out of budget)" if run["timed_out"] else "")
 
 
-def stage_topk(c: Campaign):
-    return _bench_stage(c, "topk", ["topk", "--device", c.device, "--time-budget", f"{max(10, min(240, c.left() - 90)):.0f}",
-                                     *(TINY_TOPK if c.tiny else [])],
-                        ["topk", "--device", "cpu", *TINY_TOPK], gpu_only=True)
+def stage_step(c: Campaign):
+    """Our step against PyTorch's, validated then timed (:mod:`ksae_cupy.bench.step_compare`)."""
+    argv = [sys.executable, "-m", "ksae_cupy.bench.step_compare", "--out", c.out / "step", "--device", c.device,
+            *(["--tiny"] if c.tiny else []), *c.data_args]
+    run, payload = _child_result(c, "step", argv, "step-compare-*.json")
+    if payload is None:
+        return _failed_child(c, "step", argv, run)
+    c.write("step", {"command": [str(a) for a in argv[3:]], **run, "bench_meta": payload["meta"]}, _step_table(payload))
+    refused = [name for name, r in payload["results"].items() if "refused" in r]
+    return "done", f"no time for {', '.join(refused)} (refused; reasons in the JSON)" if refused else ""
 
 
-def stage_train(c: Campaign):
-    # ksae-bench train times ours captured and generic, and PyTorch eager and captured (docs/guide/gpu.md).
-    return _bench_stage(c, "train", ["train", "--device", c.device, *(TINY_TRAIN if c.tiny else [])],
-                        ["train", "--device", "cpu", *TINY_TRAIN], gpu_only=False)
+def stage_packed(c: Campaign):
+    """One run against 16 in one launch (:mod:`ksae_cupy.bench.packed_runs`); skipped, with the reason, while
+    the packed-training API is not there."""
+    argv = [sys.executable, "-m", "ksae_cupy.bench.packed_runs", "--out", c.out / "packed", "--device", c.device,
+            *(["--tiny"] if c.tiny else []), *c.data_args]
+    run, payload = _child_result(c, "packed", argv, "packed-runs-*.json")
+    if payload is None:
+        return _failed_child(c, "packed", argv, run)
+    launches = payload.get("launches", {})
+    table = md_table(["runs in one launch", "s/epoch", "note"],
+                     [[R, f"{r['seconds_per_epoch']:.4f}" if "seconds_per_epoch" in r else "-", r.get("refused", "")]
+                      for R, r in launches.items()])
+    ratio = payload.get("packed_over_alone")
+    c.write("packed", {"command": [str(a) for a in argv[3:]], **run, "bench_meta": payload["meta"],
+                       "status": payload["status"], "reason": payload["reason"]},
+            "\n\n".join(part for part in (payload["reason"], table if launches else "",
+                                            f"packed over alone: {ratio:.2f}x the time per epoch" if ratio else "") if part))
+    return payload["status"], payload["reason"]
+
+
+def stage_grid(c: Campaign):
+    """The top-k kernel grid (``bin/gpu-campaign --kernel-grid``): its checks, then every shape that fits."""
+    minutes = min(c.left(), STAGE_MAX_S["grid"]) / 60.0
+    tiny = ["--tiny"] if c.tiny else []
+    argv = [sys.executable, REPO / "bin" / "gpu-campaign", c.out / "grid", "--kernel-grid", "--budget-minutes",
+            f"{minutes:.2f}", "--device", c.device, *tiny, *([] if torch_cuda() else ["--no-torch"])]
+    run, payload = _child_result(c, "grid", argv, "topk-gpu-*.json")
+    if c.device == "cpu":  # the grid refuses the CPU, as it must: its command line was parsed and checked
+        ok = run["status"] == 2 and "use --device gpu" in (c.out / run["log"]).read_text()
+        c.write("grid", {"command": [str(a) for a in argv[2:]], **run}, f"not run: needs a GPU (command line checked: {ok})")
+        return ("skipped", "needs a GPU; command line checked") if ok else ("failed", "command line rejected")
+    if payload is None:
+        return _failed_child(c, "grid", argv, run)
+    c.write("grid", {"command": [str(a) for a in argv[2:]], **run, "bench_meta": payload["meta"],
+                     "absent": payload.get("absent")}, _topk_table(payload))
+    return "done", f"{len(payload['skipped'])} shape(s) x k not started in the budget" if payload["skipped"] else ""
 
 
 def stage_mnist(c: Campaign):
@@ -250,16 +279,19 @@ def _topk_table(payload: dict) -> str:
         ["N", "H", "k", "candidate", "valid", "median ms", "GB/s", "of copy"], rows)
 
 
-def _train_table(payload: dict) -> str:
-    results = payload.get("results")
-    if isinstance(results, dict) and all(isinstance(v, dict) for v in results.values()):
-        return md_table(["variant", "s/epoch", "projected 5000 epochs", "error"],
-                        [[name, f"{r['seconds_per_epoch']:.3f}" if "seconds_per_epoch" in r else "-",
-                          f"{r['projected_hours']:.2f} h" if "projected_hours" in r else "-", r.get("error", "")]
-                         for name, r in results.items()])
-    # The CPU benchmark's layout: its scalar figures, as they are.
-    flat = {key: value for key, value in payload.items() if isinstance(value, (int, float, str)) and key != "path"}
-    return md_table(["figure", "value"], [[key, value] for key, value in sorted(flat.items())])
+def _step_table(payload: dict) -> str:
+    """One row per variant: its median epoch, or why it has none."""
+    setup = payload["setup"]
+    rows = [[name, r.get("path", ""), f"{r['validation_max_rel_diff']:.1e}" if "validation_max_rel_diff" in r else "-",
+             f"{r['seconds_per_epoch']:.4f}" if "seconds_per_epoch" in r else "refused: " + r.get("refused", "?")]
+            for name, r in payload["results"].items()]
+    rows += [[name, "absent", "-", why] for name, why in payload.get("absent", {}).items()]
+    speedups = ", ".join(f"{name} {x:.2f}x" for name, x in payload.get("speedup_vs_torch_graph", {}).items())
+    return (f"{setup['data']}; {setup['rows']} rows, {setup['batches_per_epoch']} batches of {setup['batch']}, "
+            f"{setup['D']} x {setup['H']}, k = {setup['k']}, lr {setup['lr']}, momentum {setup['momentum']}, float32; "
+            f"median of {setup['epochs']} epochs after a warm-up\n\n"
+            + md_table(["variant", "path", "validation (max rel. diff)", "s/epoch"], rows)
+            + (f"\n\nfaster than PyTorch's captured step: {speedups}" if speedups else ""))
 
 
 def _mnist_row(name: str, k: int, run_dir: Path, target: int) -> dict:
@@ -273,8 +305,8 @@ def _mnist_row(name: str, k: int, run_dir: Path, target: int) -> dict:
     return row
 
 
-STAGE_FUNCTIONS = {"env": stage_env, "tests": stage_tests, "topk": stage_topk, "train": stage_train,
-                   "mnist": stage_mnist, "finetune": stage_finetune, "collect": stage_collect}
+STAGE_FUNCTIONS = {"env": stage_env, "tests": stage_tests, "step": stage_step, "packed": stage_packed,
+                   "grid": stage_grid, "mnist": stage_mnist, "finetune": stage_finetune, "collect": stage_collect}
 
 
 def run_campaign(args) -> int:

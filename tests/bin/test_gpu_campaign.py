@@ -11,10 +11,11 @@ from types import SimpleNamespace
 import pytest
 
 from clicheck import assert_one_line_error
+from ksae_cupy.bench.packed_runs import find_train_packed
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bin" / "gpu-campaign"
-STAGES = ("env", "tests", "topk", "train", "mnist", "finetune", "collect")
+STAGES = ("env", "tests", "step", "packed", "grid", "mnist", "finetune", "collect")
 # The campaign's own clock (9 minutes by default: stages past it are cut short or not started) set
 # beyond campaign()'s hang guard, so that only a real hang ends a run early, however loaded the machine.
 BUDGET = ("--budget-minutes", "60")
@@ -45,17 +46,19 @@ def test_dry_run_runs_every_stage_and_records_where_it_ran(tmp_path):
     assert result.exit_code == 0, result.output
     out = tmp_path / "out"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing beside OUT_DIR
-    assert statuses(out) == {"env": "done", "tests": "done", "topk": "skipped", "train": "done", "mnist": "done",
-                             "finetune": "done", "collect": "done"}
+    packed = "skipped" if find_train_packed()[0] is None else "done"  # skipped, with why, until the API is there
+    assert statuses(out) == {"env": "done", "tests": "done", "step": "done", "packed": packed, "grid": "skipped",
+                             "mnist": "done", "finetune": "done", "collect": "done"}
     for stage in STAGES:
         payload = json.loads((out / f"{stage}.json").read_text())
         assert payload["meta"]["device"] == "cpu"
         assert payload["meta"]["commit"] and payload["meta"]["date"]
         assert (out / f"{stage}.md").read_text().startswith(f"# gpu-campaign: {stage}")
         assert f"{stage}: start" in result.stdout  # one progress line per stage
-    # Each stage really ran its command: the GPU benchmark refused the CPU, the others produced results.
-    assert "use --device gpu" in (out / "logs" / "topk.log").read_text()
-    assert json.loads((out / "train.json").read_text())["result_file"].startswith("train/")
+    # Each stage really ran its command: the kernel grid refused the CPU, the others produced results.
+    assert "use --device gpu" in (out / "logs" / "grid.log").read_text()
+    step = json.loads((out / json.loads((out / "step.json").read_text())["result_file"]).read_text())
+    assert "seconds_per_epoch" in step["results"]["ours_trainer"]  # validated, then timed
     rows = json.loads((out / "mnist.json").read_text())["rows"]
     assert [r["k"] for r in rows] == [4, 2]
 
@@ -66,7 +69,7 @@ def test_dry_run_runs_every_stage_and_records_where_it_ran(tmp_path):
     again = campaign(tmp_path, "out", "--dry-run", *BUDGET)
     assert again.exit_code == 0, again.output
     assert "tests: start" in again.stdout
-    for stage in ("env", "topk", "train", "mnist", "finetune"):
+    for stage in ("env", "step", "packed", "grid", "mnist", "finetune"):
         assert f"{stage}: {statuses(out)[stage]} in an earlier call" in again.stdout
     for r in rows:
         assert r["epochs"] == r["target"] == 3
@@ -85,20 +88,44 @@ def test_dry_run_runs_every_stage_and_records_where_it_ran(tmp_path):
 
 @pytest.mark.gpu
 def test_tiny_gpu_run_takes_the_gpu_branches(tmp_path, gpu_cupy):
-    """--tiny --device gpu: NVRTC compiles every kernel, three GPU tests run (not skip), and the
-    top-k benchmark runs on the device (on a GPU, or the CuPy stand-in without one)."""
-    result = campaign(tmp_path, "out", "--tiny", "--device", "gpu", "--stage", "env", "--stage", "tests", "--stage",
-                      "topk", *BUDGET)
+    """--tiny --device gpu: NVRTC compiles every kernel and three GPU tests run (not skip), on a GPU or
+    the CuPy stand-in without one."""
+    result = campaign(tmp_path, "out", "--tiny", "--device", "gpu", "--stage", "env", "--stage", "tests", *BUDGET)
     assert result.exit_code == 0, result.output
     out = tmp_path / "out"
-    assert statuses(out) == {"env": "done", "tests": "done", "topk": "done"}
+    assert statuses(out) == {"env": "done", "tests": "done"}
     env = json.loads((out / "env.json").read_text())
     assert env["meta"]["device"] != "cpu" and env["meta"]["mode"] == "tiny (gpu)"
     assert env["nvrtc_compiled"] == env["kernels"] and env["nvrtc_failed"] == {}
     assert json.loads((out / "tests.json").read_text())["counts"]["passed"] == 3
-    topk = json.loads((out / json.loads((out / "topk.json").read_text())["result_file"]).read_text())
-    ours = [r for r in topk["results"] if r["candidate"].startswith("ksae")]
+
+
+@pytest.mark.gpu
+def test_benchmarks_in_one_call_down_the_gpu_branches(tmp_path, gpu_cupy):
+    """--benchmarks --tiny --device gpu: env, step, packed, grid and collect in one call, each figure with its
+    device, versions, commit and date; the step's variants validated before they are timed; every stage
+    run again by a second call (figures are of the commit and the device)."""
+    result = campaign(tmp_path, "out", "--benchmarks", "--tiny", "--device", "gpu", *BUDGET)
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "out"
+    packed = "skipped" if find_train_packed()[0] is None else "done"
+    assert statuses(out) == {"env": "done", "step": "done", "packed": packed, "grid": "done", "collect": "done"}
+    for stage in ("step", "grid"):
+        figures = json.loads((out / json.loads((out / f"{stage}.json").read_text())["result_file"]).read_text())
+        for key in ("device", "cupy", "cuda_runtime", "cuda_driver", "numpy", "commit", "date"):
+            assert figures["meta"][key], (stage, key)
+        assert "torch" in figures["meta"]
+    step = json.loads((out / json.loads((out / "step.json").read_text())["result_file"]).read_text())
+    for name in ("ours_step_graphs_sort", "ours_step_graphs_threshold", "ours_trainer"):
+        assert step["results"][name]["timed_epochs"] == 5, name
+    grid = json.loads((out / json.loads((out / "grid.json").read_text())["result_file"]).read_text())
+    ours = [r for r in grid["results"] if r["candidate"].startswith("ksae")]
     assert len(ours) == 4 and all(r["valid"] for r in ours)  # block and radix, sort and threshold
+    if packed == "skipped":
+        assert "no train_packed" in json.loads((out / "packed.json").read_text())["reason"]
+    assert "| step | done |" in (out / "summary.md").read_text()
+    again = campaign(tmp_path, "out", "--benchmarks", "--tiny", "--device", "gpu", *BUDGET)
+    assert again.exit_code == 0 and all(f"{stage}: start" in again.stdout for stage in ("env", "step", "grid"))
 
 
 def test_second_call_resumes_the_interrupted_training(tmp_path):
@@ -122,7 +149,8 @@ def test_second_call_resumes_the_interrupted_training(tmp_path):
 
 @pytest.mark.parametrize("args, fragments", [
     (["--budget-minutes", "0"], ["--budget-minutes 0", "positive"]),
-    (["--stage", "bench"], ["--stage 'bench'", "env, tests, topk"]),
+    (["--stage", "bench"], ["--stage 'bench'", "env, tests, step"]),
+    (["--benchmarks", "--stage", "env"], ["--benchmarks and --stage are not allowed together"]),
     (["--device", "tpu"], ["--device 'tpu'", "gpu, gpu:N or cpu"]),
     (["--device", "cpu"], ["--device cpu needs --tiny"]),
     (["--ks", "25,x"], ["--ks 'x'", "positive integers"]),

@@ -11,7 +11,7 @@ from ksae_cupy.reports.campaign import check_options, parse_run
 
 
 def options(tmp_path: Path, **given) -> SimpleNamespace:
-    defaults = dict(out_dir=tmp_path / "out", budget_minutes=9.0, stage=None, dry_run=False, device="gpu", tiny=False,
+    defaults = dict(out_dir=tmp_path / "out", budget_minutes=9.0, stage=None, benchmarks=False, dry_run=False, device="gpu", tiny=False,
                     ks=None, epochs=None, side_by_side=2, stop_after_epochs=None)
     return SimpleNamespace(**{**defaults, **given})
 
@@ -31,6 +31,12 @@ def test_dry_run_is_the_cpu_and_tiny_shapes_and_ks_become_runs(tmp_path):
     assert check_options(args) is None
     assert (args.device, args.tiny) == ("cpu", True)
     assert args.ks == [("k3", 3, []), ("k2-center", 2, ["--center-input"])]
+
+
+def test_benchmarks_are_the_stages_of_one_call(tmp_path):
+    args = options(tmp_path, benchmarks=True)
+    assert check_options(args) is None
+    assert args.stage == ["env", "step", "packed", "grid", "collect"]
 
 
 @pytest.mark.parametrize("given, fragment", [
