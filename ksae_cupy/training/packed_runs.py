@@ -213,7 +213,8 @@ def _train_pack(members: list, outcomes: list, stacked, policy_of, log, running:
             log(f"{member.folder.path.name}: diverged: {outcomes[i].diverged}")
         elif member.trainer.step != member.step_before or not member.folder.checkpoint.exists():
             member.save()
-    log(f"pack of {len(members)} run(s): {time.perf_counter() - started:.1f} s")
+    how = "as one stacked model" if pack.stacked else "one after another"
+    log(f"pack of {len(members)} run(s), {how}: {time.perf_counter() - started:.1f} s")
 
 
 def _device_rows(members: list) -> list:
