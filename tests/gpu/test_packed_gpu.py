@@ -102,3 +102,30 @@ def test_ksae_sweep_on_the_gpu_packs_its_grid(data, tmp_path):
         for key in ("final_train_loss", "final_valid_loss", "valid_loss_alpha_k"):
             assert g[key] == pytest.approx(c[key], rel=1e-4), key
     assert load_checkpoint(tmp_path / "gpu" / "runs" / "h48-k6-seed1-e2" / "checkpoint.h5").epoch == 2
+
+
+def test_the_packed_benchmark_validates_then_times(tmp_path, monkeypatch):
+    """ksae-bench packed's measure (timings under the stand-in mean nothing; what it records and refuses does):
+    a pack whose step is wrong is refused before any figure is written."""
+    from ksae_cupy.bench.packed import bench_packed
+    from ksae_cupy.errors import KsaeError
+    from ksae_cupy.training import packed
+
+    X, _, _ = make_sparse_signals(300, D=32, H=64, k=4, seed=5)
+    gpu = resolve_device("gpu")
+    result = bench_packed(X, gpu, runs=(1, 2), k=4, hidden=48, batch_size=100, epochs=1, out_dir=tmp_path,
+                          log=lambda line: None)
+    assert [(row["runs"], row["stacked"]) for row in result["packs"]] == [(1, True), (2, True)]
+    assert all(row["epoch_s"] > 0 for row in result["packs"]) and json.loads(open(result["path"]).read())["k"] == 4
+
+    def off_by_a_bit(W_mdh, b_mh, c_md, X_mnd, k, topk_method, activation):
+        sq_error_m, grads, idx, val = stacked_loss_and_grads(W_mdh, b_mh, c_md, X_mnd, k, topk_method, activation)
+        return sq_error_m * 1.01, grads, idx, val
+
+    from ksae_cupy.packed_step import stacked_loss_and_grads
+
+    monkeypatch.setattr(packed, "stacked_loss_and_grads", off_by_a_bit)
+    with pytest.raises(KsaeError, match="pack of 1: the run of seed 0 lost"):
+        bench_packed(X, gpu, runs=(1,), k=4, hidden=48, batch_size=100, epochs=1, out_dir=tmp_path / "wrong",
+                     log=lambda line: None)
+    assert not (tmp_path / "wrong").exists()
