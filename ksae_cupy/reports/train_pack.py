@@ -68,14 +68,8 @@ def run_config(dataset: str, run: dict, hidden: int):
     return new_config(values, parse_lr(run.get("lr", values["lr"]), default=default_lr))
 
 
-def usage_error(message: str):
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
 def parse(argv=None):
     ap = argparse.ArgumentParser(prog="train-pack", description=__doc__.splitlines()[0])
-    ap.error = usage_error  # one line, exit status 2
     ap.add_argument("dataset", help="a built-in dataset (mnist, ...) or your file, as ksae-train takes it")
     ap.add_argument("--run", action="append", required=True, help="one run: dir=FOLDER,k=K,seed=S,epochs=E[,lr=LR]")
     ap.add_argument("--hidden", type=int, default=1000, help="hidden units of every run [default: 1000]")
