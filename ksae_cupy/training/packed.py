@@ -86,12 +86,13 @@ class Pack:
                          for name in PARAM_NAMES}
         self.velocities_m = {name: xp.stack([xp.ascontiguousarray(t.optimizer.velocities[name]) for t in members])
                              for name in PARAM_NAMES}
+        self.since_kept_mh = xp.stack([t.since_kept_h for t in members])  # the dead-unit counts, all at once
         dtype = self.params_m["W_dh"].dtype
         self.lr_m = xp.asarray(np.array([t.config.lr for t in members], dtype=dtype))
         self.momentum_m = xp.asarray(np.array([t.config.momentum for t in members], dtype=dtype))
         for i, trainer in enumerate(members):
             trainer.share_arrays({name: self.params_m[name][i] for name in PARAM_NAMES},
-                                 {name: self.velocities_m[name][i] for name in PARAM_NAMES})
+                                 {name: self.velocities_m[name][i] for name in PARAM_NAMES}, self.since_kept_mh[i])
 
     # -- training ---------------------------------------------------------------------------------
     @property
@@ -203,7 +204,10 @@ class Pack:
             chosen = [i for i, _ in batch]
             take = _slice_or_indices(chosen)
             take = take if isinstance(take, slice) else xp.asarray(take)
-            X_mnd = xp.stack([X_trains[i][rows] for i, rows in batch])
+            if all(X_trains[i] is X_trains[chosen[0]] for i in chosen):  # one gather for the whole stack
+                X_mnd = X_trains[chosen[0]][xp.stack([rows for _, rows in batch])]
+            else:
+                X_mnd = xp.stack([X_trains[i][rows] for i, rows in batch])
             params = {name: value[take] for name, value in self.params_m.items()}  # views for a slice
             config = members[chosen[0]].config
             sq_error_m, grads, idx_mnk, val_mnk = stacked_loss_and_grads(
@@ -218,6 +222,7 @@ class Pack:
                         trainer.config.lr)
             self._update(take, params, grads)
             kept_mh = kept_counts(idx_mnk, params["W_dh"].shape[2])
+            self._note_kept(take, kept_mh, n)
             seconds = time.perf_counter() - started
             for j, i in enumerate(chosen):
                 if i in self.failed:
@@ -226,8 +231,17 @@ class Pack:
                 running[i].parts["steps"] += seconds  # the group's launch time (the GPU's own is in the epoch's total)
                 if config.activation != "linear":  # relu units: a kept unit may be 0 (linear ones keep n * k)
                     trainer._batch_nonzero = xp.count_nonzero(val_mnk[j])
-                trainer.count_step(losses[j], n, k, kept_mh[j])
+                trainer.count_step(losses[j], n, k, kept_mh[j], dead_units=False)  # counted by _note_kept
                 epochs.count_batch(trainer, trainer.batch_in_epoch)
+
+    def _note_kept(self, take, kept_mh, n: int) -> None:
+        """The members' dead-unit counts after a step on ``n`` examples each (as :meth:`Trainer._note_kept`, for
+        the whole stack at once): ``n`` more for every unit, 0 for those the step kept."""
+        since_kept_mh = self.since_kept_mh[take]
+        since_kept_mh += n
+        since_kept_mh[kept_mh > 0] = 0
+        if not isinstance(take, slice):  # fancy indexing copied them: written back
+            self.since_kept_mh[take] = since_kept_mh
 
     def _update(self, take, params: dict, grads: dict) -> None:
         """Momentum SGD of the members ``take`` selects, each at its own rate and momentum."""

@@ -150,12 +150,13 @@ class Trainer:
             params["W_dh"] = sparse_layout(params["W_dh"])
         return params
 
-    def share_arrays(self, params: dict, velocities: dict) -> None:
-        """Train on ``params`` and ``velocities`` from now on: arrays holding this run's values (a pack of runs
-        stepped as one stacked model, :mod:`ksae_cupy.training.packed`, gives views of its stacked arrays). A
-        captured step was built on the old arrays: it is dropped, the pack steps this run."""
+    def share_arrays(self, params: dict, velocities: dict, since_kept_h) -> None:
+        """Train on ``params``, ``velocities`` and ``since_kept_h`` from now on: arrays holding this run's values
+        (a pack of runs stepped as one stacked model, :mod:`ksae_cupy.training.packed`, gives views of its
+        stacked arrays). A captured step was built on the old arrays: it is dropped, the pack steps this run."""
         self.params = params
         self.optimizer.velocities = velocities
+        self.since_kept_h = since_kept_h
         self._captures, self._captured = False, None
 
     @property
@@ -341,9 +342,10 @@ class Trainer:
         self.count_step(loss, X_nd.shape[0], k, kept_h)
         return loss
 
-    def count_step(self, loss: float, n: int, k: int, kept_h) -> None:
-        """Add one step's figures to the epoch's tally and the dead-unit counts: its loss on ``n`` examples at
-        ``k``, and how many of them kept each unit (``kept_h``)."""
+    def count_step(self, loss: float, n: int, k: int, kept_h, dead_units: bool = True) -> None:
+        """Add one step's figures to the epoch's tally and (unless ``dead_units`` is False: a pack counts them
+        for all its runs at once) the dead-unit counts: its loss on ``n`` examples at ``k``, and how many of
+        them kept each unit (``kept_h``)."""
         cfg, tally = self.config, self.tally
         tally.add("loss", loss)
         tally.add("batches", 1)
@@ -352,7 +354,8 @@ class Trainer:
         tally.add("kept_h", kept_h)
         # Linear units: the k kept; relu units: those of them above 0 (None where a trainer did not count).
         tally.add("nonzero", n * k if cfg.activation == "linear" else self._batch_nonzero)
-        self._note_kept(kept_h, n)
+        if dead_units:
+            self._note_kept(kept_h, n)
 
     def _sync_captured(self, k: int) -> None:
         """The tally from the captured step's device counters (they count this session's batches; the
