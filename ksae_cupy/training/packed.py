@@ -86,7 +86,10 @@ class Pack:
                          for name in PARAM_NAMES}
         self.velocities_m = {name: xp.stack([xp.ascontiguousarray(t.optimizer.velocities[name]) for t in members])
                              for name in PARAM_NAMES}
-        self.since_kept_mh = xp.stack([t.since_kept_h for t in members])  # the dead-unit counts, all at once
+        # Per unit, all runs at once: the dead-unit counts, and the running epoch's count of examples that kept
+        # each unit (each run's tally holds a view of its row: _open).
+        self.since_kept_mh = xp.stack([t.since_kept_h for t in members])
+        self.kept_mh = xp.zeros(self.since_kept_mh.shape, dtype=np.int64)
         dtype = self.params_m["W_dh"].dtype
         self.lr_m = xp.asarray(np.array([t.config.lr for t in members], dtype=dtype))
         self.momentum_m = xp.asarray(np.array([t.config.momentum for t in members], dtype=dtype))
@@ -153,7 +156,12 @@ class Pack:
         trainer = self.members[i]
         trainer._epoch_step = trainer._step_and_lanes(trainer.current_k())
         with self._blas(trainer):
-            return trainer.open_epoch(X_nd)
+            epoch = trainer.open_epoch(X_nd)
+        if self.stacked:  # the epoch's per-unit count in the stacked array (from a resumed tally's, mid-epoch)
+            kept_h = trainer.tally.get("kept_h", None)
+            self.kept_mh[i] = 0 if kept_h is None or np.ndim(kept_h) == 0 else kept_h
+            trainer.tally.values["kept_h"] = self.kept_mh[i]
+        return epoch
 
     @staticmethod
     def _blas(trainer):
@@ -221,8 +229,7 @@ class Pack:
                         f"learning rate {trainer.config.lr}", losses[j], trainer.epoch + 1, trainer.step + 1,
                         trainer.config.lr)
             self._update(take, params, grads)
-            kept_mh = kept_counts(idx_mnk, params["W_dh"].shape[2])
-            self._note_kept(take, kept_mh, n)
+            self._count_units(take, kept_counts(idx_mnk, params["W_dh"].shape[2]), n)
             seconds = time.perf_counter() - started
             for j, i in enumerate(chosen):
                 if i in self.failed:
@@ -231,17 +238,19 @@ class Pack:
                 running[i].parts["steps"] += seconds  # the group's launch time (the GPU's own is in the epoch's total)
                 if config.activation != "linear":  # relu units: a kept unit may be 0 (linear ones keep n * k)
                     trainer._batch_nonzero = xp.count_nonzero(val_mnk[j])
-                trainer.count_step(losses[j], n, k, kept_mh[j], dead_units=False)  # counted by _note_kept
+                trainer.count_step(losses[j], n, k, None, per_unit=False)  # per unit: counted by _count_units
                 epochs.count_batch(trainer, trainer.batch_in_epoch)
 
-    def _note_kept(self, take, kept_mh, n: int) -> None:
-        """The members' dead-unit counts after a step on ``n`` examples each (as :meth:`Trainer._note_kept`, for
-        the whole stack at once): ``n`` more for every unit, 0 for those the step kept."""
-        since_kept_mh = self.since_kept_mh[take]
+    def _count_units(self, take, kept_mh, n: int) -> None:
+        """The per-unit counts of the members ``take`` selects after a step on ``n`` examples each, for the whole
+        stack at once (what :meth:`Trainer.count_step` does per run): the epoch's examples that kept each unit,
+        and the dead-unit counts (``n`` more for every unit, 0 for those the step kept)."""
+        epoch_kept_mh, since_kept_mh = self.kept_mh[take], self.since_kept_mh[take]
+        epoch_kept_mh += kept_mh
         since_kept_mh += n
         since_kept_mh[kept_mh > 0] = 0
         if not isinstance(take, slice):  # fancy indexing copied them: written back
-            self.since_kept_mh[take] = since_kept_mh
+            self.kept_mh[take], self.since_kept_mh[take] = epoch_kept_mh, since_kept_mh
 
     def _update(self, take, params: dict, grads: dict) -> None:
         """Momentum SGD of the members ``take`` selects, each at its own rate and momentum."""

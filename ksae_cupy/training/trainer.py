@@ -342,19 +342,19 @@ class Trainer:
         self.count_step(loss, X_nd.shape[0], k, kept_h)
         return loss
 
-    def count_step(self, loss: float, n: int, k: int, kept_h, dead_units: bool = True) -> None:
-        """Add one step's figures to the epoch's tally and (unless ``dead_units`` is False: a pack counts them
-        for all its runs at once) the dead-unit counts: its loss on ``n`` examples at ``k``, and how many of
-        them kept each unit (``kept_h``)."""
+    def count_step(self, loss: float, n: int, k: int, kept_h, per_unit: bool = True) -> None:
+        """Add one step's figures to the epoch's tally: its loss on ``n`` examples at ``k``, and (unless
+        ``per_unit`` is False: a pack counts them for all its runs at once) how many of them kept each unit
+        (``kept_h``), in the tally and the dead-unit counts."""
         cfg, tally = self.config, self.tally
         tally.add("loss", loss)
         tally.add("batches", 1)
         tally.add("sq_error", 2.0 * loss * n)  # the loss is 0.5 ||x - xhat||^2 averaged over the batch
         tally.add("examples", n)
-        tally.add("kept_h", kept_h)
         # Linear units: the k kept; relu units: those of them above 0 (None where a trainer did not count).
         tally.add("nonzero", n * k if cfg.activation == "linear" else self._batch_nonzero)
-        if dead_units:
+        if per_unit:
+            tally.add("kept_h", kept_h)
             self._note_kept(kept_h, n)
 
     def _sync_captured(self, k: int) -> None:

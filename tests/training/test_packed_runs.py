@@ -166,3 +166,41 @@ def test_refusals_name_the_bad_value(data, tmp_path):
         train_packed([TrainConfig(**{**CONFIGS[0], "k": 7})], data, CPU, [tmp_path / "b"], log=lambda line: None)
     with pytest.raises(KsaeError, match="must share the input width, hidden"):
         Pack([Trainer(TrainConfig(**{**CONFIGS[0], "hidden": h}), CPU, D=32) for h in (40, 50)], stacked=True)
+
+
+def test_a_stacked_pack_stopped_mid_epoch_and_resumed_from_checkpoints_ends_as_one_never_stopped(data):
+    """The GPU's way (here on NumPy, deterministic): stopped after the first epoch of the runs of 12 batches
+    (the run of 15 batches mid-epoch), each run rebuilt from its checkpoint alone and stacked again: every array and epoch report
+    as in a pack that ran straight through."""
+    X, X_valid = data.X_train, data.X_valid
+    # 200 units and k 3: a unit kept in the 12 batches before the stop may be kept in none of the 3 after it,
+    # so an epoch's dead fraction tells whether its count before the stop came back with the checkpoint.
+    options = [{**c, "hidden": 200, "k": 3, "k_start": None} for c in CONFIGS]
+
+    def configs():
+        return [TrainConfig(**o) for o in options]
+
+    def strip(report):
+        return {key: value for key, value in vars(report).items() if key not in TIMING}
+
+    straight, straight_reports = [Trainer(config, CPU, D=32) for config in configs()], [[], [], []]
+    Pack(straight, stacked=True).fit(X, X_valid, on_epoch=lambda i, r: straight_reports[i].append(strip(r)))
+
+    first, reports = [Trainer(config, CPU, D=32) for config in configs()], [[], [], []]
+    pack = Pack(first, stacked=True)
+
+    def stop_after_the_first_epoch(i, report):
+        reports[i].append(strip(report))
+        pack.stop_requested = True
+
+    pack.fit(X, X_valid, on_epoch=stop_after_the_first_epoch)
+    checkpoints = [trainer.checkpoint() for trainer in first]
+    assert [c.batch_in_epoch for c in checkpoints] == [0, 12, 0] and [c.epoch for c in checkpoints] == [1, 0, 1]
+    resumed = [Trainer(TrainConfig.from_dict(c.config), CPU, D=32, checkpoint=c) for c in checkpoints]
+    Pack(resumed, stacked=True).fit(X, X_valid, on_epoch=lambda i, r: reports[i].append(strip(r)))
+    for a, b in zip(resumed, straight):
+        ca, cb = a.checkpoint(), b.checkpoint()
+        for part in ("params", "velocities", "units"):
+            for name, value in getattr(cb, part).items():
+                np.testing.assert_array_equal(getattr(ca, part)[name], value, err_msg=f"{part} {name}")
+    assert reports == straight_reports
