@@ -248,7 +248,7 @@ class Pack:
         epoch_kept_mh, since_kept_mh = self.kept_mh[take], self.since_kept_mh[take]
         epoch_kept_mh += kept_mh
         since_kept_mh += n
-        since_kept_mh[kept_mh > 0] = 0
+        since_kept_mh *= kept_mh == 0  # 0 where kept: one elementwise pass, no mask to gather
         if not isinstance(take, slice):  # fancy indexing copied them: written back
             self.kept_mh[take], self.since_kept_mh[take] = epoch_kept_mh, since_kept_mh
 
