@@ -112,6 +112,7 @@ class Pack:
         with self.backend.use(), np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             self._prepare(X_trains, X_valids)
             running = {}  # member -> its OpenEpoch
+            self._blas_scope, self._blas_one_thread = contextlib.ExitStack(), False
             try:
                 while not self.stop_requested:
                     active = [i for i, t in enumerate(members) if i not in self.failed and not t.finished]
@@ -130,6 +131,7 @@ class Pack:
                         if i not in self.failed:
                             self._close(i, epoch, X_trains[i], X_valids[i], on_epoch, should_checkpoint, checkpoint)
             finally:
+                self._blas_scope.close()
                 for trainer in members:
                     trainer._epoch_step, trainer._spread = None, None
 
@@ -155,26 +157,32 @@ class Pack:
     def _open(self, i: int, X_nd):
         trainer = self.members[i]
         trainer._epoch_step = trainer._step_and_lanes(trainer.current_k())
-        with self._blas(trainer):
-            epoch = trainer.open_epoch(X_nd)
+        self._blas_as_alone(trainer)
+        epoch = trainer.open_epoch(X_nd)
         if self.stacked:  # the epoch's per-unit count in the stacked array (from a resumed tally's, mid-epoch)
             kept_h = trainer.tally.get("kept_h", None)
             self.kept_mh[i] = 0 if kept_h is None or np.ndim(kept_h) == 0 else kept_h
             trainer.tally.values["kept_h"] = self.kept_mh[i]
         return epoch
 
-    @staticmethod
-    def _blas(trainer):
-        """The BLAS threads of the member's epoch, as its run alone has them (products differ in their last
-        bits on another count)."""
+    def _blas_as_alone(self, trainer) -> None:
+        """BLAS's threads for the member's epoch as its run alone has them (products differ in their last bits
+        on another count): one thread while its step runs in lanes, else BLAS's own. The limit is changed only
+        when a member wants another one than the last (setting it costs more than a small step)."""
         step = trainer._epoch_step
-        return trainer._blas_for(step[2]) if step is not None else contextlib.nullcontext()
+        one_thread = step is not None and step[2] != 1
+        if one_thread != self._blas_one_thread:
+            self._blas_scope.close()
+            self._blas_scope = contextlib.ExitStack()
+            if one_thread:
+                self._blas_scope.enter_context(trainer._blas_for(step[2]))
+            self._blas_one_thread = one_thread
 
     def _close(self, i, epoch, X_nd, X_valid_nd, on_epoch, should_checkpoint, checkpoint) -> None:
         trainer = self.members[i]
         try:
-            with self._blas(trainer):
-                report = trainer.close_epoch(epoch, X_nd, X_valid_nd)
+            self._blas_as_alone(trainer)
+            report = trainer.close_epoch(epoch, X_nd, X_valid_nd)
         except TrainingDiverged as exc:
             self.failed[i] = exc
             return
@@ -191,8 +199,8 @@ class Pack:
             trainer = self.members[i]
             b = trainer.batch_in_epoch
             try:
-                with self._blas(trainer):
-                    epoch.one_step(b)
+                self._blas_as_alone(trainer)
+                epoch.one_step(b)
             except TrainingDiverged as exc:
                 self.failed[i] = exc
                 continue

@@ -46,11 +46,11 @@ def configs():
     return [TrainConfig(**options) for options in CONFIGS]
 
 
-def train_alone(data, options: dict, run_dir):
-    """The run as ``ksae-train`` trains it alone, on one thread."""
+def train_alone(data, options: dict, run_dir, threads: int = 1):
+    """The run as ``ksae-train`` trains it alone, on ``threads`` threads."""
     args = ["synthetic", "--hidden", options["hidden"], "--k", options["k"],
             "--epochs", options["epochs"], "--batch-size", options["batch_size"], "--lr", options["lr"],
-            "--seed", options["seed"], "--threads", 1, "--device", "cpu", "--quiet", "--run-dir", run_dir]
+            "--seed", options["seed"], "--threads", threads, "--device", "cpu", "--quiet", "--run-dir", run_dir]
     args += ["--no-k-schedule"] if options["k_start"] is None else ["--k-start", options["k_start"]]
     result = CliRunner().invoke(train_command, [str(a) for a in args], catch_exceptions=False)
     assert result.exit_code == 0, result.output
@@ -73,12 +73,13 @@ def assert_same_run(a_dir, b_dir) -> None:
     assert metrics(a_dir) == metrics(b_dir)
 
 
-def test_a_run_packed_with_others_gives_the_numbers_of_the_run_alone(data, tmp_path):
+@pytest.mark.parametrize("threads", [1, 2])  # 2: the CPU kernels' step in two lanes, BLAS on one thread meanwhile
+def test_a_run_packed_with_others_gives_the_numbers_of_the_run_alone(data, tmp_path, threads):
     folders = [tmp_path / "pack" / f"run{i}" for i in range(3)]
-    outcomes = train_packed(configs(), data, CPU, folders, settings={"threads": 1}, log=lambda line: None)
+    outcomes = train_packed(configs(), data, CPU, folders, settings={"threads": threads}, log=lambda line: None)
     assert [o.report.epoch for o in outcomes] == [3, 4, 2] and not any(o.diverged for o in outcomes)
     for i, options in enumerate(CONFIGS):
-        train_alone(data, options, tmp_path / f"alone{i}")
+        train_alone(data, options, tmp_path / f"alone{i}", threads)
         assert_same_run(folders[i], tmp_path / f"alone{i}")
     # The k schedule ran in the packed run as alone: k 20 first, then down to 7.
     assert [line["k"] for line in metrics(folders[1])][0] == 20 and metrics(folders[1])[-1]["k"] == 7
