@@ -209,7 +209,7 @@ class Pack:
     def _stacked_step(self, running: dict, X_trains) -> None:
         """One batch of every running member: the members at one k and batch size as one stacked step."""
         xp, members = self.backend.xp, self.members
-        groups = {}  # (k, rows) -> [(member, its batch's rows)]
+        groups = {}  # (k, batch size) -> [(member, its batch's rows)]
         for i, epoch in running.items():
             trainer = members[i]
             b, size = trainer.batch_in_epoch, trainer.config.batch_size
@@ -218,8 +218,7 @@ class Pack:
         for (k, n), batch in groups.items():
             started = time.perf_counter()
             chosen = [i for i, _ in batch]
-            take = _slice_or_indices(chosen)
-            take = take if isinstance(take, slice) else xp.asarray(take)
+            take = _slice_or_indices(chosen, xp)
             if all(X_trains[i] is X_trains[chosen[0]] for i in chosen):  # one gather for the whole stack
                 X_mnd = X_trains[chosen[0]][xp.stack([rows for _, rows in batch])]
             else:
@@ -272,9 +271,9 @@ class Pack:
                 self.velocities_m[name][take] = v_m
 
 
-def _slice_or_indices(chosen: list[int]):
+def _slice_or_indices(chosen: list[int], xp):
     """A slice where the members are consecutive (then the stacked arrays are updated through views), else
-    their indices."""
+    their indices (a device array of ``xp``)."""
     if chosen == list(range(chosen[0], chosen[0] + len(chosen))):
         return slice(chosen[0], chosen[0] + len(chosen))
-    return np.asarray(chosen, dtype=np.int64)
+    return xp.asarray(np.asarray(chosen, dtype=np.int64))
