@@ -150,7 +150,7 @@ def run_packed(specs: list[dict], dataset: str, out: Path, *, device: str = "aut
     threads = int(specs[0].get("threads", 1)) if specs else 1
     log(f"sweep: {len(specs)} trainings packed in one process on {backend.description}")
     started = time.perf_counter()
-    outcomes = train_packed(configs, data, backend, folders, dataset=dataset,
+    outcomes = train_packed(configs, data, backend, folders, dataset=dataset, restart_unstarted=True,
                             settings={"threads": threads, "device": device,
                                       "data_dir": None if data_dir is None else str(data_dir)}, log=log)
     seconds = time.perf_counter() - started

@@ -46,8 +46,8 @@ class PackedOutcome:
     diverged: str | None = None
 
 
-def train_packed(configs: list, data, backend, folders: list, *, dataset=None,
-                 settings: dict | None = None, stacked: bool | None = None, log=print) -> list[PackedOutcome]:
+def train_packed(configs: list, data, backend, folders: list, *, dataset=None, settings: dict | None = None,
+                 stacked: bool | None = None, restart_unstarted: bool = False, log=print) -> list[PackedOutcome]:
     """Train ``configs`` (:class:`~ksae_cupy.training.config.TrainConfig`, ``lr`` a number or ``"auto"``) on
     ``data`` (a loaded :class:`~ksae_cupy.datasets.Dataset`) on ``backend``, run ``i`` in ``folders[i]``
     (new, or resumed where it holds a checkpoint); one outcome per run, in order.
@@ -55,7 +55,10 @@ def train_packed(configs: list, data, backend, folders: list, *, dataset=None,
     ``dataset``: how config.json names the data (default ``data.name``): a built-in name, a user file, or its
     :class:`~ksae_cupy.datasets.user_files.DataSpec` (its labels and splits, as ``data`` was loaded with); ``settings``: the session settings
     config.json records (``checkpoint_every``, ``checkpoint_minutes``, ``threads``, ...; default ksae-train's);
-    ``stacked``: :class:`Pack`'s (default: on a GPU). ``log(line)`` gets one line per run's epoch."""
+    ``stacked``: :class:`Pack`'s (default: on a GPU); ``restart_unstarted``: a folder holding a run stopped before
+    its first checkpoint (config.json, metrics, nothing to resume) starts again, its files replaced (a caller
+    that owns its folders, as ``ksae-sweep`` its ``OUT/runs``; else such a folder is refused, as ``ksae-train``
+    refuses it). ``log(line)`` gets one line per run's epoch."""
     if len(configs) != len(folders):
         raise KsaeError(f"{len(configs)} configurations for {len(folders)} run folders; give one folder per run")
     paths = [Path(folder) for folder in folders]
@@ -65,7 +68,8 @@ def train_packed(configs: list, data, backend, folders: list, *, dataset=None,
     settings = {**DEFAULT_SETTINGS, **(settings or {})}
     policy_of = lambda: CheckpointPolicy(settings["checkpoint_every"], settings["checkpoint_minutes"])  # noqa: E731
     # Everything checked and every model built before any folder is written.
-    members = [_open_member(config, data, backend, path, log) for config, path in zip(configs, paths)]
+    members = [_open_member(config, data, backend, path, restart_unstarted, log)
+               for config, path in zip(configs, paths)]
     record = _data_record(dataset if dataset is not None else data.name)
     outcomes = [PackedOutcome(member.folder.path, member.model) for member in members]
     try:
@@ -127,8 +131,8 @@ def _stacks(backend, stacked: bool | None) -> bool:
 class _Member:
     """One run of the pack: its folder, estimator, and the rows it trains on (host, after its preprocessing)."""
 
-    def __init__(self, folder: RunFolder, model, data, resumed: bool):
-        self.folder, self.model, self.data, self.resumed = folder, model, data, resumed
+    def __init__(self, folder: RunFolder, model, data, resumed: bool, restarted: list | None = None):
+        self.folder, self.model, self.data, self.resumed, self.restarted = folder, model, data, resumed, restarted
         self.policy = None
         self.step_before = model.trainer_.step
 
@@ -139,6 +143,11 @@ class _Member:
     def begin(self, record: dict, settings: dict, backend, log) -> None:
         """Make and lock the folder, drop metrics logged after a resumed checkpoint, write config.json as
         ``ksae-train`` writes it."""
+        if self.restarted:  # checked by _open_member: files of a run that never wrote a checkpoint
+            for name in self.folder.run_files():
+                (self.folder.path / name).unlink()
+            log(f"{self.folder.path}: its run stopped before its first checkpoint; removed {', '.join(self.restarted)}; "
+                f"starting it again")
         self.folder.create(log=log, new=not self.resumed)
         trainer = self.trainer
         if self.resumed:
@@ -153,7 +162,7 @@ class _Member:
         self.model.save(self.folder.checkpoint)
 
 
-def _open_member(config, data, backend, path: Path, log) -> _Member:
+def _open_member(config, data, backend, path: Path, restart_unstarted: bool, log) -> _Member:
     """The run in ``path``: resumed from its checkpoint (its configuration checked against ``config``), or new
     (its folder checked, its model prepared as ``ksae-train`` prepares one: --lr auto resolved, the checks)."""
     from ksae_cupy.training import resuming
@@ -162,9 +171,10 @@ def _open_member(config, data, backend, path: Path, log) -> _Member:
 
     folder = RunFolder(path, kind=TRAIN)
     if not folder.checkpoint.is_file():
-        folder.check_new()
+        restarted = folder.run_files() if restart_unstarted and folder.folder_kind() in (None, TRAIN) else None
+        folder.check_new(overwrite=bool(restarted))
         model, _ = new_model(config, data, backend, lambda line, err=False: log(f"{path}: {line}"))
-        return _Member(folder, model, data, resumed=False)
+        return _Member(folder, model, data, resumed=False, restarted=restarted)
     folder.check_resumable()
     model = KSparseAutoencoder.load(folder.checkpoint, device=backend.name)
     saved = model.trainer_.config

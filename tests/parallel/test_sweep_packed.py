@@ -48,6 +48,12 @@ def test_a_packed_sweep_gives_the_rows_of_each_run_alone_and_resumes(data_file, 
     assert "epoch 1/2" not in again
     newer = json.loads((out / "results.json").read_text())
     assert [without_time(row) for row in newer] == [without_time(row) for row in rows]
+    # A run killed before its first checkpoint (config.json and metrics, nothing to resume) starts again.
+    (out / "runs" / "h24-k5-seed1-e2" / "checkpoint.h5").unlink()
+    again = sweep([data_file, *GRID, "--pack", "--out", out])
+    assert "removed" in again and "h24-k5-seed1-e2: epoch 1/2" in again and "h24-k3-seed0-e2: epoch" not in again
+    newer = json.loads((out / "results.json").read_text())
+    assert [without_time(row) for row in newer] == [without_time(row) for row in rows]
 
 
 def without_time(row: dict) -> dict:
