@@ -53,8 +53,9 @@ def train_packed(configs: list, data, backend, folders: list, *, dataset=None, s
     (new, or resumed where it holds a checkpoint); one outcome per run, in order.
 
     ``dataset``: how config.json names the data (default ``data.name``): a built-in name, a user file, or its
-    :class:`~ksae_cupy.datasets.user_files.DataSpec` (its labels and splits, as ``data`` was loaded with); ``settings``: the session settings
-    config.json records (``checkpoint_every``, ``checkpoint_minutes``, ``threads``, ...; default ksae-train's);
+    :class:`~ksae_cupy.datasets.user_files.DataSpec` (its labels and splits, as ``data`` was loaded with);
+    ``settings``: the session settings config.json records (``checkpoint_every``, ``checkpoint_minutes``,
+    ``threads``, ...; default ksae-train's);
     ``stacked``: :class:`Pack`'s (default: on a GPU); ``restart_unstarted``: a folder holding a run stopped before
     its first checkpoint (config.json, metrics, nothing to resume) starts again, its files replaced (a caller
     that owns its folders, as ``ksae-sweep`` its ``OUT/runs``; else such a folder is refused, as ``ksae-train``
@@ -146,8 +147,8 @@ class _Member:
         if self.restarted:  # checked by _open_member: files of a run that never wrote a checkpoint
             for name in self.folder.run_files():
                 (self.folder.path / name).unlink()
-            log(f"{self.folder.path}: its run stopped before its first checkpoint; removed {', '.join(self.restarted)}; "
-                f"starting it again")
+            log(f"{self.folder.path}: its run stopped before its first checkpoint; removed "
+                f"{', '.join(self.restarted)}; starting it again")
         self.folder.create(log=log, new=not self.resumed)
         trainer = self.trainer
         if self.resumed:

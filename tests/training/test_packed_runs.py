@@ -171,8 +171,8 @@ def test_refusals_name_the_bad_value(data, tmp_path):
 
 def test_a_stacked_pack_stopped_mid_epoch_and_resumed_from_checkpoints_ends_as_one_never_stopped(data):
     """The GPU's way (here on NumPy, deterministic): stopped after the first epoch of the runs of 12 batches
-    (the run of 15 batches mid-epoch), each run rebuilt from its checkpoint alone and stacked again: every array and epoch report
-    as in a pack that ran straight through."""
+    (the run of 15 batches mid-epoch), each run rebuilt from its checkpoint alone and stacked again: every
+    array and epoch report as in a pack that ran straight through."""
     X, X_valid = data.X_train, data.X_valid
     # 200 units and k 3: a unit kept in the 12 batches before the stop may be kept in none of the 3 after it,
     # so an epoch's dead fraction tells whether its count before the stop came back with the checkpoint.
