@@ -25,12 +25,12 @@ Two ways to take a pack step:
   the input width, hidden size and dtype, the top-k method and the activation, and train without AuxK.
 
 A member whose loss becomes NaN or infinite stops (:attr:`Pack.failed` holds its
-:class:`~ksae_cupy.errors.TrainingDiverged`); the others go on.
+:class:`~ksae_cupy.errors.TrainingDiverged`); the others go on. One by one it stops at that step, as
+alone; stacked, no value comes back to the host per step, and it stops when that epoch ends.
 """
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 
 import numpy as np
@@ -38,7 +38,7 @@ import numpy as np
 from ksae_cupy.errors import KsaeError, TrainingDiverged
 from ksae_cupy.metrics import total_variance
 from ksae_cupy.model import PARAM_NAMES
-from ksae_cupy.packed_step import host_losses, kept_counts, stacked_loss_and_grads, stacked_momentum_update
+from ksae_cupy.packed_step import kept_counts, stacked_loss_and_grads, stacked_momentum_update
 from ksae_cupy.training import epochs
 
 # What members stepped as one stacked model must share (the stacked arrays' shape and the one top-k).
@@ -86,10 +86,11 @@ class Pack:
                          for name in PARAM_NAMES}
         self.velocities_m = {name: xp.stack([xp.ascontiguousarray(t.optimizer.velocities[name]) for t in members])
                              for name in PARAM_NAMES}
-        # Per unit, all runs at once: the dead-unit counts, and the running epoch's count of examples that kept
-        # each unit (each run's tally holds a view of its row: _open).
+        # All runs at once, on the device: the dead-unit counts, and the running epoch's sums (its loss, squared
+        # error and count of examples that kept each unit; each run's tally holds views of its row: _open).
         self.since_kept_mh = xp.stack([t.since_kept_h for t in members])
         self.kept_mh = xp.zeros(self.since_kept_mh.shape, dtype=np.int64)
+        self.loss_m, self.sq_error_m = xp.zeros(len(members)), xp.zeros(len(members))  # float64 sums
         dtype = self.params_m["W_dh"].dtype
         self.lr_m = xp.asarray(np.array([t.config.lr for t in members], dtype=dtype))
         self.momentum_m = xp.asarray(np.array([t.config.momentum for t in members], dtype=dtype))
@@ -159,10 +160,11 @@ class Pack:
         trainer._epoch_step = trainer._step_and_lanes(trainer.current_k())
         self._blas_as_alone(trainer)
         epoch = trainer.open_epoch(X_nd)
-        if self.stacked:  # the epoch's per-unit count in the stacked array (from a resumed tally's, mid-epoch)
-            kept_h = trainer.tally.get("kept_h", None)
-            self.kept_mh[i] = 0 if kept_h is None or np.ndim(kept_h) == 0 else kept_h
-            trainer.tally.values["kept_h"] = self.kept_mh[i]
+        if self.stacked:  # the epoch's sums in the stacked arrays (from a resumed tally's, mid-epoch)
+            tally = trainer.tally
+            for name, sums in (("loss", self.loss_m), ("sq_error", self.sq_error_m), ("kept_h", self.kept_mh)):
+                sums[i] = tally.get(name, 0)
+                tally.values[name] = sums[i, ...]  # a view (a 0-d one for the losses), not a copy
         return epoch
 
     def _blas_as_alone(self, trainer) -> None:
@@ -227,37 +229,33 @@ class Pack:
             config = members[chosen[0]].config
             sq_error_m, grads, idx_mnk, val_mnk = stacked_loss_and_grads(
                 params["W_dh"], params["b_h"], params["c_d"], X_mnd, k, config.topk, config.activation)
-            losses = host_losses(sq_error_m, n)
-            for j, i in enumerate(chosen):
-                trainer = members[i]
-                if not math.isfinite(losses[j]):  # as the run alone stops: before its update
-                    self.failed[i] = TrainingDiverged(
-                        f"the loss became {losses[j]} at epoch {trainer.epoch + 1}, step {trainer.step + 1} with "
-                        f"learning rate {trainer.config.lr}", losses[j], trainer.epoch + 1, trainer.step + 1,
-                        trainer.config.lr)
             self._update(take, params, grads)
-            self._count_units(take, kept_counts(idx_mnk, params["W_dh"].shape[2]), n)
+            self._count(take, sq_error_m, kept_counts(idx_mnk, params["W_dh"].shape[2]), n)
             seconds = time.perf_counter() - started
             for j, i in enumerate(chosen):
-                if i in self.failed:
-                    continue
                 trainer = members[i]
                 running[i].parts["steps"] += seconds  # the group's launch time (the GPU's own is in the epoch's total)
                 if config.activation != "linear":  # relu units: a kept unit may be 0 (linear ones keep n * k)
                     trainer._batch_nonzero = xp.count_nonzero(val_mnk[j])
-                trainer.count_step(losses[j], n, k, None, per_unit=False)  # per unit: counted by _count_units
+                trainer.count_step(None, n, k, None)  # the loss and the per-unit counts: _count, for the stack
                 epochs.count_batch(trainer, trainer.batch_in_epoch)
 
-    def _count_units(self, take, kept_mh, n: int) -> None:
-        """The per-unit counts of the members ``take`` selects after a step on ``n`` examples each, for the whole
-        stack at once (what :meth:`Trainer.count_step` does per run): the epoch's examples that kept each unit,
-        and the dead-unit counts (``n`` more for every unit, 0 for those the step kept)."""
-        epoch_kept_mh, since_kept_mh = self.kept_mh[take], self.since_kept_mh[take]
+    def _count(self, take, sq_error_m, kept_mh, n: int) -> None:
+        """What :meth:`Trainer.count_step` counts per run, for the members ``take`` selects at once and on the
+        device after a step on ``n`` examples each: the epoch's loss and squared error, its examples that kept
+        each unit, and the dead-unit counts (``n`` more for every unit, 0 for those the step kept). No value
+        comes back to the host per step: a loss that is no longer finite stops its run when its epoch ends
+        (:meth:`Trainer.close_epoch`'s health check), as the captured step of a run alone on a GPU does."""
+        sums = (self.loss_m[take], self.sq_error_m[take], self.kept_mh[take], self.since_kept_mh[take])
+        loss_m, sq_m, epoch_kept_mh, since_kept_mh = sums
+        sq_error_m = sq_error_m.astype(np.float64)  # each batch's float32 sum, summed over batches in float64
+        sq_m += sq_error_m
+        loss_m += sq_error_m * (0.5 / n)
         epoch_kept_mh += kept_mh
         since_kept_mh += n
         since_kept_mh *= kept_mh == 0  # 0 where kept: one elementwise pass, no mask to gather
         if not isinstance(take, slice):  # fancy indexing copied them: written back
-            self.kept_mh[take], self.since_kept_mh[take] = epoch_kept_mh, since_kept_mh
+            self.loss_m[take], self.sq_error_m[take], self.kept_mh[take], self.since_kept_mh[take] = sums
 
     def _update(self, take, params: dict, grads: dict) -> None:
         """Momentum SGD of the members ``take`` selects, each at its own rate and momentum."""

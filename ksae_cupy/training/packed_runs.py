@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ksae_cupy.errors import KsaeError, cli_name
+from ksae_cupy.errors import KsaeError, TrainingDiverged, cli_name
 from ksae_cupy.training.checkpoint_policy import CheckpointPolicy
 from ksae_cupy.training.fields import RUN_LEVEL, TRAIN as TRAIN_OPTIONS
 from ksae_cupy.training.packed import Pack, stack_key
@@ -217,13 +217,16 @@ def _train_pack(members: list, outcomes: list, stacked, policy_of, log, running:
              should_checkpoint=lambda i, epoch: members[i].policy.after_epoch(epoch),
              checkpoint=lambda i: members[i].save())
     for i, member in enumerate(members):
+        if i not in pack.failed and (member.trainer.step != member.step_before or not member.folder.checkpoint.exists()):
+            try:  # stopped mid-epoch, a stacked run's divergence may not have been seen yet: the save refuses it
+                member.save()
+            except TrainingDiverged as exc:
+                pack.failed[i] = exc
         if i in pack.failed:
             host_rows = member.model._centred(*member.model._check_X(member.data.X_train, reset=False))
             outcomes[i].diverged = str(member.model._diverged(pack.failed[i], host_rows, member.folder.checkpoint,
                                                               cli_name))
             log(f"{member.folder.path.name}: diverged: {outcomes[i].diverged}")
-        elif member.trainer.step != member.step_before or not member.folder.checkpoint.exists():
-            member.save()
     how = "as one stacked model" if pack.stacked else "one after another"
     log(f"pack of {len(members)} run(s), {how}: {time.perf_counter() - started:.1f} s")
 

@@ -342,18 +342,19 @@ class Trainer:
         self.count_step(loss, X_nd.shape[0], k, kept_h)
         return loss
 
-    def count_step(self, loss: float, n: int, k: int, kept_h, per_unit: bool = True) -> None:
-        """Add one step's figures to the epoch's tally: its loss on ``n`` examples at ``k``, and (unless
-        ``per_unit`` is False: a pack counts them for all its runs at once) how many of them kept each unit
-        (``kept_h``), in the tally and the dead-unit counts."""
+    def count_step(self, loss: float | None, n: int, k: int, kept_h) -> None:
+        """Add one step's figures to the epoch's tally: its loss on ``n`` examples at ``k``, and how many of them
+        kept each unit (``kept_h``), in the tally and the dead-unit counts. ``loss`` and ``kept_h`` None: a pack
+        counts the losses and the per-unit counts of all its runs at once, on the device (``training/packed.py``)."""
         cfg, tally = self.config, self.tally
-        tally.add("loss", loss)
         tally.add("batches", 1)
-        tally.add("sq_error", 2.0 * loss * n)  # the loss is 0.5 ||x - xhat||^2 averaged over the batch
         tally.add("examples", n)
         # Linear units: the k kept; relu units: those of them above 0 (None where a trainer did not count).
         tally.add("nonzero", n * k if cfg.activation == "linear" else self._batch_nonzero)
-        if per_unit:
+        if loss is not None:
+            tally.add("loss", loss)
+            tally.add("sq_error", 2.0 * loss * n)  # the loss is 0.5 ||x - xhat||^2 averaged over the batch
+        if kept_h is not None:
             tally.add("kept_h", kept_h)
             self._note_kept(kept_h, n)
 

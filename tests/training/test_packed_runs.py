@@ -150,11 +150,14 @@ def test_the_stacked_step_equals_the_runs_alone_within_float32_rounding(data):
     np.testing.assert_array_equal(members[1].checkpoint().params["W_dh"], pack.params_m["W_dh"][1])
 
 
-def test_a_run_that_diverges_stops_alone(data, tmp_path):
+@pytest.mark.parametrize("stacked, said", [(False, "the loss became inf at epoch 1, step 10"),
+                                           (True, "the training loss summed over the epoch became")])
+def test_a_run_that_diverges_stops_alone(data, tmp_path, stacked, said):
+    """One by one the run stops at the step, as alone; stacked, when the epoch ends (no value comes back per step)."""
     bad = TrainConfig(**{**CONFIGS[0], "lr": 3.0})  # below the rate check before training; diverges at step 10
     outcomes = train_packed([bad, configs()[2]], data, CPU, [tmp_path / "bad", tmp_path / "good"],
-                            settings={"threads": 1}, log=lambda line: None)
-    assert "the loss became" in outcomes[0].diverged and "--lr" in outcomes[0].diverged
+                            settings={"threads": 1}, stacked=stacked, log=lambda line: None)
+    assert said in outcomes[0].diverged and "--lr" in outcomes[0].diverged
     assert outcomes[1].diverged is None and outcomes[1].report.epoch == 2
     assert not (tmp_path / "bad" / "checkpoint.h5").exists()  # no good checkpoint was ever written
 
