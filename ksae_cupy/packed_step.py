@@ -58,11 +58,12 @@ def stacked_loss_and_grads(W_mdh, b_mh, c_md, X_mnd, k: int, topk_method: str = 
 
 
 def kept_counts(idx_mnk, H: int):
-    """``kept_mh``: per model, how many of its examples kept each unit (one bincount over the stack)."""
+    """``kept_mh``: per model, how many of its examples kept each unit. A scatter of ones summed over the
+    examples, not ``bincount``: CuPy's reads the largest index back to the host, a wait on every step."""
     xp = array_module(idx_mnk)
-    m = idx_mnk.shape[0]
-    offset_m = (xp.arange(m, dtype=np.int64) * H)[:, None, None]
-    return xp.bincount((idx_mnk + offset_m).ravel(), minlength=m * H).reshape(m, H)
+    m, n, k = idx_mnk.shape
+    ones_rk = xp.ones((m * n, k), dtype=np.int32)
+    return scatter_rows(idx_mnk.reshape(m * n, k), ones_rk, H).reshape(m, n, H).sum(axis=1, dtype=np.int64)
 
 
 def stacked_momentum_update(theta_m, v_m, grad_m, momentum_m, lr_m) -> None:
