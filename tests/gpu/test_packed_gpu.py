@@ -129,3 +129,40 @@ def test_the_packed_benchmark_validates_then_times(tmp_path, monkeypatch):
         bench_packed(X, gpu, runs=(1,), k=4, hidden=48, batch_size=100, epochs=1, out_dir=tmp_path / "wrong",
                      log=lambda line: None)
     assert not (tmp_path / "wrong").exists()
+
+
+def test_a_stacked_step_reads_nothing_back_from_the_device(data, monkeypatch):
+    """The stacked steps leave the GPU busy: no value comes back to the host until an epoch ends (the losses and
+    per-unit counts are summed on the device), so the host launches the next step while the device works."""
+    import cupy
+
+    from ksae_cupy.training.packed import Pack
+    from ksae_cupy.training.trainer import Trainer
+
+    gpu = resolve_device("gpu")
+    trainers = [Trainer(TrainConfig(**{**c, "epochs": 1}), gpu, D=32) for c in CONFIGS]
+    pack = Pack(trainers)
+    reads, inside = [], [False]
+    for name in ("get", "item", "tolist", "__float__", "__int__", "__bool__", "__index__"):
+        original = getattr(cupy.ndarray, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            if inside[0]:
+                reads.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(cupy.ndarray, name, counted)
+    stacked_step = Pack._stacked_step
+
+    def watched(self, *args):
+        inside[0] = True
+        try:
+            stacked_step(self, *args)
+        finally:
+            inside[0] = False
+
+    monkeypatch.setattr(Pack, "_stacked_step", watched)
+    X = gpu.asarray(data.X_train)
+    pack.fit(X, gpu.asarray(data.X_valid))
+    assert [t.step for t in trainers] == [6, 6, 8]  # 600 rows in batches of 100, 100 and 80
+    assert reads == []
