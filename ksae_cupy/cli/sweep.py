@@ -69,8 +69,9 @@ def _values(text: str, what: str, kind=int) -> list:
 def sweep_command(dataset, ks, alphas, hiddens, seeds, epochs, batch_size, lr, threads, no_k_schedule, scheduler,
                   workers, data_dir, out, device, pack):
     """Train a grid of k-sparse autoencoders on DATASET in parallel; write one results table."""
-    pack = device != "cpu" if pack is None else pack
-    if not pack and device != "cpu":
+    on_gpu = device.startswith("gpu") or (device == "auto" and _gpu_answers())
+    pack = on_gpu if pack is None else pack
+    if not pack and on_gpu:
         raise KsaeError(f"--no-pack with --device {device} is not allowed: the Dask workers train on the CPU; "
                         f"give --pack (the default on a GPU) or --device cpu")
     if pack and scheduler is not None:
@@ -108,6 +109,13 @@ def sweep_command(dataset, ks, alphas, hiddens, seeds, epochs, batch_size, lr, t
     json_path, md_path = write_results(rows, out)
     click.echo(md_path.read_text())
     click.echo(f"results: {json_path} {md_path}")
+
+
+def _gpu_answers() -> bool:
+    """Whether ``--device auto`` finds a GPU here."""
+    from ksae_cupy.backend import resolve_device
+
+    return resolve_device("auto").is_gpu
 
 
 def _packed(specs, dataset, out: Path, device: str, data_dir) -> list[dict]:
