@@ -4,6 +4,7 @@ The algorithm sits at the top of the package, to be read first:
 
     model.py      forward, hand-written backward, encoding with alpha*k units (the paper's box)
     sparse_step.py  the same step through the k kept units only (only X W dense); --step
+    packed_step.py  the dense step of a stack of models at once (many runs per launch)
     topk.py       the top-k contract: sort and iterative-threshold selection, gathers, scatters
     optim.py      momentum SGD as in section 4.3.2
     schedules.py  the sparsity schedule (k from k_start down to k over the first half)

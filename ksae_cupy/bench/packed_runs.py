@@ -28,7 +28,8 @@ import numpy as np
 from ksae_cupy import paper
 from ksae_cupy.bench.metadata import run_metadata, write_results
 
-PACKED_MODULES = ("ksae_cupy.training.packed", "ksae_cupy.parallel.packed", "ksae_cupy.session.packed")
+PACKED_MODULES = ("ksae_cupy.training.packed_runs", "ksae_cupy.training.packed", "ksae_cupy.parallel.packed",
+                  "ksae_cupy.session.packed")
 RUN_COUNTS, TINY_RUN_COUNTS = (1, 16), (1, 4)
 EPOCHS, TINY_EPOCHS = 4, 2
 AGREE_RTOL = 1e-3  # a run packed with others against the same run alone (float32 rounding on a GPU)

@@ -110,6 +110,29 @@ def bench_topk_command(device, Ns, Hs, ks, repeats, no_torch, time_budget, out):
     click.echo(f"results: {result.get('path')}")
 
 
+@bench_command.command("packed")
+@click.option("--device", default="gpu", help="gpu, gpu:N or cpu (on the CPU a pack runs its runs one after another).")
+@click.option("--runs", default="1,4,16", show_default=True, help="Comma-separated pack sizes.")
+@click.option("--k", type=int, default=25, show_default=True, help="Units kept.")
+@click.option("--epochs", type=int, default=3, show_default=True, help="Timed epochs (after one untimed).")
+@click.option("--rows", type=int, default=None, help="Train on the first ROWS of MNIST's training set. [default: all]")
+@click.option("--data-dir", default=None, help="Data root. [default: $KSAE_DATA_DIR or ./data]")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Results folder. [default: results/benchmarks]")
+@report_errors
+def bench_packed_command(device, runs, k, epochs, rows, data_dir, out):
+    """Seconds per MNIST epoch of R runs packed in one launch, against one run alone (validated, then timed)."""
+    from ksae_cupy.backend import resolve_device
+    from ksae_cupy.bench.packed import bench_packed
+    from ksae_cupy.datasets import load_dataset
+
+    backend = resolve_device(device)
+    click.echo(backend.description)
+    X_nd = load_dataset("mnist", root=data_dir, log=lambda msg: None).X_train
+    result = bench_packed(X_nd[:rows] if rows else X_nd, backend, runs=tuple(positive_ints(runs, "--runs")), k=k,
+                          epochs=epochs, out_dir=out, log=click.echo)
+    click.echo(f"results: {result['path']}")
+
+
 # The fine-tuning and the distributed benchmarks live in modules of their own: subcommands all the same.
 from ksae_cupy.cli.bench_dist import bench_dist_command  # noqa: E402
 from ksae_cupy.cli.bench_finetune import bench_finetune  # noqa: E402

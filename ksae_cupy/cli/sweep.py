@@ -1,7 +1,9 @@
-"""``ksae-sweep``: train a grid of k-sparse autoencoders on a Dask cluster; one results table.
+"""``ksae-sweep``: train a grid of k-sparse autoencoders on a Dask cluster, or packed in one process; one
+results table.
 
     ksae-sweep synthetic --k 5,10 --alpha 1,2 --hidden 128,256 --seeds 0,1 --epochs 20
     ksae-sweep data.npy --k 10 --scheduler tcp://head:8786 --out sweeps/s1
+    ksae-sweep mnist --k 10,25,40 --seeds 0,1,2 --epochs 5000 --device gpu     # one launch, 9 runs packed
 
 See :mod:`ksae_cupy.parallel.sweep` for what one grid point does.
 """
@@ -18,7 +20,7 @@ import click
 from ksae_cupy.cli.version import version_option
 from ksae_cupy.cli.common import GivenPath, STOP_SIGNALS, parse_lr, report_errors, signals_interrupt
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.parallel.sweep import check_data, check_specs, grid, run_sweep, write_results
+from ksae_cupy.parallel.sweep import check_data, check_specs, grid, run_packed, run_sweep, write_results
 from ksae_cupy.paths import check_writable_folder
 from ksae_cupy.training.fields import PAPER  # the paper's defaults, typed once (TrainConfig)
 
@@ -56,11 +58,25 @@ def _values(text: str, what: str, kind=int) -> list:
 @click.option("--workers", type=int, default=2, help="LocalCluster worker processes (one thread each).")
 @click.option("--data-dir", default=None, help="Data root. [default: $KSAE_DATA_DIR or ./data]")
 @click.option("--out", type=GivenPath(path_type=Path), default=Path("sweeps/latest"),
-              help="Folder for results.json and results.md.")
+              help="Folder for results.json and results.md (and, packed, the runs' folders under OUT/runs).")
+@click.option("--device", default="cpu",
+              help="cpu, gpu, gpu:N or auto. On a GPU the grid trains packed, as one stacked model per hidden size.")
+@click.option("--pack/--no-pack", default=None,
+              help="Train the whole grid in this process as one pack of runs, each in its run folder under OUT/runs "
+                   "(the same command again resumes them), instead of on a Dask cluster. [default: --pack on a "
+                   "GPU, --no-pack on the CPU]")
 @report_errors
 def sweep_command(dataset, ks, alphas, hiddens, seeds, epochs, batch_size, lr, threads, no_k_schedule, scheduler,
-                  workers, data_dir, out):
+                  workers, data_dir, out, device, pack):
     """Train a grid of k-sparse autoencoders on DATASET in parallel; write one results table."""
+    on_gpu = device.startswith("gpu") or (device == "auto" and _gpu_answers())
+    pack = on_gpu if pack is None else pack
+    if not pack and on_gpu:
+        raise KsaeError(f"--no-pack with --device {device} is not allowed: the Dask workers train on the CPU; "
+                        f"give --pack (the default on a GPU) or --device cpu")
+    if pack and scheduler is not None:
+        raise KsaeError(f"--scheduler {scheduler} contradicts --pack, which trains the grid in this process; "
+                        f"give one")
     if workers <= 0:
         raise KsaeError(f"--workers {workers} is not allowed; use a positive number")
     if scheduler is not None and click.get_current_context().get_parameter_source("workers").name != "DEFAULT":
@@ -74,6 +90,12 @@ def sweep_command(dataset, ks, alphas, hiddens, seeds, epochs, batch_size, lr, t
                  _values(seeds, "seeds"), _values(epochs, "epochs"), base)
     check_specs(specs)  # here, in one line, not on a worker after a remote traceback
     check_writable_folder(out, "--out")  # before the trainings, not after them
+    if pack:
+        rows = _packed(specs, dataset, out, device, data_dir)
+        json_path, md_path = write_results(rows, out)
+        click.echo(md_path.read_text())
+        click.echo(f"results: {json_path} {md_path}; runs: {out / 'runs'}")
+        return
     if scheduler is None:  # the LocalCluster's workers read the files this process sees
         check_data(specs, dataset, data_dir)
     with stopped_by_signals() as received:
@@ -87,6 +109,26 @@ def sweep_command(dataset, ks, alphas, hiddens, seeds, epochs, batch_size, lr, t
     json_path, md_path = write_results(rows, out)
     click.echo(md_path.read_text())
     click.echo(f"results: {json_path} {md_path}")
+
+
+def _gpu_answers() -> bool:
+    """Whether ``--device auto`` finds a GPU here."""
+    from ksae_cupy.backend import resolve_device
+
+    return resolve_device("auto").is_gpu
+
+
+def _packed(specs, dataset, out: Path, device: str, data_dir) -> list[dict]:
+    """The grid trained as one pack (:func:`ksae_cupy.parallel.sweep.run_packed`); a stop signal saves every run
+    and exits with 128 + the signal, saying how to continue."""
+    from ksae_cupy.training.packed_runs import PackStopped
+
+    try:
+        return run_packed(specs, dataset, out, device=device, data_dir=data_dir, log=click.echo)
+    except PackStopped as stop:
+        click.echo(f"the sweep stopped; every run saved its checkpoint under {out / 'runs'} "
+                   f"({len(stop.unfinished)} unfinished); the same command again continues them", err=True)
+        sys.exit(stop.status)
 
 
 def _ignore_unraisable(unraisable) -> None:

@@ -12,6 +12,11 @@ units. Without ``--scheduler`` a :class:`distributed.LocalCluster` is started; w
 the runs go to that scheduler. Results: ``OUT/results.json`` and ``OUT/results.md``. The command is :mod:`ksae_cupy.cli.sweep`.
 When :mod:`ksae_cupy.evaluation.features` exists its metrics can be added per row; this module only
 relies on training.
+
+Packed (``--pack``, the default with ``--device gpu``): no cluster; the whole grid trains in this
+process as one pack of runs (:mod:`ksae_cupy.training.packed`), on a GPU as one stacked model per
+hidden size, each run in its folder ``OUT/runs/h<H>-k<k>-seed<s>-e<E>``; the same command again resumes
+what stopped (:func:`run_packed`).
 """
 from __future__ import annotations
 
@@ -117,6 +122,66 @@ def run_one(spec: dict, dataset: str, data_dir: str | None = None) -> list[dict]
                      "valid_loss_alpha_k": trainer.evaluate_loss(X_valid, kept),
                      "dead_fraction": report.dead_fraction, "train_seconds": seconds})
     return rows
+
+
+def run_folder_name(spec: dict) -> str:
+    """The run folder of one grid point under ``OUT/runs`` (a packed sweep's): its grid coordinates."""
+    return f"h{spec['hidden']}-k{spec['k']}-seed{spec['seed']}-e{spec['epochs']}"
+
+
+def run_packed(specs: list[dict], dataset: str, out: Path, *, device: str = "auto", data_dir: str | None = None,
+               log=print) -> list[dict]:
+    """Train every spec in this process as one pack (:func:`ksae_cupy.training.packed_runs.train_packed`: on a
+    GPU one stacked model per hidden size, on the CPU one run after another), each in its run folder
+    ``out/runs/<grid point>`` (:func:`run_folder_name`), which ``ksae-train --resume`` and ``ksae-eval`` read
+    as any run's; the same sweep again resumes them. Result rows as :func:`run_one` makes them, in grid order.
+    A run that diverges gives rows with its ``diverged`` message and no losses."""
+    from ksae_cupy import model
+    from ksae_cupy.backend import resolve_device
+    from ksae_cupy.datasets import load_dataset
+    from ksae_cupy.training.packed_runs import train_packed
+
+    backend = resolve_device(device)
+    data = load_dataset(dataset, root=data_dir, log=lambda msg: None)
+    configs = [_config_of(spec) for spec in specs]
+    for config in configs:
+        config.validate(n_train=len(data.X_train))
+    folders = [Path(out) / "runs" / run_folder_name(spec) for spec in specs]
+    threads = int(specs[0].get("threads", 1)) if specs else 1
+    log(f"sweep: {len(specs)} trainings packed in one process on {backend.description}")
+    started = time.perf_counter()
+    outcomes = train_packed(configs, data, backend, folders, dataset=dataset, restart_unstarted=True,
+                            settings={"threads": threads, "device": device,
+                                      "data_dir": None if data_dir is None else str(data_dir)}, log=log)
+    seconds = time.perf_counter() - started
+    rows = []
+    for spec, outcome in zip(specs, outcomes):
+        trainer = outcome.model.trainer_
+        config = trainer.config
+        last = _last_metrics(outcome.folder)
+        options = {**{key: value for key, value in spec.items() if key != "alphas"}, "k_start": config.k_start,
+                   "lr": config.lr, "run_dir": str(outcome.folder)}
+        X_valid = None if outcome.diverged else trainer.backend.asarray(
+            outcome.model._centred(*outcome.model._check_X(data.X_valid, reset=False)), dtype=trainer.dtype)
+        for alpha in spec["alphas"]:
+            kept = model.alpha_k(config.k, alpha, config.hidden)
+            row = {**options, "alpha": alpha, "kept": kept, "train_seconds": seconds}
+            if outcome.diverged:
+                row["diverged"] = outcome.diverged
+            else:
+                with trainer.backend.use():
+                    row.update(final_train_loss=last.get("train_loss"), final_valid_loss=last.get("valid_loss"),
+                               valid_loss_alpha_k=trainer.evaluate_loss(X_valid, kept),
+                               dead_fraction=last.get("dead_fraction"))
+            rows.append(row)
+    return rows
+
+
+def _last_metrics(folder: Path) -> dict:
+    """The last epoch's line of a run folder's metrics.jsonl ({} when it logged none)."""
+    from ksae_cupy.training.runs import RunFolder
+
+    return (RunFolder(folder).read_metrics() or [{}])[-1]
 
 
 def run_sweep(specs: list[dict], dataset: str, *, scheduler: str | None = None, workers: int = 2,

@@ -9,7 +9,8 @@ figures of :mod:`ksae_cupy.paper`; the commands that make a missing row), ``camp
 ``baseline_grid.py`` (``bin/baseline-grid``: the baselines' learning rate and weight decay),
 ``reproduce_finetune.py`` (``bin/reproduce-finetune``: Table fn_mnist's rows as resumable steps, each a
 command in a child process) with ``finetune_table.py`` (its rows, their folders and the table from them),
-``reproduce_mnist.py`` (``bin/reproduce-mnist``: the k-sparse rows of Table err_mnist) and ``script.py``
+``reproduce_mnist.py`` (``bin/reproduce-mnist``: the k-sparse rows of Table err_mnist), ``train_pack.py``
+(``bin/train-pack``: several ksae-train runs in one launch) and ``script.py``
 (a script's mistake as one ``error:`` line, exit status 2).
 
 May import: everything but :mod:`ksae_cupy.cli` (the commands run as child processes).

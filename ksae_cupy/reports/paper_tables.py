@@ -600,13 +600,53 @@ def write_tables(root: Path, out: Path, rows, settings: Settings, command_text, 
     return targets
 
 
-def build(root: Path, out: Path, rows, settings: Settings, command_text, script: str, children=None) -> list[Target]:
+def packed_training(targets: list[Target], settings: Settings, pack_script: str):
+    """``(command, args, targets)``: the k-sparse rows whose next step is a ksae-train (a new run or a resume),
+    as one ``bin/train-pack`` step that trains them in one launch (on a GPU as one stacked model; each run
+    gives the numbers of its ksae-train alone); None when fewer than two are waiting."""
+    waiting = [t for t in targets if t.steps and t.steps[0][0] == "ksae-train"]
+    if len(waiting) < 2:
+        return None
+    runs = []
+    for target in waiting:
+        args = [str(a) for a in target.steps[0][1]]
+        if "--resume" in args:
+            runs.append(f"dir={target.folder}")
+        else:
+            value = lambda flag: args[args.index(flag) + 1]  # noqa: E731
+            runs.append(f"dir={value('--run-dir')},k={value('--k')},seed={value('--seed')},"
+                        f"epochs={value('--epochs')}")
+    args = [paper.DATASET, "--hidden", paper.HIDDEN, "--threads", settings.threads]
+    for run in runs:
+        args += ["--run", run]
+    return pack_script, args, waiting
+
+
+def build(root: Path, out: Path, rows, settings: Settings, command_text, script: str, children=None,
+          pack_script: str | None = None) -> list[Target]:
     """Write the tables; with ``children`` (a :class:`~ksae_cupy.reports.children.Children`), run
-    what is left one step at a time, rewriting the tables after each. Returns the plan left."""
+    what is left one step at a time, rewriting the tables after each. With ``pack_script``
+    (``bin/train-pack``), the k-sparse trainings waiting run as one step (:func:`packed_training`).
+    Returns the plan left."""
     targets = write_tables(root, out, rows, settings, command_text, script)
     if children is None:
         return targets
     while True:
+        packed = packed_training(targets, settings, pack_script) if pack_script else None
+        if packed is not None:
+            command, args, members = packed
+            for target in members:
+                if "--run-dir" in target.steps[0][1]:  # a new run: what a run stopped before its checkpoint left goes
+                    clear_unstarted(target.folder)
+            status, tail = children.run("err_mnist-ksparse-pack", command, args)
+            meaning, detail = exit_meaning(status, tail, children.received)
+            targets = write_tables(root, out, rows, settings, command_text, script)
+            children.check_stop()
+            if meaning != "ok":  # train-pack records a run that diverged itself and exits 0
+                raise StepFailed(f"{command_text(command, args)} exited with status {status}: {detail}", status)
+            if any(t.steps and t.steps[0] in [m.steps[0] for m in members] for t in targets):  # would loop forever
+                raise StepFailed(f"{command_text(command, args)} ended (status 0) but its runs are still not done", 1)
+            continue
         step = next(((t, s) for t in targets for s in t.steps), None)
         if step is None:
             return targets

@@ -9,7 +9,9 @@ training, the baselines and fine-tuning share). The training commands' session: 
 option declared once: flag, help, default, resume policy), ``lifecycle.py`` (one run's session: open or
 resume, lock, config.json, fit under the checkpoint policy, the last line), ``resuming.py`` (options
 given on --resume applied or refused), ``stopping.py`` (stop signals), ``progress.py`` (bar and ETA),
-``train_run.py`` (ksae-train's model, new or resumed).
+``train_run.py`` (ksae-train's model, new or resumed). Many runs in one launch: ``packed.py`` (``Pack``:
+trainers stepped together, on a GPU as one stacked model) and ``packed_runs.py`` (``train_packed``: each
+run in its own run folder, new or resumed).
 
 May import: the top-level algorithm, :mod:`ksae_cupy.gpu`, :mod:`ksae_cupy.datasets`.
 """

@@ -110,13 +110,18 @@ def run_steps(trainer, n_batches: int, step, on_batch=None) -> bool:
     stopped the epoch before its last batch (the trainer then says where it stands); True when it ran."""
     for b in range(trainer.batch_in_epoch, n_batches):
         step(b)
-        trainer.step += 1
-        trainer.batch_in_epoch = b + 1
+        count_batch(trainer, b)
         if on_batch is not None:
             on_batch(b + 1, n_batches)
         if trainer.stop_requested and b + 1 < n_batches:
             return False
     return True
+
+
+def count_batch(trainer, b: int) -> None:
+    """Count batch ``b`` of the epoch as trained (a step more)."""
+    trainer.step += 1
+    trainer.batch_in_epoch = b + 1
 
 
 def end_epoch(trainer) -> EpochTally:

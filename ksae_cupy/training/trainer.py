@@ -152,6 +152,15 @@ class Trainer:
             params["W_dh"] = sparse_layout(params["W_dh"])
         return params
 
+    def share_arrays(self, params: dict, velocities: dict, since_kept_h) -> None:
+        """Train on ``params``, ``velocities`` and ``since_kept_h`` from now on: arrays holding this run's values
+        (a pack of runs stepped as one stacked model, :mod:`ksae_cupy.training.packed`, gives views of its
+        stacked arrays). A captured step was built on the old arrays: it is dropped, the pack steps this run."""
+        self.params = params
+        self.optimizer.velocities = velocities
+        self.since_kept_h = since_kept_h
+        self._captures, self._captured = False, None
+
     @property
     def finished(self) -> bool:
         return self.epoch >= self.config.epochs
@@ -234,6 +243,15 @@ class Trainer:
         return threadpool_limits(limits=1, user_api="blas")
 
     def _run_epoch(self, X_train_nd, X_valid_nd, on_batch) -> EpochReport | None:
+        epoch = self.open_epoch(X_train_nd)
+        if not epochs.run_steps(self, epoch.n_batches, epoch.one_step, on_batch):
+            return None
+        return self.close_epoch(epoch, X_train_nd, X_valid_nd)
+
+    def open_epoch(self, X_train_nd) -> "OpenEpoch":
+        """Begin the epoch (or the rest of an interrupted one) at the running epoch's k (:meth:`run_epoch` set
+        it): its order drawn, its clock started. Its ``one_step(b)`` trains batch ``b``; :meth:`close_epoch`
+        ends it. A pack of runs (:mod:`ksae_cupy.training.packed`) drives its members through these too."""
         cfg = self.config
         clock = time.perf_counter
         parts = dict.fromkeys(("shuffle", "batches", "steps", "updates", "validation"), 0.0)
@@ -266,9 +284,15 @@ class Trainer:
                 finally:
                     self._batch_rows = None
 
-        if not epochs.run_steps(self, n_batches, one_step, on_batch):
-            return None
-        if captured is not None:
+        return OpenEpoch(k=k, order=order, n_batches=n_batches, first_batch=first_batch, start=start, parts=parts,
+                         one_step=one_step)
+
+    def close_epoch(self, epoch: "OpenEpoch", X_train_nd, X_valid_nd=None) -> EpochReport:
+        """End the epoch :meth:`open_epoch` began, its every batch trained: the validation pass, the health
+        check, the epoch counted; its report."""
+        cfg, clock, k, parts = self.config, time.perf_counter, epoch.k, epoch.parts
+        N, n_batches, first_batch, start = X_train_nd.shape[0], epoch.n_batches, epoch.first_batch, epoch.start
+        if self._captured is not None:
             self._sync_captured(k)
         self.backend.synchronize()
         seconds = clock() - start
@@ -317,16 +341,24 @@ class Trainer:
         parts["batches"] += t1 - t0
         parts["steps"] += t2 - t1
         parts["updates"] += clock() - t2  # on a GPU the parts are launch times until the epoch's synchronize
-        n, tally = X_nd.shape[0], self.tally
-        tally.add("loss", loss)
+        self.count_step(loss, X_nd.shape[0], k, kept_h)
+        return loss
+
+    def count_step(self, loss: float | None, n: int, k: int, kept_h) -> None:
+        """Add one step's figures to the epoch's tally: its loss on ``n`` examples at ``k``, and how many of them
+        kept each unit (``kept_h``), in the tally and the dead-unit counts. ``loss`` and ``kept_h`` None: a pack
+        counts the losses and the per-unit counts of all its runs at once, on the device (``training/packed.py``)."""
+        cfg, tally = self.config, self.tally
         tally.add("batches", 1)
-        tally.add("sq_error", 2.0 * loss * n)  # the loss is 0.5 ||x - xhat||^2 averaged over the batch
         tally.add("examples", n)
-        tally.add("kept_h", kept_h)
         # Linear units: the k kept; relu units: those of them above 0 (None where a trainer did not count).
         tally.add("nonzero", n * k if cfg.activation == "linear" else self._batch_nonzero)
-        self._note_kept(kept_h, n)
-        return loss
+        if loss is not None:
+            tally.add("loss", loss)
+            tally.add("sq_error", 2.0 * loss * n)  # the loss is 0.5 ||x - xhat||^2 averaged over the batch
+        if kept_h is not None:
+            tally.add("kept_h", kept_h)
+            self._note_kept(kept_h, n)
 
     def _sync_captured(self, k: int) -> None:
         """The tally from the captured step's device counters (they count this session's batches; the
@@ -506,6 +538,20 @@ class Trainer:
             epoch_tally=epochs.tally_state(self),
             units={"since_kept_h": to_host(self.since_kept_h)},
         )
+
+
+@dataclass
+class OpenEpoch:
+    """An epoch :meth:`Trainer.open_epoch` began: its k, order, batches, the batch it began at, its clock
+    and parts so far, and ``one_step(b)``, which trains batch ``b`` of it."""
+
+    k: int
+    order: object
+    n_batches: int
+    first_batch: int
+    start: float
+    parts: dict
+    one_step: object
 
 
 class _CapturedStart:

@@ -621,3 +621,46 @@ def test_a_rows_own_broken_folder_is_shown_broken_with_no_command_it_would_refus
     fine_tuning = line_of(out.read_text(), "Denoising AE + F.T. (20% input dropout)", "500 + 200")
     assert fine_tuning[2] == "missing" and fine_tuning[7] == ("waits for mnist-denoising-ae-500 (broken: config.json "
                                                               "is not JSON (cut short or overwritten))"), fine_tuning
+
+
+class FakePackChildren(FakeChildren):
+    """FakeChildren that also does what bin/train-pack does: each --run trained (new) or resumed."""
+
+    def run(self, step, command, options):
+        if command != "pack":
+            return super().run(step, command, options)
+        self.commands.append((command, [str(o) for o in options]))
+        options = [str(o) for o in options]
+        for spec in [options[i + 1] for i, o in enumerate(options) if o == "--run"]:
+            run = dict(part.split("=") for part in spec.split(","))
+            folder = Path(run["dir"])
+            if "k" in run:
+                train_run(folder, int(run["k"]), int(run["epochs"]), seed=int(run["seed"]))
+            else:
+                config = json.loads((folder / "config.json").read_text())
+                _write(folder, config, config["train"]["epochs"])
+        return 0, ["done"]
+
+
+def test_run_trains_the_waiting_k_sparse_rows_in_one_pack_then_evaluates_each(root, tmp_path):
+    out, children = tmp_path / "t.md", FakePackChildren()
+    rows = [("err_mnist", "k25"), ("err_mnist", "k40")]
+    left = tables.build(root, out, rows, tables.Settings(seeds=(0, 3)), lambda c, a: c, "script", children,
+                        pack_script="pack")
+    assert children.commands[0] == ("pack", [
+        "mnist", "--hidden", "1000", "--threads", "1",
+        "--run", f"dir={root / 'mnist-k25-5000-seed3'},k=25,seed=3,epochs=5000",
+        "--run", f"dir={root / 'k40'}",  # stopped at epoch 1200: resumed as it was asked
+        "--run", f"dir={root / 'mnist-k40-5000-seed3'},k=40,seed=3,epochs=5000"])
+    assert [(c, o[0]) for c, o in children.commands[1:]] == [
+        ("ksae-eval", str(root / "mnist-k25-5000-seed3")), ("ksae-eval", str(root / "k40")),
+        ("ksae-eval", str(root / "mnist-k40-5000-seed3"))]
+    assert [t.steps for t in left] == [[]] * 4
+    assert line_of(out.read_text(), "k-Sparse Autoencoder, k = 40", "5000")[2] == "2.00% ± 0.00"
+
+
+def test_a_single_waiting_k_sparse_row_is_trained_by_ksae_train_itself(root, tmp_path):
+    children = FakePackChildren()
+    tables.build(root, tmp_path / "t.md", [("err_mnist", "k40")], tables.Settings(), lambda c, a: c, "script",
+                 children, pack_script="pack")
+    assert [(c, o[0]) for c, o in children.commands] == [("ksae-train", "--resume"), ("ksae-eval", str(root / "k40"))]

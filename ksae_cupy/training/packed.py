@@ -1,0 +1,277 @@
+"""Many runs in one process: R trainers stepped together, on the GPU as one stacked model (issue 52).
+
+    pack = Pack([trainer_a, trainer_b, trainer_c])          # Trainers of one backend, each its own run
+    pack.fit(X_train_nd, X_valid_nd, on_epoch=lambda i, report: ..., checkpoint=lambda i: ...)
+
+Each member stays a whole :class:`~ksae_cupy.training.trainer.Trainer`: its own seed (initial weights,
+and each epoch's order from its own generator), k and k schedule, learning rate, momentum, epochs,
+tally, dead-unit counts and checkpoint. The pack only decides when each member trains a batch: one
+batch of every member per pack step, each from the member's own order, so every member sees the
+batches it sees alone. An epoch ends member by member (validation, report, checkpoint) through the
+trainer's own :meth:`~Trainer.close_epoch`; a member resumed mid-epoch simply has fewer batches left.
+
+Two ways to take a pack step:
+
+* **one member after another** (the CPU's way, and the default there): each member's own step
+  (:meth:`Trainer.open_epoch`'s ``one_step``), so a packed run gives the numbers of the run alone bit
+  for bit, whatever step, top-k, activation or AuxK it trains with.
+* **stacked** (the GPU's way): the members' parameters and velocities live in stacked arrays
+  (``W_mdh``: member, input, unit), each trainer holding views of its slice
+  (:meth:`Trainer.share_arrays`); the members at one k and batch size take one batched step
+  (:func:`ksae_cupy.packed_step.stacked_loss_and_grads`) and one momentum update with a rate and a
+  momentum per member. Sixteen runs of the paper's 784 x 1000 model then cost about one launch each
+  product, where one run alone leaves most of a GPU idle. Equal to the run alone within float32
+  rounding (the products sum in another order). It takes the paper's dense step; members must share
+  the input width, hidden size and dtype, the top-k method and the activation, and train without AuxK.
+
+A member whose loss becomes NaN or infinite stops (:attr:`Pack.failed` holds its
+:class:`~ksae_cupy.errors.TrainingDiverged`); the others go on. One by one it stops at that step, as
+alone; stacked, no value comes back to the host per step, and it stops when that epoch ends.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+import numpy as np
+
+from ksae_cupy.errors import KsaeError, TrainingDiverged
+from ksae_cupy.metrics import total_variance
+from ksae_cupy.model import PARAM_NAMES
+from ksae_cupy.packed_step import kept_counts, stacked_loss_and_grads, stacked_momentum_update
+from ksae_cupy.training import epochs
+
+# What members stepped as one stacked model must share (the stacked arrays' shape and the one top-k).
+STACK_SHARED = ("hidden", "dtype", "topk", "activation")
+
+
+def stack_key(config, D: int) -> tuple:
+    """Members whose configurations give one key can be stepped as one stacked model (:class:`Pack`)."""
+    return (D,) + tuple(getattr(config, name) for name in STACK_SHARED)
+
+
+class Pack:
+    """R trainers on one backend, trained in lockstep (see the module's docstring).
+
+    ``stacked``: step them as one stacked model; default: on a GPU yes, on the CPU no (one after another,
+    bit for bit the runs alone)."""
+
+    def __init__(self, trainers: list, stacked: bool | None = None):
+        if not trainers:
+            raise KsaeError("a pack needs at least one run")
+        self.members = list(trainers)
+        self.backend = self.members[0].backend
+        names = sorted({t.backend.name for t in self.members})
+        if len(names) > 1:
+            raise KsaeError(f"the runs of one pack train on one device; these are on {', '.join(names)}")
+        self.stacked = self.backend.is_gpu if stacked is None else bool(stacked)
+        self.failed: dict[int, TrainingDiverged] = {}  # member -> why it stopped
+        self.stop_requested = False  # set (e.g. by a signal handler) to stop after the current pack step
+        if self.stacked:
+            self._stack()
+
+    # -- the stacked arrays ----------------------------------------------------------------------
+    def _stack(self) -> None:
+        """Move the members' parameters and velocities into stacked arrays, each trainer keeping views."""
+        members, xp = self.members, self.backend.xp
+        keys = {stack_key(t.config, t.params["W_dh"].shape[0]) for t in members}
+        if len(keys) > 1:
+            raise KsaeError(f"runs stepped as one stacked model must share the input width, {', '.join(STACK_SHARED)}; "
+                            f"these differ: {sorted(keys)}; pack them apart")
+        aux = [t.config.aux_k for t in members if t.config.aux_k]
+        if aux:
+            raise KsaeError(f"aux_k {aux[0]}: the stacked step trains without the auxiliary loss; pack such runs "
+                            f"one after another (stacked=False) or train them alone")
+        self.params_m = {name: xp.stack([xp.ascontiguousarray(t.params[name]) for t in members])
+                         for name in PARAM_NAMES}
+        self.velocities_m = {name: xp.stack([xp.ascontiguousarray(t.optimizer.velocities[name]) for t in members])
+                             for name in PARAM_NAMES}
+        # All runs at once, on the device: the dead-unit counts, and the running epoch's sums (its loss, squared
+        # error and count of examples that kept each unit; each run's tally holds views of its row: _open).
+        self.since_kept_mh = xp.stack([t.since_kept_h for t in members])
+        self.kept_mh = xp.zeros(self.since_kept_mh.shape, dtype=np.int64)
+        self.loss_m, self.sq_error_m = xp.zeros(len(members)), xp.zeros(len(members))  # float64 sums
+        dtype = self.params_m["W_dh"].dtype
+        self.lr_m = xp.asarray(np.array([t.config.lr for t in members], dtype=dtype))
+        self.momentum_m = xp.asarray(np.array([t.config.momentum for t in members], dtype=dtype))
+        for i, trainer in enumerate(members):
+            trainer.share_arrays({name: self.params_m[name][i] for name in PARAM_NAMES},
+                                 {name: self.velocities_m[name][i] for name in PARAM_NAMES}, self.since_kept_mh[i])
+
+    # -- training ---------------------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return all(i in self.failed or t.finished for i, t in enumerate(self.members))
+
+    def fit(self, X_train, X_valid=None, on_epoch=None, should_checkpoint=None, checkpoint=None) -> None:
+        """Train every member its remaining epochs, or until :attr:`stop_requested` (members then stand
+        mid-epoch, as a stopped run alone does). ``X_train``/``X_valid``: device arrays, one for all members
+        or a list of one per member. After each member's epoch: ``on_epoch(i, report)``, then ``checkpoint(i)``
+        when ``should_checkpoint(i, epoch)`` says so."""
+        members = self.members
+        X_trains, X_valids = self._each(X_train), self._each(X_valid)
+        with self.backend.use(), np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            self._prepare(X_trains, X_valids)
+            running = {}  # member -> its OpenEpoch
+            self._blas_scope, self._blas_one_thread = contextlib.ExitStack(), False
+            try:
+                while not self.stop_requested:
+                    active = [i for i, t in enumerate(members) if i not in self.failed and not t.finished]
+                    if not active:
+                        break
+                    for i in active:
+                        if i not in running:
+                            running[i] = self._open(i, X_trains[i])
+                    if self.stacked:
+                        self._stacked_step(running, X_trains)
+                    else:
+                        self._steps_one_by_one(running)
+                    for i in [i for i, epoch in running.items()
+                              if i in self.failed or members[i].batch_in_epoch == epoch.n_batches]:
+                        epoch = running.pop(i)
+                        if i not in self.failed:
+                            self._close(i, epoch, X_trains[i], X_valids[i], on_epoch, should_checkpoint, checkpoint)
+            finally:
+                self._blas_scope.close()
+                for trainer in members:
+                    trainer._epoch_step, trainer._spread = None, None
+
+    def _each(self, X):
+        if isinstance(X, (list, tuple)):
+            if len(X) != len(self.members):
+                raise KsaeError(f"{len(X)} data arrays for {len(self.members)} runs; give one, or one per run")
+            return list(X)
+        return [X] * len(self.members)
+
+    def _prepare(self, X_trains, X_valids) -> None:
+        """Each member's FVE denominators (what its fit computes once), a set's CSR form shared by the members
+        training on it (:class:`~ksae_cupy.cpu.sparse_encoder.RunInputs` finds a set by identity)."""
+        spreads, inputs = {}, {}
+        for trainer, X, X_valid in zip(self.members, X_trains, X_valids):
+            for array in (X, X_valid):
+                if array is not None and id(array) not in spreads:
+                    spreads[id(array)] = total_variance(array)
+            trainer._spread = {"train": spreads[id(X)], "valid": None if X_valid is None else spreads[id(X_valid)]}
+            shared = inputs.setdefault((id(X), id(X_valid), trainer._inputs.applies), trainer._inputs)
+            trainer._inputs = shared
+
+    def _open(self, i: int, X_nd):
+        trainer = self.members[i]
+        trainer._epoch_step = trainer._step_and_lanes(trainer.current_k())
+        self._blas_as_alone(trainer)
+        epoch = trainer.open_epoch(X_nd)
+        if self.stacked:  # the epoch's sums in the stacked arrays (from a resumed tally's, mid-epoch)
+            tally = trainer.tally
+            for name, sums in (("loss", self.loss_m), ("sq_error", self.sq_error_m), ("kept_h", self.kept_mh)):
+                sums[i] = tally.get(name, 0)
+                tally.values[name] = sums[i, ...]  # a view (a 0-d one for the losses), not a copy
+        return epoch
+
+    def _blas_as_alone(self, trainer) -> None:
+        """BLAS's threads for the member's epoch as its run alone has them (products differ in their last bits
+        on another count): one thread while its step runs in lanes, else BLAS's own. The limit is changed only
+        when a member wants another one than the last (setting it costs more than a small step)."""
+        step = trainer._epoch_step
+        one_thread = step is not None and step[2] != 1
+        if one_thread != self._blas_one_thread:
+            self._blas_scope.close()
+            self._blas_scope = contextlib.ExitStack()
+            if one_thread:
+                self._blas_scope.enter_context(trainer._blas_for(step[2]))
+            self._blas_one_thread = one_thread
+
+    def _close(self, i, epoch, X_nd, X_valid_nd, on_epoch, should_checkpoint, checkpoint) -> None:
+        trainer = self.members[i]
+        try:
+            self._blas_as_alone(trainer)
+            report = trainer.close_epoch(epoch, X_nd, X_valid_nd)
+        except TrainingDiverged as exc:
+            self.failed[i] = exc
+            return
+        finally:
+            trainer._epoch_step = None
+        if on_epoch is not None:
+            on_epoch(i, report)
+        if checkpoint is not None and should_checkpoint is not None and should_checkpoint(i, report.epoch):
+            checkpoint(i)
+
+    def _steps_one_by_one(self, running: dict) -> None:
+        """One batch of every running member, each by its own step (bit for bit its run alone)."""
+        for i, epoch in running.items():
+            trainer = self.members[i]
+            b = trainer.batch_in_epoch
+            try:
+                self._blas_as_alone(trainer)
+                epoch.one_step(b)
+            except TrainingDiverged as exc:
+                self.failed[i] = exc
+                continue
+            epochs.count_batch(trainer, b)
+
+    def _stacked_step(self, running: dict, X_trains) -> None:
+        """One batch of every running member: the members at one k and batch size as one stacked step."""
+        xp, members = self.backend.xp, self.members
+        groups = {}  # (k, batch size) -> [(member, its batch's rows)]
+        for i, epoch in running.items():
+            trainer = members[i]
+            b, size = trainer.batch_in_epoch, trainer.config.batch_size
+            rows = epoch.order[b * size:(b + 1) * size]
+            groups.setdefault((epoch.k, int(rows.shape[0])), []).append((i, rows))
+        for (k, n), batch in groups.items():
+            started = time.perf_counter()
+            chosen = [i for i, _ in batch]
+            take = _slice_or_indices(chosen, xp)
+            if all(X_trains[i] is X_trains[chosen[0]] for i in chosen):  # one gather for the whole stack
+                X_mnd = X_trains[chosen[0]][xp.stack([rows for _, rows in batch])]
+            else:
+                X_mnd = xp.stack([X_trains[i][rows] for i, rows in batch])
+            params = {name: value[take] for name, value in self.params_m.items()}  # views for a slice
+            config = members[chosen[0]].config
+            sq_error_m, grads, idx_mnk, val_mnk = stacked_loss_and_grads(
+                params["W_dh"], params["b_h"], params["c_d"], X_mnd, k, config.topk, config.activation)
+            self._update(take, params, grads)
+            self._count(take, sq_error_m, kept_counts(idx_mnk, params["W_dh"].shape[2]), n)
+            seconds = time.perf_counter() - started
+            for j, i in enumerate(chosen):
+                trainer = members[i]
+                running[i].parts["steps"] += seconds  # the group's launch time (the GPU's own is in the epoch's total)
+                if config.activation != "linear":  # relu units: a kept unit may be 0 (linear ones keep n * k)
+                    trainer._batch_nonzero = xp.count_nonzero(val_mnk[j])
+                trainer.count_step(None, n, k, None)  # the loss and the per-unit counts: _count, for the stack
+                epochs.count_batch(trainer, trainer.batch_in_epoch)
+
+    def _count(self, take, sq_error_m, kept_mh, n: int) -> None:
+        """What :meth:`Trainer.count_step` counts per run, for the members ``take`` selects at once and on the
+        device after a step on ``n`` examples each: the epoch's loss and squared error, its examples that kept
+        each unit, and the dead-unit counts (``n`` more for every unit, 0 for those the step kept). No value
+        comes back to the host per step: a loss that is no longer finite stops its run when its epoch ends
+        (:meth:`Trainer.close_epoch`'s health check), as the captured step of a run alone on a GPU does."""
+        sums = (self.loss_m[take], self.sq_error_m[take], self.kept_mh[take], self.since_kept_mh[take])
+        loss_m, sq_m, epoch_kept_mh, since_kept_mh = sums
+        sq_error_m = sq_error_m.astype(np.float64)  # each batch's float32 sum, summed over batches in float64
+        sq_m += sq_error_m
+        loss_m += sq_error_m * (0.5 / n)
+        epoch_kept_mh += kept_mh
+        since_kept_mh += n
+        since_kept_mh *= kept_mh == 0  # 0 where kept: one elementwise pass, no mask to gather
+        if not isinstance(take, slice):  # fancy indexing copied them: written back
+            self.loss_m[take], self.sq_error_m[take], self.kept_mh[take], self.since_kept_mh[take] = sums
+
+    def _update(self, take, params: dict, grads: dict) -> None:
+        """Momentum SGD of the members ``take`` selects, each at its own rate and momentum."""
+        lr_m, momentum_m = self.lr_m[take], self.momentum_m[take]
+        for name in PARAM_NAMES:
+            theta_m = params[name]
+            v_m = self.velocities_m[name][take]
+            stacked_momentum_update(theta_m, v_m, grads[name], momentum_m, lr_m)
+            if not isinstance(take, slice):  # fancy indexing copied them: written back
+                self.params_m[name][take] = theta_m
+                self.velocities_m[name][take] = v_m
+
+
+def _slice_or_indices(chosen: list[int], xp):
+    """A slice where the members are consecutive (then the stacked arrays are updated through views), else
+    their indices (a device array of ``xp``)."""
+    if chosen == list(range(chosen[0], chosen[0] + len(chosen))):
+        return slice(chosen[0], chosen[0] + len(chosen))
+    return xp.asarray(np.asarray(chosen, dtype=np.int64))

@@ -1,0 +1,251 @@
+"""Many ``ksae-train`` runs in one launch, each in its own run folder (issue 52, "many runs per launch").
+
+    outcomes = train_packed(configs, data, backend, folders, dataset="mnist")
+
+Every configuration is one run in its folder, written by the same code as a ``ksae-train`` run's
+(:class:`~ksae_cupy.training.runs.RunFolder`: config.json, metrics.jsonl, checkpoint.h5 saved by the
+estimator), so each one is an ordinary run afterwards: ``ksae-train --resume FOLDER`` continues it
+alone, ``ksae-eval FOLDER`` scores it. A folder that already holds a checkpoint is resumed (its
+configuration must be the one asked, the epochs aside, which apply as ``--epochs`` does on
+``--resume``); a finished one trains nothing. The runs then train together (:class:`~ksae_cupy.training.packed.Pack`):
+on the CPU one after another, bit for bit the runs alone; on a GPU as stacked models, one stack per
+input width, hidden size, dtype, top-k and activation.
+
+A run that diverges stops with its last good checkpoint (its outcome says why); the others go on.
+A first Ctrl-C, SIGTERM or SIGHUP stops every run after the current step, each saving its checkpoint
+(mid-epoch if need be), and raises :class:`PackStopped`; the same call again continues them.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ksae_cupy.errors import KsaeError, TrainingDiverged, cli_name
+from ksae_cupy.training.checkpoint_policy import CheckpointPolicy
+from ksae_cupy.training.fields import RUN_LEVEL, TRAIN as TRAIN_OPTIONS
+from ksae_cupy.training.packed import Pack, stack_key
+from ksae_cupy.training.runs import TRAIN, RunFolder, dataset_record
+from ksae_cupy.training.stopping import StopOnSignals
+from ksae_cupy.training.threads import estimator_threads
+
+# Settings of a ksae-train session recorded in config.json (a resume alone reads them): their defaults.
+DEFAULT_SETTINGS = {option.name: option.default for option in TRAIN_OPTIONS if option.name in RUN_LEVEL}
+# Fields of a run's configuration a resumed folder may differ in from the one asked.
+NOT_COMPARED = ("epochs", "k_schedule_epochs", "lr_auto", "lr")
+
+
+@dataclass
+class PackedOutcome:
+    """One run of a pack: its folder, its estimator (trained), its last epoch's report (None when it trained
+    no epoch in this launch), and why it stopped early (a divergence; None when it did not)."""
+
+    folder: Path
+    model: object
+    report: object = None
+    diverged: str | None = None
+
+
+def train_packed(configs: list, data, backend, folders: list, *, dataset=None, settings: dict | None = None,
+                 stacked: bool | None = None, restart_unstarted: bool = False, log=print) -> list[PackedOutcome]:
+    """Train ``configs`` (:class:`~ksae_cupy.training.config.TrainConfig`, ``lr`` a number or ``"auto"``) on
+    ``data`` (a loaded :class:`~ksae_cupy.datasets.Dataset`) on ``backend``, run ``i`` in ``folders[i]``
+    (new, or resumed where it holds a checkpoint); one outcome per run, in order.
+
+    ``dataset``: how config.json names the data (default ``data.name``): a built-in name, a user file, or its
+    :class:`~ksae_cupy.datasets.user_files.DataSpec` (its labels and splits, as ``data`` was loaded with);
+    ``settings``: the session settings config.json records (``checkpoint_every``, ``checkpoint_minutes``,
+    ``threads``, ...; default ksae-train's);
+    ``stacked``: :class:`Pack`'s (default: on a GPU); ``restart_unstarted``: a folder holding a run stopped before
+    its first checkpoint (config.json, metrics, nothing to resume) starts again, its files replaced (a caller
+    that owns its folders, as ``ksae-sweep`` its ``OUT/runs``; else such a folder is refused, as ``ksae-train``
+    refuses it). ``log(line)`` gets one line per run's epoch."""
+    if len(configs) != len(folders):
+        raise KsaeError(f"{len(configs)} configurations for {len(folders)} run folders; give one folder per run")
+    paths = [Path(folder) for folder in folders]
+    repeated = sorted({str(p) for p in paths if paths.count(p) > 1})
+    if repeated:
+        raise KsaeError(f"run folder {repeated[0]} is given to more than one run; give each run its own folder")
+    settings = {**DEFAULT_SETTINGS, **(settings or {})}
+    policy_of = lambda: CheckpointPolicy(settings["checkpoint_every"], settings["checkpoint_minutes"])  # noqa: E731
+    # Everything checked and every model built before any folder is written.
+    members = [_open_member(config, data, backend, path, restart_unstarted, log)
+               for config, path in zip(configs, paths)]
+    record = _data_record(dataset if dataset is not None else data.name)
+    outcomes = [PackedOutcome(member.folder.path, member.model) for member in members]
+    try:
+        # The CPU threads of every run (BLAS's products differ in their last bits on another count: a run
+        # resumed alone keeps the count recorded here).
+        with estimator_threads(settings["threads"]) as (count, _):
+            settings["threads"] = count
+            for member in members:
+                member.begin(record, settings, backend, log)
+            packs = {}  # one pack per stack shape (on the CPU: one pack)
+            for i, member in enumerate(members):
+                key = stack_key(member.trainer.config, data.dim) if _stacks(backend, stacked) else None
+                packs.setdefault(key, []).append(i)
+            stop = StopOnSignals(lambda: running.get("pack"), lambda line, err=False: log(line.strip()),
+                                 lambda line, err=False: log(line.strip()))
+            running = {}
+            try:
+                for chosen in packs.values():
+                    if stop.received is None:
+                        _train_pack([members[i] for i in chosen], [outcomes[i] for i in chosen], stacked,
+                                    policy_of, log, running)
+            finally:
+                stop.restore()
+    finally:
+        for member in members:
+            member.folder.release()
+    if stop.received is not None:
+        raise PackStopped(stop.exit_status, [o.folder for o, m in zip(outcomes, members) if not m.trainer.finished])
+    return outcomes
+
+
+class PackStopped(KsaeError):
+    """A stop signal (Ctrl-C, SIGTERM, SIGHUP) stopped the pack after a step; every run saved its checkpoint.
+    ``status``: the exit status (128 + the signal); ``unfinished``: the folders of the runs not finished."""
+
+    def __init__(self, status: int, unfinished: list):
+        super().__init__(f"stopped: {len(unfinished)} run(s) saved unfinished; the same command again continues them")
+        self.status, self.unfinished = status, unfinished
+
+
+def _data_record(dataset) -> dict:
+    """How config.json names the data, as ``ksae-train`` writes it: a built-in name; a user file by its path and
+    SHA-256, with its labels and splits (``dataset`` a :class:`~ksae_cupy.datasets.user_files.DataSpec` for
+    splits other than the defaults)."""
+    from ksae_cupy.datasets.user_files import DataSpec
+    from ksae_cupy.training.provenance import data_files_record
+
+    spec = dataset if isinstance(dataset, DataSpec) else DataSpec(str(dataset)).validate().resolved()
+    record = dataset_record(spec.data)
+    if spec.is_user_file:
+        record["data"] = data_files_record(spec.record())
+    return record
+
+
+def _stacks(backend, stacked: bool | None) -> bool:
+    return backend.is_gpu if stacked is None else stacked
+
+
+class _Member:
+    """One run of the pack: its folder, estimator, and the rows it trains on (host, after its preprocessing)."""
+
+    def __init__(self, folder: RunFolder, model, data, resumed: bool, restarted: list | None = None):
+        self.folder, self.model, self.data, self.resumed, self.restarted = folder, model, data, resumed, restarted
+        self.policy = None
+        self.step_before = model.trainer_.step
+
+    @property
+    def trainer(self):
+        return self.model.trainer_
+
+    def begin(self, record: dict, settings: dict, backend, log) -> None:
+        """Make and lock the folder, drop metrics logged after a resumed checkpoint, write config.json as
+        ``ksae-train`` writes it."""
+        if self.restarted:  # checked by _open_member: files of a run that never wrote a checkpoint
+            for name in self.folder.run_files():
+                (self.folder.path / name).unlink()
+            log(f"{self.folder.path}: its run stopped before its first checkpoint; removed "
+                f"{', '.join(self.restarted)}; starting it again")
+        self.folder.create(log=log, new=not self.resumed)
+        trainer = self.trainer
+        if self.resumed:
+            dropped = self.folder.drop_metrics_after(trainer.step, trainer.epoch, trainer.config.epochs)
+            if dropped:
+                log(f"{self.folder.path}: {dropped}")
+        self.model.run_id_ = self.folder.run_id
+        self.folder.write_config({**record, "train": trainer.config.to_dict(), **settings, "device": backend.name,
+                                  "run_dir": str(self.folder.path)})
+
+    def save(self) -> None:
+        self.model.save(self.folder.checkpoint)
+
+
+def _open_member(config, data, backend, path: Path, restart_unstarted: bool, log) -> _Member:
+    """The run in ``path``: resumed from its checkpoint (its configuration checked against ``config``), or new
+    (its folder checked, its model prepared as ``ksae-train`` prepares one: --lr auto resolved, the checks)."""
+    from ksae_cupy.training import resuming
+    from ksae_cupy.training.estimator import KSparseAutoencoder
+    from ksae_cupy.training.train_run import new_model
+
+    folder = RunFolder(path, kind=TRAIN)
+    if not folder.checkpoint.is_file():
+        restarted = folder.run_files() if restart_unstarted and folder.folder_kind() in (None, TRAIN) else None
+        folder.check_new(overwrite=bool(restarted))
+        model, _ = new_model(config, data, backend, lambda line, err=False: log(f"{path}: {line}"))
+        return _Member(folder, model, data, resumed=False, restarted=restarted)
+    folder.check_resumable()
+    model = KSparseAutoencoder.load(folder.checkpoint, device=backend.name)
+    saved = model.trainer_.config
+    folder.check_checkpoint(model.run_id_, saved.to_dict())
+    asked = config.to_dict()
+    differing = [f"{name} {saved.to_dict()[name]} (asked: {value})" for name, value in asked.items()
+                 if name not in NOT_COMPARED and saved.to_dict().get(name) != value]
+    if config.lr != "auto" and config.lr != saved.lr:
+        differing.append(f"lr {saved.lr} (asked: {config.lr})")
+    if differing:
+        raise KsaeError(f"run folder {path} holds another run: {', '.join(differing)}; give the run another folder, "
+                        f"or remove that one")
+    if model.trainer_.params["W_dh"].shape[0] != data.dim:
+        raise KsaeError(f"run folder {path}: its model takes {model.trainer_.params['W_dh'].shape[0]} dimensions, "
+                        f"the data has {data.dim}")
+    resuming.apply(["epochs"], {"epochs"}, {"epochs": config.epochs}, model.trainer_)
+    model.epochs = model.trainer_.config.epochs
+    return _Member(folder, model, data, resumed=True)
+
+
+def _train_pack(members: list, outcomes: list, stacked, policy_of, log, running: dict) -> None:
+    """Train ``members`` as one :class:`Pack` (``running["pack"]`` while it trains, for the stop signals):
+    metrics and checkpoints into each one's folder."""
+    from ksae_cupy.training.wording import epoch_line
+
+    rows = _device_rows(members)
+    pack = running["pack"] = Pack([member.trainer for member in members], stacked=stacked)
+    for member in members:
+        member.policy = policy_of()
+
+    def on_epoch(i, report):
+        member = members[i]
+        member.folder.append_metrics(report)  # before the checkpoint: a resume drops lines past it
+        outcomes[i].report = report
+        log(f"{member.folder.path.name}: {epoch_line(report, member.trainer.config.epochs)}")
+
+    started = time.perf_counter()
+    pack.fit([train for train, _ in rows], [valid for _, valid in rows], on_epoch,
+             should_checkpoint=lambda i, epoch: members[i].policy.after_epoch(epoch),
+             checkpoint=lambda i: members[i].save())
+    for i, member in enumerate(members):
+        if i not in pack.failed and (member.trainer.step != member.step_before or not member.folder.checkpoint.exists()):
+            try:  # stopped mid-epoch, a stacked run's divergence may not have been seen yet: the save refuses it
+                member.save()
+            except TrainingDiverged as exc:
+                pack.failed[i] = exc
+        if i in pack.failed:
+            host_rows = member.model._centred(*member.model._check_X(member.data.X_train, reset=False))
+            outcomes[i].diverged = str(member.model._diverged(pack.failed[i], host_rows, member.folder.checkpoint,
+                                                              cli_name))
+            log(f"{member.folder.path.name}: diverged: {outcomes[i].diverged}")
+    how = "as one stacked model" if pack.stacked else "one after another"
+    log(f"pack of {len(members)} run(s), {how}: {time.perf_counter() - started:.1f} s")
+
+
+def _device_rows(members: list) -> list:
+    """Each member's training and validation rows on the device, as its estimator's fit makes them
+    (``center_input`` subtracts the run's mean); members with the same rows share one device copy."""
+    copies, rows = {}, []
+    for member in members:
+        model = member.model
+        pair = []
+        for X in (member.data.X_train, member.data.X_valid):
+            if X is None:
+                pair.append(None)
+                continue
+            X_nd = model._centred(*model._check_X(X, reset=False))
+            key = (id(X), model.input_scale, tuple(sorted(model.preprocess_)), model.trainer_.dtype.str)
+            if key not in copies:
+                copies[key] = model._to_device(X_nd)
+            pair.append(copies[key])
+        rows.append(tuple(pair))
+    return rows

@@ -1,0 +1,210 @@
+"""Many runs in one launch (ksae_cupy/training/packed.py, packed_runs.py): a run packed with others gives
+the numbers of the same run alone, bit for bit on the CPU, in its own run folder that a ksae-train
+--resume continues alone; a pack stopped mid-way and started again ends as one never stopped."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ksae_cupy.backend import CPU
+from ksae_cupy.cli.train import train_command
+from ksae_cupy.datasets import Dataset
+from ksae_cupy.datasets.synthetic import make_sparse_signals
+from ksae_cupy.errors import KsaeError
+from ksae_cupy.training.checkpoint import load_checkpoint
+from ksae_cupy.training.packed import Pack
+from ksae_cupy.training.packed_runs import PackStopped, train_packed
+from ksae_cupy.training.trainer import TrainConfig, Trainer
+
+TIMING = ("seconds", "samples_per_s", "parts", "time")  # what differs between any two runs of one seed
+
+
+@pytest.fixture
+def data(monkeypatch):
+    """The built-in "synthetic" dataset cut to 1,200 / 300 signals of D = 32 (the same generator), for
+    ksae-train alone and the packs alike."""
+    from ksae_cupy import datasets
+
+    X, _, _ = make_sparse_signals(1500, D=32, H=64, k=4, seed=5)
+    small = Dataset(name="synthetic", X_train=X[:1200].astype(np.float32), X_valid=X[1200:].astype(np.float32))
+    monkeypatch.setitem(datasets.LOADERS, "synthetic", lambda root, log=print: small)
+    return small
+
+
+# Three runs differing in seed, k, learning rate, epochs, batch size and k schedule (one starts at k 20).
+CONFIGS = [dict(hidden=40, k=4, epochs=3, batch_size=100, lr=0.01, seed=1, k_start=None),
+           dict(hidden=40, k=7, epochs=4, batch_size=80, lr=0.004, seed=2, k_start=20),
+           dict(hidden=40, k=4, epochs=2, batch_size=100, lr=0.02, seed=3, k_start=None)]
+
+
+def configs():
+    return [TrainConfig(**options) for options in CONFIGS]
+
+
+def train_alone(data, options: dict, run_dir, threads: int = 1):
+    """The run as ``ksae-train`` trains it alone, on ``threads`` threads."""
+    args = ["synthetic", "--hidden", options["hidden"], "--k", options["k"],
+            "--epochs", options["epochs"], "--batch-size", options["batch_size"], "--lr", options["lr"],
+            "--seed", options["seed"], "--threads", threads, "--device", "cpu", "--quiet", "--run-dir", run_dir]
+    args += ["--no-k-schedule"] if options["k_start"] is None else ["--k-start", options["k_start"]]
+    result = CliRunner().invoke(train_command, [str(a) for a in args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+
+
+def metrics(run_dir) -> list[dict]:
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{key: value for key, value in line.items() if key not in TIMING} for line in lines]
+
+
+def assert_same_run(a_dir, b_dir) -> None:
+    """Checkpoints equal array for array (parameters, velocities, dead-unit counts, generator state,
+    position) and metrics lines equal but for their timings."""
+    a, b = load_checkpoint(a_dir / "checkpoint.h5"), load_checkpoint(b_dir / "checkpoint.h5")
+    assert (a.epoch, a.step, a.batch_in_epoch) == (b.epoch, b.step, b.batch_in_epoch)
+    for part in ("params", "velocities", "units"):
+        for name, value in getattr(a, part).items():
+            np.testing.assert_array_equal(getattr(b, part)[name], value, err_msg=f"{part} {name}")
+    assert a.rng_state == b.rng_state
+    assert metrics(a_dir) == metrics(b_dir)
+
+
+@pytest.mark.parametrize("threads", [1, 2])  # 2: the CPU kernels' step in two lanes, BLAS on one thread meanwhile
+def test_a_run_packed_with_others_gives_the_numbers_of_the_run_alone(data, tmp_path, threads):
+    folders = [tmp_path / "pack" / f"run{i}" for i in range(3)]
+    outcomes = train_packed(configs(), data, CPU, folders, settings={"threads": threads}, log=lambda line: None)
+    assert [o.report.epoch for o in outcomes] == [3, 4, 2] and not any(o.diverged for o in outcomes)
+    for i, options in enumerate(CONFIGS):
+        train_alone(data, options, tmp_path / f"alone{i}", threads)
+        assert_same_run(folders[i], tmp_path / f"alone{i}")
+    # The k schedule ran in the packed run as alone: k 20 first, then down to 7.
+    assert [line["k"] for line in metrics(folders[1])][0] == 20 and metrics(folders[1])[-1]["k"] == 7
+
+
+def test_a_packed_run_goes_on_alone_with_ksae_train_resume(data, tmp_path):
+    """A pack's run folder is an ordinary run: ksae-train --resume takes it further, as it would its own."""
+    options = {**CONFIGS[0], "epochs": 2}
+    train_packed([TrainConfig(**options), configs()[1]], data, CPU, [tmp_path / "packed", tmp_path / "other"],
+                 settings={"threads": 1}, log=lambda line: None)
+    train_alone(data, options, tmp_path / "alone")
+    for run_dir in (tmp_path / "packed", tmp_path / "alone"):
+        result = CliRunner().invoke(train_command, ["--resume", str(run_dir), "--epochs", "3", "--quiet"],
+                                    catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+    assert_same_run(tmp_path / "packed", tmp_path / "alone")
+
+
+def test_a_pack_stopped_mid_way_and_started_again_ends_as_one_never_stopped(data, tmp_path):
+    """A Ctrl-C after the first epoch line: every run saves (two of them mid-epoch) and the call raises
+    PackStopped; the same call again ends bit for bit as a pack that ran straight through."""
+    stopped = [tmp_path / "stopped" / f"run{i}" for i in range(3)]
+    straight = [tmp_path / "straight" / f"run{i}" for i in range(3)]
+    train_packed(configs(), data, CPU, straight, settings={"threads": 1}, log=lambda line: None)
+
+    def ctrl_c_once(line):
+        if "epoch 1/" in line and not ctrl_c_once.sent:
+            ctrl_c_once.sent = True
+            os.kill(os.getpid(), signal.SIGINT)
+
+    ctrl_c_once.sent = False
+    with pytest.raises(PackStopped) as stop:
+        train_packed(configs(), data, CPU, stopped, settings={"threads": 1}, log=ctrl_c_once)
+    assert stop.value.status == 130 and len(stop.value.unfinished) == 3
+    positions = [load_checkpoint(folder / "checkpoint.h5") for folder in stopped]
+    assert any(ckpt.batch_in_epoch for ckpt in positions)  # saved mid-epoch: the resume starts there
+    train_packed(configs(), data, CPU, stopped, settings={"threads": 1}, log=lambda line: None)
+    for a, b in zip(stopped, straight):
+        assert_same_run(a, b)
+
+
+def test_the_stacked_step_equals_the_runs_alone_within_float32_rounding(data):
+    """The GPU's way (one stacked model; here on NumPy): each run within float32 rounding of the run alone,
+    its kept units, dead units and schedule the same."""
+    X, X_valid = data.X_train, data.X_valid
+    alone, reports_alone = [], []
+    for config in configs():
+        trainer, reports = Trainer(config, CPU, D=32), []
+        trainer.fit(X, X_valid, on_epoch=reports.append)
+        alone.append(trainer)
+        reports_alone.append(reports)
+    members = [Trainer(config, CPU, D=32) for config in configs()]
+    reports_packed = [[] for _ in members]
+    pack = Pack(members, stacked=True)
+    pack.fit(X, X_valid, on_epoch=lambda i, report: reports_packed[i].append(report))
+    for lone, packed, lone_reports, packed_reports in zip(alone, members, reports_alone, reports_packed):
+        assert (packed.epoch, packed.step) == (lone.epoch, lone.step)
+        for name, value in lone.params.items():
+            scale = float(np.abs(value).max())
+            np.testing.assert_allclose(packed.params[name], value, rtol=0, atol=1e-5 * scale, err_msg=name)
+        assert [r.k for r in packed_reports] == [r.k for r in lone_reports]
+        for p, q in zip(packed_reports, lone_reports):
+            assert p.train_loss == pytest.approx(q.train_loss, rel=1e-5)
+            assert p.valid_loss == pytest.approx(q.valid_loss, rel=1e-5)
+            assert p.dead_fraction == q.dead_fraction
+    # The members train on views of the stacked arrays: a checkpoint holds each run's own slice.
+    assert pack.params_m["W_dh"].shape == (3, 32, 40)
+    np.testing.assert_array_equal(members[1].checkpoint().params["W_dh"], pack.params_m["W_dh"][1])
+
+
+@pytest.mark.parametrize("stacked, said", [(False, "the loss became inf at epoch 1, step 10"),
+                                           (True, "the training loss summed over the epoch became")])
+def test_a_run_that_diverges_stops_alone(data, tmp_path, stacked, said):
+    """One by one the run stops at the step, as alone; stacked, when the epoch ends (no value comes back per step)."""
+    bad = TrainConfig(**{**CONFIGS[0], "lr": 3.0})  # below the rate check before training; diverges at step 10
+    outcomes = train_packed([bad, configs()[2]], data, CPU, [tmp_path / "bad", tmp_path / "good"],
+                            settings={"threads": 1}, stacked=stacked, log=lambda line: None)
+    assert said in outcomes[0].diverged and "--lr" in outcomes[0].diverged
+    assert outcomes[1].diverged is None and outcomes[1].report.epoch == 2
+    assert not (tmp_path / "bad" / "checkpoint.h5").exists()  # no good checkpoint was ever written
+
+
+def test_refusals_name_the_bad_value(data, tmp_path):
+    with pytest.raises(KsaeError, match="given to more than one run"):
+        train_packed(configs()[:2], data, CPU, [tmp_path / "a", tmp_path / "a"], log=lambda line: None)
+    train_packed(configs()[:1], data, CPU, [tmp_path / "b"], settings={"threads": 1}, log=lambda line: None)
+    with pytest.raises(KsaeError, match=r"holds another run: k 4 \(asked: 7\)"):
+        train_packed([TrainConfig(**{**CONFIGS[0], "k": 7})], data, CPU, [tmp_path / "b"], log=lambda line: None)
+    with pytest.raises(KsaeError, match="must share the input width, hidden"):
+        Pack([Trainer(TrainConfig(**{**CONFIGS[0], "hidden": h}), CPU, D=32) for h in (40, 50)], stacked=True)
+
+
+def test_a_stacked_pack_stopped_mid_epoch_and_resumed_from_checkpoints_ends_as_one_never_stopped(data):
+    """The GPU's way (here on NumPy, deterministic): stopped after the first epoch of the runs of 12 batches
+    (the run of 15 batches mid-epoch), each run rebuilt from its checkpoint alone and stacked again: every
+    array and epoch report as in a pack that ran straight through."""
+    X, X_valid = data.X_train, data.X_valid
+    # 200 units and k 3: a unit kept in the 12 batches before the stop may be kept in none of the 3 after it,
+    # so an epoch's dead fraction tells whether its count before the stop came back with the checkpoint.
+    options = [{**c, "hidden": 200, "k": 3, "k_start": None} for c in CONFIGS]
+
+    def configs():
+        return [TrainConfig(**o) for o in options]
+
+    def strip(report):
+        return {key: value for key, value in vars(report).items() if key not in TIMING}
+
+    straight, straight_reports = [Trainer(config, CPU, D=32) for config in configs()], [[], [], []]
+    Pack(straight, stacked=True).fit(X, X_valid, on_epoch=lambda i, r: straight_reports[i].append(strip(r)))
+
+    first, reports = [Trainer(config, CPU, D=32) for config in configs()], [[], [], []]
+    pack = Pack(first, stacked=True)
+
+    def stop_after_the_first_epoch(i, report):
+        reports[i].append(strip(report))
+        pack.stop_requested = True
+
+    pack.fit(X, X_valid, on_epoch=stop_after_the_first_epoch)
+    checkpoints = [trainer.checkpoint() for trainer in first]
+    assert [c.batch_in_epoch for c in checkpoints] == [0, 12, 0] and [c.epoch for c in checkpoints] == [1, 0, 1]
+    resumed = [Trainer(TrainConfig.from_dict(c.config), CPU, D=32, checkpoint=c) for c in checkpoints]
+    Pack(resumed, stacked=True).fit(X, X_valid, on_epoch=lambda i, r: reports[i].append(strip(r)))
+    for a, b in zip(resumed, straight):
+        ca, cb = a.checkpoint(), b.checkpoint()
+        for part in ("params", "velocities", "units"):
+            for name, value in getattr(cb, part).items():
+                np.testing.assert_array_equal(getattr(ca, part)[name], value, err_msg=f"{part} {name}")
+    assert reports == straight_reports
