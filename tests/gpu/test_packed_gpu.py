@@ -4,6 +4,7 @@ Each packed GPU run equals its CPU run alone within float32 rounding (same data 
 kept units), and its run folder is an ordinary one that ksae-train --resume continues alone."""
 from __future__ import annotations
 
+from dataclasses import replace
 import json
 
 import numpy as np
@@ -17,6 +18,7 @@ from ksae_cupy.datasets.synthetic import make_sparse_signals
 from ksae_cupy.training.checkpoint import load_checkpoint
 from ksae_cupy.training.packed_runs import train_packed
 from ksae_cupy.training.trainer import TrainConfig
+from ksae_cupy.datasets.registry import DATASETS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu_cupy")]
 
@@ -31,11 +33,9 @@ CONFIGS = [dict(hidden=48, k=4, epochs=2, batch_size=100, lr=0.01, seed=1, k_sta
 def data(monkeypatch):
     """The built-in "synthetic" dataset cut to 600 / 150 signals of D = 32 (the stand-in's emulated
     kernels run a few thousand rows a second)."""
-    from ksae_cupy import datasets
-
     X, _, _ = make_sparse_signals(750, D=32, H=64, k=4, seed=5)
     small = Dataset(name="synthetic", X_train=X[:600].astype(np.float32), X_valid=X[600:].astype(np.float32))
-    monkeypatch.setitem(datasets.LOADERS, "synthetic", lambda root, log=print: small)
+    monkeypatch.setitem(DATASETS, "synthetic", replace(DATASETS["synthetic"], load=lambda root, log=print: small))
     return small
 
 

@@ -3,6 +3,7 @@ the numbers of the same run alone, bit for bit on the CPU, in its own run folder
 --resume continues alone; a pack stopped mid-way and started again ends as one never stopped."""
 from __future__ import annotations
 
+from dataclasses import replace
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from ksae_cupy.training.checkpoint import load_checkpoint
 from ksae_cupy.training.packed import Pack
 from ksae_cupy.training.packed_runs import PackStopped, train_packed
 from ksae_cupy.training.trainer import TrainConfig, Trainer
+from ksae_cupy.datasets.registry import DATASETS
 
 TIMING = ("seconds", "samples_per_s", "parts", "time")  # what differs between any two runs of one seed
 
@@ -28,11 +30,9 @@ TIMING = ("seconds", "samples_per_s", "parts", "time")  # what differs between a
 def data(monkeypatch):
     """The built-in "synthetic" dataset cut to 1,200 / 300 signals of D = 32 (the same generator), for
     ksae-train alone and the packs alike."""
-    from ksae_cupy import datasets
-
     X, _, _ = make_sparse_signals(1500, D=32, H=64, k=4, seed=5)
     small = Dataset(name="synthetic", X_train=X[:1200].astype(np.float32), X_valid=X[1200:].astype(np.float32))
-    monkeypatch.setitem(datasets.LOADERS, "synthetic", lambda root, log=print: small)
+    monkeypatch.setitem(DATASETS, "synthetic", replace(DATASETS["synthetic"], load=lambda root, log=print: small))
     return small
 
 
