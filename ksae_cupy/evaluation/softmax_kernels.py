@@ -103,25 +103,28 @@ def weight_gradient(idx_nk, val_nk, G_cn, H: int):
 
 
 _dispatchers: dict = {}  # n_classes -> {kernel name: its Numba dispatcher}
+_compiled: set = set()  # (kernel name, n_classes, the arguments' dtypes) compiled (or loaded from the disk cache)
 _compile_lock = threading.Lock()  # one compilation at a time (fits run in threads; the SLP switch is global)
 
 
-def _run(name: str, n_classes: int, *args) -> None:
-    """Call kernel ``name`` for ``n_classes``, compiling it first for these argument types (SLP on)."""
-    import numba
-
+def _run(name: str, n_classes: int, *arrays) -> None:
+    """Call kernel ``name`` for ``n_classes`` on C-contiguous ``arrays``, compiled first for their dtypes
+    with the SLP vectorizer on (the key is made of dtypes: Numba's own typing of the arguments, which
+    every call makes again, cost as much as a small kernel)."""
+    key = (name, n_classes, *(a.dtype.char for a in arrays))
     kernel = _kernels(n_classes)[name]
-    types = tuple(numba.typeof(a) for a in args)
-    if types not in kernel.overloads:
+    if key not in _compiled:
+        import numba
+
         with _compile_lock:
-            if types not in kernel.overloads:
-                slp = numba.config.SLP_VECTORIZE
-                numba.config.SLP_VECTORIZE = 1
-                try:
-                    kernel.compile(types)
-                finally:
-                    numba.config.SLP_VECTORIZE = slp
-    kernel(*args)
+            slp = numba.config.SLP_VECTORIZE
+            numba.config.SLP_VECTORIZE = 1
+            try:
+                kernel.compile(tuple(numba.typeof(a) for a in arrays))
+            finally:
+                numba.config.SLP_VECTORIZE = slp
+            _compiled.add(key)
+    kernel(*arrays)
 
 
 def _kernels(n_classes: int) -> dict:
