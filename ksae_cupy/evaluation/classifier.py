@@ -19,7 +19,10 @@ confound that choice. L-BFGS keeps :data:`HISTORY` = 100 gradient pairs, not Sci
 the longer memory reaches the same optimum in half the passes (measured on MNIST codes,
 k = 25, alpha = 3: 1015 passes over the L2 path 1e-3 .. 1e-6 with 20 pairs, 461 with 100),
 for 16 MB of history at 1000 units. Loss and gradient are computed by the array module of the features
-(NumPy, or CuPy on a GPU); only the (H+1)*C parameter vector crosses to the host per step.
+(NumPy, or CuPy on a GPU); only the (H+1)*C parameter vector crosses to the host per step. On the CPU,
+features with the same number of entries in every row (the alpha*k codes) have their two products
+``X W`` and ``X^T G`` computed by :mod:`~ksae_cupy.evaluation.softmax_kernels` when Numba is installed:
+SciPy's sums, bit for bit, 2-3x faster.
 """
 from __future__ import annotations
 
