@@ -9,17 +9,17 @@ each row's units ``idx_nk`` and values ``val_nk`` (:func:`fixed_width_rows`). On
                                                                           (scatter_gradient: X^T G)
 
 Why compiled loops: SciPy's product keeps a row's C sums in memory from one entry to the next
-(about 3.5 ns per entry and class here), and it was four fifths of ``ksae-eval``'s time. The loops
+(about 3.5 ns per entry for 10 classes here), and it was four fifths of ``ksae-eval``'s time. The loops
 below hold them in C named variables, one per class, which LLVM's SLP vectorizer packs into vector
 registers: at 50,000 rows x 100 units and 10 classes, 5.0 ms against SciPy's 17.3 ms for ``X W``
 and 6.3 ms against 13.8 ms for ``X^T G`` (one thread, 2026-11-28). Each sum is added up in SciPy's
 order with no fused multiply-add, so the results are SciPy's, bit for bit (tested).
 
-Why generated source: the variables are one per class, so the loop is written for one class count
-at a time (:func:`_source`), compiled on first use for that count and cached on disk as the package's
-other kernels are. Numba builds with the SLP vectorizer off
-(``NUMBA_SLP_VECTORIZE=0``); it is switched on while these kernels compile, and only then (without
-it the loops stay scalar: 11 ms and 16 ms above).
+Why generated source: the variables are one per class, so the loops (``_GATHER``, ``_SCATTER``) are
+written out for one class count at a time (:func:`_source`), compiled on first use for that count
+(about 1 s) and cached on disk as the package's other kernels are. Numba builds with the SLP
+vectorizer off (``NUMBA_SLP_VECTORIZE=0``); it is switched on while these kernels compile, and only
+then (without it the loops stay scalar: 11 ms and 16 ms above).
 
 Numba is optional: :func:`available` says whether these run (it also honours ``KSAE_CPU_KERNELS=0``);
 the classifier keeps its SciPy products otherwise.
