@@ -19,7 +19,10 @@ confound that choice. L-BFGS keeps :data:`HISTORY` = 100 gradient pairs, not Sci
 the longer memory reaches the same optimum in half the passes (measured on MNIST codes,
 k = 25, alpha = 3: 1015 passes over the L2 path 1e-3 .. 1e-6 with 20 pairs, 461 with 100),
 for 16 MB of history at 1000 units. Loss and gradient are computed by the array module of the features
-(NumPy, or CuPy on a GPU); only the (H+1)*C parameter vector crosses to the host per step.
+(NumPy, or CuPy on a GPU); only the (H+1)*C parameter vector crosses to the host per step. On the CPU,
+features with the same number of entries in every row (the alpha*k codes) have their two products
+``X W`` and ``X^T G`` computed by :mod:`~ksae_cupy.evaluation.softmax_kernels` when Numba is installed:
+SciPy's sums, bit for bit, 2-3x faster.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ksae_cupy.backend import array_module, to_host
+from ksae_cupy.evaluation import softmax_kernels
 from ksae_cupy.errors import KsaeError
 
 
@@ -47,17 +51,23 @@ class SoftmaxModel:
     extra: dict = field(default_factory=dict)
 
 
-def loss_and_grads(W_hc, b_c, X_nh, y_n, l2: float):
+def loss_and_grads(W_hc, b_c, X_nh, y_n, l2: float, rows=None):
     """Mean cross-entropy plus ``l2/2 ||W||^2``: ``(loss float, dW_hc, db_c)``.
 
     ``W_hc``, ``b_c``, ``X_nh`` and ``y_n`` live on one array module; the loss is summed in
-    float64 so a float32 feature matrix still gives a line-search-grade objective.
+    float64 so a float32 feature matrix still gives a line-search-grade objective. ``rows``:
+    ``X_nh``'s ``(idx_nk, val_nk)`` when its rows all hold K entries
+    (:func:`~ksae_cupy.evaluation.softmax_kernels.fixed_width_rows`), for the compiled products
+    (the same sums as SciPy's, 2-3x faster); None: ``X_nh``'s own ``@``.
     """
     xp = array_module(X_nh)
     N = X_nh.shape[0]
     # Class-major (C, N) logits: the per-row max and sum then run along contiguous rows of N, which is
     # 20x faster than along rows of C = 10 (they were a fifth of a fit's time).
-    L_cn = xp.ascontiguousarray((X_nh @ W_hc + b_c).T)
+    if rows is not None:
+        L_cn = softmax_kernels.gather_logits(*rows, W_hc, b_c)
+    else:
+        L_cn = xp.ascontiguousarray((X_nh @ W_hc + b_c).T)
     L_cn -= L_cn.max(axis=0)  # stable softmax: shift by each example's maximum
     E_cn = xp.exp(L_cn)
     S_n = E_cn.sum(axis=0)
@@ -68,7 +78,11 @@ def loss_and_grads(W_hc, b_c, X_nh, y_n, l2: float):
     G_cn = E_cn
     G_cn /= S_n * N
     G_cn.ravel()[flat_n] -= 1.0 / N
-    dW_hc = X_nh.T @ xp.ascontiguousarray(G_cn.T) + l2 * W_hc
+    if rows is not None:
+        dW_hc = softmax_kernels.weight_gradient(*rows, G_cn, X_nh.shape[1])
+        dW_hc += l2 * W_hc
+    else:
+        dW_hc = X_nh.T @ xp.ascontiguousarray(G_cn.T) + l2 * W_hc
     return loss, dW_hc, G_cn.sum(axis=1)
 
 
@@ -116,6 +130,7 @@ def fit(X_nh, y_n, n_classes: int, l2: float, max_iter: int = 500, tol: float = 
     H, C = X_nh.shape[1], n_classes
     dtype = X_nh.dtype
     y_n = xp.asarray(y_n, dtype=np.int64)
+    rows = softmax_kernels.fixed_width_rows(X_nh) if softmax_kernels.available() else None
 
     def unpack(theta):
         theta_x = xp.asarray(theta, dtype=dtype)
@@ -125,7 +140,7 @@ def fit(X_nh, y_n, n_classes: int, l2: float, max_iter: int = 500, tol: float = 
         if should_stop is not None and should_stop():
             raise FitStopped
         W_hc, b_c = unpack(theta)
-        loss, dW_hc, db_c = loss_and_grads(W_hc, b_c, X_nh, y_n, l2)
+        loss, dW_hc, db_c = loss_and_grads(W_hc, b_c, X_nh, y_n, l2, rows)
         grad = np.concatenate([to_host(dW_hc).ravel(), to_host(db_c)]).astype(np.float64)
         return loss, grad
 

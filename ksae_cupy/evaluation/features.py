@@ -162,7 +162,7 @@ def l2_lattice(l2_grid, extend: int) -> list[float]:
 def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid", max_iter: int = 500,
                     backend: Backend = CPU, log=print, workers: int = 1, store=None, block: str = "sparse",
                     extend: int = 0, *, early_stop: bool = False, max_iter_name: str = "max_iter",
-                    choice_tol: float = classifier.CHOICE_TOL) -> dict:
+                    choice_tol: float = classifier.CHOICE_TOL, keep_test_codes: bool = False) -> dict:
     """Choose (alpha, L2) on validation error, refit, and report the test error once.
 
     Each alpha walks the L2 values (:func:`l2_lattice`: the grid, and ``extend`` decades beyond each
@@ -185,7 +185,8 @@ def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid"
     :class:`~ksae_cupy.evaluation.grid.FitStore` whose fits (under keys starting with
     ``block``) are reused and to which new fits are added as they finish. ``early_stop``: the
     iteration cap is the regulariser (no warning when a fit reaches it); ``max_iter_name``: how
-    a warning names the cap (the command line's ``--max-iter``).
+    a warning names the cap (the command line's ``--max-iter``). ``keep_test_codes``: ``encode``'s
+    encoding of the test set is left for the caller to read again and forget (else forgotten here).
     """
     if refit not in REFIT_CHOICES:
         raise KsaeError(f"refit={refit!r} is not allowed; use one of {', '.join(REFIT_CHOICES)}")
@@ -299,7 +300,7 @@ def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid"
                               max_iter_name, log)
     # The test set is encoded and its labels read here, after the choice, and only once.
     test_error = classifier.error_rate(final, encode(best.alpha, dataset.X_test), dataset.y_test)
-    if hasattr(encode, "forget"):
+    if hasattr(encode, "forget") and not keep_test_codes:
         encode.forget(dataset.X_test)
     log(f"test error {100 * test_error:.2f}%")
     return {
@@ -584,7 +585,7 @@ def evaluate_run(run_dir, alphas=DEFAULT_ALPHAS, l2_grid=DEFAULT_L2, refit: str 
         "device": backend.name, "alphas": list(alphas), "l2_grid": sorted(l2_grid, reverse=True), "max_iter": max_iter,
         "l2_extend": l2_extend, "protocol": PROTOCOL,
         "features": select_and_test(encode, dataset, alphas, l2_grid, refit, max_iter, backend, log, workers, store,
-                                    extend=l2_extend, max_iter_name=max_iter_name),
+                                    extend=l2_extend, max_iter_name=max_iter_name, keep_test_codes=True),
     }
     if linear_svm:
         from ksae_cupy.evaluation.svm import linear_svm_rows
@@ -596,7 +597,7 @@ def evaluate_run(run_dir, alphas=DEFAULT_ALPHAS, l2_grid=DEFAULT_L2, refit: str 
                                                  l2_grid, refit, max_iter, backend, log, workers, store, "raw",
                                                  extend=l2_extend, max_iter_name=max_iter_name)
     # The field's metrics of the autoencoder itself (FVE, L0, dead units), after the choice: alpha is the chosen one.
-    # Read from the fits' encoding of each split (the test set's made again: select_and_test forgot it).
+    # Read from the fits' encoding of each split (the test set's too, kept after its error was measured).
     result["reconstruction"] = reconstruction_splits(params, dataset, k, result["features"]["selected"]["alpha"],
                                                      topk_method, activation, backend, tops=encode.top)
     encode.forget(dataset.X_test)

@@ -29,3 +29,20 @@ def test_eval_reports_fve_l0_and_dead_units_per_split(tmp_path):
     assert "| split | examples | FVE | L0 (k) | L0 (alpha*k) | dead units |" in md
     rows = [line.split(" |")[0] for line in md.splitlines() if line.startswith(("| train |", "| valid |", "| test |"))]
     assert rows == ["| train", "| valid", "| test"]
+
+
+def test_eval_encodes_each_split_once(tmp_path, monkeypatch):
+    """The fits, the test error and the reconstruction metrics read one encoding of each split."""
+    data, W_dh = sparse_signal_dataset(n_train=300, n_valid=100, n_test=100)
+    run = make_run(tmp_path / "run", W_dh, k=5)
+    encoded = []
+    top_units = evaluate.top_units
+
+    def counted(params, X_nd, *args, **kwargs):
+        encoded.append(len(X_nd))
+        return top_units(params, X_nd, *args, **kwargs)
+
+    monkeypatch.setattr(evaluate, "top_units", counted)
+    result = evaluate.evaluate_run(run, alphas=[1, 2], l2_grid=[1e-3], dataset=data, log=lambda *_: None)
+    assert sorted(encoded) == [100, 100, 300]  # train, valid, test: once each
+    assert set(result["reconstruction"]) == {"train", "valid", "test"}
