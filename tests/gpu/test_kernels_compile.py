@@ -82,3 +82,26 @@ def test_kernel_names_cover_every_template():
     for name in templates:
         for ctype in ("float", "double"):
             assert any(n.startswith(f"ksae::{name}<{ctype}") for n in cuda.KERNEL_NAMES), (name, ctype)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_product_kernels_compile(arch, tmp_path: Path):
+    """kernels/products.cu (the epoch graph's products and sums, ksae_cupy.gpu.products): every
+    instantiation compiles, nothing spills, and the GEMM's shared memory is all dynamic (the plans count none)."""
+    from ksae_cupy.gpu import products
+
+    lines = [f'#include "{cuda.kernel_source_path(products.SOURCE_NAME).as_posix()}"', "",
+             "void ksae_instantiate_all_kernels(void** out) {"]
+    lines += [f"    out[{i}] = reinterpret_cast<void*>(&{name});" for i, name in enumerate(products.KERNEL_NAMES)]
+    source = tmp_path / "products_all.cu"
+    source.write_text("\n".join(lines + ["}"]) + "\n")
+    cubin = tmp_path / f"products_{arch}.cubin"
+    cmd = [NVCC, "-std=c++17", "--cubin", f"-arch={arch}", "-Xptxas", "-v", "-Werror", "all-warnings",
+           "-o", str(cubin), str(source)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"nvcc failed for {arch}:\n{log[-4000:]}"
+    assert _mangled_count(log) == len(products.KERNEL_NAMES), log[-4000:]
+    assert all(int(s) == 0 for s in re.findall(r"(\d+) bytes spill stores", log)), log[-4000:]
+    for entry, smem in _static_smem(log).items():
+        assert smem == (0 if "gemm_kernel" in entry else 2064), (entry, smem)  # 256 doubles + an int, to 16 bytes

@@ -1,0 +1,118 @@
+// The training step's matrix products and its losses' sums as kernels of ours, so that a whole
+// epoch of steps can be captured as one CUDA graph: CuPy refuses any cuBLAS call while a stream
+// captures, and its full reductions may allocate. Launched by ksae_cupy/gpu/products.py (which
+// says why these and not cuBLAS); run on the CPU by tests/gpu/test_products_host.py.
+//
+// No headers, as kernels/topk.cu: NVRTC compiles this file as it is.
+
+namespace ksae {
+
+// ---------------------------------------------------------------------------------------------
+// C = op(A) op(B), row-major, C of M x N (leading dimension ldc), op(A) of M x K, op(B) of K x N.
+// A is stored row-major as M x K (lda), or with TRANS_A as K x M (its transpose, a C-contiguous
+// array read column-wise); B as K x N (ldb), or with TRANS_B as N x K.
+//
+// One block of GEMM_THREADS threads computes one GEMM_TILE x GEMM_TILE tile of C (the tiles are
+// numbered along N first over a 1-D grid); each thread holds a GEMM_MICRO x GEMM_MICRO block of
+// outputs in registers, rows tm + 16 i and columns tn + 16 j (strided, so neighbouring threads read
+// neighbouring shared words). K advances GEMM_STEP at a time through two shared tiles, loaded so
+// that neighbouring threads read neighbouring global words in either storage order. Every load and
+// store is bounds-checked: any M, N, K >= 0 works (K = 0 gives zeros).
+constexpr int GEMM_TILE = 64;
+constexpr int GEMM_STEP = 16;
+constexpr int GEMM_MICRO = 4;
+constexpr int GEMM_SIDE = GEMM_TILE / GEMM_MICRO;  // 16 threads along each side of the tile
+constexpr int GEMM_THREADS = GEMM_SIDE * GEMM_SIDE;
+constexpr int GEMM_TILE_ELEMS = GEMM_STEP * GEMM_TILE;
+
+template <typename T, bool TRANS_A, bool TRANS_B>
+__global__ void __launch_bounds__(GEMM_THREADS)
+gemm_kernel(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C, int M, int N, int K, int lda,
+            int ldb, int ldc) {
+    // Dynamic shared memory: As[GEMM_STEP][GEMM_TILE] (k, m) then Bs[GEMM_STEP][GEMM_TILE] (k, n).
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* As = reinterpret_cast<T*>(smem_raw);
+    T* Bs = As + GEMM_TILE_ELEMS;
+    const int tiles_n = (N + GEMM_TILE - 1) / GEMM_TILE;
+    const int m0 = static_cast<int>(blockIdx.x) / tiles_n * GEMM_TILE;
+    const int n0 = static_cast<int>(blockIdx.x) % tiles_n * GEMM_TILE;
+    const int tid = static_cast<int>(threadIdx.x);
+    const int tm = tid / GEMM_SIDE, tn = tid % GEMM_SIDE;
+    T acc[GEMM_MICRO][GEMM_MICRO];
+    for (int i = 0; i < GEMM_MICRO; ++i)
+        for (int j = 0; j < GEMM_MICRO; ++j) acc[i][j] = T(0);
+
+    for (int k0 = 0; k0 < K; k0 += GEMM_STEP) {
+        for (int e = tid; e < GEMM_TILE_ELEMS; e += GEMM_THREADS) {
+            // Consecutive e walk the stored array's contiguous dimension.
+            const int m = TRANS_A ? e % GEMM_TILE : e / GEMM_STEP;
+            const int kk = TRANS_A ? e / GEMM_TILE : e % GEMM_STEP;
+            const int gm = m0 + m, gk = k0 + kk;
+            T v = T(0);
+            if (gm < M && gk < K)
+                v = TRANS_A ? A[static_cast<long long>(gk) * lda + gm] : A[static_cast<long long>(gm) * lda + gk];
+            As[kk * GEMM_TILE + m] = v;
+        }
+        for (int e = tid; e < GEMM_TILE_ELEMS; e += GEMM_THREADS) {
+            const int n = TRANS_B ? e / GEMM_STEP : e % GEMM_TILE;
+            const int kk = TRANS_B ? e % GEMM_STEP : e / GEMM_TILE;
+            const int gn = n0 + n, gk = k0 + kk;
+            T v = T(0);
+            if (gn < N && gk < K)
+                v = TRANS_B ? B[static_cast<long long>(gn) * ldb + gk] : B[static_cast<long long>(gk) * ldb + gn];
+            Bs[kk * GEMM_TILE + n] = v;
+        }
+        __syncthreads();  // the tiles are loaded
+        for (int kk = 0; kk < GEMM_STEP; ++kk) {
+            T a[GEMM_MICRO], b[GEMM_MICRO];
+            for (int i = 0; i < GEMM_MICRO; ++i) a[i] = As[kk * GEMM_TILE + tm + GEMM_SIDE * i];
+            for (int j = 0; j < GEMM_MICRO; ++j) b[j] = Bs[kk * GEMM_TILE + tn + GEMM_SIDE * j];
+            for (int i = 0; i < GEMM_MICRO; ++i)
+                for (int j = 0; j < GEMM_MICRO; ++j) acc[i][j] += a[i] * b[j];
+        }
+        __syncthreads();  // every thread is done with the tiles before the next load
+    }
+    for (int i = 0; i < GEMM_MICRO; ++i) {
+        const int gm = m0 + tm + GEMM_SIDE * i;
+        if (gm >= M) continue;
+        for (int j = 0; j < GEMM_MICRO; ++j) {
+            const int gn = n0 + tn + GEMM_SIDE * j;
+            if (gn < N) C[static_cast<long long>(gm) * ldc + gn] = acc[i][j];
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// acc[0] += scale * sum_i x[i]^2: each square in T (as x * x in the step's float type), the sum in
+// double. One block, so the order of the sum is fixed (the same bits at every launch). With a gate
+// (n_gate > 0), nothing is added unless some gate[j] != 0: AuxK's loss counts only while a unit is
+// dead. SUM_THREADS threads; a tree in shared memory.
+constexpr int SUM_THREADS = 256;
+
+template <typename T>
+__global__ void __launch_bounds__(SUM_THREADS)
+add_sum_squares_kernel(const T* __restrict__ x, long long n, double scale, const T* __restrict__ gate, int n_gate,
+                       double* __restrict__ acc) {
+    static_assert(SUM_THREADS == 256, "partial[] is sized for 256 threads");
+    __shared__ double partial[256];
+    __shared__ int open;
+    const int tid = static_cast<int>(threadIdx.x);
+    if (tid == 0) open = n_gate > 0 ? 0 : 1;
+    double s = 0.0;
+    for (long long i = tid; i < n; i += SUM_THREADS) {
+        const T v = x[i];
+        const T square = v * v;
+        s += static_cast<double>(square);
+    }
+    partial[tid] = s;
+    __syncthreads();  // open is set, the partial sums written
+    for (int j = tid; j < n_gate; j += SUM_THREADS)
+        if (gate[j] != T(0)) open = 1;  // every writer writes the same value
+    for (int half = SUM_THREADS / 2; half > 0; half /= 2) {
+        if (tid < half) partial[tid] += partial[tid + half];
+        __syncthreads();  // this level's sums are written (and, the first time, every gate read)
+    }
+    if (tid == 0 && open) acc[0] += scale * partial[0];
+}
+
+}  // namespace ksae

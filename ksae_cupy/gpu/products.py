@@ -1,0 +1,138 @@
+"""The training step's matrix products and its losses' sums as our own kernels (``kernels/products.cu``).
+
+Why kernels of ours and not cuBLAS: the whole epoch on a GPU is one CUDA graph
+(:mod:`ksae_cupy.gpu.graph_epoch`), and a graph can hold only what a stream capture records.
+
+* **CuPy refuses cuBLAS during capture.** In CuPy 13 and 14 every cuBLAS call goes through
+  ``cupy_backends.cuda.libs.cublas.setStream``, which raises ``NotImplementedError("calling cuBLAS
+  API during stream capture is currently unsupported")`` whenever the stream it is given captures
+  (a deliberate guard, with a TODO to lift it: cuBLAS itself has supported capture since CUDA 11.5
+  when its workspace is set with ``cublasSetWorkspace``). That guard sits in the binding every
+  cuBLAS entry point of CuPy calls first (``_setStream``), so neither ``cupy.matmul`` nor the
+  low-level ``cupy.cuda.cublas.sgemm`` with a handle of our own can be captured; making the handle's
+  stream a non-capturing one would run the product at once instead of recording it.
+* **cuBLAS through ``ctypes``** (our own handle from ``libcublas``, ``cublasSetStream_v2``,
+  ``cublasSetWorkspace_v2`` on a buffer of ours, ``cublasSgemm_v2``) would be captured by CUDA as
+  any library does, as PyTorch does. It was not built: nothing here could test it (no GPU this
+  session; the CuPy stand-in of the tests has no cuBLAS to bind), it ties the package to the
+  library file's name and ABI of each CUDA major version, and an untested path on a device lent for
+  minutes is a risk the campaign cannot afford. It stays the way to try when these kernels, timed on
+  a GPU, turn out to be the epoch's bottleneck.
+* **Kernels of ours** run under the host emulator unmodified, so the whole graph is proven on the
+  CPU (``tests/gpu/test_products_host.py``, ``tests/gpu/test_graph_epoch.py``). They are slower than
+  cuBLAS per product (a plain 64 x 64 register-blocked SGEMM, no tensor cores, no split-K); what they
+  buy is an epoch with no host work per step. Only a GPU can tell the balance.
+
+The loss's sum is ours too: CuPy's full reductions (``cupy.sum`` of a whole array, through CUB)
+allocate temporary storage, which a capture must not (on an H100 the captured step's loss part was
+left uncaptured for it, 2026-11-25).
+
+As :mod:`ksae_cupy.gpu.cuda_kernels`: a *plan* per launch (:func:`plan_matmul`, :func:`plan_sum_squares`)
+made without cupy, which the CPU harness runs, and a launcher that hands it to ``cupy.RawKernel``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ksae_cupy.errors import KsaeError
+from ksae_cupy.gpu.cuda_kernels import CTYPES, KernelLaunch, _check_int32_range, _cupy, _function, _launch, \
+    _require_gpu_array
+
+SOURCE_NAME = "products.cu"
+GEMM_TILE = 64  # outputs per side of one block's tile (as in products.cu)
+GEMM_STEP = 16  # K per shared-memory step
+GEMM_THREADS = 256
+SUM_THREADS = 256
+
+
+def _gemm_name(ctype: str, trans_a: bool, trans_b: bool) -> str:
+    return f"ksae::gemm_kernel<{ctype}, {str(trans_a).lower()}, {str(trans_b).lower()}>"
+
+
+def _sum_name(ctype: str) -> str:
+    return f"ksae::add_sum_squares_kernel<{ctype}>"
+
+
+# Every instantiation of products.cu: for RawModule(name_expressions=...), nvcc's compile test and the harness.
+KERNEL_NAMES: tuple[str, ...] = tuple(
+    [_gemm_name(c, ta, tb) for c in CTYPES.values() for ta in (False, True) for tb in (False, True)]
+    + [_sum_name(c) for c in CTYPES.values()])
+
+
+def gemm_shared_bytes(dtype) -> int:
+    """Dynamic shared memory of one GEMM block: two tiles of GEMM_STEP x GEMM_TILE values."""
+    return 2 * GEMM_STEP * GEMM_TILE * np.dtype(dtype).itemsize
+
+
+def stored(a) -> tuple:
+    """``(array, transposed, leading dimension)``: how the kernel reads the 2-D operand ``a``: a
+    C-contiguous array as it is, else its transpose when that is C-contiguous (``W.T``, ``XR.T``)."""
+    if a.ndim != 2:
+        raise KsaeError(f"a matrix product's operand must be 2-D; got shape {tuple(a.shape)}")
+    if a.flags.c_contiguous:
+        return a, False, max(1, int(a.shape[1]))
+    if a.T.flags.c_contiguous:
+        return a.T, True, max(1, int(a.shape[0]))
+    raise KsaeError(f"a matrix product's operand of shape {tuple(a.shape)} with strides {tuple(a.strides)} is "
+                    f"neither C-contiguous nor the transpose of a C-contiguous array")
+
+
+def plan_matmul(a, b, out) -> KernelLaunch:
+    """The launch of ``out = a @ b`` (``out`` C-contiguous; ``a`` and ``b`` C-contiguous or transposes of such)."""
+    dtype = np.dtype(out.dtype)
+    if dtype not in CTYPES or np.dtype(a.dtype) != dtype or np.dtype(b.dtype) != dtype:
+        raise KsaeError(f"matrix product of {a.dtype} and {b.dtype} into {out.dtype}: all must be one of "
+                        f"{', '.join(str(d) for d in CTYPES)}")
+    (M, K), (K2, N) = a.shape, b.shape
+    if K2 != K or tuple(out.shape) != (M, N):
+        raise KsaeError(f"matrix product of shapes {tuple(a.shape)} and {tuple(b.shape)} into {tuple(out.shape)}: "
+                        f"expected ({M}, {K}) @ ({K}, n) into ({M}, n)")
+    if not out.flags.c_contiguous:
+        raise KsaeError(f"the product's output must be C-contiguous; got strides {tuple(out.strides)}")
+    A, trans_a, lda = stored(a)
+    B, trans_b, ldb = stored(b)
+    _check_int32_range(M, N, K, M * N, M * K, K * N)
+    tiles = -(-M // GEMM_TILE) * -(-N // GEMM_TILE)
+    return KernelLaunch(name=_gemm_name(CTYPES[dtype], trans_a, trans_b), grid=tiles if M and N else 0,
+                        block=GEMM_THREADS,
+                        args=(A, B, out, np.int32(M), np.int32(N), np.int32(K), np.int32(lda), np.int32(ldb),
+                              np.int32(max(1, N))),
+                        outputs=(2,), shared_mem=gemm_shared_bytes(dtype))
+
+
+def plan_sum_squares(x, scale: float, acc, gate=None) -> KernelLaunch:
+    """The launch of ``acc += scale * sum(x ** 2)`` (``acc`` a 0-d float64 array; squares in x's float
+    type, the sum in float64); with ``gate``, nothing is added unless some ``gate`` value is non-zero."""
+    dtype = np.dtype(x.dtype)
+    if dtype not in CTYPES or (gate is not None and np.dtype(gate.dtype) != dtype):
+        raise KsaeError(f"sum of squares of {x.dtype} (gate {None if gate is None else gate.dtype}): both must be one "
+                        f"of {', '.join(str(d) for d in CTYPES)}")
+    if np.dtype(acc.dtype) != np.float64 or acc.shape != ():
+        raise KsaeError(f"the sum of squares adds into a 0-d float64 array; got {acc.dtype} of shape {tuple(acc.shape)}")
+    for what, array in (("x", x), ("gate", gate)):
+        if array is not None and not array.flags.c_contiguous:
+            raise KsaeError(f"the sum of squares' {what} must be C-contiguous; got strides {tuple(array.strides)}")
+    n_gate = 0 if gate is None else int(gate.size)
+    _check_int32_range(n_gate)
+    return KernelLaunch(name=_sum_name(CTYPES[dtype]), grid=1, block=SUM_THREADS,
+                        args=(x, np.int64(x.size), np.float64(scale), x if gate is None else gate, np.int32(n_gate),
+                              acc), outputs=(5,))
+
+
+def matmul_gpu(a, b, out) -> None:
+    """``out = a @ b`` on cupy arrays with :data:`KERNEL_NAMES`' GEMM (capturable: no cuBLAS, no allocation)."""
+    for what, array in (("a", a), ("b", b), ("out", out)):
+        _require_gpu_array(array, what)
+    _run(plan_matmul(a, b, out))
+
+
+def add_sum_squares_gpu(x, scale: float, acc, gate=None) -> None:
+    """``acc += scale * sum(x ** 2)`` on cupy arrays, with ``gate`` as :func:`plan_sum_squares` (capturable)."""
+    for what, array in (("x", x), ("acc", acc)) + ((("gate", gate),) if gate is not None else ()):
+        _require_gpu_array(array, what)
+    _run(plan_sum_squares(x, scale, acc, gate))
+
+
+def _run(plan: KernelLaunch) -> None:
+    cupy = _cupy()
+    _launch(cupy, plan, _function(cupy, plan.name, SOURCE_NAME, KERNEL_NAMES))
