@@ -32,6 +32,7 @@ import numpy as np
 
 from ksae_cupy.gpu.cuda_kernels import mask_rows_gpu, topk_gpu
 from ksae_cupy.gpu.graph_auxk import AuxKParts
+from ksae_cupy.gpu.products import add_sum_squares_gpu, matmul_gpu
 
 
 @dataclass
@@ -66,11 +67,17 @@ class GraphStep:
 
     ``params`` and ``velocities`` (dicts of ``W_dh`` C-contiguous, ``b_h``, ``c_d``) are updated in
     place; ``X_train_nd`` is the device-resident training set whose rows :meth:`run` gathers.
+    ``products``: ``"cublas"`` (CuPy's matmul and sums: the parts between the products are captured)
+    or ``"kernels"`` (the products and the losses' sums as our kernels, :mod:`ksae_cupy.gpu.products`:
+    every part can be captured, which :mod:`ksae_cupy.gpu.graph_epoch` does for a whole epoch).
     """
 
     def __init__(self, cupy, params, velocities, X_train_nd, batch_size: int, k: int, topk_method: str,
                  lr: float, momentum: float, counters: EpochCounters, stream, capture: bool = True,
-                 auxk: tuple | None = None, activation: str = "linear"):
+                 auxk: tuple | None = None, activation: str = "linear", products: str = "cublas"):
+        if products not in ("cublas", "kernels"):
+            raise ValueError(f"products {products!r}: use 'cublas' or 'kernels'")
+        self.kernel_products = products == "kernels"
         W_dh = params["W_dh"]
         if not W_dh.flags.c_contiguous:
             raise ValueError("GraphStep needs W_dh C-contiguous (the trainer stores it so on a GPU)")
@@ -156,13 +163,31 @@ class GraphStep:
 
     # The parts of one step, each into its buffers (none allocates). Arithmetic: model.loss_and_grads, then
     # optim.momentum_update.
+    def parts_after_gather(self) -> list:
+        """The step's parts after the batch's rows are gathered (:mod:`ksae_cupy.gpu.graph_epoch` gathers
+        each batch of an epoch from its own slice of the epoch's order, :meth:`gather_rows`)."""
+        parts = [part for _, part in self._parts()]
+        assert parts[0] == self._gather
+        return parts[1:]
+
+    def matmul(self, a, b, out) -> None:
+        """``out = a @ b``: cuBLAS through CuPy, or with kernel products our GEMM (capturable)."""
+        if self.kernel_products:
+            matmul_gpu(a, b, out)
+        else:
+            self.cupy.matmul(a, b, out=out)
+
     def _gather(self):
         """The batch's rows of the training set."""
-        self.cupy.take(self.X_train_nd, self.rows_b, axis=0, out=self.X_bd)
+        self.gather_rows(self.rows_b)
+
+    def gather_rows(self, rows_b) -> None:
+        """``X_bd``: the rows ``rows_b`` (a device int64 array of length ``batch_size``) of the training set."""
+        self.cupy.take(self.X_train_nd, rows_b, axis=0, out=self.X_bd)
 
     def _encode(self):
-        """``Z = X W`` (cuBLAS)."""
-        self.cupy.matmul(self.X_bd, self.params["W_dh"], out=self.Z_bh)
+        """``Z = X W`` (cuBLAS or our GEMM, as all four products)."""
+        self.matmul(self.X_bd, self.params["W_dh"], out=self.Z_bh)
 
     def _select(self):
         """``Z += b``; the k largest of each row (``Zs``: the kept values in place, zeros elsewhere)."""
@@ -172,8 +197,8 @@ class GraphStep:
             self.cupy.maximum(self.Zs_bh, 0, out=self.Zs_bh)
 
     def _decode(self):
-        """``R = Zs W^T`` (cuBLAS)."""
-        self.cupy.matmul(self.Zs_bh, self.params["W_dh"].T, out=self.R_bd)
+        """``R = Zs W^T``."""
+        self.matmul(self.Zs_bh, self.params["W_dh"].T, out=self.R_bd)
 
     def _residual(self):
         """``R = Zs W^T + c - x``."""
@@ -183,15 +208,18 @@ class GraphStep:
     def _batch_loss(self):
         """The batch's loss ``0.5 / B sum R^2`` added to the epoch's; then ``R /= B`` (dE/dxhat)."""
         cp, c, B = self.cupy, self.counters, self.B
-        cp.multiply(self.R_bd, self.R_bd, out=self.sq_bd)
-        cp.sum(self.sq_bd, dtype=np.float64, out=self.loss_b)
-        cp.multiply(self.loss_b, 0.5 / B, out=self.loss_b)
-        cp.add(c.loss_sum, self.loss_b, out=c.loss_sum)
+        if self.kernel_products:  # one kernel of ours: CuPy's full sum may allocate (CUB), a capture must not
+            add_sum_squares_gpu(self.R_bd, 0.5 / B, c.loss_sum)
+        else:
+            cp.multiply(self.R_bd, self.R_bd, out=self.sq_bd)
+            cp.sum(self.sq_bd, dtype=np.float64, out=self.loss_b)
+            cp.multiply(self.loss_b, 0.5 / B, out=self.loss_b)
+            cp.add(c.loss_sum, self.loss_b, out=c.loss_sum)
         cp.true_divide(self.R_bd, B, out=self.R_bd)
 
     def _back_through_W(self):
-        """``R W`` (cuBLAS): the gradient at every unit, before the mask."""
-        self.cupy.matmul(self.R_bd, self.params["W_dh"], out=self.dZs_bh)
+        """``R W``: the gradient at every unit, before the mask."""
+        self.matmul(self.R_bd, self.params["W_dh"], out=self.dZs_bh)
 
     def _mask_to_kept(self):
         """``dZ``: ``R W`` at the kept units, zeros elsewhere (the gradient passes the kept units only)."""
@@ -201,8 +229,8 @@ class GraphStep:
             self.cupy.multiply(self.dZ_bh, self.positive_bh, out=self.dZ_bh)
 
     def _weight_gradient(self):
-        """``dW = [X; R]^T [dZ; Zs] = X^T dZ + R^T Zs`` (cuBLAS, one product for both uses of W)."""
-        self.cupy.matmul(self.XR_2bd.T, self.DZ_2bh, out=self.grads["W_dh"])
+        """``dW = [X; R]^T [dZ; Zs] = X^T dZ + R^T Zs`` (one product for both uses of W)."""
+        self.matmul(self.XR_2bd.T, self.DZ_2bh, out=self.grads["W_dh"])
 
     def _bias_gradients(self):
         """``db = sum_n dZ``, ``dc = sum_n R``."""
@@ -282,6 +310,8 @@ def graph_step_applies(config) -> bool:
 class CapturedEpochs:
     """A trainer's captured steps: one :class:`GraphStep` per batch size (the last batch of an epoch
     may be smaller), rebuilt when k or the training array changes, and the epoch's counters."""
+
+    runs_whole_epochs = False  # a call per step (ksae_cupy.gpu.graph_epoch runs whole epochs)
 
     def __init__(self, cupy, params, velocities, since_kept_h, config):
         self.cupy, self.params, self.velocities, self.config = cupy, params, velocities, config

@@ -24,6 +24,7 @@ from ksae_cupy import model
 from ksae_cupy.metrics import total_variance
 from ksae_cupy.backend import Backend, to_host
 from ksae_cupy.cpu.sparse_encoder import RunInputs
+from ksae_cupy.gpu.graph_epoch import EpochGraph
 from ksae_cupy.gpu.graph_step import CapturedEpochs, graph_step_applies
 from ksae_cupy.training import epochs
 from ksae_cupy.training.checkpoint import Checkpoint
@@ -87,6 +88,9 @@ class Trainer:
     # Whether, on a GPU, this trainer replays its step as a CUDA graph (ksae_cupy.gpu.graph_step) when
     # the step applies; the distributed trainers communicate inside their step: not.
     captures_gpu_step = True
+    # Whether the captured GPU step runs each epoch as one CUDA graph (ksae_cupy.gpu.graph_epoch: our product
+    # kernels, no host work per step); False: the step graphs between cuBLAS products (graph_step), kept to compare.
+    gpu_epoch_graph = True
 
     def __init__(self, config: TrainConfig, backend: Backend, D: int, checkpoint: Checkpoint | None = None):
         config.check()  # validated here unless the caller already did (a command validates its options once)
@@ -138,8 +142,8 @@ class Trainer:
         self._inputs = RunInputs(applies=xp is np and self.takes_sparse_step)
         self._batch_rows = None
         self._epoch_step = None  # (k, Step, lanes) of the epoch running
-        self._captured = CapturedEpochs(xp, self.params, self.optimizer.velocities, self.since_kept_h, config) \
-            if self._captures else None
+        self._captured = (EpochGraph if self.gpu_epoch_graph else CapturedEpochs)(
+            xp, self.params, self.optimizer.velocities, self.since_kept_h, config) if self._captures else None
 
     def _resident(self, host_params):
         """The parameters on the backend; ``W_dh`` in the memory order of the step at the target k
@@ -148,6 +152,8 @@ class Trainer:
         if self.takes_sparse_step and not self._captures \
                 and choose_step(self.config.step, self.config.k, self.config.hidden) == "sparse":
             params["W_dh"] = sparse_layout(params["W_dh"])
+        if self._captures:  # the captured steps read W in C order (a CPU run's checkpoint may hold it in Fortran order)
+            params["W_dh"] = self.backend.xp.ascontiguousarray(params["W_dh"])
         return params
 
     @property
@@ -264,7 +270,17 @@ class Trainer:
                 finally:
                     self._batch_rows = None
 
-        if not epochs.run_steps(self, n_batches, one_step, on_batch):
+        if captured is not None and captured.runs_whole_epochs:
+            # The epoch as one CUDA graph (ksae_cupy.gpu.graph_epoch): progress and a stop request act per epoch.
+            t0 = clock()
+            captured.run_epoch(X_train_nd, order, first_batch, cfg.batch_size)
+            parts["steps"] += clock() - t0  # launch time: the GPU's own is in the epoch's total
+            self._captured_from.before_last = captured.loss_before_last()
+            self.step += n_batches - first_batch
+            self.batch_in_epoch = n_batches
+            if on_batch is not None:
+                on_batch(n_batches, n_batches)
+        elif not epochs.run_steps(self, n_batches, one_step, on_batch):
             return None
         if captured is not None:
             self._sync_captured(k)
