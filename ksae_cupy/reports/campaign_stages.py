@@ -91,7 +91,8 @@ def stage_topk(c: Campaign):
 
 
 def stage_train(c: Campaign):
-    # ksae-bench train times ours captured and generic, and PyTorch eager and captured (docs/guide/gpu.md).
+    # ksae-bench train times ours as one graph per epoch, as step graphs and generic, and PyTorch eager and
+    # captured (docs/guide/gpu.md).
     return _bench_stage(c, "train", ["train", "--device", c.device, *(TINY_TRAIN if c.tiny else [])],
                         ["train", "--device", "cpu", *TINY_TRAIN], gpu_only=False)
 
