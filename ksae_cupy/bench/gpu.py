@@ -373,7 +373,8 @@ def bench_train_gpu(n_samples: int = 60000, D: int = 784, H: int = paper.HIDDEN,
     Against: the same model in PyTorch (torch.topk + autograd, float32, same batch), when torch
     imports with CUDA, eager and captured whole as one CUDA graph (``torch_cuda_graph``). Ours also as
     the trainer itself: each epoch one CUDA graph (``trainer_epoch_graph_*``, the default,
-    :mod:`ksae_cupy.gpu.graph_epoch`), the parts between cuBLAS products captured per step
+    :mod:`ksae_cupy.gpu.graph_epoch`; ``trainer_epoch_graph_host_order_*`` with the epoch's order drawn on
+    the host instead of in the graph), the parts between cuBLAS products captured per step
     (``trainer_graph_*``, :mod:`ksae_cupy.gpu.graph_step`), or not captured (``trainer_generic_*``).
     Synthetic uniform [0, 1) data of MNIST's shape. Every variant runs one
     warm-up epoch, then ``epochs`` timed epochs; the median epoch time is projected to
@@ -389,6 +390,9 @@ def bench_train_gpu(n_samples: int = 60000, D: int = 784, H: int = paper.HIDDEN,
 
     class _StepGraphTrainer(Trainer):
         gpu_epoch_graph = False
+
+    class _HostOrderTrainer(Trainer):
+        gpu_order_on_device = False
 
     backend = _gpu_backend(device)
     cupy = backend.xp
@@ -435,6 +439,7 @@ def bench_train_gpu(n_samples: int = 60000, D: int = 784, H: int = paper.HIDDEN,
             variants[f"ksae_{method}"] = ours(loss_and_grads, method)
             variants[f"ksae_fused_{method}"] = ours(fused_step.loss_and_grads_fused, method)
             variants[f"trainer_epoch_graph_{method}"] = trainer_epochs(method, Trainer)
+            variants[f"trainer_epoch_graph_host_order_{method}"] = trainer_epochs(method, _HostOrderTrainer)
             variants[f"trainer_graph_{method}"] = trainer_epochs(method, _StepGraphTrainer)
             variants[f"trainer_generic_{method}"] = trainer_epochs(method, _UncapturedTrainer)
         if torch is not None:

@@ -10,10 +10,14 @@ one graph: for each batch, its rows gathered from its slice of the epoch's order
 momentum update and the loss and dead-unit counts, all on the device. The host launches the graph
 and reads the epoch's counters back once, at its end.
 
-What stays on the host, once per epoch: drawing the epoch's order (the trainer's NumPy generator,
-so a GPU run sees the very batches a CPU run of the same seed sees, and a checkpoint's generator
-state and mid-epoch order resume it) and copying it into the order buffer the graph reads
-(N int64 values); then one graph launch and the reads of the counters.
+The epoch's order is drawn on the device too, first in the graph (:mod:`ksae_cupy.gpu.shuffle`):
+NumPy's own ``Generator.permutation`` run by a kernel from the trainer's generator state, so a GPU
+run still sees the very batches a CPU run of the same seed sees, and the state it leaves is NumPy's.
+What stays on the host, once per epoch: six words of generator state copied in, one graph launch,
+and at the end the counters, the state and the order read back (the order for a checkpoint taken
+before the epoch is counted). With ``order_on_device=False`` the trainer draws the order on the
+host and it is copied in (the way to compare, and what a resumed epoch does: its checkpointed
+order is replayed from the batch it stopped at).
 
 How it changes with the run:
 
@@ -42,6 +46,7 @@ import sys
 import numpy as np
 
 from ksae_cupy.gpu.graph_step import EpochCounters, GraphStep, _PoolAllocations
+from ksae_cupy.gpu.shuffle import permutation_gpu, state_from_words, state_words
 
 
 class EpochGraph:
@@ -49,20 +54,24 @@ class EpochGraph:
 
     The interface of :class:`~ksae_cupy.gpu.graph_step.CapturedEpochs` (``begin``, the counters'
     reads) with :meth:`run_epoch` in place of a call per step. ``launches`` and ``captures`` count
-    the graphs launched and captured (the tests read them).
+    the graphs launched and captured (the tests read them). ``order_on_device``: whether a fresh epoch's
+    order is drawn in its graph (:attr:`draws_orders`).
     """
 
     runs_whole_epochs = True
 
-    def __init__(self, cupy, params, velocities, since_kept_h, config, capture: bool = True):
+    def __init__(self, cupy, params, velocities, since_kept_h, config, capture: bool = True,
+                 order_on_device: bool = True):
         self.cupy, self.params, self.velocities, self.config = cupy, params, velocities, config
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.counters = EpochCounters.zeros(cupy, params["b_h"].shape[0], since_kept_h)
         self.loss_before_last_batch = cupy.zeros((), dtype=np.float64)
         self._capture_wanted = capture
+        self.draws_orders = order_on_device
+        self._words = cupy.zeros(6, dtype=np.int64)  # the generator's state, in and out of the drawn order
         self._steps: dict[int, GraphStep] = {}  # batch size -> its step's buffers and parts
         self._warm: set[int] = set()  # batch sizes whose parts ran once uncaptured
-        self._graphs: dict[int, object] = {}  # first batch -> the graph of the epoch from it
+        self._graphs: dict[tuple, object] = {}  # (first batch, order drawn in it) -> the graph of the epoch from it
         self._key = None  # (k, the training array's address and shape): what the graphs hold
         self._order_n = None  # the epoch's order, read by the graph
         self.launches = self.captures = 0
@@ -77,39 +86,47 @@ class EpochGraph:
         with self.stream:
             self.counters.start_epoch(loss_so_far)
 
-    def run_epoch(self, X_train_nd, order_n, first_batch: int, batch_size: int) -> None:
+    def run_epoch(self, X_train_nd, order_n, first_batch: int, batch_size: int, rng_state: dict | None = None) -> None:
         """Queue the epoch's batches ``first_batch ..`` on the rows ``order_n`` (a device int64 array,
-        the epoch's order) of ``X_train_nd``: one graph launch, or the parts one by one while warming up."""
+        the epoch's order) of ``X_train_nd``: one graph launch, or the parts one by one while warming up.
+        ``order_n`` None: a fresh epoch whose order the device draws from ``rng_state`` (a PCG64
+        ``bit_generator.state``); :meth:`drawn_order` then gives it and the state after it."""
         N = int(X_train_nd.shape[0])
         n_batches = -(-N // batch_size)
         batches = [(b, b * batch_size, min(batch_size, N - b * batch_size)) for b in range(first_batch, n_batches)]
+        draw = order_n is None
+        if draw and (first_batch or rng_state is None):
+            raise ValueError("the device draws the order of a fresh epoch only, from the generator's state")
         with self.stream:
             if self._order_n is None or self._order_n.shape != (N,):
                 self._order_n = self.cupy.empty(N, dtype=np.int64)
-            self.cupy.copyto(self._order_n, order_n)
+            if draw:
+                self._words.set(state_words(rng_state), stream=self.stream)
+            else:
+                self.cupy.copyto(self._order_n, order_n)
             sizes = {rows for _, _, rows in batches}
             for rows in sizes:  # the steps' buffers are allocated here, never during a capture
                 self._step(X_train_nd, rows)
             if not self._capture_wanted or not sizes <= self._warm:
-                self._queue(X_train_nd, batches, n_batches)
+                self._queue(X_train_nd, batches, n_batches, draw)
                 self._warm |= sizes
                 return
-            graph = self._graphs.get(first_batch)
+            graph = self._graphs.get((first_batch, draw))
             if graph is None:
-                graph = self._capture(X_train_nd, batches, n_batches)
+                graph = self._capture(X_train_nd, batches, n_batches, draw)
                 if graph is None:
                     return
-                self._graphs[first_batch] = graph
+                self._graphs[(first_batch, draw)] = graph
             graph.launch(self.stream)
             self.launches += 1
 
-    def _capture(self, X_train_nd, batches, n_batches: int):
+    def _capture(self, X_train_nd, batches, n_batches: int, draw: bool):
         """The epoch's graph; None (the epoch then runs its parts one by one, from now on) when the
         memory pool allocated during the capture."""
         with _PoolAllocations(self.cupy) as allocations:
             self.stream.begin_capture()
             try:
-                self._queue(X_train_nd, batches, n_batches)
+                self._queue(X_train_nd, batches, n_batches, draw)
             finally:
                 graph = self.stream.end_capture()
         self.captures += 1
@@ -117,12 +134,15 @@ class EpochGraph:
             print(f"note: the GPU epoch allocated memory {allocations.count} time(s) while being captured as a CUDA "
                   f"graph; its steps run one by one instead", file=sys.stderr)
             self._capture_wanted = False
-            self._queue(X_train_nd, batches, n_batches)
+            self._queue(X_train_nd, batches, n_batches, draw)
             return None
         return graph
 
-    def _queue(self, X_train_nd, batches, n_batches: int) -> None:
-        """Every step of ``batches`` (``(b, first row, rows)``), queued on the stream (or recorded)."""
+    def _queue(self, X_train_nd, batches, n_batches: int, draw: bool) -> None:
+        """The epoch's order when ``draw``, then every step of ``batches`` (``(b, first row, rows)``),
+        queued on the stream (or recorded)."""
+        if draw:
+            permutation_gpu(self._order_n, self._words)
         for b, start, rows in batches:
             step = self._step(X_train_nd, rows)
             if b == n_batches - 1:  # the loss before the last (maybe smaller) batch: the trainer's sums need it
@@ -141,6 +161,12 @@ class EpochGraph:
                                                  self.stream, capture=False, auxk=auxk, activation=cfg.activation,
                                                  products="kernels")
         return step
+
+    def drawn_order(self) -> tuple:
+        """``(order, generator state)``: the order the device drew for the epoch (host int64) and the
+        PCG64 ``bit_generator.state`` after it (waits for the queued epoch)."""
+        self.stream.synchronize()
+        return self._order_n.get(), state_from_words(self._words.get())
 
     def loss_sum(self) -> float:
         """The epoch's summed batch losses so far (waits for the queued epoch)."""

@@ -91,6 +91,9 @@ class Trainer:
     # Whether the captured GPU step runs each epoch as one CUDA graph (ksae_cupy.gpu.graph_epoch: our product
     # kernels, no host work per step); False: the step graphs between cuBLAS products (graph_step), kept to compare.
     gpu_epoch_graph = True
+    # With the epoch graph: whether a fresh epoch's order is drawn on the device, in the graph (NumPy's permutation,
+    # bit for bit, ksae_cupy.gpu.shuffle), else on the host and copied in.
+    gpu_order_on_device = True
 
     def __init__(self, config: TrainConfig, backend: Backend, D: int, checkpoint: Checkpoint | None = None):
         config.check()  # validated here unless the caller already did (a command validates its options once)
@@ -142,8 +145,10 @@ class Trainer:
         self._inputs = RunInputs(applies=xp is np and self.takes_sparse_step)
         self._batch_rows = None
         self._epoch_step = None  # (k, Step, lanes) of the epoch running
-        self._captured = (EpochGraph if self.gpu_epoch_graph else CapturedEpochs)(
-            xp, self.params, self.optimizer.velocities, self.since_kept_h, config) if self._captures else None
+        self._captured = None if not self._captures else \
+            EpochGraph(xp, self.params, self.optimizer.velocities, self.since_kept_h, config,
+                       order_on_device=self.gpu_order_on_device) if self.gpu_epoch_graph else \
+            CapturedEpochs(xp, self.params, self.optimizer.velocities, self.since_kept_h, config)
 
     def _resident(self, host_params):
         """The parameters on the backend; ``W_dh`` in the memory order of the step at the target k
@@ -244,10 +249,18 @@ class Trainer:
         start = clock()
         N = X_train_nd.shape[0]
         k, step, _ = self._epoch_step
-        order = self.backend.asarray(epochs.begin_epoch(self, N).astype(np.int64))
+        captured = self._captured
+        # A fresh epoch on the epoch graph that draws orders: drawn on the device (ksae_cupy.gpu.graph_epoch), from
+        # the generator's state, which comes back with the order; else drawn here (or the checkpoint's, resumed).
+        device_order = captured is not None and captured.runs_whole_epochs and captured.draws_orders \
+            and self.epoch_perm is None
+        if device_order:
+            self.batch_in_epoch, self.tally = 0, epochs.EpochTally()  # as epochs.begin_epoch starts an epoch
+            order = None
+        else:
+            order = self.backend.asarray(epochs.begin_epoch(self, N).astype(np.int64))
         n_batches = epochs.n_batches(N, cfg.batch_size)
         first_batch = self.batch_in_epoch
-        captured = self._captured
         if captured is not None:  # the whole step on the device; its loss and unit counts summed there
             self._captured_from = _CapturedStart(self.tally, first_batch, N, cfg.batch_size)
             captured.begin(X_train_nd, k, self.tally.get("loss", 0.0))
@@ -273,9 +286,12 @@ class Trainer:
         if captured is not None and captured.runs_whole_epochs:
             # The epoch as one CUDA graph (ksae_cupy.gpu.graph_epoch): progress and a stop request act per epoch.
             t0 = clock()
-            captured.run_epoch(X_train_nd, order, first_batch, cfg.batch_size)
+            captured.run_epoch(X_train_nd, order, first_batch, cfg.batch_size,
+                               self.rng.bit_generator.state if device_order else None)
             parts["steps"] += clock() - t0  # launch time: the GPU's own is in the epoch's total
             self._captured_from.before_last = captured.loss_before_last()
+            if device_order:  # the order drawn (for a checkpoint before the epoch ends) and the generator after it
+                self.epoch_perm, self.rng.bit_generator.state = captured.drawn_order()
             self.step += n_batches - first_batch
             self.batch_in_epoch = n_batches
             if on_batch is not None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ksae_cupy.backend import resolve_device, to_host
-from ksae_cupy.gpu import products
+from ksae_cupy.gpu import graph_epoch, products
 from ksae_cupy.gpu.graph_epoch import EpochGraph
 from ksae_cupy.gpu.graph_step import GraphStep
 from ksae_cupy.training.trainer import TrainConfig, Trainer
@@ -27,6 +27,12 @@ class StepGraphTrainer(Trainer):
     """The path before the epoch graph: the parts between cuBLAS products captured, one call per step."""
 
     gpu_epoch_graph = False
+
+
+class HostOrderTrainer(Trainer):
+    """The epoch graph with each epoch's order drawn on the host and copied in."""
+
+    gpu_order_on_device = False
 
 
 def data(seed=0, rows=N, cols=D):
@@ -87,10 +93,10 @@ CASES = {"linear-threshold": {}, "linear-sort": dict(topk="sort"), "relu": dict(
          "auxk-relu": dict(aux_k=8, aux_coef=0.25, dead_window=12, epochs=4, activation="relu")}
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", [*CASES, "host-order"])
 def test_the_epoch_graph_equals_the_cpu_trainer(case):
-    cfg = config(**CASES[case])
-    gpu, gpu_reports = fit(cfg, "gpu")
+    cfg = config(**CASES.get(case, {}))
+    gpu, gpu_reports = fit(cfg, "gpu", cls=HostOrderTrainer if case == "host-order" else Trainer)
     cpu, cpu_reports = fit(cfg, "cpu")
     epoch_graph = gpu._captured
     assert isinstance(epoch_graph, EpochGraph)
@@ -118,10 +124,10 @@ def test_the_epoch_graph_equals_the_step_graphs_in_float32(case):
 
 
 def test_after_the_first_epoch_no_step_runs_outside_the_graph(monkeypatch):
-    """Every product, sum and gather of epochs 2 and 3 is recorded into the capture (none queued from the
-    host per step), and each of those epochs is one graph launch."""
+    """Every product, sum and gather of epochs 2 and 3, and the draw of their orders, is recorded into the
+    capture (none queued from the host per step), and each of those epochs is one graph launch."""
     calls = []
-    run, gather = products._run, GraphStep.gather_rows
+    run, gather, draw = products._run, GraphStep.gather_rows, graph_epoch.permutation_gpu
 
     def spy_run(plan):
         calls.append(("kernel", _capturing()))
@@ -131,8 +137,13 @@ def test_after_the_first_epoch_no_step_runs_outside_the_graph(monkeypatch):
         calls.append(("gather", _capturing()))
         gather(self, rows_b)
 
+    def spy_draw(order_n, words):
+        calls.append(("order", _capturing()))
+        draw(order_n, words)
+
     monkeypatch.setattr(products, "_run", spy_run)
     monkeypatch.setattr(GraphStep, "gather_rows", spy_gather)
+    monkeypatch.setattr(graph_epoch, "permutation_gpu", spy_draw)
     cfg = config(epochs=3)
     backend = resolve_device("gpu")
     X_host, _ = data()
@@ -141,12 +152,15 @@ def test_after_the_first_epoch_no_step_runs_outside_the_graph(monkeypatch):
     seen = []
     trainer.fit(X, on_epoch=lambda report: seen.append((len(calls), trainer._captured.launches)))
     first, second, third = seen
-    # Epoch 1: 7 steps of 5 products and sums (4 GEMMs, the loss) and a gather each, queued one by one.
-    assert first == (7 * 6, 0) and not any(capturing for _, capturing in calls[:first[0]])
-    # Epoch 2: the same 42 calls, every one recorded in the capture; then one launch.
-    assert second == (2 * 7 * 6, 1) and all(capturing for _, capturing in calls[first[0]:])
+    # Epoch 1: the order drawn, then 7 steps of 5 products and sums (4 GEMMs, the loss) and a gather each,
+    # queued one by one.
+    per_epoch = 1 + 7 * 6
+    assert first == (per_epoch, 0) and not any(capturing for _, capturing in calls[:first[0]])
+    assert calls[0][0] == "order" and [kind for kind, _ in calls].count("order") == 2
+    # Epoch 2: the same calls, every one recorded in the capture; then one launch.
+    assert second == (2 * per_epoch, 1) and all(capturing for _, capturing in calls[first[0]:])
     # Epoch 3: no call at all from the host, the graph launched again.
-    assert third == (2 * 7 * 6, 2)
+    assert third == (2 * per_epoch, 2)
 
 
 def _capturing() -> bool:
