@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ksae_cupy.gpu.cuda_kernels import mask_rows_gpu, topk_gpu
-from ksae_cupy.gpu.products import add_sum_squares_gpu
+from ksae_cupy.gpu.products import add_sum_squares_gpu, kept_dot_gpu, sparse_decode_gpu
 
 
 class AuxKParts:
@@ -72,8 +72,11 @@ class AuxKParts:
         cp.copyto(self.Xa_bd, s.X_bd)
 
     def _decode(self):
-        """``Ra = Za W^T`` (cuBLAS or our GEMM, as the step's products)."""
-        self.step.matmul(self.Za_bh, self.step.params["W_dh"].T, out=self.Ra_bd)
+        """``Ra = Za W^T`` (kernel products: from the selected units only, on the step's W transposed)."""
+        if self.step.kernel_products:
+            sparse_decode_gpu(self.Za_bh, self.idx_ba, self.step.WT_hd, self.Ra_bd)
+        else:
+            self.step.matmul(self.Za_bh, self.step.params["W_dh"].T, out=self.Ra_bd)
 
     def _residual(self):
         """``Ra = Za W^T + N R = ehat - e`` (the main residual ``e = -N R`` held constant)."""
@@ -99,12 +102,16 @@ class AuxKParts:
         cp.multiply(self.Ra_bd, self.coef_over_B, out=self.Ra_bd)
 
     def _back_through_W(self):
-        """``Ra W``."""
-        self.step.matmul(self.Ra_bd, self.step.params["W_dh"], out=self.dZaf_bh)
+        """``Ra W`` (kernel products: at the selected units only, straight into ``dZa``)."""
+        if self.step.kernel_products:
+            kept_dot_gpu(self.Ra_bd, self.idx_ba, self.step.WT_hd, self.dZa_bh)
+        else:
+            self.step.matmul(self.Ra_bd, self.step.params["W_dh"], out=self.dZaf_bh)
 
     def _mask_to_selected(self):
         """``dZa``: ``Ra W`` at the selected dead units, zeros elsewhere."""
-        mask_rows_gpu(self.dZaf_bh, self.idx_ba, out=self.dZa_bh)
+        if not self.step.kernel_products:  # (the kernel products wrote dZa at the selected units only)
+            mask_rows_gpu(self.dZaf_bh, self.idx_ba, out=self.dZa_bh)
         self.step.cupy.multiply(self.dZa_bh, self.deadf_h, out=self.dZa_bh)
         if self.step.relu:  # a selected unit clipped to zero passes no gradient
             self.step.cupy.greater(self.Za_bh, 0, out=self.positive_bh)

@@ -32,7 +32,7 @@ import numpy as np
 
 from ksae_cupy.gpu.cuda_kernels import mask_rows_gpu, topk_gpu
 from ksae_cupy.gpu.graph_auxk import AuxKParts
-from ksae_cupy.gpu.products import add_sum_squares_gpu, matmul_gpu
+from ksae_cupy.gpu.products import add_sum_squares_gpu, kept_dot_gpu, matmul_gpu, sparse_decode_gpu
 
 
 @dataclass
@@ -68,8 +68,9 @@ class GraphStep:
     ``params`` and ``velocities`` (dicts of ``W_dh`` C-contiguous, ``b_h``, ``c_d``) are updated in
     place; ``X_train_nd`` is the device-resident training set whose rows :meth:`run` gathers.
     ``products``: ``"cublas"`` (CuPy's matmul and sums: the parts between the products are captured)
-    or ``"kernels"`` (the products and the losses' sums as our kernels, :mod:`ksae_cupy.gpu.products`:
-    every part can be captured, which :mod:`ksae_cupy.gpu.graph_epoch` does for a whole epoch).
+    or ``"kernels"`` (the products and the losses' sums as our kernels, :mod:`ksae_cupy.gpu.products`,
+    the two with the sparse code from its kept units only: every part can be captured, which
+    :mod:`ksae_cupy.gpu.graph_epoch` does for a whole epoch).
     """
 
     def __init__(self, cupy, params, velocities, X_train_nd, batch_size: int, k: int, topk_method: str,
@@ -106,6 +107,8 @@ class GraphStep:
         self.relu = activation == "relu"  # kept values clipped at 0; a kept unit at 0 passes no gradient
         self.positive_bh = empty((B, H), dtype=np.bool_) if self.relu else None
         self.grads = {name: empty(value.shape, dtype=value.dtype) for name, value in params.items()}
+        # Kernel products: W transposed, once per step, for the two sparse products (a unit's weights in one row).
+        self.WT_hd = empty((H, D), dtype=dtype) if self.kernel_products else None
         # With AuxK, ``auxk = (aux_k, aux_coef, dead_window)``: its parts (ksae_cupy.gpu.graph_auxk).
         self.auxk = None if auxk is None else AuxKParts(self, *auxk)
         self.graphs = None  # {part name: CUDA graph} once captured (the parts that allocate left out)
@@ -197,8 +200,12 @@ class GraphStep:
             self.cupy.maximum(self.Zs_bh, 0, out=self.Zs_bh)
 
     def _decode(self):
-        """``R = Zs W^T``."""
-        self.matmul(self.Zs_bh, self.params["W_dh"].T, out=self.R_bd)
+        """``R = Zs W^T`` (kernel products: W transposed for this step, then from the kept units only)."""
+        if self.kernel_products:
+            self.cupy.copyto(self.WT_hd, self.params["W_dh"].T)
+            sparse_decode_gpu(self.Zs_bh, self.idx_bk, self.WT_hd, self.R_bd)
+        else:
+            self.matmul(self.Zs_bh, self.params["W_dh"].T, out=self.R_bd)
 
     def _residual(self):
         """``R = Zs W^T + c - x``."""
@@ -218,12 +225,17 @@ class GraphStep:
         cp.true_divide(self.R_bd, B, out=self.R_bd)
 
     def _back_through_W(self):
-        """``R W``: the gradient at every unit, before the mask."""
-        self.matmul(self.R_bd, self.params["W_dh"], out=self.dZs_bh)
+        """``R W``: the gradient at every unit, before the mask (kernel products: at the kept units only,
+        straight into ``dZ``)."""
+        if self.kernel_products:
+            kept_dot_gpu(self.R_bd, self.idx_bk, self.WT_hd, self.dZ_bh)
+        else:
+            self.matmul(self.R_bd, self.params["W_dh"], out=self.dZs_bh)
 
     def _mask_to_kept(self):
         """``dZ``: ``R W`` at the kept units, zeros elsewhere (the gradient passes the kept units only)."""
-        mask_rows_gpu(self.dZs_bh, self.idx_bk, out=self.dZ_bh)
+        if not self.kernel_products:  # (the kernel products wrote dZ at the kept units only)
+            mask_rows_gpu(self.dZs_bh, self.idx_bk, out=self.dZ_bh)
         if self.relu:
             self.cupy.greater(self.Zs_bh, 0, out=self.positive_bh)
             self.cupy.multiply(self.dZ_bh, self.positive_bh, out=self.dZ_bh)

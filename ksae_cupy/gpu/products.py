@@ -18,6 +18,13 @@ Why kernels of ours and not cuBLAS: the whole epoch on a GPU is one CUDA graph
   library file's name and ABI of each CUDA major version, and an untested path on a device lent for
   minutes is a risk the campaign cannot afford. It stays the way to try when these kernels, timed on
   a GPU, turn out to be the epoch's bottleneck.
+* **The two products with the sparse code** (the decoder ``Zs W^T`` and ``R W`` at the kept units)
+  run from its k kept units per row only (:func:`plan_sparse_decode`, :func:`plan_kept_dot`): a dense
+  product multiplies H - k zeros per row (at MNIST's k = 25 of 1000, 40 times the work), and at a batch
+  of 128 rows a dense product's 64 x 64 tiles fill only 26 to 32 blocks. They read W transposed (one
+  copy per step), so that each kept unit's weights are one contiguous row; the sums run in a fixed
+  order (no atomics: the same bits at every launch). The encoder ``X W`` and the weight gradient
+  ``[X; R]^T [dZ; Zs]`` stay dense GEMMs.
 * **Kernels of ours** run under the host emulator unmodified, so the whole graph is proven on the
   CPU (``tests/gpu/test_products_host.py``, ``tests/gpu/test_graph_epoch.py``). They are slower than
   cuBLAS per product (a plain 64 x 64 register-blocked SGEMM, no tensor cores, no split-K); what they
@@ -35,14 +42,15 @@ from __future__ import annotations
 import numpy as np
 
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.gpu.cuda_kernels import CTYPES, KernelLaunch, _check_int32_range, _cupy, _function, _launch, \
-    _require_gpu_array
+from ksae_cupy.gpu.cuda_kernels import CTYPES, DeviceLimits, KernelLaunch, _check_int32_range, _cupy, _function, \
+    _launch, _require_gpu_array, device_limits
 
 SOURCE_NAME = "products.cu"
 GEMM_TILE = 64  # outputs per side of one block's tile (as in products.cu)
 GEMM_STEP = 16  # K per shared-memory step
 GEMM_THREADS = 256
 SUM_THREADS = 256
+SPARSE_THREADS = 256  # the two sparse products' blocks
 
 
 def _gemm_name(ctype: str, trans_a: bool, trans_b: bool) -> str:
@@ -53,10 +61,15 @@ def _sum_name(ctype: str) -> str:
     return f"ksae::add_sum_squares_kernel<{ctype}>"
 
 
+def _sparse_name(kind: str, ctype: str) -> str:
+    return f"ksae::{kind}_kernel<{ctype}>"
+
+
 # Every instantiation of products.cu: for RawModule(name_expressions=...), nvcc's compile test and the harness.
 KERNEL_NAMES: tuple[str, ...] = tuple(
     [_gemm_name(c, ta, tb) for c in CTYPES.values() for ta in (False, True) for tb in (False, True)]
-    + [_sum_name(c) for c in CTYPES.values()])
+    + [_sum_name(c) for c in CTYPES.values()]
+    + [_sparse_name(kind, c) for kind in ("sparse_decode", "kept_dot") for c in CTYPES.values()])
 
 
 def gemm_shared_bytes(dtype) -> int:
@@ -117,6 +130,66 @@ def plan_sum_squares(x, scale: float, acc, gate=None) -> KernelLaunch:
     return KernelLaunch(name=_sum_name(CTYPES[dtype]), grid=1, block=SUM_THREADS,
                         args=(x, np.int64(x.size), np.float64(scale), x if gate is None else gate, np.int32(n_gate),
                               acc), outputs=(5,))
+
+
+def _check_sparse(Zs_or_R, what: str, idx_nk, WT_hd, out, out_shape: tuple, dtype) -> tuple:
+    """``(N, H, D, k)`` of a sparse product's operands, each checked."""
+    for name, array, shape, dt in ((what, Zs_or_R, None, dtype), ("idx_nk", idx_nk, None, np.dtype(np.int32)),
+                                   ("WT_hd", WT_hd, None, dtype), ("out", out, out_shape, dtype)):
+        if np.dtype(array.dtype) != dt or array.ndim != 2 or not array.flags.c_contiguous:
+            raise KsaeError(f"{name} must be a C-contiguous 2-D {dt} array; got {array.dtype} of shape "
+                            f"{tuple(array.shape)}")
+        if shape is not None and tuple(array.shape) != shape:
+            raise KsaeError(f"{name} has shape {tuple(array.shape)}; expected {shape}")
+    (N, k), (H, D) = idx_nk.shape, WT_hd.shape
+    if int(Zs_or_R.shape[0]) != N:
+        raise KsaeError(f"{what} has {Zs_or_R.shape[0]} rows and idx_nk {N}; they must match")
+    _check_int32_range(N, H, D, k)
+    return int(N), int(H), int(D), int(k)
+
+
+def plan_sparse_decode(Zs_nh, idx_nk, WT_hd, R_nd, limits: DeviceLimits) -> KernelLaunch:
+    """The launch of ``R_nd = Zs_nh W^T`` from the kept units ``idx_nk`` of each row of ``Zs_nh`` only
+    (``WT_hd``: W transposed, C-contiguous; Zs's other entries are taken as zeros)."""
+    dtype = np.dtype(Zs_nh.dtype)
+    if dtype not in CTYPES:
+        raise KsaeError(f"Zs_nh is {dtype}; the sparse products take {', '.join(str(d) for d in CTYPES)}")
+    N, H, D, k = _check_sparse(Zs_nh, "Zs_nh", idx_nk, WT_hd, R_nd, (int(Zs_nh.shape[0]), int(WT_hd.shape[1])), dtype)
+    if int(Zs_nh.shape[1]) != H:
+        raise KsaeError(f"Zs_nh has {Zs_nh.shape[1]} columns and WT_hd {H} rows; they must match")
+    grid = max(1, min(N, limits.sm_count * 8)) if N else 0
+    return KernelLaunch(name=_sparse_name("sparse_decode", CTYPES[dtype]), grid=grid, block=SPARSE_THREADS,
+                        args=(Zs_nh, idx_nk, WT_hd, np.int32(N), np.int32(H), np.int32(D), np.int32(k), R_nd),
+                        outputs=(7,))
+
+
+def plan_kept_dot(R_nd, idx_nk, WT_hd, out_nh, limits: DeviceLimits) -> KernelLaunch:
+    """The launch of ``out_nh = R_nd W`` at the kept units ``idx_nk`` of each row, zeros elsewhere."""
+    dtype = np.dtype(R_nd.dtype)
+    if dtype not in CTYPES:
+        raise KsaeError(f"R_nd is {dtype}; the sparse products take {', '.join(str(d) for d in CTYPES)}")
+    N, H, D, k = _check_sparse(R_nd, "R_nd", idx_nk, WT_hd, out_nh, (int(R_nd.shape[0]), int(WT_hd.shape[0])), dtype)
+    if int(R_nd.shape[1]) != D:
+        raise KsaeError(f"R_nd has {R_nd.shape[1]} columns and WT_hd {D}; they must match")
+    warps_per_block = SPARSE_THREADS // 32
+    grid = max(1, min(-(-N * k // warps_per_block), limits.sm_count * 16)) if N * k else 0
+    return KernelLaunch(name=_sparse_name("kept_dot", CTYPES[dtype]), grid=grid, block=SPARSE_THREADS,
+                        args=(R_nd, idx_nk, WT_hd, np.int32(N), np.int32(H), np.int32(D), np.int32(k), out_nh),
+                        outputs=(7,), zeroed=(7,))
+
+
+def sparse_decode_gpu(Zs_nh, idx_nk, WT_hd, out) -> None:
+    """``out = Zs_nh W^T`` from the kept units only, on cupy arrays (capturable)."""
+    for what, array in (("Zs_nh", Zs_nh), ("idx_nk", idx_nk), ("WT_hd", WT_hd), ("out", out)):
+        _require_gpu_array(array, what)
+    _run(plan_sparse_decode(Zs_nh, idx_nk, WT_hd, out, device_limits(_cupy())))
+
+
+def kept_dot_gpu(R_nd, idx_nk, WT_hd, out) -> None:
+    """``out = R_nd W`` at the kept units, zeros elsewhere, on cupy arrays (capturable)."""
+    for what, array in (("R_nd", R_nd), ("idx_nk", idx_nk), ("WT_hd", WT_hd), ("out", out)):
+        _require_gpu_array(array, what)
+    _run(plan_kept_dot(R_nd, idx_nk, WT_hd, out, device_limits(_cupy())))
 
 
 def matmul_gpu(a, b, out) -> None:

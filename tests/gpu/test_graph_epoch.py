@@ -152,7 +152,8 @@ def test_after_the_first_epoch_no_step_runs_outside_the_graph(monkeypatch):
     seen = []
     trainer.fit(X, on_epoch=lambda report: seen.append((len(calls), trainer._captured.launches)))
     first, second, third = seen
-    # Epoch 1: the order drawn, then 7 steps of 5 products and sums (4 GEMMs, the loss) and a gather each,
+    # Epoch 1: the order drawn, then 7 steps of 5 products and sums (2 GEMMs, 2 sparse products, the loss)
+    # and a gather each,
     # queued one by one.
     per_epoch = 1 + 7 * 6
     assert first == (per_epoch, 0) and not any(capturing for _, capturing in calls[:first[0]])

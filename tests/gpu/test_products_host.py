@@ -116,7 +116,42 @@ PLANTED = [
     ("the barrier before the next load removed", "__syncthreads();  // every thread is done with the tiles before the next load", ""),
     ("the K bound of A's load dropped", "if (gm < M && gk < K)\n                v = TRANS_A", "if (gm < M)\n                v = TRANS_A"),
     ("the sum's tree barrier removed", "__syncthreads();  // this level's sums are written (and, the first time, every gate read)", ""),
+    ("the decoder reads a column outside [0, H)", "if (c >= 0 && c < H) acc +=", "if (c >= 0) acc +="),
+    ("the kept dot's lane sum starts at 8", "for (int offset = 16; offset > 0", "for (int offset = 8; offset > 0"),
 ]
+
+
+def runs_wrong(exe) -> bool:
+    """Whether the kernels built in ``exe`` give a wrong answer or a fault on any schedule."""
+    d = harness.Driver(exe)
+    rng = np.random.default_rng(5)
+    try:
+        for schedule in harness.SCHEDULES:
+            a, b = rng.standard_normal((70, 33)).astype(np.float32), rng.standard_normal((33, 65)).astype(np.float32)
+            out = np.empty((70, 65), dtype=np.float32)
+            d.run(products.plan_matmul(a, b, out), schedule=schedule)
+            x, acc = rng.standard_normal(1000).astype(np.float32), np.array(0.0)
+            d.run(products.plan_sum_squares(x, 1.0, acc), schedule=schedule)
+            Zs, idx, WT, Zs_dense = sparse_case(rng, 6, 40, 50, 4, np.float32, invalid=True)
+            R, dZ = np.empty((6, 50), dtype=np.float32), np.empty((6, 40), dtype=np.float32)
+            d.run(products.plan_sparse_decode(Zs, idx, WT, R, H100), schedule=schedule)
+            d.run(products.plan_kept_dot(R, idx, WT, dZ, H100), schedule=schedule)
+            dZ_expected = np.where(Zs_dense != 0, R.astype(np.float64) @ WT.T, 0)
+            if not (np.allclose(out, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-4)
+                    and acc == pytest.approx(float((x.astype(np.float64) ** 2).sum()), rel=1e-6)
+                    and np.allclose(R, Zs_dense.astype(np.float64) @ WT, rtol=1e-5, atol=1e-4)
+                    and np.allclose(dZ, dZ_expected, rtol=1e-5, atol=1e-4)):
+                return True
+    except harness.HarnessError:
+        return True
+    finally:
+        d.close()
+    return False
+
+
+def test_the_unmodified_kernels_pass_the_planted_bugs_check(tmp_path):
+    source = cuda_kernels.kernel_source_path(products.SOURCE_NAME)
+    assert not runs_wrong(harness.build(tmp_path, source, products.KERNEL_NAMES))
 
 
 @pytest.mark.parametrize("what, old, new", PLANTED, ids=[p[0] for p in PLANTED])
@@ -125,22 +160,61 @@ def test_planted_bugs_are_caught(tmp_path, what, old, new):
     assert old in source, what
     bad = tmp_path / "bad.cu"
     bad.write_text(source.replace(old, new, 1))
-    d = harness.Driver(harness.build(tmp_path, bad, products.KERNEL_NAMES))
-    rng = np.random.default_rng(5)
-    caught = False
-    try:
-        for schedule in harness.SCHEDULES:
-            a, b = rng.standard_normal((70, 33)).astype(np.float32), rng.standard_normal((33, 65)).astype(np.float32)
-            out = np.empty((70, 65), dtype=np.float32)
-            d.run(products.plan_matmul(a, b, out), schedule=schedule)
-            x, acc = rng.standard_normal(1000).astype(np.float32), np.array(0.0)
-            d.run(products.plan_sum_squares(x, 1.0, acc), schedule=schedule)
-            if not (np.allclose(out, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-4)
-                    and acc == pytest.approx(float((x.astype(np.float64) ** 2).sum()), rel=1e-6)):
-                caught = True
-                break
-    except harness.HarnessError:
-        caught = True
-    finally:
-        d.close()
-    assert caught, f"{what}: not caught"
+    assert runs_wrong(harness.build(tmp_path, bad, products.KERNEL_NAMES)), f"{what}: not caught"
+
+SMALL_GPU = cuda_kernels.DeviceLimits(sm_count=1, shared_optin=227 * 1024)  # few blocks: the grid-stride loops loop
+H100 = cuda_kernels.DeviceLimits(sm_count=132, shared_optin=227 * 1024)
+
+
+def sparse_case(rng, N, H, D, k, dtype, invalid=False):
+    """``(Zs_nh, idx_nk, WT_hd, Zs_dense)``: k distinct kept columns per row (some outside [0, H) when
+    ``invalid``: skipped by the kernels), their values in Zs_nh, and the dense code a product would see."""
+    idx = np.stack([rng.choice(H, size=k, replace=False) for _ in range(N)]).astype(np.int32)
+    Zs = np.zeros((N, H), dtype=dtype)
+    np.put_along_axis(Zs, idx.astype(np.int64), rng.standard_normal((N, k)).astype(dtype), axis=1)
+    if invalid:
+        idx[0, 0], idx[-1, -1] = -1, H  # those entries count as not kept
+    Zs_dense = np.zeros_like(Zs)  # what the kernels use: the values at the valid kept columns only
+    for n in range(N):
+        valid = idx[n][(idx[n] >= 0) & (idx[n] < H)]
+        Zs_dense[n, valid] = Zs[n, valid]
+    WT = rng.standard_normal((H, D)).astype(dtype)
+    return Zs, idx, WT, Zs_dense
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("N, H, D, k, invalid, limits", [(1, 1, 1, 1, False, H100), (5, 48, 20, 5, False, H100),
+                                                         (13, 33, 70, 7, True, SMALL_GPU), (9, 100, 300, 1, False, SMALL_GPU),
+                                                         (16, 48, 20, 48, False, H100)])
+def test_the_sparse_products_equal_the_dense_ones(driver, dtype, N, H, D, k, invalid, limits):
+    """``Zs W^T`` from the kept units, and ``R W`` at the kept units (zeros elsewhere), as NumPy's dense
+    products give them; columns outside [0, H) are skipped; every schedule."""
+    rng = np.random.default_rng(N * H + k)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for i, schedule in enumerate(harness.SCHEDULES):
+        Zs, idx, WT, Zs_dense = sparse_case(rng, N, H, D, k, dtype, invalid)
+        R = np.full((N, D), np.nan, dtype=dtype)
+        driver.run(products.plan_sparse_decode(Zs, idx, WT, R, limits), schedule=schedule)
+        np.testing.assert_allclose(R, Zs_dense.astype(np.float64) @ WT, rtol=tol, atol=tol * k, err_msg=str(schedule))
+        R = rng.standard_normal((N, D)).astype(dtype)
+        out = np.full((N, H), np.nan, dtype=dtype)
+        driver.run(products.plan_kept_dot(R, idx, WT, out, limits), schedule=schedule)
+        expected = np.zeros((N, H))
+        for n in range(N):
+            for c in idx[n]:
+                if 0 <= c < H:
+                    expected[n, c] = R[n].astype(np.float64) @ WT[c]
+        np.testing.assert_allclose(out, expected, rtol=tol, atol=tol * D, err_msg=str(schedule))
+
+
+def test_sparse_plans_refuse_mismatched_operands():
+    f32 = np.float32
+    with pytest.raises(KsaeError, match="idx_nk must be a C-contiguous 2-D int32"):
+        products.plan_sparse_decode(np.zeros((2, 4), f32), np.zeros((2, 1), np.int64), np.zeros((4, 3), f32),
+                                    np.zeros((2, 3), f32), H100)
+    with pytest.raises(KsaeError, match=r"out has shape \(2, 4\); expected \(2, 3\)"):
+        products.plan_sparse_decode(np.zeros((2, 4), f32), np.zeros((2, 1), np.int32), np.zeros((4, 3), f32),
+                                    np.zeros((2, 4), f32), H100)
+    with pytest.raises(KsaeError, match="R_nd has 5 columns and WT_hd 3"):
+        products.plan_kept_dot(np.zeros((2, 5), f32), np.zeros((2, 1), np.int32), np.zeros((4, 3), f32),
+                               np.zeros((2, 4), f32), H100)
