@@ -28,8 +28,8 @@ How it changes with the run:
   CUDA loads its modules (lazily, since CUDA 12) outside any capture. Captures begin once every
   batch size the epoch needs (the last batch may be smaller) has run once.
 * **A resume mid-epoch** at batch b runs the rest of that epoch from batch b of its checkpointed
-  order (uncaptured: it is the trainer's first epoch); a capture from batch b, were one needed,
-  would be keyed by b.
+  order (uncaptured: it is the trainer's first epoch; and the next, the first whose order the device
+  draws, too); a capture from batch b, were one needed, would be keyed by b.
 * **Stop requests and progress** act per epoch: the trainer calls ``on_batch`` once, with the
   epoch done, and honours a stop request at the epoch's end.
 
@@ -70,7 +70,7 @@ class EpochGraph:
         self.draws_orders = order_on_device
         self._words = cupy.zeros(6, dtype=np.int64)  # the generator's state, in and out of the drawn order
         self._steps: dict[int, GraphStep] = {}  # batch size -> its step's buffers and parts
-        self._warm: set[int] = set()  # batch sizes whose parts ran once uncaptured
+        self._warm: set = set()  # batch sizes whose parts ran once uncaptured (and "drawn order": the draw did)
         self._graphs: dict[tuple, object] = {}  # (first batch, order drawn in it) -> the graph of the epoch from it
         self._key = None  # (k, the training array's address and shape): what the graphs hold
         self._order_n = None  # the epoch's order, read by the graph
@@ -107,9 +107,10 @@ class EpochGraph:
             sizes = {rows for _, _, rows in batches}
             for rows in sizes:  # the steps' buffers are allocated here, never during a capture
                 self._step(X_train_nd, rows)
-            if not self._capture_wanted or not sizes <= self._warm:
+            needed = sizes | ({"drawn order"} if draw else set())  # what must have run once, uncaptured
+            if not self._capture_wanted or not needed <= self._warm:
                 self._queue(X_train_nd, batches, n_batches, draw)
-                self._warm |= sizes
+                self._warm |= needed
                 return
             graph = self._graphs.get((first_batch, draw))
             if graph is None:
