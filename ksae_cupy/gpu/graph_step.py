@@ -9,7 +9,10 @@ writes into buffers allocated once, so the operations between the step's four ma
 dead-unit counts) are captured once, part by part, as CUDA graphs and replayed per batch: on an H100
 with CuPy 14, 4 products, 7 graphs and the 5 operations of the loss's part (whose sum allocates)
 a step instead of about 35 operations, and the host waits on the GPU once per epoch. The products
-stay outside the graphs because CuPy refuses cuBLAS calls during capture.
+stay outside the graphs because CuPy refuses cuBLAS calls during capture. With ``products="kernels"``
+(our product kernels, :mod:`ksae_cupy.gpu.products`) every part can be captured: the trainer's default
+on a GPU, :mod:`ksae_cupy.gpu.graph_epoch`, captures a whole epoch of these steps as one graph; the step
+graphs here are kept to compare (``Trainer.gpu_epoch_graph = False``).
 
 The arithmetic is :func:`ksae_cupy.model.loss_and_grads` followed by :class:`~ksae_cupy.optim.MomentumSGD`
 (linear or ReLU units, with AuxK's parts when asked, :mod:`ksae_cupy.gpu.graph_auxk`), with the top-k kernel
