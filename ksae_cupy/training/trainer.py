@@ -145,10 +145,14 @@ class Trainer:
         self._inputs = RunInputs(applies=xp is np and self.takes_sparse_step)
         self._batch_rows = None
         self._epoch_step = None  # (k, Step, lanes) of the epoch running
-        self._captured = None if not self._captures else \
-            EpochGraph(xp, self.params, self.optimizer.velocities, self.since_kept_h, config,
-                       order_on_device=self.gpu_order_on_device) if self.gpu_epoch_graph else \
-            CapturedEpochs(xp, self.params, self.optimizer.velocities, self.since_kept_h, config)
+        self._captured = self._captured_epochs(xp, config) if self._captures else None
+
+    def _captured_epochs(self, xp, config):
+        """The captured GPU path: each epoch one CUDA graph (graph_epoch), or the step graphs (graph_step)."""
+        if self.gpu_epoch_graph:
+            return EpochGraph(xp, self.params, self.optimizer.velocities, self.since_kept_h, config,
+                              order_on_device=self.gpu_order_on_device)
+        return CapturedEpochs(xp, self.params, self.optimizer.velocities, self.since_kept_h, config)
 
     def _resident(self, host_params):
         """The parameters on the backend; ``W_dh`` in the memory order of the step at the target k
