@@ -13,7 +13,10 @@ namespace ksae {
 // array read column-wise); B as K x N (ldb), or with TRANS_B as N x K.
 //
 // One block of GEMM_THREADS threads computes one GEMM_TILE x GEMM_TILE tile of C (the tiles are
-// numbered along N first over a 1-D grid); each thread holds a GEMM_MICRO x GEMM_MICRO block of
+// numbered along N first over a 1-D grid) over one split of K: with S splits (k_split values of K
+// each), block b works on split b / tiles and writes its partial tile into the S-th slab of C
+// (C holding S slabs of M x ldc; sum_splits_kernel adds them up in a fixed order), so that a product
+// with few tiles (a batch of 128 rows: 2 x 16 tiles) still fills the GPU. Each thread holds a GEMM_MICRO x GEMM_MICRO block of
 // outputs in registers, rows tm + 16 i and columns tn + 16 j (strided, so neighbouring threads read
 // neighbouring shared words). K advances GEMM_STEP at a time through two shared tiles, loaded so
 // that neighbouring threads read neighbouring global words in either storage order. Every load and
@@ -28,28 +31,35 @@ constexpr int GEMM_TILE_ELEMS = GEMM_STEP * GEMM_TILE;
 template <typename T, bool TRANS_A, bool TRANS_B>
 __global__ void __launch_bounds__(GEMM_THREADS)
 gemm_kernel(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C, int M, int N, int K, int lda,
-            int ldb, int ldc) {
+            int ldb, int ldc, int k_split) {
     // Dynamic shared memory: As[GEMM_STEP][GEMM_TILE] (k, m) then Bs[GEMM_STEP][GEMM_TILE] (k, n).
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* As = reinterpret_cast<T*>(smem_raw);
     T* Bs = As + GEMM_TILE_ELEMS;
     const int tiles_n = (N + GEMM_TILE - 1) / GEMM_TILE;
-    const int m0 = static_cast<int>(blockIdx.x) / tiles_n * GEMM_TILE;
-    const int n0 = static_cast<int>(blockIdx.x) % tiles_n * GEMM_TILE;
+    const int tiles = (M + GEMM_TILE - 1) / GEMM_TILE * tiles_n;
+    const int tile = static_cast<int>(blockIdx.x) % tiles, split = static_cast<int>(blockIdx.x) / tiles;
+    const int m0 = tile / tiles_n * GEMM_TILE;
+    const int n0 = tile % tiles_n * GEMM_TILE;
+    const int k_begin = split * k_split;
+    const int k_end = k_begin + k_split < K ? k_begin + k_split : K;
+    C += static_cast<long long>(split) * M * ldc;
     const int tid = static_cast<int>(threadIdx.x);
     const int tm = tid / GEMM_SIDE, tn = tid % GEMM_SIDE;
-    T acc[GEMM_MICRO][GEMM_MICRO];
+    T acc[GEMM_MICRO][GEMM_MICRO];  // in registers: every loop over it is unrolled
+#pragma unroll
     for (int i = 0; i < GEMM_MICRO; ++i)
+#pragma unroll
         for (int j = 0; j < GEMM_MICRO; ++j) acc[i][j] = T(0);
 
-    for (int k0 = 0; k0 < K; k0 += GEMM_STEP) {
+    for (int k0 = k_begin; k0 < k_end; k0 += GEMM_STEP) {
         for (int e = tid; e < GEMM_TILE_ELEMS; e += GEMM_THREADS) {
             // Consecutive e walk the stored array's contiguous dimension.
             const int m = TRANS_A ? e % GEMM_TILE : e / GEMM_STEP;
             const int kk = TRANS_A ? e / GEMM_TILE : e % GEMM_STEP;
             const int gm = m0 + m, gk = k0 + kk;
             T v = T(0);
-            if (gm < M && gk < K)
+            if (gm < M && gk < k_end)
                 v = TRANS_A ? A[static_cast<long long>(gk) * lda + gm] : A[static_cast<long long>(gm) * lda + gk];
             As[kk * GEMM_TILE + m] = v;
         }
@@ -58,27 +68,45 @@ gemm_kernel(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C,
             const int kk = TRANS_B ? e % GEMM_STEP : e / GEMM_TILE;
             const int gn = n0 + n, gk = k0 + kk;
             T v = T(0);
-            if (gn < N && gk < K)
+            if (gn < N && gk < k_end)
                 v = TRANS_B ? B[static_cast<long long>(gn) * ldb + gk] : B[static_cast<long long>(gk) * ldb + gn];
             Bs[kk * GEMM_TILE + n] = v;
         }
         __syncthreads();  // the tiles are loaded
+#pragma unroll
         for (int kk = 0; kk < GEMM_STEP; ++kk) {
             T a[GEMM_MICRO], b[GEMM_MICRO];
+#pragma unroll
             for (int i = 0; i < GEMM_MICRO; ++i) a[i] = As[kk * GEMM_TILE + tm + GEMM_SIDE * i];
+#pragma unroll
             for (int j = 0; j < GEMM_MICRO; ++j) b[j] = Bs[kk * GEMM_TILE + tn + GEMM_SIDE * j];
+#pragma unroll
             for (int i = 0; i < GEMM_MICRO; ++i)
+#pragma unroll
                 for (int j = 0; j < GEMM_MICRO; ++j) acc[i][j] += a[i] * b[j];
         }
         __syncthreads();  // every thread is done with the tiles before the next load
     }
+#pragma unroll
     for (int i = 0; i < GEMM_MICRO; ++i) {
         const int gm = m0 + tm + GEMM_SIDE * i;
         if (gm >= M) continue;
+#pragma unroll
         for (int j = 0; j < GEMM_MICRO; ++j) {
             const int gn = n0 + tn + GEMM_SIDE * j;
             if (gn < N) C[static_cast<long long>(gm) * ldc + gn] = acc[i][j];
         }
+    }
+}
+
+// out[i] = sum_s parts[s * count + i], s = 0 .. S-1 in order: the K splits of a GEMM added up.
+template <typename T>
+__global__ void sum_splits_kernel(const T* __restrict__ parts, int S, long long count, T* __restrict__ out) {
+    const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
+    for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += step) {
+        T acc = parts[i];
+        for (int s = 1; s < S; ++s) acc += parts[s * count + i];
+        out[i] = acc;
     }
 }
 

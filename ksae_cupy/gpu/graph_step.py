@@ -35,7 +35,7 @@ import numpy as np
 
 from ksae_cupy.gpu.cuda_kernels import mask_rows_gpu, topk_gpu
 from ksae_cupy.gpu.graph_auxk import AuxKParts
-from ksae_cupy.gpu.products import add_sum_squares_gpu, kept_dot_gpu, matmul_gpu, sparse_decode_gpu
+from ksae_cupy.gpu.products import add_sum_squares_gpu, kept_dot_gpu, matmul_gpu, sparse_decode_gpu, split_workspace
 
 
 @dataclass
@@ -112,6 +112,11 @@ class GraphStep:
         self.grads = {name: empty(value.shape, dtype=value.dtype) for name, value in params.items()}
         # Kernel products: W transposed, once per step, for the two sparse products (a unit's weights in one row).
         self.WT_hd = empty((H, D), dtype=dtype) if self.kernel_products else None
+        # Kernel products: room for the dense products' splits along K where their tiles alone would not fill the
+        # GPU (the encoder X W at a batch of 128); one buffer, the products run one after another.
+        spaces = [split_workspace(cupy, B, H, D, dtype), split_workspace(cupy, D, H, 2 * B, dtype)] \
+            if self.kernel_products else []
+        self.gemm_workspace = max((w for w in spaces if w is not None), key=lambda w: w.size, default=None)
         # With AuxK, ``auxk = (aux_k, aux_coef, dead_window)``: its parts (ksae_cupy.gpu.graph_auxk).
         self.auxk = None if auxk is None else AuxKParts(self, *auxk)
         self.graphs = None  # {part name: CUDA graph} once captured (the parts that allocate left out)
@@ -179,7 +184,7 @@ class GraphStep:
     def matmul(self, a, b, out) -> None:
         """``out = a @ b``: cuBLAS through CuPy, or with kernel products our GEMM (capturable)."""
         if self.kernel_products:
-            matmul_gpu(a, b, out)
+            matmul_gpu(a, b, out, self.gemm_workspace)
         else:
             self.cupy.matmul(a, b, out=out)
 

@@ -57,6 +57,10 @@ def _gemm_name(ctype: str, trans_a: bool, trans_b: bool) -> str:
     return f"ksae::gemm_kernel<{ctype}, {str(trans_a).lower()}, {str(trans_b).lower()}>"
 
 
+def _splits_name(ctype: str) -> str:
+    return f"ksae::sum_splits_kernel<{ctype}>"
+
+
 def _sum_name(ctype: str) -> str:
     return f"ksae::add_sum_squares_kernel<{ctype}>"
 
@@ -69,6 +73,7 @@ def _sparse_name(kind: str, ctype: str) -> str:
 KERNEL_NAMES: tuple[str, ...] = tuple(
     [_gemm_name(c, ta, tb) for c in CTYPES.values() for ta in (False, True) for tb in (False, True)]
     + [_sum_name(c) for c in CTYPES.values()]
+    + [_splits_name(c) for c in CTYPES.values()]
     + [_sparse_name(kind, c) for kind in ("sparse_decode", "kept_dot") for c in CTYPES.values()])
 
 
@@ -90,8 +95,24 @@ def stored(a) -> tuple:
                     f"neither C-contiguous nor the transpose of a C-contiguous array")
 
 
-def plan_matmul(a, b, out) -> KernelLaunch:
-    """The launch of ``out = a @ b`` (``out`` C-contiguous; ``a`` and ``b`` C-contiguous or transposes of such)."""
+MAX_SPLITS = 8
+MIN_SPLIT_K = 128  # a split of K is at least this long
+
+
+def gemm_splits(M: int, N: int, K: int, limits: DeviceLimits) -> int:
+    """How many splits of K an ``M x K`` by ``K x N`` product takes: 1 when its 64 x 64 tiles fill the
+    device's SMs, else enough to (up to 8, each at least 128 of K): at a batch of 128 rows the encoder's
+    ``X W`` has 32 tiles for 132 SMs on an H100."""
+    tiles = -(-M // GEMM_TILE) * -(-N // GEMM_TILE)
+    if tiles >= limits.sm_count or K < 2 * MIN_SPLIT_K:
+        return 1
+    return max(1, min(MAX_SPLITS, -(-limits.sm_count // tiles), K // MIN_SPLIT_K))
+
+
+def plan_matmul(a, b, out, splits: int = 1, workspace=None) -> tuple:
+    """The launches of ``out = a @ b`` (``out`` C-contiguous; ``a`` and ``b`` C-contiguous or transposes
+    of such): the GEMM, and with ``splits`` > 1 (K cut in that many slabs, each written to ``workspace``,
+    a C-contiguous array of at least ``splits * M * N`` values) the sum of the slabs into ``out``."""
     dtype = np.dtype(out.dtype)
     if dtype not in CTYPES or np.dtype(a.dtype) != dtype or np.dtype(b.dtype) != dtype:
         raise KsaeError(f"matrix product of {a.dtype} and {b.dtype} into {out.dtype}: all must be one of "
@@ -104,13 +125,29 @@ def plan_matmul(a, b, out) -> KernelLaunch:
         raise KsaeError(f"the product's output must be C-contiguous; got strides {tuple(out.strides)}")
     A, trans_a, lda = stored(a)
     B, trans_b, ldb = stored(b)
-    _check_int32_range(M, N, K, M * N, M * K, K * N)
+    _check_int32_range(M, N, 2 * K, M * N, M * K, K * N)
+    k_split = -(-max(1, -(-K // max(1, int(splits)))) // GEMM_STEP) * GEMM_STEP  # whole K steps per split
+    S = max(1, -(-K // k_split))
+    C = out
+    if S > 1:
+        if workspace is None or np.dtype(workspace.dtype) != dtype or not workspace.flags.c_contiguous \
+                or workspace.size < S * M * N:
+            raise KsaeError(f"a product split {S} ways along K needs a C-contiguous {dtype} workspace of "
+                            f"{S * M * N} values")
+        C = workspace.reshape(-1)[:S * M * N]
+    _check_int32_range(S * M * N)
     tiles = -(-M // GEMM_TILE) * -(-N // GEMM_TILE)
-    return KernelLaunch(name=_gemm_name(CTYPES[dtype], trans_a, trans_b), grid=tiles if M and N else 0,
+    gemm = KernelLaunch(name=_gemm_name(CTYPES[dtype], trans_a, trans_b), grid=tiles * S if M and N else 0,
                         block=GEMM_THREADS,
-                        args=(A, B, out, np.int32(M), np.int32(N), np.int32(K), np.int32(lda), np.int32(ldb),
-                              np.int32(max(1, N))),
+                        args=(A, B, C, np.int32(M), np.int32(N), np.int32(K), np.int32(lda), np.int32(ldb),
+                              np.int32(max(1, N)), np.int32(k_split)),
                         outputs=(2,), shared_mem=gemm_shared_bytes(dtype))
+    if S == 1:
+        return (gemm,)
+    total = M * N
+    reduce = KernelLaunch(name=_splits_name(CTYPES[dtype]), grid=max(1, min(-(-total // SUM_THREADS), 4096)),
+                          block=SUM_THREADS, args=(C, np.int32(S), np.int64(total), out), outputs=(3,))
+    return gemm, reduce
 
 
 def plan_sum_squares(x, scale: float, acc, gate=None) -> KernelLaunch:
@@ -192,11 +229,24 @@ def kept_dot_gpu(R_nd, idx_nk, WT_hd, out) -> None:
     _run(plan_kept_dot(R_nd, idx_nk, WT_hd, out, device_limits(_cupy())))
 
 
-def matmul_gpu(a, b, out) -> None:
-    """``out = a @ b`` on cupy arrays with :data:`KERNEL_NAMES`' GEMM (capturable: no cuBLAS, no allocation)."""
+def split_workspace(cupy, M: int, N: int, K: int, dtype):
+    """A workspace for ``M x K`` by ``K x N`` products split along K (:func:`gemm_splits`), or None
+    where they take no split (allocate it before any capture)."""
+    splits = gemm_splits(M, N, K, device_limits(cupy))
+    return cupy.empty(splits * M * N, dtype=dtype) if splits > 1 else None
+
+
+def matmul_gpu(a, b, out, workspace=None) -> None:
+    """``out = a @ b`` on cupy arrays with :data:`KERNEL_NAMES`' GEMM (capturable: no cuBLAS, no allocation);
+    with ``workspace`` (:func:`split_workspace`), split along K as far as it holds."""
     for what, array in (("a", a), ("b", b), ("out", out)):
         _require_gpu_array(array, what)
-    _run(plan_matmul(a, b, out))
+    splits = 1
+    if workspace is not None:
+        (M, K), N = a.shape, b.shape[1]
+        splits = min(gemm_splits(M, N, K, device_limits(_cupy())), workspace.size // max(1, M * N))
+    for plan in plan_matmul(a, b, out, splits, workspace):
+        _run(plan)
 
 
 def add_sum_squares_gpu(x, scale: float, acc, gate=None) -> None:

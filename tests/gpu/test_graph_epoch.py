@@ -109,17 +109,20 @@ def test_the_epoch_graph_equals_the_cpu_trainer(case):
         assert any(r.aux_loss > 0 for r in gpu_reports)  # units were dead: the auxiliary loss did act
 
 
-@pytest.mark.parametrize("case", ["linear", "relu", "auxk", "k-schedule"])
+@pytest.mark.parametrize("case", ["linear", "relu", "auxk", "k-schedule", "split-encoder"])
 def test_the_epoch_graph_equals_the_step_graphs_in_float32(case):
     """The brief's shapes (N 64, D 20, H 48, k 5; batches of 12, the last of 4), float32 as the GPU trains:
-    the epoch graph (our products) against the step graphs (cuBLAS products) after four epochs."""
+    the epoch graph (our products) against the step graphs (cuBLAS products) after four epochs. With
+    D 300 the encoder's GEMM (one tile, K 300) is split along K in two."""
     changes = {"linear": {}, "relu": dict(activation="relu", k=30),
                "auxk": dict(aux_k=10, aux_coef=0.5, dead_window=24),
-               "k-schedule": dict(k_start=20, k_schedule_epochs=4)}[case]
+               "k-schedule": dict(k_start=20, k_schedule_epochs=4), "split-encoder": {}}[case]
+    shape = (64, 300) if case == "split-encoder" else (64, 20)
     cfg = config(**{**dict(hidden=48, k=5, batch_size=12, epochs=4, dtype="float32", lr=0.003), **changes})
-    new, new_reports = fit(cfg, "gpu", shape=(64, 20))
-    old, old_reports = fit(cfg, "gpu", cls=StepGraphTrainer, shape=(64, 20))
+    new, new_reports = fit(cfg, "gpu", shape=shape)
+    old, old_reports = fit(cfg, "gpu", cls=StepGraphTrainer, shape=shape)
     assert new._captured.launches >= 1
+    assert (new._captured._steps[12].gemm_workspace is not None) == (case == "split-encoder")
     assert_same_training(new, new_reports, old, old_reports, rtol=2e-5, atol=1e-6)
 
 

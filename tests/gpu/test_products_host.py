@@ -53,7 +53,7 @@ def test_the_product_equals_numpy_under_every_schedule(driver, dtype, trans_a, t
     for i, (M, K, N) in enumerate(SHAPES):
         a, b = operand(rng, M, K, dtype, trans_a), operand(rng, K, N, dtype, trans_b)
         out = np.full((M, N), np.nan, dtype=dtype)  # every output must be written
-        plan = products.plan_matmul(a, b, out)
+        (plan,) = products.plan_matmul(a, b, out)
         if min(a.shape) > 1 and min(b.shape) > 1:  # a vector is both C- and F-contiguous: read as stored
             assert plan.name == products._gemm_name(cuda_kernels.CTYPES[np.dtype(dtype)], trans_a, trans_b)
         schedule = harness.SCHEDULES[i % len(harness.SCHEDULES)]
@@ -75,8 +75,39 @@ def test_the_step_shapes_under_all_nine_schedules(driver):
     for schedule in harness.SCHEDULES:
         for a, b, shape in cases:
             out = np.empty(shape, dtype=np.float32)
-            driver.run(products.plan_matmul(a, b, out), schedule=schedule)
+            for plan in products.plan_matmul(a, b, out):
+                driver.run(plan, schedule=schedule)
             np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("M, K, N, splits", [(16, 300, 20, 2), (16, 300, 20, 5), (70, 257, 65, 3), (5, 33, 7, 8),
+                                             (3, 16, 4, 4), (9, 0, 6, 3)])
+def test_a_product_split_along_k_equals_numpy(driver, dtype, M, K, N, splits):
+    """K cut in slabs (whole 16-deep steps each; fewer slabs when K is short), each into the workspace,
+    then summed in order: every storage order, every schedule."""
+    rng = np.random.default_rng(M + K + splits)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for i, (ta, tb) in enumerate([(False, False), (False, True), (True, False), (True, True)]):
+        a, b = operand(rng, M, K, dtype, ta), operand(rng, K, N, dtype, tb)
+        out = np.full((M, N), np.nan, dtype=dtype)
+        workspace = np.full(splits * M * N + 3, np.nan, dtype=dtype)
+        plans = products.plan_matmul(a, b, out, splits, workspace)
+        k_split = int(plans[0].args[-1])
+        assert k_split % 16 == 0 and len(plans) == (1 if -(-K // k_split) <= 1 else 2)
+        for plan in plans:
+            driver.run(plan, schedule=harness.SCHEDULES[(i + splits) % len(harness.SCHEDULES)])
+        np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=tol, atol=tol * max(1, K))
+
+
+def test_splits_fill_the_device_where_the_tiles_do_not():
+    h100 = cuda_kernels.DeviceLimits(sm_count=132, shared_optin=227 * 1024)
+    assert products.gemm_splits(128, 1000, 784, h100) == 5  # MNIST's encoder: 32 tiles, K 784
+    assert products.gemm_splits(784, 1000, 256, h100) == 1  # its weight gradient: 208 tiles
+    assert products.gemm_splits(128, 1000, 200, h100) == 1  # K too short to split
+    with pytest.raises(KsaeError, match="workspace of 640000 values"):
+        products.plan_matmul(np.zeros((128, 784), np.float32), np.zeros((784, 1000), np.float32),
+                             np.zeros((128, 1000), np.float32), 5, np.zeros(10, np.float32))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -114,10 +145,12 @@ def test_plans_refuse_what_the_kernels_cannot_read():
 PLANTED = [
     ("the barrier after the tile loads removed", "__syncthreads();  // the tiles are loaded", ""),
     ("the barrier before the next load removed", "__syncthreads();  // every thread is done with the tiles before the next load", ""),
-    ("the K bound of A's load dropped", "if (gm < M && gk < K)\n                v = TRANS_A", "if (gm < M)\n                v = TRANS_A"),
+    ("the K bound of A's load dropped", "if (gm < M && gk < k_end)\n                v = TRANS_A", "if (gm < M)\n                v = TRANS_A"),
     ("the sum's tree barrier removed", "__syncthreads();  // this level's sums are written (and, the first time, every gate read)", ""),
     ("the decoder reads a column outside [0, H)", "if (c >= 0 && c < H) acc +=", "if (c >= 0) acc +="),
     ("the kept dot's lane sum starts at 8", "for (int offset = 16; offset > 0", "for (int offset = 8; offset > 0"),
+    ("every split of K writes the same slab", "C += static_cast<long long>(split) * M * ldc;", ""),
+    ("the sum of the splits drops the first", "T acc = parts[i];", "T acc = T(0);"),
 ]
 
 
@@ -127,9 +160,11 @@ def runs_wrong(exe) -> bool:
     rng = np.random.default_rng(5)
     try:
         for schedule in harness.SCHEDULES:
-            a, b = rng.standard_normal((70, 33)).astype(np.float32), rng.standard_normal((33, 65)).astype(np.float32)
+            a, b = rng.standard_normal((70, 100)).astype(np.float32), rng.standard_normal((100, 65)).astype(np.float32)
             out = np.empty((70, 65), dtype=np.float32)
-            d.run(products.plan_matmul(a, b, out), schedule=schedule)
+            workspace = np.empty(2 * 70 * 65, dtype=np.float32)
+            for plan in products.plan_matmul(a, b, out, 2, workspace):  # K 100 in 2 splits: 4 steps and 3
+                d.run(plan, schedule=schedule)
             x, acc = rng.standard_normal(1000).astype(np.float32), np.array(0.0)
             d.run(products.plan_sum_squares(x, 1.0, acc), schedule=schedule)
             Zs, idx, WT, Zs_dense = sparse_case(rng, 6, 40, 50, 4, np.float32, invalid=True)
