@@ -24,11 +24,13 @@ Why kernels of ours and not cuBLAS: the whole epoch on a GPU is one CUDA graph
   of 128 rows a dense product's 64 x 64 tiles fill only 26 to 32 blocks. They read W transposed (one
   copy per step), so that each kept unit's weights are one contiguous row; the sums run in a fixed
   order (no atomics: the same bits at every launch). The encoder ``X W`` and the weight gradient
-  ``[X; R]^T [dZ; Zs]`` stay dense GEMMs.
+  ``[X; R]^T [dZ; Zs]`` stay dense GEMMs; one whose tiles do not fill the GPU is split along K
+  (:func:`gemm_splits`: the encoder at a batch of 128, 32 tiles, in 5 on an H100), its slabs summed in
+  order into the output.
 * **Kernels of ours** run under the host emulator unmodified, so the whole graph is proven on the
-  CPU (``tests/gpu/test_products_host.py``, ``tests/gpu/test_graph_epoch.py``). They are slower than
-  cuBLAS per product (a plain 64 x 64 register-blocked SGEMM, no tensor cores, no split-K); what they
-  buy is an epoch with no host work per step. Only a GPU can tell the balance.
+  CPU (``tests/gpu/test_products_host.py``, ``tests/gpu/test_graph_epoch.py``). A dense product of
+  ours is presumably slower than cuBLAS's (a plain 64 x 64 register-blocked SGEMM, no tensor cores);
+  what they buy is an epoch with no host work per step. Only a GPU can tell the balance.
 
 The loss's sum is ours too: CuPy's full reductions (``cupy.sum`` of a whole array, through CUB)
 allocate temporary storage, which a capture must not (on an H100 the captured step's loss part was
