@@ -375,7 +375,11 @@ def bench_train_gpu(n_samples: int = 60000, D: int = 784, H: int = paper.HIDDEN,
     arrays, for each top-k method; also the fused-kernel step :func:`ksae_cupy.gpu.fused_step.loss_and_grads_fused`.
     Against: the same model in PyTorch (torch.topk + autograd, float32, same batch), when torch
     imports with CUDA, eager and captured whole as one CUDA graph (``torch_cuda_graph``). Ours also as
-    the trainer itself, its step captured as CUDA graphs (``trainer_graph_*``) or not (``trainer_generic_*``). Synthetic uniform [0, 1) data of MNIST's shape. Every variant runs one
+    the trainer itself: each epoch one CUDA graph (``trainer_epoch_graph_*``, the default,
+    :mod:`ksae_cupy.gpu.graph_epoch`; ``trainer_epoch_graph_host_order_*`` with the epoch's order drawn on
+    the host instead of in the graph), the parts between cuBLAS products captured per step
+    (``trainer_graph_*``, :mod:`ksae_cupy.gpu.graph_step`), or not captured (``trainer_generic_*``).
+    Synthetic uniform [0, 1) data of MNIST's shape. Every variant runs one
     warm-up epoch, then ``epochs`` timed epochs; the median epoch time is projected to
     ``project_epochs`` epochs; a variant whose first or last epoch's mean loss is not finite, or above
     twice its first step's, gets ``refused`` (why) and no time: at lr 0.01 these uniform rows diverge, as the
@@ -391,6 +395,12 @@ def bench_train_gpu(n_samples: int = 60000, D: int = 784, H: int = paper.HIDDEN,
 
     class _UncapturedTrainer(Trainer):
         captures_gpu_step = False
+
+    class _StepGraphTrainer(Trainer):
+        gpu_epoch_graph = False
+
+    class _HostOrderTrainer(Trainer):
+        gpu_order_on_device = False
 
     backend = _gpu_backend(device)
     cupy = backend.xp
@@ -417,10 +427,9 @@ def bench_train_gpu(n_samples: int = 60000, D: int = 784, H: int = paper.HIDDEN,
 
             return run_epoch
 
-        def trainer_epochs(method, captured: bool):
-            # The trainer itself (shuffled batches, the last smaller one, dead-unit counts), its step
-            # captured as a CUDA graph (ksae_cupy.gpu.graph_step) or the generic one.
-            cls = Trainer if captured else _UncapturedTrainer
+        def trainer_epochs(method, cls):
+            # The trainer itself (shuffled batches, the last smaller one, dead-unit counts): its epoch as one
+            # CUDA graph (Trainer), its step captured between the products (_StepGraphTrainer), or generic.
             # lr / 10: at lr on this uniform data the trainer stops as diverged in its first epoch (the
             # loops above do not check; a step's time does not depend on its rate).
             cfg = TrainConfig(hidden=H, k=k, k_start=None, epochs=10 ** 6, batch_size=batch, lr=lr / 10,
@@ -437,8 +446,10 @@ def bench_train_gpu(n_samples: int = 60000, D: int = 784, H: int = paper.HIDDEN,
         for method in topk_methods:
             variants[f"ksae_{method}"] = ours(loss_and_grads, method)
             variants[f"ksae_fused_{method}"] = ours(fused_step.loss_and_grads_fused, method)
-            variants[f"trainer_graph_{method}"] = trainer_epochs(method, captured=True)
-            variants[f"trainer_generic_{method}"] = trainer_epochs(method, captured=False)
+            variants[f"trainer_epoch_graph_{method}"] = trainer_epochs(method, Trainer)
+            variants[f"trainer_epoch_graph_host_order_{method}"] = trainer_epochs(method, _HostOrderTrainer)
+            variants[f"trainer_graph_{method}"] = trainer_epochs(method, _StepGraphTrainer)
+            variants[f"trainer_generic_{method}"] = trainer_epochs(method, _UncapturedTrainer)
         if torch is not None:
             variants["torch"] = _torch_epoch_fn(torch, W0, X_host, k, batch, lr, momentum)
             try:

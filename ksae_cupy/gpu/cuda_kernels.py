@@ -82,7 +82,7 @@ KERNEL_NAMES: tuple[str, ...] = tuple(
 )
 
 _SOURCE_CACHE: dict[str, str] = {}
-_MODULES: dict[int, object] = {}  # device id -> cupy.RawModule (the source is read once per process)
+_MODULES: dict[tuple, object] = {}  # (device id, source name) -> cupy.RawModule (the source is read once per process)
 _FUNCTIONS: dict[tuple[int, str], object] = {}  # (device id, name) -> cupy.RawKernel
 _LIMITS: dict[int, "DeviceLimits"] = {}  # device id -> its limits
 
@@ -394,15 +394,16 @@ def _cupy():
     return cupy
 
 
-def _function(cupy, name: str):
-    """The compiled kernel ``name`` on the current device (the module is compiled once per device)."""
+def _function(cupy, name: str, source: str = SOURCE_NAME, names: tuple = KERNEL_NAMES):
+    """The compiled kernel ``name`` on the current device: one of ``names``, the instantiations of the
+    ``.cu`` file ``source`` (each source is compiled once per device, with all its names)."""
     device = cupy.cuda.Device().id
     key = (device, name)
     if key not in _FUNCTIONS:
-        if device not in _MODULES:
-            _MODULES[device] = cupy.RawModule(code=kernel_source(), options=NVRTC_OPTIONS,
-                                              name_expressions=list(KERNEL_NAMES))
-        _FUNCTIONS[key] = _MODULES[device].get_function(name)
+        if (device, source) not in _MODULES:
+            _MODULES[(device, source)] = cupy.RawModule(code=kernel_source(source), options=NVRTC_OPTIONS,
+                                                        name_expressions=list(names))
+        _FUNCTIONS[key] = _MODULES[(device, source)].get_function(name)
     return _FUNCTIONS[key]
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ksae_cupy.gpu.cuda_kernels import mask_rows_gpu, topk_gpu
+from ksae_cupy.gpu.products import add_sum_squares_gpu, kept_dot_gpu, sparse_decode_gpu
 
 
 class AuxKParts:
@@ -50,7 +51,7 @@ class AuxKParts:
         self.positive_bh = cp.empty((B, H), dtype=np.bool_) if step.relu else None
 
     def parts(self):
-        """``(captured, function)`` in order; the three products (cuBLAS) uncaptured."""
+        """``(captured, function)`` in order; the three products uncaptured where they are cuBLAS."""
         return ((True, self._select_dead), (False, self._decode), (True, self._residual), (True, self._loss),
                 (False, self._back_through_W), (True, self._mask_to_selected), (False, self._weight_gradient))
 
@@ -71,8 +72,11 @@ class AuxKParts:
         cp.copyto(self.Xa_bd, s.X_bd)
 
     def _decode(self):
-        """``Ra = Za W^T`` (cuBLAS)."""
-        self.step.cupy.matmul(self.Za_bh, self.step.params["W_dh"].T, out=self.Ra_bd)
+        """``Ra = Za W^T`` (kernel products: from the selected units only, on the step's W transposed)."""
+        if self.step.kernel_products:
+            sparse_decode_gpu(self.Za_bh, self.idx_ba, self.step.WT_hd, self.Ra_bd)
+        else:
+            self.step.matmul(self.Za_bh, self.step.params["W_dh"].T, out=self.Ra_bd)
 
     def _residual(self):
         """``Ra = Za W^T + N R = ehat - e`` (the main residual ``e = -N R`` held constant)."""
@@ -84,6 +88,10 @@ class AuxKParts:
         """The batch's ``aux_coef 0.5 / N sum Ra^2`` (0 when no unit is dead) added to the epoch's; then
         ``Ra *= aux_coef / N``."""
         cp, c = self.step.cupy, self.step.counters
+        if self.step.kernel_products:  # one kernel of ours (no allocation), the dead units as its gate
+            add_sum_squares_gpu(self.Ra_bd, self.half_coef_over_B, c.aux_sum, gate=self.deadf_h)
+            cp.multiply(self.Ra_bd, self.coef_over_B, out=self.Ra_bd)
+            return
         cp.multiply(self.Ra_bd, self.Ra_bd, out=self.sq_bd)
         cp.sum(self.sq_bd, dtype=np.float64, out=self.aux_b)
         cp.multiply(self.aux_b, self.half_coef_over_B, out=self.aux_b)
@@ -94,20 +102,24 @@ class AuxKParts:
         cp.multiply(self.Ra_bd, self.coef_over_B, out=self.Ra_bd)
 
     def _back_through_W(self):
-        """``Ra W`` (cuBLAS)."""
-        self.step.cupy.matmul(self.Ra_bd, self.step.params["W_dh"], out=self.dZaf_bh)
+        """``Ra W`` (kernel products: at the selected units only, straight into ``dZa``)."""
+        if self.step.kernel_products:
+            kept_dot_gpu(self.Ra_bd, self.idx_ba, self.step.WT_hd, self.dZa_bh)
+        else:
+            self.step.matmul(self.Ra_bd, self.step.params["W_dh"], out=self.dZaf_bh)
 
     def _mask_to_selected(self):
         """``dZa``: ``Ra W`` at the selected dead units, zeros elsewhere."""
-        mask_rows_gpu(self.dZaf_bh, self.idx_ba, out=self.dZa_bh)
+        if not self.step.kernel_products:  # (the kernel products wrote dZa at the selected units only)
+            mask_rows_gpu(self.dZaf_bh, self.idx_ba, out=self.dZa_bh)
         self.step.cupy.multiply(self.dZa_bh, self.deadf_h, out=self.dZa_bh)
         if self.step.relu:  # a selected unit clipped to zero passes no gradient
             self.step.cupy.greater(self.Za_bh, 0, out=self.positive_bh)
             self.step.cupy.multiply(self.dZa_bh, self.positive_bh, out=self.dZa_bh)
 
     def _weight_gradient(self):
-        """``dW_aux = [X; Ra]^T [dZa; Za]`` (cuBLAS)."""
-        self.step.cupy.matmul(self.XRa_2bd.T, self.DZa_2bh, out=self.gW_dh)
+        """``dW_aux = [X; Ra]^T [dZa; Za]``."""
+        self.step.matmul(self.XRa_2bd.T, self.DZa_2bh, out=self.gW_dh)
 
     def add_gradients(self):
         """The auxiliary loss's gradients added to the main loss's (``c`` gets none)."""

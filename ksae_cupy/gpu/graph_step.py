@@ -9,7 +9,10 @@ writes into buffers allocated once, so the operations between the step's four ma
 dead-unit counts) are captured once, part by part, as CUDA graphs and replayed per batch: on an H100
 with CuPy 14, 4 products, 7 graphs and the 5 operations of the loss's part (whose sum allocates)
 a step instead of about 35 operations, and the host waits on the GPU once per epoch. The products
-stay outside the graphs because CuPy refuses cuBLAS calls during capture.
+stay outside the graphs because CuPy refuses cuBLAS calls during capture. With ``products="kernels"``
+(our product kernels, :mod:`ksae_cupy.gpu.products`) every part can be captured: the trainer's default
+on a GPU, :mod:`ksae_cupy.gpu.graph_epoch`, captures a whole epoch of these steps as one graph; the step
+graphs here are kept to compare (``Trainer.gpu_epoch_graph = False``).
 
 The arithmetic is :func:`ksae_cupy.model.loss_and_grads` followed by :class:`~ksae_cupy.optim.MomentumSGD`
 (linear or ReLU units, with AuxK's parts when asked, :mod:`ksae_cupy.gpu.graph_auxk`), with the top-k kernel
@@ -32,6 +35,7 @@ import numpy as np
 
 from ksae_cupy.gpu.cuda_kernels import mask_rows_gpu, topk_gpu
 from ksae_cupy.gpu.graph_auxk import AuxKParts
+from ksae_cupy.gpu.products import add_sum_squares_gpu, kept_dot_gpu, matmul_gpu, sparse_decode_gpu, split_workspace
 
 
 @dataclass
@@ -66,11 +70,18 @@ class GraphStep:
 
     ``params`` and ``velocities`` (dicts of ``W_dh`` C-contiguous, ``b_h``, ``c_d``) are updated in
     place; ``X_train_nd`` is the device-resident training set whose rows :meth:`run` gathers.
+    ``products``: ``"cublas"`` (CuPy's matmul and sums: the parts between the products are captured)
+    or ``"kernels"`` (the products and the losses' sums as our kernels, :mod:`ksae_cupy.gpu.products`,
+    the two with the sparse code from its kept units only: every part can be captured, which
+    :mod:`ksae_cupy.gpu.graph_epoch` does for a whole epoch).
     """
 
     def __init__(self, cupy, params, velocities, X_train_nd, batch_size: int, k: int, topk_method: str,
                  lr: float, momentum: float, counters: EpochCounters, stream, capture: bool = True,
-                 auxk: tuple | None = None, activation: str = "linear"):
+                 auxk: tuple | None = None, activation: str = "linear", products: str = "cublas"):
+        if products not in ("cublas", "kernels"):
+            raise ValueError(f"products {products!r}: use 'cublas' or 'kernels'")
+        self.kernel_products = products == "kernels"
         W_dh = params["W_dh"]
         if not W_dh.flags.c_contiguous:
             raise ValueError("GraphStep needs W_dh C-contiguous (the trainer stores it so on a GPU)")
@@ -99,6 +110,13 @@ class GraphStep:
         self.relu = activation == "relu"  # kept values clipped at 0; a kept unit at 0 passes no gradient
         self.positive_bh = empty((B, H), dtype=np.bool_) if self.relu else None
         self.grads = {name: empty(value.shape, dtype=value.dtype) for name, value in params.items()}
+        # Kernel products: W transposed, once per step, for the two sparse products (a unit's weights in one row).
+        self.WT_hd = empty((H, D), dtype=dtype) if self.kernel_products else None
+        # Kernel products: room for the dense products' splits along K where their tiles alone would not fill the
+        # GPU (the encoder X W at a batch of 128); one buffer, the products run one after another.
+        spaces = [split_workspace(cupy, B, H, D, dtype), split_workspace(cupy, D, H, 2 * B, dtype)] \
+            if self.kernel_products else []
+        self.gemm_workspace = max((w for w in spaces if w is not None), key=lambda w: w.size, default=None)
         # With AuxK, ``auxk = (aux_k, aux_coef, dead_window)``: its parts (ksae_cupy.gpu.graph_auxk).
         self.auxk = None if auxk is None else AuxKParts(self, *auxk)
         self.graphs = None  # {part name: CUDA graph} once captured (the parts that allocate left out)
@@ -156,13 +174,31 @@ class GraphStep:
 
     # The parts of one step, each into its buffers (none allocates). Arithmetic: model.loss_and_grads, then
     # optim.momentum_update.
+    def parts_after_gather(self) -> list:
+        """The step's parts after the batch's rows are gathered (:mod:`ksae_cupy.gpu.graph_epoch` gathers
+        each batch of an epoch from its own slice of the epoch's order, :meth:`gather_rows`)."""
+        parts = [part for _, part in self._parts()]
+        assert parts[0] == self._gather
+        return parts[1:]
+
+    def matmul(self, a, b, out) -> None:
+        """``out = a @ b``: cuBLAS through CuPy, or with kernel products our GEMM (capturable)."""
+        if self.kernel_products:
+            matmul_gpu(a, b, out, self.gemm_workspace)
+        else:
+            self.cupy.matmul(a, b, out=out)
+
     def _gather(self):
         """The batch's rows of the training set."""
-        self.cupy.take(self.X_train_nd, self.rows_b, axis=0, out=self.X_bd)
+        self.gather_rows(self.rows_b)
+
+    def gather_rows(self, rows_b) -> None:
+        """``X_bd``: the rows ``rows_b`` (a device int64 array of length ``batch_size``) of the training set."""
+        self.cupy.take(self.X_train_nd, rows_b, axis=0, out=self.X_bd)
 
     def _encode(self):
-        """``Z = X W`` (cuBLAS)."""
-        self.cupy.matmul(self.X_bd, self.params["W_dh"], out=self.Z_bh)
+        """``Z = X W`` (cuBLAS or our GEMM, as all four products)."""
+        self.matmul(self.X_bd, self.params["W_dh"], out=self.Z_bh)
 
     def _select(self):
         """``Z += b``; the k largest of each row (``Zs``: the kept values in place, zeros elsewhere)."""
@@ -172,8 +208,12 @@ class GraphStep:
             self.cupy.maximum(self.Zs_bh, 0, out=self.Zs_bh)
 
     def _decode(self):
-        """``R = Zs W^T`` (cuBLAS)."""
-        self.cupy.matmul(self.Zs_bh, self.params["W_dh"].T, out=self.R_bd)
+        """``R = Zs W^T`` (kernel products: W transposed for this step, then from the kept units only)."""
+        if self.kernel_products:
+            self.cupy.copyto(self.WT_hd, self.params["W_dh"].T)
+            sparse_decode_gpu(self.Zs_bh, self.idx_bk, self.WT_hd, self.R_bd)
+        else:
+            self.matmul(self.Zs_bh, self.params["W_dh"].T, out=self.R_bd)
 
     def _residual(self):
         """``R = Zs W^T + c - x``."""
@@ -183,26 +223,34 @@ class GraphStep:
     def _batch_loss(self):
         """The batch's loss ``0.5 / B sum R^2`` added to the epoch's; then ``R /= B`` (dE/dxhat)."""
         cp, c, B = self.cupy, self.counters, self.B
-        cp.multiply(self.R_bd, self.R_bd, out=self.sq_bd)
-        cp.sum(self.sq_bd, dtype=np.float64, out=self.loss_b)
-        cp.multiply(self.loss_b, 0.5 / B, out=self.loss_b)
-        cp.add(c.loss_sum, self.loss_b, out=c.loss_sum)
+        if self.kernel_products:  # one kernel of ours: CuPy's full sum may allocate (CUB), a capture must not
+            add_sum_squares_gpu(self.R_bd, 0.5 / B, c.loss_sum)
+        else:
+            cp.multiply(self.R_bd, self.R_bd, out=self.sq_bd)
+            cp.sum(self.sq_bd, dtype=np.float64, out=self.loss_b)
+            cp.multiply(self.loss_b, 0.5 / B, out=self.loss_b)
+            cp.add(c.loss_sum, self.loss_b, out=c.loss_sum)
         cp.true_divide(self.R_bd, B, out=self.R_bd)
 
     def _back_through_W(self):
-        """``R W`` (cuBLAS): the gradient at every unit, before the mask."""
-        self.cupy.matmul(self.R_bd, self.params["W_dh"], out=self.dZs_bh)
+        """``R W``: the gradient at every unit, before the mask (kernel products: at the kept units only,
+        straight into ``dZ``)."""
+        if self.kernel_products:
+            kept_dot_gpu(self.R_bd, self.idx_bk, self.WT_hd, self.dZ_bh)
+        else:
+            self.matmul(self.R_bd, self.params["W_dh"], out=self.dZs_bh)
 
     def _mask_to_kept(self):
         """``dZ``: ``R W`` at the kept units, zeros elsewhere (the gradient passes the kept units only)."""
-        mask_rows_gpu(self.dZs_bh, self.idx_bk, out=self.dZ_bh)
+        if not self.kernel_products:  # (the kernel products wrote dZ at the kept units only)
+            mask_rows_gpu(self.dZs_bh, self.idx_bk, out=self.dZ_bh)
         if self.relu:
             self.cupy.greater(self.Zs_bh, 0, out=self.positive_bh)
             self.cupy.multiply(self.dZ_bh, self.positive_bh, out=self.dZ_bh)
 
     def _weight_gradient(self):
-        """``dW = [X; R]^T [dZ; Zs] = X^T dZ + R^T Zs`` (cuBLAS, one product for both uses of W)."""
-        self.cupy.matmul(self.XR_2bd.T, self.DZ_2bh, out=self.grads["W_dh"])
+        """``dW = [X; R]^T [dZ; Zs] = X^T dZ + R^T Zs`` (one product for both uses of W)."""
+        self.matmul(self.XR_2bd.T, self.DZ_2bh, out=self.grads["W_dh"])
 
     def _bias_gradients(self):
         """``db = sum_n dZ``, ``dc = sum_n R``."""
@@ -282,6 +330,8 @@ def graph_step_applies(config) -> bool:
 class CapturedEpochs:
     """A trainer's captured steps: one :class:`GraphStep` per batch size (the last batch of an epoch
     may be smaller), rebuilt when k or the training array changes, and the epoch's counters."""
+
+    runs_whole_epochs = False  # a call per step (ksae_cupy.gpu.graph_epoch runs whole epochs)
 
     def __init__(self, cupy, params, velocities, since_kept_h, config):
         self.cupy, self.params, self.velocities, self.config = cupy, params, velocities, config

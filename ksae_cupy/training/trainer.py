@@ -24,6 +24,7 @@ from ksae_cupy import model
 from ksae_cupy.metrics import total_variance
 from ksae_cupy.backend import Backend, to_host
 from ksae_cupy.cpu.sparse_encoder import RunInputs
+from ksae_cupy.gpu.graph_epoch import EpochGraph
 from ksae_cupy.gpu.graph_step import CapturedEpochs, graph_step_applies
 from ksae_cupy.training import epochs
 from ksae_cupy.training.checkpoint import Checkpoint
@@ -87,6 +88,12 @@ class Trainer:
     # Whether, on a GPU, this trainer replays its step as a CUDA graph (ksae_cupy.gpu.graph_step) when
     # the step applies; the distributed trainers communicate inside their step: not.
     captures_gpu_step = True
+    # Whether the captured GPU step runs each epoch as one CUDA graph (ksae_cupy.gpu.graph_epoch: our product
+    # kernels, no host work per step); False: the step graphs between cuBLAS products (graph_step), kept to compare.
+    gpu_epoch_graph = True
+    # With the epoch graph: whether a fresh epoch's order is drawn on the device, in the graph (NumPy's permutation,
+    # bit for bit, ksae_cupy.gpu.shuffle), else on the host and copied in.
+    gpu_order_on_device = True
 
     def __init__(self, config: TrainConfig, backend: Backend, D: int, checkpoint: Checkpoint | None = None):
         config.check()  # validated here unless the caller already did (a command validates its options once)
@@ -140,8 +147,14 @@ class Trainer:
         self._inputs = RunInputs(applies=xp is np and self.takes_sparse_step)
         self._batch_rows = None
         self._epoch_step = None  # (k, Step, lanes) of the epoch running
-        self._captured = CapturedEpochs(xp, self.params, self.optimizer.velocities, self.since_kept_h, config) \
-            if self._captures else None
+        self._captured = self._captured_epochs(xp, config) if self._captures else None
+
+    def _captured_epochs(self, xp, config):
+        """The captured GPU path: each epoch one CUDA graph (graph_epoch), or the step graphs (graph_step)."""
+        if self.gpu_epoch_graph:
+            return EpochGraph(xp, self.params, self.optimizer.velocities, self.since_kept_h, config,
+                              order_on_device=self.gpu_order_on_device)
+        return CapturedEpochs(xp, self.params, self.optimizer.velocities, self.since_kept_h, config)
 
     def _resident(self, host_params):
         """The parameters on the backend; ``W_dh`` in the memory order of the step at the target k
@@ -150,6 +163,8 @@ class Trainer:
         if self.takes_sparse_step and not self._captures \
                 and choose_step(self.config.step, self.config.k, self.config.hidden) == "sparse":
             params["W_dh"] = sparse_layout(params["W_dh"])
+        if self._captures:  # the captured steps read W in C order (a CPU run's checkpoint may hold it in Fortran order)
+            params["W_dh"] = self.backend.xp.ascontiguousarray(params["W_dh"])
         return params
 
     def share_arrays(self, params: dict, velocities: dict, since_kept_h) -> None:
@@ -244,9 +259,27 @@ class Trainer:
 
     def _run_epoch(self, X_train_nd, X_valid_nd, on_batch) -> EpochReport | None:
         epoch = self.open_epoch(X_train_nd)
-        if not epochs.run_steps(self, epoch.n_batches, epoch.one_step, on_batch):
+        if self._captured is not None and self._captured.runs_whole_epochs:
+            self._run_whole_epoch(epoch, X_train_nd, on_batch)
+        elif not epochs.run_steps(self, epoch.n_batches, epoch.one_step, on_batch):
             return None
         return self.close_epoch(epoch, X_train_nd, X_valid_nd)
+
+    def _run_whole_epoch(self, epoch: "OpenEpoch", X_train_nd, on_batch) -> None:
+        """The epoch's batches as one CUDA graph (:mod:`ksae_cupy.gpu.graph_epoch`): progress and a stop request
+        act per epoch."""
+        captured, cfg, n_batches = self._captured, self.config, epoch.n_batches
+        t0 = time.perf_counter()
+        captured.run_epoch(X_train_nd, epoch.order, epoch.first_batch, cfg.batch_size,
+                           self.rng.bit_generator.state if epoch.device_order else None)
+        epoch.parts["steps"] += time.perf_counter() - t0  # launch time: the GPU's own is in the epoch's total
+        self._captured_from.before_last = captured.loss_before_last()
+        if epoch.device_order:  # the order drawn (for a checkpoint before the epoch ends) and the generator after it
+            self.epoch_perm, self.rng.bit_generator.state = captured.drawn_order()
+        self.step += n_batches - epoch.first_batch
+        self.batch_in_epoch = n_batches
+        if on_batch is not None:
+            on_batch(n_batches, n_batches)
 
     def open_epoch(self, X_train_nd) -> "OpenEpoch":
         """Begin the epoch (or the rest of an interrupted one) at the running epoch's k (:meth:`run_epoch` set
@@ -258,10 +291,18 @@ class Trainer:
         start = clock()
         N = X_train_nd.shape[0]
         k, step, _ = self._epoch_step
-        order = self.backend.asarray(epochs.begin_epoch(self, N).astype(np.int64))
+        captured = self._captured
+        # A fresh epoch on the epoch graph that draws orders: drawn on the device (ksae_cupy.gpu.graph_epoch), from
+        # the generator's state, which comes back with the order; else drawn here (or the checkpoint's, resumed).
+        device_order = captured is not None and captured.runs_whole_epochs and captured.draws_orders \
+            and self.epoch_perm is None
+        if device_order:
+            self.batch_in_epoch, self.tally = 0, epochs.EpochTally()  # as epochs.begin_epoch starts an epoch
+            order = None
+        else:
+            order = self.backend.asarray(epochs.begin_epoch(self, N).astype(np.int64))
         n_batches = epochs.n_batches(N, cfg.batch_size)
         first_batch = self.batch_in_epoch
-        captured = self._captured
         if captured is not None:  # the whole step on the device; its loss and unit counts summed there
             self._captured_from = _CapturedStart(self.tally, first_batch, N, cfg.batch_size)
             captured.begin(X_train_nd, k, self.tally.get("loss", 0.0))
@@ -285,7 +326,7 @@ class Trainer:
                     self._batch_rows = None
 
         return OpenEpoch(k=k, order=order, n_batches=n_batches, first_batch=first_batch, start=start, parts=parts,
-                         one_step=one_step)
+                         one_step=one_step, device_order=device_order)
 
     def close_epoch(self, epoch: "OpenEpoch", X_train_nd, X_valid_nd=None) -> EpochReport:
         """End the epoch :meth:`open_epoch` began, its every batch trained: the validation pass, the health
@@ -552,6 +593,7 @@ class OpenEpoch:
     start: float
     parts: dict
     one_step: object
+    device_order: bool = False  # the epoch graph draws this epoch's order on the device (``order`` is None)
 
 
 class _CapturedStart:

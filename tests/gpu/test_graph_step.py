@@ -13,6 +13,13 @@ import pytest
 from ksae_cupy.backend import resolve_device, to_host
 from ksae_cupy.training.trainer import TrainConfig, Trainer
 
+
+class StepGraphTrainer(Trainer):
+    """The trainer with the step graphs these tests are about (the default on a GPU is one graph per epoch,
+    tests/gpu/test_graph_epoch.py)."""
+
+    gpu_epoch_graph = False
+
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu_cupy")]
 
 N, D, H = 50, 16, 32  # batches of 8: six full ones and a last one of 2 rows (a second captured step)
@@ -36,7 +43,7 @@ def fit(cfg, device: str, stop_after_batches: int | None = None):
     backend = resolve_device(device)
     X_host, V_host = data()
     X, V = backend.asarray(X_host), backend.asarray(V_host)
-    trainer = Trainer(cfg, backend, D=D)
+    trainer = StepGraphTrainer(cfg, backend, D=D)
     reports = []
     if stop_after_batches is not None:
         def on_batch(done, total, count=[0]):
@@ -44,7 +51,7 @@ def fit(cfg, device: str, stop_after_batches: int | None = None):
             trainer.stop_requested = count[0] >= stop_after_batches
 
         trainer.fit(X, V, on_epoch=reports.append, on_batch=on_batch)
-        trainer = Trainer(cfg, backend, D=D, checkpoint=trainer.checkpoint())
+        trainer = StepGraphTrainer(cfg, backend, D=D, checkpoint=trainer.checkpoint())
     trainer.fit(X, V, on_epoch=reports.append)
     return trainer, reports
 
@@ -107,8 +114,8 @@ def test_the_sparsity_schedule_recaptures_at_each_new_k_and_matches_the_cpu():
 
 def test_every_option_takes_the_captured_step_on_the_gpu_and_none_on_the_cpu():
     for cfg in (config(), config(activation="relu"), config(aux_k=8)):
-        assert Trainer(cfg, resolve_device("gpu"), D=D)._captured is not None
-    assert Trainer(config(), resolve_device("cpu"), D=D)._captured is None
+        assert StepGraphTrainer(cfg, resolve_device("gpu"), D=D)._captured is not None
+    assert StepGraphTrainer(config(), resolve_device("cpu"), D=D)._captured is None
 
 
 @pytest.mark.parametrize("aux_k, activation", [(8, "linear"), (30, "linear"), (8, "relu")])  # 30: at times fewer dead
@@ -130,14 +137,14 @@ def test_a_checkpoint_taken_mid_epoch_without_stopping_resumes_to_the_uninterrup
     backend = resolve_device("gpu")
     X_host, V_host = data()
     X, V = backend.asarray(X_host), backend.asarray(V_host)
-    trainer, taken = Trainer(cfg, backend, D=D), []
+    trainer, taken = StepGraphTrainer(cfg, backend, D=D), []
 
     def on_batch(done, total):
         if trainer.epoch == 1 and done == 3 and not taken:
             taken.append(trainer.checkpoint())
 
     trainer.fit(X, V, on_batch=on_batch)
-    resumed, reports = Trainer(cfg, backend, D=D, checkpoint=taken[0]), []
+    resumed, reports = StepGraphTrainer(cfg, backend, D=D, checkpoint=taken[0]), []
     resumed.fit(X, V, on_epoch=reports.append)
     for name, value in host(whole).items():
         np.testing.assert_allclose(host(resumed)[name], value, rtol=1e-12, atol=1e-14, err_msg=name)

@@ -82,3 +82,37 @@ def test_kernel_names_cover_every_template():
     for name in templates:
         for ctype in ("float", "double"):
             assert any(n.startswith(f"ksae::{name}<{ctype}") for n in cuda.KERNEL_NAMES), (name, ctype)
+
+
+
+# The other sources (each its own RawModule): their module, and each entry's static shared memory.
+OTHER_SOURCES = {
+    "products": lambda entry: 2064 if "sum_squares" in entry else 0,  # the sums: 256 doubles + an int; the rest none
+    "shuffle": lambda entry: 0,  # dynamic only
+}
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("source", sorted(OTHER_SOURCES))
+def test_the_other_kernel_sources_compile(source, arch, tmp_path: Path):
+    """kernels/products.cu and kernels/shuffle.cu (the epoch graph's products, sums and order,
+    ksae_cupy.gpu.products and .shuffle): every instantiation compiles, nothing spills, and the
+    static shared memory is what the launch plans assume."""
+    import importlib
+
+    module = importlib.import_module(f"ksae_cupy.gpu.{source}")
+    lines = [f'#include "{cuda.kernel_source_path(module.SOURCE_NAME).as_posix()}"', "",
+             "void ksae_instantiate_all_kernels(void** out) {"]
+    lines += [f"    out[{i}] = reinterpret_cast<void*>(&{name});" for i, name in enumerate(module.KERNEL_NAMES)]
+    unit = tmp_path / f"{source}_all.cu"
+    unit.write_text("\n".join(lines + ["}"]) + "\n")
+    cubin = tmp_path / f"{source}_{arch}.cubin"
+    cmd = [NVCC, "-std=c++17", "--cubin", f"-arch={arch}", "-Xptxas", "-v", "-Werror", "all-warnings",
+           "-o", str(cubin), str(unit)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"nvcc failed for {arch}:\n{log[-4000:]}"
+    assert _mangled_count(log) == len(module.KERNEL_NAMES), log[-4000:]
+    assert all(int(s) == 0 for s in re.findall(r"(\d+) bytes spill stores", log)), log[-4000:]
+    for entry, smem in _static_smem(log).items():
+        assert smem == OTHER_SOURCES[source](entry), (entry, smem)
