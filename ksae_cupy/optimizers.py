@@ -19,6 +19,7 @@ from typing import Callable
 from ksae_cupy.cpu import momentum as cpu_momentum
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.optim import MomentumSGD
+from ksae_cupy.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -47,15 +48,8 @@ def _momentum(params, config, xp) -> MomentumSGD:
 
 
 PAPER = "momentum"  # the paper's optimizer (section 4.3.2): TrainConfig's default, the fine-tuning's, the baselines'
-OPTIMIZERS: dict[str, OptimizerEntry] = {}
-
-
-def register(entry: OptimizerEntry) -> OptimizerEntry:
-    """Add ``entry`` to :data:`OPTIMIZERS` (a name already there is refused in one line)."""
-    if entry.name in OPTIMIZERS:
-        raise KsaeError(f"optimizer {entry.name!r} is already registered; choose another name")
-    OPTIMIZERS[entry.name] = entry
-    return entry
+OPTIMIZERS: Registry = Registry("optimizer")  # name -> OptimizerEntry
+register = OPTIMIZERS.register  # add one entry (a name already there is refused in one line)
 
 
 register(OptimizerEntry(PAPER, "momentum SGD, v <- m v - lr g; theta <- theta + v (the paper's)", _momentum,
