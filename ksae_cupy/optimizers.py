@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ksae_cupy.cpu import momentum as cpu_momentum
-from ksae_cupy.errors import KsaeError
 from ksae_cupy.optim import MomentumSGD
 from ksae_cupy.registry import Registry
 
@@ -57,11 +56,7 @@ register(OptimizerEntry(PAPER, "momentum SGD, v <- m v - lr g; theta <- theta + 
                         captured=True))
 
 
-def lookup(name: str) -> OptimizerEntry:
-    """The entry of ``name``, or a one-line error naming it and the optimizers there are."""
-    if name not in OPTIMIZERS:
-        raise KsaeError(f"unknown optimizer {name!r}; use one of {', '.join(OPTIMIZERS)}")
-    return OPTIMIZERS[name]
+lookup = OPTIMIZERS.lookup  # the entry of a name, or a one-line error naming it and the optimizers there are
 
 
 def described() -> str:

@@ -15,7 +15,7 @@ Entry = TypeVar("Entry")
 
 
 class Registry(dict):
-    """Entries of one ``kind`` (``"dataset"``: how the refusal names them), by their ``name``."""
+    """Entries of one ``kind`` (``"dataset"``: how its errors name them), by their ``name``."""
 
     def __init__(self, kind: str):
         super().__init__()
@@ -27,3 +27,9 @@ class Registry(dict):
             raise KsaeError(f"{self.kind} {entry.name!r} is already registered; choose another name")
         self[entry.name] = entry
         return entry
+
+    def lookup(self, name: str):
+        """The entry of ``name``, or a one-line error naming it and the names there are."""
+        if name not in self:
+            raise KsaeError(f"unknown {self.kind} {name!r}; use one of {', '.join(sorted(self))}")
+        return self[name]

@@ -18,7 +18,6 @@ import numpy as np
 
 from ksae_cupy.datasets import cifar, fashion_mnist, mnist, norb, patches
 from ksae_cupy.datasets.dataset import Dataset
-from ksae_cupy.errors import KsaeError
 from ksae_cupy.registry import Registry
 
 
@@ -114,11 +113,7 @@ for _entry in (
     register(_entry)
 
 
-def lookup(name: str) -> DatasetEntry:
-    """The entry of ``name``, or a one-line error naming it and the datasets there are."""
-    if name not in DATASETS:
-        raise KsaeError(f"unknown dataset {name!r}; use one of {', '.join(sorted(DATASETS))}")
-    return DATASETS[name]
+lookup = DATASETS.lookup  # the entry of a name, or a one-line error naming it and the datasets there are
 
 
 def names(**having) -> tuple[str, ...]:

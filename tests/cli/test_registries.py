@@ -128,11 +128,14 @@ def test_a_registered_baseline_of_a_new_kind_trains_through_ksae_baseline(toy, m
 @pytest.mark.parametrize("registry, kind, name", [(DATASETS, "dataset", "mnist"),
                                                   (optimizers.OPTIMIZERS, "optimizer", "momentum"),
                                                   (baselines.BASELINES, "baseline", "rbm")])
-def test_a_name_registered_twice_is_refused_in_one_line_naming_its_kind(registry, kind, name):
+def test_a_name_registered_twice_or_not_at_all_is_refused_in_one_line_naming_its_kind(registry, kind, name):
     before = dict(registry)
     with pytest.raises(KsaeError, match=f"^{kind} '{name}' is already registered; choose another name$"):
         registry.register(registry[name])
     assert registry == before  # the first entry is kept
+    assert registry.lookup(name) is registry[name]
+    with pytest.raises(KsaeError, match=f"^unknown {kind} 'nosuch'; use one of {', '.join(sorted(registry))}$"):
+        registry.lookup("nosuch")
 
 
 def test_each_module_s_register_adds_to_its_registry():
