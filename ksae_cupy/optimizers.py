@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ksae_cupy.cpu import momentum as cpu_momentum
-from ksae_cupy.errors import KsaeError
 from ksae_cupy.optim import MomentumSGD
+from ksae_cupy.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -47,15 +47,8 @@ def _momentum(params, config, xp) -> MomentumSGD:
 
 
 PAPER = "momentum"  # the paper's optimizer (section 4.3.2): TrainConfig's default, the fine-tuning's, the baselines'
-OPTIMIZERS: dict[str, OptimizerEntry] = {}
-
-
-def register(entry: OptimizerEntry) -> OptimizerEntry:
-    """Add ``entry`` to :data:`OPTIMIZERS` (a name already there is refused in one line)."""
-    if entry.name in OPTIMIZERS:
-        raise KsaeError(f"optimizer {entry.name!r} is already registered; choose another name")
-    OPTIMIZERS[entry.name] = entry
-    return entry
+OPTIMIZERS: Registry = Registry("optimizer")  # name -> OptimizerEntry
+register = OPTIMIZERS.register  # add one entry (a name already there is refused in one line)
 
 
 register(OptimizerEntry(PAPER, "momentum SGD, v <- m v - lr g; theta <- theta + v (the paper's)", _momentum,
@@ -63,11 +56,7 @@ register(OptimizerEntry(PAPER, "momentum SGD, v <- m v - lr g; theta <- theta + 
                         captured=True))
 
 
-def lookup(name: str) -> OptimizerEntry:
-    """The entry of ``name``, or a one-line error naming it and the optimizers there are."""
-    if name not in OPTIMIZERS:
-        raise KsaeError(f"unknown optimizer {name!r}; use one of {', '.join(OPTIMIZERS)}")
-    return OPTIMIZERS[name]
+lookup = OPTIMIZERS.lookup  # the entry of a name, or a one-line error naming it and the optimizers there are
 
 
 def described() -> str:

@@ -91,3 +91,17 @@ def cpu_path(request, monkeypatch):
     monkeypatch.setenv("KSAE_CPU_KERNELS", "1" if request.param == "numba" else "0")
     assert kernels.enabled() == (request.param == "numba")
     return request.param
+
+
+@pytest.fixture(scope="module")
+def labelled_rows_file(tmp_path_factory):
+    """A user's data file (``rows.npz``: ``X``, 700 x 16, and labels ``y``): rows in [0, 1] (an RBM's visible
+    probabilities) near a 3-dimensional subspace, each labelled by its largest code."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    codes = rng.random((700, 3))
+    X = np.clip(codes @ rng.random((3, 16)) / 3 + 0.02 * rng.standard_normal((700, 16)), 0, 1).astype(np.float32)
+    path = tmp_path_factory.mktemp("data") / "rows.npz"
+    np.savez(path, X=X, y=codes.argmax(axis=1))
+    return path

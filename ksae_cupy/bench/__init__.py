@@ -5,9 +5,9 @@ versions, commit and date with every figure (``metadata.py``).
 and the sparse fine-tuning step), ``gpu.py`` (top-k kernels and a GPU epoch against CuPy and
 PyTorch), ``distributed.py`` (a data-parallel step, all-reduce and sharded top-k traffic),
 ``kernel_grid.py`` (the top-k grid in one device call), ``packed.py`` (R runs packed in one launch
-against one run alone), ``environment.py`` (a lent device and NVRTC's compile of every kernel, checked
-first), ``step_compare.py`` (our GPU step against PyTorch's, like for like, validated before it is
-timed), ``packed_runs.py`` (the campaign's stage: one run against 16 through ``train_packed``).
+against one run alone: ``ksae-bench packed`` and the campaign's stage), ``environment.py`` (a lent device
+and NVRTC's compile of every kernel, checked first), ``step_compare.py`` (our GPU step against PyTorch's,
+like for like, validated before it is timed).
 
 May import: everything but :mod:`ksae_cupy.cli`.
 """

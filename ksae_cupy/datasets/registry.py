@@ -18,7 +18,7 @@ import numpy as np
 
 from ksae_cupy.datasets import cifar, fashion_mnist, mnist, norb, patches
 from ksae_cupy.datasets.dataset import Dataset
-from ksae_cupy.errors import KsaeError
+from ksae_cupy.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -90,15 +90,8 @@ def load_patches(root: Path, log=print) -> Dataset:
     return patches.load(root, log=log)
 
 
-DATASETS: dict[str, DatasetEntry] = {}
-
-
-def register(entry: DatasetEntry) -> DatasetEntry:
-    """Add ``entry`` to :data:`DATASETS` (a name already there is refused in one line)."""
-    if entry.name in DATASETS:
-        raise KsaeError(f"dataset {entry.name!r} is already registered; choose another name")
-    DATASETS[entry.name] = entry
-    return entry
+DATASETS: Registry = Registry("dataset")  # name -> DatasetEntry
+register = DATASETS.register  # add one entry (a name already there is refused in one line)
 
 
 for _entry in (
@@ -120,11 +113,7 @@ for _entry in (
     register(_entry)
 
 
-def lookup(name: str) -> DatasetEntry:
-    """The entry of ``name``, or a one-line error naming it and the datasets there are."""
-    if name not in DATASETS:
-        raise KsaeError(f"unknown dataset {name!r}; use one of {', '.join(sorted(DATASETS))}")
-    return DATASETS[name]
+lookup = DATASETS.lookup  # the entry of a name, or a one-line error naming it and the datasets there are
 
 
 def names(**having) -> tuple[str, ...]:

@@ -20,7 +20,7 @@ read from its four ``.gz`` files under ``$KSAE_DATA_DIR/mnist`` or ``./data/mnis
 
 The stages call the project's commands in child processes, exactly as a user would: ``pytest -m
 gpu``, the step comparison (:mod:`ksae_cupy.bench.step_compare`), the packed runs
-(:mod:`ksae_cupy.bench.packed_runs`), the kernel grid (``bin/gpu-campaign --kernel-grid``),
+(:mod:`ksae_cupy.bench.packed`), the kernel grid (``bin/gpu-campaign --kernel-grid``),
 ``ksae-train`` then ``ksae-eval``, and ``bin/reproduce-finetune``. ``--dry-run`` (= ``--device cpu --tiny``) runs the same plumbing
 on the CPU with tiny shapes, the synthetic dataset and a few epochs (the step comparison times the
 trainer, and PyTorch eager where torch imports); the kernel grid is then called with ``--device cpu``

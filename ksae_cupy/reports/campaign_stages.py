@@ -88,22 +88,20 @@ def stage_step(c: Campaign):
 
 
 def stage_packed(c: Campaign):
-    """One run against 16 in one launch (:mod:`ksae_cupy.bench.packed_runs`); skipped, with the reason, while
-    the packed-training API is not there."""
-    argv = [sys.executable, "-m", "ksae_cupy.bench.packed_runs", "--out", c.out / "packed", "--device", c.device,
+    """One run against 16 in one launch (:mod:`ksae_cupy.bench.packed`), validated then timed."""
+    argv = [sys.executable, "-m", "ksae_cupy.bench.packed", "--out", c.out / "packed", "--device", c.device,
             *(["--tiny"] if c.tiny else []), *c.data_args]
-    run, payload = _child_result(c, "packed", argv, "packed-runs-*.json")
+    run, payload = _child_result(c, "packed", argv, "packed-*.json")
     if payload is None:
         return _failed_child(c, "packed", argv, run)
-    launches = payload.get("launches", {})
-    table = md_table(["runs in one launch", "s/epoch", "note"],
-                     [[R, f"{r['seconds_per_epoch']:.4f}" if "seconds_per_epoch" in r else "-", r.get("refused", "")]
-                      for R, r in launches.items()])
-    ratio = payload.get("packed_over_alone")
+    packs = payload.get("packs", [])  # none where a run was refused (its reason says why)
+    table = md_table(["runs in one launch", "s/epoch", "over one run alone", "how"],
+                     [[r["runs"], f"{r['epoch_s']:.4f}", f"{r['over_one_run']:.2f}",
+                       "stacked" if r["stacked"] else "one after another"] for r in packs])
+    alone = f"one run alone: {payload['alone_epoch_s']:.4f} s/epoch" if packs else ""
     c.write("packed", {"command": [str(a) for a in argv[3:]], **run, "bench_meta": payload["meta"],
                        "status": payload["status"], "reason": payload["reason"]},
-            "\n\n".join(part for part in (payload["reason"], table if launches else "",
-                                            f"packed over alone: {ratio:.2f}x the time per epoch" if ratio else "") if part))
+            "\n\n".join(part for part in (payload["reason"], alone, table if packs else "") if part))
     return payload["status"], payload["reason"]
 
 

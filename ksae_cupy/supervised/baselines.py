@@ -59,6 +59,7 @@ from ksae_cupy.training.config import RATE, check_by_rule, check_in_dtype_by_fie
 from ksae_cupy.training.options import DictConfig, ValidatedOnce, check_batch_size
 from ksae_cupy.model import reconstruction_loss
 from ksae_cupy.paper import ERR_MNIST, FN_MNIST, errors
+from ksae_cupy.registry import Registry
 from ksae_cupy.supervised.units import check_dropout_rate, sigmoid
 
 PARAM_NAMES = ("W_dh", "b_h", "c_d")  # the same names for the autoencoder and the RBM
@@ -345,15 +346,8 @@ DROPOUTS = ("input_dropout", "hidden_dropout")
 # only the mean (MNIST: validation loss 1.11-1.14 after 156 epochs, the mean's 1.097); an 8-epoch
 # validation grid chose these (docs/baselines.md, "The deep dropout AE again").
 UPPER_AUTOENCODER = {"lr": 0.01, "sigma": 0.1}
-BASELINES: dict[str, Baseline] = {}
-
-
-def register(baseline: Baseline) -> Baseline:
-    """Add ``baseline`` to :data:`BASELINES` (a name already there is refused in one line)."""
-    if baseline.name in BASELINES:
-        raise KsaeError(f"baseline {baseline.name!r} is already registered; choose another name")
-    BASELINES[baseline.name] = baseline
-    return baseline
+BASELINES: Registry = Registry("baseline")  # name -> Baseline
+register = BASELINES.register  # add one baseline (a name already there is refused in one line)
 
 
 for _baseline in (

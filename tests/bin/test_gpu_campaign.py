@@ -11,7 +11,6 @@ from types import SimpleNamespace
 import pytest
 
 from clicheck import assert_one_line_error
-from ksae_cupy.bench.packed_runs import find_train_packed
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bin" / "gpu-campaign"
@@ -46,8 +45,7 @@ def test_dry_run_runs_every_stage_and_records_where_it_ran(tmp_path):
     assert result.exit_code == 0, result.output
     out = tmp_path / "out"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing beside OUT_DIR
-    packed = "skipped" if find_train_packed()[0] is None else "done"  # skipped, with why, until the API is there
-    assert statuses(out) == {"env": "done", "tests": "done", "step": "done", "packed": packed, "grid": "skipped",
+    assert statuses(out) == {"env": "done", "tests": "done", "step": "done", "packed": "done", "grid": "skipped",
                              "mnist": "done", "finetune": "done", "collect": "done"}
     for stage in STAGES:
         payload = json.loads((out / f"{stage}.json").read_text())
@@ -59,6 +57,8 @@ def test_dry_run_runs_every_stage_and_records_where_it_ran(tmp_path):
     assert "use --device gpu" in (out / "logs" / "grid.log").read_text()
     step = json.loads((out / json.loads((out / "step.json").read_text())["result_file"]).read_text())
     assert "seconds_per_epoch" in step["results"]["ours_trainer"]  # validated, then timed
+    packed = json.loads((out / json.loads((out / "packed.json").read_text())["result_file"]).read_text())
+    assert [row["runs"] for row in packed["packs"]] == [1, 4] and "| 4 |" in (out / "packed.md").read_text()
     rows = json.loads((out / "mnist.json").read_text())["rows"]
     assert [r["k"] for r in rows] == [4, 2]
 
@@ -108,8 +108,7 @@ def test_benchmarks_in_one_call_down_the_gpu_branches(tmp_path, gpu_cupy):
     result = campaign(tmp_path, "out", "--benchmarks", "--tiny", "--device", "gpu", *BUDGET)
     assert result.exit_code == 0, result.output
     out = tmp_path / "out"
-    packed = "skipped" if find_train_packed()[0] is None else "done"
-    assert statuses(out) == {"env": "done", "step": "done", "packed": packed, "grid": "done", "collect": "done"}
+    assert statuses(out) == {"env": "done", "step": "done", "packed": "done", "grid": "done", "collect": "done"}
     for stage in ("step", "grid"):
         figures = json.loads((out / json.loads((out / f"{stage}.json").read_text())["result_file"]).read_text())
         for key in ("device", "cupy", "cuda_runtime", "cuda_driver", "numpy", "commit", "date"):
@@ -121,8 +120,8 @@ def test_benchmarks_in_one_call_down_the_gpu_branches(tmp_path, gpu_cupy):
     grid = json.loads((out / json.loads((out / "grid.json").read_text())["result_file"]).read_text())
     ours = [r for r in grid["results"] if r["candidate"].startswith("ksae")]
     assert len(ours) == 4 and all(r["valid"] for r in ours)  # block and radix, sort and threshold
-    if packed == "skipped":
-        assert "no train_packed" in json.loads((out / "packed.json").read_text())["reason"]
+    packed = json.loads((out / json.loads((out / "packed.json").read_text())["result_file"]).read_text())
+    assert [(row["runs"], row["stacked"]) for row in packed["packs"]] == [(1, True), (4, True)]  # validated, timed
     assert "| step | done |" in (out / "summary.md").read_text()
     again = campaign(tmp_path, "out", "--benchmarks", "--tiny", "--device", "gpu", *BUDGET)
     assert again.exit_code == 0 and all(f"{stage}: start" in again.stdout for stage in ("env", "step", "grid"))

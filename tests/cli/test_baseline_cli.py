@@ -22,19 +22,8 @@ ENV = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), PYTH
 MODELS = ("rbm", "dropout-ae", "denoising-ae", "dropout-denoising-ae")
 
 
-@pytest.fixture(scope="module")
-def data_file(tmp_path_factory):
-    """Labelled rows in [0, 1] (the RBM's visible probabilities) near a 3-dimensional subspace."""
-    rng = np.random.default_rng(0)
-    codes = rng.random((700, 3))
-    X = np.clip(codes @ rng.random((3, 16)) / 3 + 0.02 * rng.standard_normal((700, 16)), 0, 1).astype(np.float32)
-    path = tmp_path_factory.mktemp("data") / "rows.npz"
-    np.savez(path, X=X, y=codes.argmax(axis=1))
-    return path
-
-
-def common(data_file, model):
-    return [str(data_file), "--model", model, "--hidden", "12", "--batch-size", "50", "--test-fraction", "0.2",
+def common(labelled_rows_file, model):
+    return [str(labelled_rows_file), "--model", model, "--hidden", "12", "--batch-size", "50", "--test-fraction", "0.2",
             "--device", "cpu", "--threads", "1", "--lr", "0.01"]
 
 
@@ -56,10 +45,10 @@ def same_state(a: Path, b: Path) -> None:
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_two_epochs_then_resume_to_four_equals_four_epochs_at_once(data_file, tmp_path, model):
+def test_two_epochs_then_resume_to_four_equals_four_epochs_at_once(labelled_rows_file, tmp_path, model):
     whole, split = tmp_path / "whole", tmp_path / "split"
-    invoke(common(data_file, model) + ["--epochs", "4", "--run-dir", whole])
-    first = invoke(common(data_file, model) + ["--epochs", "2", "--run-dir", split])
+    invoke(common(labelled_rows_file, model) + ["--epochs", "4", "--run-dir", whole])
+    first = invoke(common(labelled_rows_file, model) + ["--epochs", "2", "--run-dir", split])
     assert "done: 2 epochs" in first.output and f"evaluate with: ksae-eval {split}" in first.output
     assert [r["epoch"] for r in RunFolder(split).read_metrics()] == [1, 2]
     resumed = invoke(["--resume", split, "--epochs", "4"])
@@ -82,12 +71,12 @@ def test_two_epochs_then_resume_to_four_equals_four_epochs_at_once(data_file, tm
 
 
 @pytest.mark.parametrize("model", ["rbm", "dropout-denoising-ae"])
-def test_sigterm_saves_prints_the_resume_line_and_the_resume_ends_bit_identical(data_file, tmp_path, model):
+def test_sigterm_saves_prints_the_resume_line_and_the_resume_ends_bit_identical(labelled_rows_file, tmp_path, model):
     """The run holds after logging epoch 1 (tests/heldrun.py) and SIGTERM arrives there: an event,
     not a clock. The step under way is the epoch's last, so the run stops after it, at the boundary."""
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
-    invoke(common(data_file, model) + ["--epochs", "3", "--run-dir", whole, "--quiet"])
-    proc = subprocess.Popen(held_train(1, command="baseline") + common(data_file, model) + [
+    invoke(common(labelled_rows_file, model) + ["--epochs", "3", "--run-dir", whole, "--quiet"])
+    proc = subprocess.Popen(held_train(1, command="baseline") + common(labelled_rows_file, model) + [
         "--epochs", "3", "--run-dir", str(stopped)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, env=ENV)
     assert wait_until_held(proc) == 1
@@ -105,13 +94,13 @@ def test_sigterm_saves_prints_the_resume_line_and_the_resume_ends_bit_identical(
 
 
 @pytest.mark.parametrize("model", ["rbm", "dropout-denoising-ae"])
-def test_kill_9_after_a_mid_epoch_checkpoint_then_resume_ends_bit_identical(data_file, tmp_path, model):
+def test_kill_9_after_a_mid_epoch_checkpoint_then_resume_ends_bit_identical(labelled_rows_file, tmp_path, model):
     """A checkpoint after every batch (--checkpoint-minutes 1e-9); the run holds once it has logged
     epoch 1, before that epoch's own checkpoint, and is killed there: the last checkpoint is mid-epoch
     (its last batch still to do), the metrics line of epoch 1 lies past it and is dropped on resume."""
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    invoke(common(data_file, model) + ["--epochs", "3", "--run-dir", whole, "--quiet"])
-    proc = subprocess.Popen(held_train(1, command="baseline") + common(data_file, model) + [
+    invoke(common(labelled_rows_file, model) + ["--epochs", "3", "--run-dir", whole, "--quiet"])
+    proc = subprocess.Popen(held_train(1, command="baseline") + common(labelled_rows_file, model) + [
         "--epochs", "3", "--run-dir", str(killed), "--checkpoint-minutes", "1e-9"], stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV)
     assert wait_until_held(proc) == 1
@@ -129,9 +118,9 @@ def test_kill_9_after_a_mid_epoch_checkpoint_then_resume_ends_bit_identical(data
 
 
 @pytest.mark.parametrize("model", ["dropout-ae", "denoising-ae"])
-def test_eval_classifies_every_hidden_unit_of_the_uncorrupted_input(data_file, tmp_path, model, monkeypatch):
+def test_eval_classifies_every_hidden_unit_of_the_uncorrupted_input(labelled_rows_file, tmp_path, model, monkeypatch):
     run = tmp_path / "run"
-    invoke(common(data_file, model) + ["--epochs", "2", "--run-dir", run, "--quiet"])
+    invoke(common(labelled_rows_file, model) + ["--epochs", "2", "--run-dir", run, "--quiet"])
     from ksae_cupy.evaluation import features
 
     seen = []
@@ -147,26 +136,28 @@ def test_eval_classifies_every_hidden_unit_of_the_uncorrupted_input(data_file, t
     assert "every hidden unit of the uncorrupted input" in (run / "eval.md").read_text()
     # The classifier saw sigmoid(x W + b) of the clean rows, with all units: no dropout, no noise.
     params = load_baseline_checkpoint(run / "checkpoint.h5").params
-    X = np.load(data_file)["X"][:50]
+    X = np.load(labelled_rows_file)["X"][:50]
     expected = 1 / (1 + np.exp(-(X.astype(np.float64) @ params["W_dh"] + params["b_h"])))
     np.testing.assert_allclose(seen[0](None, X), expected, rtol=1e-5, atol=1e-6)
     assert seen[0](None, X).shape == (50, 12)
 
 
-def test_mistakes_are_one_line(data_file, tmp_path):
+def test_mistakes_are_one_line(labelled_rows_file, tmp_path):
     run = tmp_path / "run"
-    assert_one_line_error(invoke([data_file, "--epochs", "1"], expect=None), "missing --model", "rbm", status=2)
+    assert_one_line_error(invoke([labelled_rows_file, "--epochs", "1"], expect=None), "missing --model", "rbm",
+                          status=2)
     assert_one_line_error(invoke(["synthetic", "--model", "rbm", "--hidden", "8", "--epochs", "1", "--device", "cpu",
                                   "--run-dir", tmp_path / "signed"], expect=None),
                           "the RBM's input holds values in", "only values in [0, 1]", status=2)
-    assert_one_line_error(invoke(common(data_file, "denoising-ae") + ["--epochs", "1", "--weight-decay", "-1"],
+    assert_one_line_error(invoke(common(labelled_rows_file, "denoising-ae") + ["--epochs", "1", "--weight-decay", "-1"],
                                  expect=None), "--weight-decay -1.0", ">= 0", status=2)
-    invoke(common(data_file, "dropout-ae") + ["--epochs", "2", "--run-dir", run, "--quiet"])
+    invoke(common(labelled_rows_file, "dropout-ae") + ["--epochs", "2", "--run-dir", run, "--quiet"])
     assert_one_line_error(invoke(["--resume", run, "--hidden", "8", "--lr", "0.01"], expect=None),
                           "--resume: options contradict the checkpoint", "--hidden 8 (the run has 12)", status=2)
     assert_one_line_error(invoke(["--resume", run, "--epochs", "1"], expect=None),
                           "--epochs 1 is not allowed on resume", "use at least 2", status=2)
-    assert_one_line_error(invoke(common(data_file, "dropout-ae") + ["--epochs", "2", "--run-dir", run], expect=None),
+    assert_one_line_error(invoke(common(labelled_rows_file, "dropout-ae") + ["--epochs", "2", "--run-dir", run],
+                                 expect=None),
                           "already holds a run", "--resume", status=2)
     from ksae_cupy.cli.train import train_command
 
@@ -176,11 +167,11 @@ def test_mistakes_are_one_line(data_file, tmp_path):
 
 
 @pytest.mark.parametrize("model", ["rbm", "dropout-denoising-ae"])
-def test_finetune_starts_from_a_baseline_run_with_its_dropout(data_file, tmp_path, model):
+def test_finetune_starts_from_a_baseline_run_with_its_dropout(labelled_rows_file, tmp_path, model):
     from ksae_cupy.cli.finetune import finetune_command
 
     run, out = tmp_path / "run", tmp_path / "ft"
-    invoke(common(data_file, model) + ["--epochs", "2", "--run-dir", run, "--quiet"])
+    invoke(common(labelled_rows_file, model) + ["--epochs", "2", "--run-dir", run, "--quiet"])
     result = CliRunner().invoke(finetune_command, [str(run), "--epochs", "1", "--batch-size", "50", "--device", "cpu",
                                                    "--lr-start", "0.1", "--lr-end", "0.01", "--run-dir", str(out)],
                                 catch_exceptions=False)
@@ -199,7 +190,7 @@ def test_finetune_starts_from_a_baseline_run_with_its_dropout(data_file, tmp_pat
     assert_one_line_error(two, "layer 2 takes 16 inputs but layer 1 has 12 hidden units", "do not stack", status=2)
 
 
-def test_a_stack_of_baseline_runs_fine_tunes_deep_layer_wise(data_file, tmp_path):
+def test_a_stack_of_baseline_runs_fine_tunes_deep_layer_wise(labelled_rows_file, tmp_path):
     """Section 4.6 with run folders: layer 2 a ksae-baseline run on layer 1's features (write_codes),
     fine-tuned softmax -> top -> all with the baseline's dropout in both layers and the softmax phase's
     own first rate."""
@@ -211,7 +202,7 @@ def test_a_stack_of_baseline_runs_fine_tunes_deep_layer_wise(data_file, tmp_path
     from ksae_cupy.supervised.pretrain import write_codes
 
     layer1, layer2, features, out = (tmp_path / name for name in ("layer1", "layer2", "features.npy", "ft"))
-    invoke(common(data_file, "dropout-ae") + ["--epochs", "2", "--run-dir", layer1, "--quiet"])
+    invoke(common(labelled_rows_file, "dropout-ae") + ["--epochs", "2", "--run-dir", layer1, "--quiet"])
     wrote = CliRunner().invoke(data_command, ["codes", str(layer1), str(features)], catch_exceptions=False)
     assert wrote.exit_code == 0 and f"wrote {features}: 490 x 12 float32" in wrote.output, wrote.output
     info = write_codes(layer1, tmp_path / "again.npy")
@@ -243,14 +234,14 @@ def test_a_stack_of_baseline_runs_fine_tunes_deep_layer_wise(data_file, tmp_path
     assert 0 <= json.loads((out / "finetune.json").read_text())["test_error"] <= 1
 
 
-def test_a_baseline_stack_is_one_baseline_and_not_mixed_with_k_sparse_layers(data_file, tmp_path):
+def test_a_baseline_stack_is_one_baseline_and_not_mixed_with_k_sparse_layers(labelled_rows_file, tmp_path):
     from ksae_cupy.cli.data import data_command
     from ksae_cupy.cli.finetune import finetune_command
     from ksae_cupy.cli.train import train_command
     from ksae_cupy.supervised.pretrain import write_codes
 
     layer1, layer2, ksparse = tmp_path / "layer1", tmp_path / "layer2", tmp_path / "ksparse"
-    invoke(common(data_file, "dropout-ae") + ["--epochs", "1", "--run-dir", layer1, "--quiet"])
+    invoke(common(labelled_rows_file, "dropout-ae") + ["--epochs", "1", "--run-dir", layer1, "--quiet"])
     write_codes(layer1, tmp_path / "features.npy")
     invoke([tmp_path / "features.npy", "--model", "rbm", "--hidden", "8", "--batch-size", "50", "--device", "cpu",
             "--epochs", "1", "--run-dir", layer2, "--quiet"])
@@ -263,7 +254,7 @@ def test_a_baseline_stack_is_one_baseline_and_not_mixed_with_k_sparse_layers(dat
                             (["codes", str(layer1), str(tmp_path / "f.npy"), "--alpha", "0"], ["--alpha 0.0"])):
         assert_one_line_error(CliRunner().invoke(data_command, args, catch_exceptions=False), *fragments)
         assert not (tmp_path / "f.npy").exists() and not (tmp_path / "f.txt").exists()
-    trained = CliRunner().invoke(train_command, [str(data_file), "--hidden", "12", "--k", "3", "--epochs", "1",
+    trained = CliRunner().invoke(train_command, [str(labelled_rows_file), "--hidden", "12", "--k", "3", "--epochs", "1",
                                                  "--batch-size", "50", "--device", "cpu", "--run-dir", str(ksparse),
                                                  "--quiet"], catch_exceptions=False)
     assert trained.exit_code == 0, trained.output

@@ -123,3 +123,30 @@ def test_a_registered_baseline_of_a_new_kind_trains_through_ksae_baseline(toy, m
     assert result.exit_code == 0, result.output
     assert toy_step.calls == 2 * 3  # 2 epochs of 120 rows in batches of 40
     assert json.loads((run_dir / "config.json").read_text())["model"] == "toy-ae"
+
+
+@pytest.mark.parametrize("registry, kind, name", [(DATASETS, "dataset", "mnist"),
+                                                  (optimizers.OPTIMIZERS, "optimizer", "momentum"),
+                                                  (baselines.BASELINES, "baseline", "rbm")])
+def test_a_name_registered_twice_or_not_at_all_is_refused_in_one_line_naming_its_kind(registry, kind, name):
+    before = dict(registry)
+    with pytest.raises(KsaeError, match=f"^{kind} '{name}' is already registered; choose another name$"):
+        registry.register(registry[name])
+    assert registry == before  # the first entry is kept
+    assert registry.lookup(name) is registry[name]
+    with pytest.raises(KsaeError, match=f"^unknown {kind} 'nosuch'; use one of {', '.join(sorted(registry))}$"):
+        registry.lookup("nosuch")
+
+
+def test_each_module_s_register_adds_to_its_registry():
+    from dataclasses import replace
+
+    from ksae_cupy.datasets import registry as datasets
+
+    for module, registry in ((datasets, DATASETS), (optimizers, optimizers.OPTIMIZERS),
+                             (baselines, baselines.BASELINES)):
+        copy = replace(next(iter(registry.values())), name="copy")
+        try:
+            assert module.register(copy) is copy and list(registry)[-1] == "copy" and registry["copy"] is copy
+        finally:
+            registry.pop("copy", None)  # the registry is left as it was

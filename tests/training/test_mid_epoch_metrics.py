@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import h5py
-import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -43,17 +42,6 @@ from ksae_cupy.cli.COMMAND import COMMAND_command
 
 COMMAND_command()
 """
-
-
-@pytest.fixture(scope="module")
-def data_file(tmp_path_factory):
-    """Labelled rows in [0, 1] (an RBM's visible probabilities) near a 3-dimensional subspace."""
-    rng = np.random.default_rng(0)
-    codes = rng.random((700, 3))
-    X = np.clip(codes @ rng.random((3, 16)) / 3 + 0.02 * rng.standard_normal((700, 16)), 0, 1).astype(np.float32)
-    path = tmp_path_factory.mktemp("data") / "rows.npz"
-    np.savez(path, X=X, y=codes.argmax(axis=1))
-    return path
 
 
 COMMON = ["--batch-size", "20", "--test-fraction", "0.2", "--device", "cpu", "--threads", "1",
@@ -108,9 +96,9 @@ def stop_inside_epoch_two(command: str, args: list, run: Path, batches_per_epoch
 
 
 @pytest.mark.parametrize("kind", sorted(RUNS))
-def test_the_resumed_epoch_logs_the_uninterrupted_runs_line(data_file, tmp_path, kind):
+def test_the_resumed_epoch_logs_the_uninterrupted_runs_line(labelled_rows_file, tmp_path, kind):
     command, own = RUNS[kind]
-    args = [data_file, *own, *COMMON]
+    args = [labelled_rows_file, *own, *COMMON]
     invoke(command, [*args, "--run-dir", tmp_path / "straight", "--quiet"])
     straight = statistics(tmp_path / "straight")
     stop_inside_epoch_two(command, args, tmp_path / "stopped", straight[0]["step"])
@@ -122,13 +110,13 @@ def test_the_resumed_epoch_logs_the_uninterrupted_runs_line(data_file, tmp_path,
         assert (straight[1]["aux_loss"] is not None) == (kind == "train-auxk")
 
 
-def test_a_checkpoint_without_the_tally_resumes_and_says_what_the_epoch_covers(data_file, tmp_path):
+def test_a_checkpoint_without_the_tally_resumes_and_says_what_the_epoch_covers(labelled_rows_file, tmp_path):
     """A mid-epoch checkpoint written before tallies (as by an older version) still resumes; the resumed
     epoch's figures then cover its batches after the resume only, and one line says so."""
     from ksae_cupy.training.checkpoint import load_checkpoint, save_checkpoint
 
     command, own = RUNS["train"]
-    args = [data_file, *own, *COMMON]
+    args = [labelled_rows_file, *own, *COMMON]
     invoke(command, [*args, "--run-dir", tmp_path / "straight", "--quiet"])
     stop_inside_epoch_two(command, args, tmp_path / "old", statistics(tmp_path / "straight")[0]["step"])
     ckpt = load_checkpoint(tmp_path / "old" / "checkpoint.h5")
