@@ -41,7 +41,7 @@ _API = {
     "load_dataset": ("ksae_cupy.datasets", "load_dataset"),
     "Dataset": ("ksae_cupy.datasets.dataset", "Dataset"),
     "KsaeError": ("ksae_cupy.errors", "KsaeError"),
-    "export": ("ksae_cupy.training.export", "export"),
+    "export": ("ksae_cupy.session.export", "export"),
 }
 __all__ = [*_API, "load", "__version__"]
 

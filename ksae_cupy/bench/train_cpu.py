@@ -171,7 +171,7 @@ def time_epoch(backend, D: int, H: int, k: int, batch_size: int, topk_method: st
     from pathlib import Path
 
     from ksae_cupy.training.checkpoint import save_checkpoint
-    from ksae_cupy.training.runs import RunFolder
+    from ksae_cupy.session.runs import RunFolder
     from ksae_cupy.training.trainer import TrainConfig, Trainer
 
     X_train, X_valid, what = inputs if inputs is not None else mnist_inputs(D, n_train, n_valid)

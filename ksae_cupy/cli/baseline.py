@@ -6,7 +6,7 @@
 
 The models are :mod:`ksae_cupy.supervised.baselines`' (``rbm``, ``dropout-ae``, ``denoising-ae``,
 ``dropout-denoising-ae``), trained by :class:`~ksae_cupy.supervised.baseline_trainer.BaselineTrainer`.
-The run folder is a ``ksae-train`` one (:class:`~ksae_cupy.training.runs.RunFolder`: lock,
+The run folder is a ``ksae-train`` one (:class:`~ksae_cupy.session.runs.RunFolder`: lock,
 ``config.json``, ``metrics.jsonl``, ``checkpoint.h5``) and the run has what a ``ksae-train`` run has,
 from the same pieces: checkpoints every N epochs and M minutes (mid-epoch if need be), a progress
 line with the ETA, Ctrl-C / SIGTERM / SIGHUP save and print the command that continues, and
@@ -40,10 +40,10 @@ def baseline_command(ctx, dataset, **values):
       ksae-baseline mnist --model rbm --epochs 500 --threads 1
       ksae-baseline --resume runs/mnist-rbm-h1000-20261125-160500
     """
-    from ksae_cupy.training.progress import RunProgress
+    from ksae_cupy.session.progress import RunProgress
     from ksae_cupy.supervised import baseline_run
     from ksae_cupy.supervised import baseline_trainer as bt
-    from ksae_cupy.training.runs import data_record
+    from ksae_cupy.session.runs import data_record
 
     values["dataset"] = dataset
     run = run_of(ctx, "ksae-baseline", KIND, values)

@@ -22,8 +22,8 @@ from ksae_cupy.errors import KsaeError
 from ksae_cupy.parallel.agree import abort_on_error, agree
 from ksae_cupy.parallel.data_parallel import RunSettings, run_distributed
 from ksae_cupy.parallel.resume import resumed
-from ksae_cupy.training import train_run
-from ksae_cupy.training.fields import PAPER, TRAIN
+from ksae_cupy.session import train_run
+from ksae_cupy.session.fields import PAPER, TRAIN
 from ksae_cupy.training.options import check_in_dtype
 
 OPTIONS = {option.name: option for option in TRAIN}  # declared once, with ksae-train's

@@ -20,7 +20,7 @@ from ksae_cupy.cli.common import GivenPath, STOP_SIGNALS, parse_lr, report_error
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.parallel.sweep import check_data, check_specs, grid, run_sweep, write_results
 from ksae_cupy.paths import check_writable_folder
-from ksae_cupy.training.fields import PAPER  # the paper's defaults, typed once (TrainConfig)
+from ksae_cupy.session.fields import PAPER  # the paper's defaults, typed once (TrainConfig)
 
 
 def _values(text: str, what: str, kind=int) -> list:

@@ -1,7 +1,7 @@
 """``ksae-train``: train a k-sparse autoencoder on a dataset, with checkpoints and resume.
 
-Thin by design: the options are declared in :mod:`ksae_cupy.training.fields`, the run's session is
-:class:`~ksae_cupy.training.lifecycle.RunLifecycle`, the model :mod:`ksae_cupy.training.train_run`'s.
+Thin by design: the options are declared in :mod:`ksae_cupy.session.fields`, the run's session is
+:class:`~ksae_cupy.session.lifecycle.RunLifecycle`, the model :mod:`ksae_cupy.session.train_run`'s.
 """
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import click
 from ksae_cupy.cli.common import data_spec
 from ksae_cupy.cli.options import dataset_command, run_of
 from ksae_cupy.errors import KsaeError, cli_name
-from ksae_cupy.training.fields import PAPER, TRAIN, parse_lr
+from ksae_cupy.session.fields import PAPER, TRAIN, parse_lr
 from ksae_cupy.training.options import check_seed
-from ksae_cupy.training.train_run import AUTO_LR_DATASETS
+from ksae_cupy.session.train_run import AUTO_LR_DATASETS
 from ksae_cupy.training.wording import dead_units_note, done_dead
 
 
@@ -34,9 +34,9 @@ def train_command(ctx, dataset, **values):
       ksae-train synthetic --hidden 256 --k 5 --epochs 20 --device cpu
       ksae-train --resume runs/mnist-h1000-k25-20261121-101500
     """
-    from ksae_cupy.training import train_run
-    from ksae_cupy.training.provenance import data_files_record
-    from ksae_cupy.training.runs import TRAIN as KIND, dataset_record, default_run_dir
+    from ksae_cupy.session import train_run
+    from ksae_cupy.session.provenance import data_files_record
+    from ksae_cupy.session.runs import TRAIN as KIND, dataset_record, default_run_dir
 
     values["dataset"] = dataset
     run = run_of(ctx, "ksae-train", KIND, values)

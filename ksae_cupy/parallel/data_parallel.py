@@ -241,7 +241,7 @@ def run_distributed(dataset, config, settings: RunSettings, *, run_dir=None, res
     saves a checkpoint, prints the resume line and exits 128 + the signal.
     """
     from ksae_cupy.parallel.comm import world
-    from ksae_cupy.training.runs import RunFolder
+    from ksae_cupy.session.runs import RunFolder
 
     comm = world()  # one line when mpi4py is missing
     from mpi4py import MPI
@@ -269,10 +269,10 @@ def _silent(*args, **kwargs):
 def _plan(dataset, config, settings, run_dir, resume, overwrite, on_resume, size):
     """Rank 0: the run folder and what will run in it; every check that reads the folder."""
     from ksae_cupy.training.checkpoint import load_checkpoint
-    from ksae_cupy.training.runs import RunFolder, default_run_dir
+    from ksae_cupy.session.runs import RunFolder, default_run_dir
 
     if resume is not None:
-        from ksae_cupy.training.resuming import check_overwrite
+        from ksae_cupy.session.resuming import check_overwrite
 
         check_overwrite(resume, overwrite)
         folder = RunFolder(resume)
@@ -304,7 +304,7 @@ def _train(comm, MPI, dataset, config, settings, ckpt, folder, changes, record, 
     from ksae_cupy.parallel.comm import make_allreducer
     from ksae_cupy.schedules import schedule_reaches_k
     from ksae_cupy.training.checkpoint import save_checkpoint
-    from ksae_cupy.training.runs import dataset_record
+    from ksae_cupy.session.runs import dataset_record
 
     rank, size = comm.rank, comm.size
 
@@ -379,7 +379,7 @@ def _train(comm, MPI, dataset, config, settings, ckpt, folder, changes, record, 
 
     dropped = agree(comm, open_folder, rank0_only=True)
     if ckpt is not None:
-        from ksae_cupy.training.resuming import where_line
+        from ksae_cupy.session.resuming import where_line
 
         say(where_line(folder.path, ckpt.epoch, ckpt.batch_in_epoch, ckpt.step)
             + (f"; applied: {', '.join(changes)}" if changes else ""))

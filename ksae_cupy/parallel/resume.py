@@ -1,13 +1,13 @@
 """``ksae-dist train --resume``: the run's own values, the options given applied or refused by name
-(rank 0, before any work), as ``ksae-train --resume`` does (:mod:`ksae_cupy.training.resuming`)."""
+(rank 0, before any work), as ``ksae-train --resume`` does (:mod:`ksae_cupy.session.resuming`)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.parallel.data_parallel import RunSettings
-from ksae_cupy.training import resuming, train_run
-from ksae_cupy.training.fields import REFUSED as REFUSED_POLICY, TRAIN, named
+from ksae_cupy.session import resuming, train_run
+from ksae_cupy.session.fields import REFUSED as REFUSED_POLICY, TRAIN, named
 from ksae_cupy.training.trainer import TrainConfig
 
 # Refused on --resume when they differ from the run: they shape the model or the batches: ksae-train's

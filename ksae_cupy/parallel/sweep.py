@@ -89,7 +89,7 @@ def run_one(spec: dict, dataset: str, data_dir: str | None = None) -> list[dict]
     from ksae_cupy.backend import CPU
     from ksae_cupy.datasets import load_dataset
     from ksae_cupy.training.learning_rate import auto_learning_rate
-    from ksae_cupy.training.threads import estimator_threads
+    from ksae_cupy.threads import estimator_threads
     from ksae_cupy.training.trainer import Trainer
 
     threads = int(spec.get("threads", 1))

@@ -27,7 +27,7 @@ from ksae_cupy.reports.markdown import percent, percent_spread, table
 from ksae_cupy.supervised.baseline_trainer import config_for
 from ksae_cupy.supervised.baselines import BASELINES, REGULARISATION
 from ksae_cupy.supervised.commands import FINETUNE_PAPER as PAPER_FINETUNE  # momentum 0.25 throughout
-from ksae_cupy.training.runs import FINETUNE, TRAIN
+from ksae_cupy.session.runs import FINETUNE, TRAIN
 
 ERR, FN = "err_mnist", "fn_mnist"
 TABLES = {ERR: paper.ERR_MNIST, FN: paper.FN_MNIST}

@@ -23,15 +23,15 @@ from ksae_cupy.errors import KsaeError
 from ksae_cupy.supervised import baseline_run
 from ksae_cupy.supervised import baseline_trainer as bt
 from ksae_cupy.supervised.baselines import encode
-from ksae_cupy.training.progress import RunProgress
-from ksae_cupy.training.runs import PRETRAIN_LAYER, RunFolder, data_record
+from ksae_cupy.session.progress import RunProgress
+from ksae_cupy.session.runs import PRETRAIN_LAYER, RunFolder, data_record
 from ksae_cupy.training.wording import interrupted, position
 
 
 def still_pretraining(run_dir) -> bool:
     """Whether the ``ksae-finetune`` run at ``run_dir`` is a ``--baseline`` run stopped before fine-tuning
     began (config.json written, no fine-tuning checkpoint yet): its resume goes on pretraining."""
-    from ksae_cupy.training.runs import FINETUNE
+    from ksae_cupy.session.runs import FINETUNE
 
     folder = RunFolder(Path(run_dir), kind=FINETUNE)
     config = folder.folder_config()
@@ -46,7 +46,7 @@ def layer_folder(run_path: Path, layer: int) -> RunFolder:
 
 def pretrain_layers(run, configs: list, spec, data, say) -> list[dict]:
     """Train (or resume, or skip when done) each layer of ``configs`` in its folder under ``run``
-    (a :class:`~ksae_cupy.training.lifecycle.RunLifecycle` whose folder exists); host parameters per
+    (a :class:`~ksae_cupy.session.lifecycle.RunLifecycle` whose folder exists); host parameters per
     layer. A stop signal saves the layer's checkpoint, says how to resume the run and exits with the
     signal's status. ``spec`` names the data in layer 1's config.json."""
     backend = run.backend

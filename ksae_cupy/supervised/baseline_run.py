@@ -13,8 +13,8 @@ import numpy as np
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.supervised import baseline_trainer as bt
 from ksae_cupy.supervised.commands import BASELINE, MODELS
-from ksae_cupy.training import resuming
-from ksae_cupy.training.fields import REFUSED, named
+from ksae_cupy.session import resuming
+from ksae_cupy.session.fields import REFUSED, named
 
 REFUSED_NAMES = named(BASELINE, REFUSED)  # they shape the model or its sequence of batches
 
@@ -75,7 +75,7 @@ def new_trainer(config, data, backend):
 
 
 def progress_view(trainer):
-    """What :class:`~ksae_cupy.training.progress.RunProgress` reads, for a trainer without a k schedule
+    """What :class:`~ksae_cupy.session.progress.RunProgress` reads, for a trainer without a k schedule
     (every step costs the same)."""
 
     class View:
@@ -91,7 +91,7 @@ def progress_view(trainer):
 
 def epoch_lines(report, trainer, progress) -> list[str]:
     """The epoch's line (loss, validation reconstruction error, speed, ETA) and, once, the estimate."""
-    from ksae_cupy.training.progress import done_around
+    from ksae_cupy.session.progress import done_around
     from ksae_cupy.training.wording import format_duration
 
     progress.clear()

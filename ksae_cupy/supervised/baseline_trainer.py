@@ -224,7 +224,7 @@ def is_baseline_run(run_dir: Path) -> bool:
     import h5py
 
     from ksae_cupy.errors import KsaeError
-    from ksae_cupy.training.runs import RunFolder
+    from ksae_cupy.session.runs import RunFolder
 
     path = Path(run_dir) / "checkpoint.h5"
     try:

@@ -15,8 +15,8 @@ from ksae_cupy.errors import KsaeError, note
 from ksae_cupy.supervised import finetune
 from ksae_cupy.supervised.commands import FINETUNE
 from ksae_cupy.supervised.units import check_dropout_rate
-from ksae_cupy.training import provenance
-from ksae_cupy.training.fields import APPLIED, DATA, KEPT, REFUSED, named
+from ksae_cupy.session import provenance
+from ksae_cupy.session.fields import APPLIED, DATA, KEPT, REFUSED, named
 from ksae_cupy.training.options import check_positive_finite
 
 RESULTS = "finetune.json"
@@ -197,7 +197,7 @@ def data_of(dataset, sources, data_given: dict):
     may be added)."""
     from ksae_cupy.datasets.user_files import DataSpec
 
-    from ksae_cupy.training.runs import dataset_record
+    from ksae_cupy.session.runs import dataset_record
 
     given = {key: data_given[key] for key in DATA[1:] if data_given.get(key) is not None}
     layer1 = sources[0] if sources else {}

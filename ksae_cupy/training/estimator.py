@@ -13,7 +13,7 @@ input is checked with scikit-learn's ``validate_data``; every parameter's type a
 checked when ``fit`` starts (``_parameter_constraints``, in scikit-learn's words); pickling and
 ``clone`` work.
 The ``ksae-train`` command is a thin layer over :meth:`KSparseAutoencoder.fit` with a
-:class:`~ksae_cupy.training.runs.RunFolder` for checkpoints and logs.
+:class:`~ksae_cupy.session.runs.RunFolder` for checkpoints and logs.
 """
 from __future__ import annotations
 
@@ -244,7 +244,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         """The CPU thread counts for the ``with`` block (``n_threads``); said when ``verbose``."""
         from contextlib import contextmanager
 
-        from ksae_cupy.training.threads import estimator_threads
+        from ksae_cupy.threads import estimator_threads
 
         @contextmanager
         def limits():

@@ -19,7 +19,7 @@ def spies(monkeypatch):
     """What a session hands to resolve_device, load_dataset and CheckpointPolicy."""
     import ksae_cupy.backend as backend
     import ksae_cupy.datasets as datasets
-    from ksae_cupy.training.checkpoint_policy import CheckpointPolicy
+    from ksae_cupy.session.checkpoint_policy import CheckpointPolicy
 
     seen = {"device": [], "root": [], "policy": []}
     resolve, load, init = backend.resolve_device, datasets.load_dataset, CheckpointPolicy.__init__
@@ -77,7 +77,7 @@ import json  # noqa: E402
 import shutil  # noqa: E402
 
 from ksae_cupy.cli.options import commands  # noqa: E402
-from ksae_cupy.training.fields import (APPLIED, DATA, KEPT, REFUSED, RUN_LEVEL, SESSION, policies,  # noqa: E402
+from ksae_cupy.session.fields import (APPLIED, DATA, KEPT, REFUSED, RUN_LEVEL, SESSION, policies,  # noqa: E402
                                       resume_table)
 
 COMMANDS = {"ksae-train": train_command, "ksae-baseline": baseline_command, "ksae-finetune": finetune_command}

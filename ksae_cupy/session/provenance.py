@@ -3,10 +3,10 @@
 Four records, each checked by every command that reads it:
 
 * **The data file.** A run on a user's file records the file's SHA-256 in config.json
-  (``dataset_sha256``, :func:`~ksae_cupy.training.runs.dataset_record`). :func:`check_run_data`
+  (``dataset_sha256``, :func:`~ksae_cupy.session.runs.dataset_record`). :func:`check_run_data`
   refuses to read the file when its bytes changed since (ksae-eval, ksae-analyze, ksae-plot,
   ksae-data codes, ksae-finetune; ``--resume`` has its own check in
-  :mod:`ksae_cupy.training.resuming`). A built-in dataset is recorded by its name only: its files
+  :mod:`ksae_cupy.session.resuming`). A built-in dataset is recorded by its name only: its files
   are checked against their published checksums by ``ksae-data fetch`` and ``ksae-data verify``.
 * **Its other files.** The ``--labels``, ``--test`` and ``--test-labels`` files of a run on a user's
   data are hashed beside their paths in config.json's ``data`` (``labels_sha256``, ...,

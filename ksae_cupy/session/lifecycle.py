@@ -9,7 +9,7 @@
     run.fit(trainer_of, fit, save, lines) # the checkpoint policy, stop signals, metrics
     run.end(trainer, done_line)           # "done", "nothing to train" or "interrupted ... continue with"
 
-Settings of the session (:data:`~ksae_cupy.training.fields.RUN_LEVEL`: device, threads, data root,
+Settings of the session (:data:`~ksae_cupy.session.fields.RUN_LEVEL`: device, threads, data root,
 checkpoint schedule, progress interval) are the options given, else on --resume the run's own
 (config.json), else the defaults, and are recorded in config.json. A first Ctrl-C, SIGTERM or
 SIGHUP finishes the current step, saves and exits with 128 + the signal (130, 143, 129); the
@@ -23,13 +23,13 @@ import time
 from pathlib import Path
 
 from ksae_cupy.errors import KsaeError, note
-from ksae_cupy.training import resuming
+from ksae_cupy.session import resuming
 from ksae_cupy.training.checkpoint import CheckpointWriteError
-from ksae_cupy.training.checkpoint_policy import CheckpointPolicy
-from ksae_cupy.training.fields import RUN_LEVEL
-from ksae_cupy.training.provenance import check_data_files
-from ksae_cupy.training.runs import RunFolder
-from ksae_cupy.training.stopping import StopOnSignals
+from ksae_cupy.session.checkpoint_policy import CheckpointPolicy
+from ksae_cupy.session.fields import RUN_LEVEL
+from ksae_cupy.session.provenance import check_data_files
+from ksae_cupy.session.runs import RunFolder
+from ksae_cupy.session.stopping import StopOnSignals
 from ksae_cupy.training.wording import epochs_done, interrupted, nothing_to_train, position
 
 
@@ -96,7 +96,7 @@ class RunLifecycle:
         """The device and the CPU threads of the session (the count used is the run's from now on: a
         resume keeps it, since BLAS products differ in their last bits on another count)."""
         from ksae_cupy.backend import resolve_device
-        from ksae_cupy.training.threads import set_blas_threads
+        from ksae_cupy.threads import set_blas_threads
 
         self.backend = resolve_device(self.settings["device"])
         self.threads_line, self.settings["threads"] = set_blas_threads(self.settings["threads"])

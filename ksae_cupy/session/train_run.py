@@ -1,13 +1,13 @@
 """The model of a ``ksae-train`` session: a new run's, from its options and checked against the data
 before anything is written, or a resumed run's, from its checkpoint with the options given applied
-or refused (:mod:`ksae_cupy.training.resuming`, as :mod:`ksae_cupy.training.fields` declares them)."""
+or refused (:mod:`ksae_cupy.session.resuming`, as :mod:`ksae_cupy.session.fields` declares them)."""
 from __future__ import annotations
 
 import sys
 
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.training import resuming
-from ksae_cupy.training.fields import APPLIED, REFUSED, TRAIN, named, parse_lr
+from ksae_cupy.session import resuming
+from ksae_cupy.session.fields import APPLIED, REFUSED, TRAIN, named, parse_lr
 
 # Built-in datasets whose default rate is --lr auto: the paper's 0.01 diverges on them.
 AUTO_LR_DATASETS = ("fashion-mnist",)
@@ -71,7 +71,7 @@ def new_model(config, data, backend, say):
 
 def same(name: str, value, saved: dict):
     """Where a refused option given on --resume is judged otherwise than by ``==`` (see
-    :func:`~ksae_cupy.training.resuming.check_refused`)."""
+    :func:`~ksae_cupy.session.resuming.check_refused`)."""
     if name == "no_k_schedule":
         has_schedule = saved["k_start"] is not None
         return not (value and has_schedule) or f"--no-k-schedule (the run has k-start {saved['k_start']})"
@@ -100,7 +100,7 @@ def resumed_model(folder, backend, values: dict, given: set):
 
 def progress(model, data, quiet: bool, interval_s: float, echo):
     """``progress()``: the session's :class:`RunProgress`, made once fit has made the trainer."""
-    from ksae_cupy.training.progress import RunProgress
+    from ksae_cupy.session.progress import RunProgress
 
     def made():
         if made.made is None:
