@@ -81,8 +81,5 @@ def baseline_command(ctx, dataset, **values):
         X_valid = backend.asarray(data.X_valid, dtype=trainer.dtype) if data.X_valid is not None else None
     progress = RunProgress(baseline_run.progress_view(trainer), len(data.X_train), enabled=not values["quiet"],
                            tty=sys.stderr.isatty(), interval_s=run.settings["progress_seconds"], echo=click.echo)
-    run.fit(lambda: trainer, lambda on_epoch, on_batch: baseline_run.fit(trainer, X_train, X_valid, on_epoch, on_batch),
-            lambda: trainer.save(run.folder.checkpoint),
-            lambda report: baseline_run.epoch_lines(report, trainer, progress),
-            on_batch=progress.on_batch, on_end=progress.clear)
+    run.fit(baseline_run.BaselineJob(trainer, X_train, X_valid, run.folder.checkpoint, progress))
     run.end(trainer, "done: {epochs} in {seconds:.1f} s; checkpoint {checkpoint}; evaluate with: ksae-eval {run}")

@@ -72,12 +72,9 @@ def pretrain_layers(run, configs: list, spec, data, say) -> list[dict]:
             progress = RunProgress(baseline_run.progress_view(trainer), X_train.shape[0],
                                    enabled=not run.values.get("quiet"), tty=sys.stderr.isatty(),
                                    interval_s=run.settings["progress_seconds"], echo=run.echo)
-            layer_run.fit(lambda: trainer,
-                          lambda on_epoch, on_batch: baseline_run.fit(trainer, X_train, X_valid, on_epoch, on_batch),
-                          lambda: trainer.save(folder.checkpoint),
-                          lambda report: [f"pretrain layer {layer} {line}"  # ksae-baseline's lines, ETA included
-                                          for line in baseline_run.epoch_lines(report, trainer, progress)],
-                          on_batch=progress.on_batch, on_end=progress.clear)
+            # ksae-baseline's job, its lines (ETA included) naming the layer
+            layer_run.fit(baseline_run.BaselineJob(trainer, X_train, X_valid, folder.checkpoint, progress,
+                                                   prefix=f"pretrain layer {layer} "))
             if trainer.stop_requested:  # a stop signal: the session ends here, even after the layer's last epoch
                 at = position(trainer.epoch, trainer.batch_in_epoch)
                 run.echo(interrupted(f"in pretraining layer {layer}, {at}", folder.checkpoint, run.command,

@@ -17,6 +17,7 @@ from ksae_cupy.supervised.commands import FINETUNE
 from ksae_cupy.supervised.units import check_dropout_rate
 from ksae_cupy.session import provenance
 from ksae_cupy.session.fields import APPLIED, DATA, KEPT, REFUSED, named
+from ksae_cupy.session.lifecycle import RunJob
 from ksae_cupy.training.options import check_positive_finite
 
 RESULTS = "finetune.json"
@@ -346,10 +347,35 @@ def _baseline_source(path, encoders: list, ks: list, sources: list) -> dict:
             "hidden_dropout": ckpt.config.get("hidden_dropout", 0.0)}
 
 
-def saver(folder, trainer):
-    from ksae_cupy.supervised.checkpoint import save_finetune_checkpoint
+class FinetuneJob(RunJob):
+    """What :meth:`~ksae_cupy.session.lifecycle.RunLifecycle.fit` trains for ``ksae-finetune``: the phases of
+    ``trainer`` on ``rows`` (train and valid inputs and labels, on the device), its checkpoint in ``folder``,
+    a line per epoch by ``pace`` and the bar by ``progress``."""
 
-    return lambda: save_finetune_checkpoint(folder.checkpoint, {**trainer.state(), "run_id": folder.run_id})
+    def __init__(self, trainer, rows, folder, pace, progress):
+        self.network, self.rows, self.folder, self.pace, self.progress = trainer, rows, folder, pace, progress
+
+    def trainer(self):
+        return self.network
+
+    def fit(self, on_epoch, on_batch) -> None:
+        X_train, y_train, X_valid, y_valid = self.rows
+        self.network.fit(X_train, y_train, X_valid, y_valid, on_epoch=on_epoch, on_batch=on_batch)
+
+    def save(self) -> None:
+        from ksae_cupy.supervised.checkpoint import save_finetune_checkpoint
+
+        save_finetune_checkpoint(self.folder.checkpoint, {**self.network.state(), "run_id": self.folder.run_id})
+
+    def epoch_lines(self, report) -> list[str]:
+        self.progress.clear()
+        return [self.pace.line(report, self.network)]
+
+    def on_batch(self, done: int, total: int) -> None:
+        self.progress.on_batch(done, total)
+
+    def on_end(self) -> None:
+        self.progress.clear()
 
 
 def default_run_dir(dataset: str, root: Path = Path("runs")) -> Path:
