@@ -50,7 +50,6 @@ def train_command(ctx, dataset, **values):
         dataset = spec.data
         trainer, preprocess, changes = train_run.resumed_job(run.folder, backend, values, given)
         say(run.where(trainer, changes))
-        record = dataset_record(dataset)
     else:
         if dataset is None:
             raise KsaeError("missing DATASET; give a dataset name or file, or --resume RUN_DIR")
@@ -58,7 +57,8 @@ def train_command(ctx, dataset, **values):
         lr = parse_lr(values["lr"], default="auto" if spec.is_user_file or dataset in AUTO_LR_DATASETS else PAPER.lr)
         config = train_run.new_config(values, lr)
         run.open(lambda: default_run_dir(dataset, config.hidden, config.k))
-        record, backend, trainer = dataset_record(spec.data), run.start(), None
+        backend, trainer = run.start(), None
+    record = dataset_record(spec.data)  # a user file by absolute path and SHA-256 (a resume: the run's, checked)
     if spec.is_user_file:
         record["data"] = data_files_record(spec.record())  # labels and splits (files hashed), for ksae-eval and --resume
     say(backend.description)

@@ -157,7 +157,7 @@ class RunLifecycle:
                 job.save()
 
         def epoch(report):
-            self.folder.append_metrics(report)  # before the checkpoint: a resume drops lines past it
+            self.append_metrics(report)  # before the checkpoint: a resume drops lines past it
             for line in job.epoch_lines(report):
                 self.say(line)
             if not job.saves_itself and self.policy.after_epoch(report.epoch):
@@ -170,7 +170,7 @@ class RunLifecycle:
                      f"epoch {trainer.epoch + 1}'s line covers only its batches after the resume (from batch "
                      f"{trainer.batch_in_epoch + 1})")
         self.finished_before = trainer is not None and trainer.finished
-        self.stop = StopOnSignals(job.trainer, self.say, self.echo)
+        self.stop = self.stop_signals(job)
         self.started = time.perf_counter()
         self.policy.restart()  # the minutes count from the first step, not from loading
         try:
@@ -179,12 +179,25 @@ class RunLifecycle:
             finally:
                 self.stop.restore()
                 job.on_end()
-            if not job.saves_itself and (job.trainer().step != step_before or not self.folder.checkpoint.exists()):
+            if not job.saves_itself and self.needs_final_save(job.trainer(), step_before):
                 job.save()
         except CheckpointWriteError as exc:  # what to do next depends on whether a checkpoint is there to resume
             then = (f"continue the run with: {self.command} --resume {self.folder.path}" if exc.kept else
                     "start the run again with --overwrite (no checkpoint was written to resume from)")
             raise exc.advise(then) from None
+
+    # What a run over several processes does otherwise (parallel/distributed_run.py: RankLifecycle).
+    def append_metrics(self, report) -> None:
+        """An epoch's report into metrics.jsonl."""
+        self.folder.append_metrics(report)
+
+    def stop_signals(self, job):
+        """The stop signals while ``job`` fits: set, with ``restore()`` and ``exit_status``."""
+        return StopOnSignals(job.trainer, self.say, self.echo)
+
+    def needs_final_save(self, trainer, step_before) -> bool:
+        """Whether the end of fit saves: the session trained a step, or no checkpoint is there yet."""
+        return trainer.step != step_before or not self.folder.checkpoint.exists()
 
     def end(self, trainer, done: str | None, where=None) -> None:
         """The session's last line: ``interrupted <where>; ... continue with: <command> --resume RUN``
