@@ -26,11 +26,11 @@ Hashes are shown by their first 12 hex digits.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 from ksae_cupy.errors import KsaeError, note
+from ksae_cupy.paths import file_sha256
 
 SHORT = 12  # hex digits of a SHA-256 shown in messages
 CODES_WRITER = "ksae-data codes"
@@ -38,14 +38,6 @@ CODES_WRITER = "ksae-data codes"
 
 def short(digest: str | None) -> str:
     return (digest or "?")[:SHORT]
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def data_file(dataset: str) -> Path:

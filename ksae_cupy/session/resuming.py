@@ -10,7 +10,8 @@ from pathlib import Path
 
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.training.options import check_positive_count
-from ksae_cupy.session.runs import dataset_record, file_sha256
+from ksae_cupy.paths import file_sha256
+from ksae_cupy.session.runs import dataset_record
 from ksae_cupy.training.wording import position
 
 

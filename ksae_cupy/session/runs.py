@@ -31,8 +31,8 @@ from pathlib import Path
 
 from ksae_cupy.atomic import write_json_atomic, write_text_atomic
 from ksae_cupy.errors import KsaeError, note
-from ksae_cupy.paths import check_writable_folder
-from ksae_cupy.session.provenance import codes_origin, data_files_record, file_sha256  # noqa: F401 (file_sha256: re-exported)
+from ksae_cupy.paths import check_writable_folder, file_sha256
+from ksae_cupy.session.provenance import codes_origin, data_files_record
 from ksae_cupy.session.runlock import RunLock, check_unlocked
 
 CHECKPOINT = "checkpoint.h5"

@@ -119,7 +119,7 @@ def labelled_separately(tmp_path):
 
 
 def test_a_labels_file_replaced_since_training_is_refused_in_one_line_naming_both_hashes(tmp_path):
-    from ksae_cupy.session.runs import file_sha256
+    from ksae_cupy.paths import file_sha256
     files = labelled_separately(tmp_path)
     run = tmp_path / "run"
     invoke(train_command, [files["X"], "--labels", files["y"], "--test", files["X_test"], "--test-labels",
@@ -154,7 +154,7 @@ def test_a_labels_file_replaced_since_training_is_refused_in_one_line_naming_bot
 def test_codes_carry_their_origin_and_layer_2_records_it(stack):
     _, layer1, written, layer2 = stack
     origin = json.loads(written.with_suffix(".json").read_text())
-    from ksae_cupy.session.runs import file_sha256
+    from ksae_cupy.paths import file_sha256
     assert origin["codes_sha256"] == file_sha256(written)
     assert origin["layer"]["checkpoint_sha256"] == file_sha256(layer1 / "checkpoint.h5")
     assert origin["layer"]["epoch"] == 1 and origin["layer"]["run_dir"] == str(layer1.resolve())
