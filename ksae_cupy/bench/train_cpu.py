@@ -18,6 +18,9 @@ with its momentum update, interleaved repeat by repeat with ``X W`` alone so tha
 load falls on all of them alike; and, with ``--epoch-k``, whole epochs with each encoder, interleaved.
 BLAS (and torch) threads are limited to ``threads`` for every contender when threadpoolctl
 is installed; the result says whether the limit was applied.
+
+Over 400 lines: the CPU training benchmarks (a step, an epoch, the encoders, the step's parts) share their
+reference checks, thread limits and timing, so that every figure is taken alike.
 """
 from __future__ import annotations
 

@@ -12,6 +12,9 @@ never the checkpoint) and placed in the table row it is, by what its config.json
 Runs of one row at one length (epochs; for fine-tuning, pretraining + fine-tuning) are one line,
 their seeds as mean ± standard deviation. :func:`plan` says, for each row at the asked length and
 seeds, what is left to run (a new run, a resume, an evaluation), as the commands that do it.
+
+Over 400 lines: every table of the paper this package reproduces, each row with the run folders it reads and
+the plan that fills it; one file, so a row and its plan are changed together.
 """
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from ksae_cupy.atomic import write_json_atomic
 from ksae_cupy.errors import KsaeError, note
 from ksae_cupy.supervised import finetune
 from ksae_cupy.supervised.commands import FINETUNE
+from ksae_cupy.supervised.finetune_config import parse_hidden, parse_phases
 from ksae_cupy.supervised.units import check_dropout_rate
 from ksae_cupy.session import provenance
 from ksae_cupy.session.fields import APPLIED, DATA, KEPT, REFUSED, named
@@ -227,7 +228,7 @@ def new_trainer(values: dict, pretrained, read, data, backend):
     rng, dtype, baseline = np.random.default_rng(values["seed"]), np.dtype(values["dtype"]), values["baseline"]
     host_params, pretrain_layers = None, None
     if values["no_pretraining"]:
-        sizes = _parse_hidden(values["hidden"])
+        sizes = parse_hidden(values["hidden"])
         plain = values["units"] == "relu"  # every unit kept: Table fn_mnist's row read as a plain ReLU network
         ks = [None if plain else values["k"]] * len(sizes)
         host_params = finetune.init_random(data.dim, sizes, data.n_classes, values["sigma"], rng, dtype)
@@ -237,7 +238,7 @@ def new_trainer(values: dict, pretrained, read, data, backend):
         from ksae_cupy.supervised import baseline_fit, baselines
         from ksae_cupy.supervised.baseline_trainer import config_to_dict
 
-        sizes = _parse_hidden(values["hidden"])
+        sizes = parse_hidden(values["hidden"])
         ks = [None] * len(sizes)  # sigmoid layers keep every unit
         configs = baseline_fit.stack_configs(baseline, sizes, values["pretrain_epochs"], values["seed"])
         for config in configs:  # before the folder is made: a bad input writes nothing
@@ -256,7 +257,7 @@ def new_trainer(values: dict, pretrained, read, data, backend):
     sizes = ([host_params[finetune.layer_names(l)[0]].shape[1] for l in range(1, len(ks) + 1)]
              if host_params is not None else sizes)
     kept = [None if k_l is None else alpha_k(k_l, values["alpha"], H_l) for k_l, H_l in zip(ks, sizes)]
-    config = finetune.FinetuneConfig(kept=kept, phases=_parse_phases(values["phases"], len(ks)), **network, **{
+    config = finetune.FinetuneConfig(kept=kept, phases=parse_phases(values["phases"], len(ks)), **network, **{
         name: values[name] for name in ("epochs", "batch_size", "lr_start", "lr_end", "softmax_lr_start", "momentum",
                                         "momentum_end", "momentum_epochs", "sigma", "seed",
                                         "dtype", "step", "topk", "train_on")})
@@ -381,23 +382,3 @@ class FinetuneJob(RunJob):
 def default_run_dir(dataset: str, root: Path = Path("runs")) -> Path:
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     return root / f"finetune-{Path(dataset).stem}-{stamp}"
-
-
-def _parse_hidden(text: str) -> list[int]:
-    try:
-        sizes = [int(part) for part in text.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or len(sizes) > 2 or any(h <= 0 for h in sizes):
-        raise KsaeError(f"--hidden {text!r} is not allowed; use one or two positive sizes, e.g. 1000 or 1000,1000")
-    return sizes
-
-
-def _parse_phases(text: str | None, L: int) -> list[str]:
-    if text is None:
-        return ["all"] if L == 1 else ["softmax", "top", "all"]
-    phases = [p.strip() for p in text.split(",") if p.strip()]
-    if not phases or any(p not in finetune.PHASES for p in phases):
-        raise KsaeError(f"--phases {text!r} is not allowed; use a comma-separated list from "
-                        f"{', '.join(finetune.PHASES)}")
-    return phases

@@ -12,8 +12,11 @@ It follows scikit-learn's conventions (see :mod:`ksae_cupy.training.sklearn_comp
 input is checked with scikit-learn's ``validate_data``; every parameter's type and range is
 checked when ``fit`` starts (``_parameter_constraints``, in scikit-learn's words); pickling and
 ``clone`` work.
-The ``ksae-train`` command is a thin layer over :meth:`KSparseAutoencoder.fit` with a
-:class:`~ksae_cupy.session.runs.RunFolder` for checkpoints and logs.
+A fresh fit's trainer is made ready by :func:`~ksae_cupy.training.prepare.prepare`, which ``ksae-train``
+calls too (it builds its trainer directly, not through this class: :mod:`ksae_cupy.session.train_run`).
+
+Over 400 lines: scikit-learn's whole estimator contract (parameters and their constraints, fit, partial_fit,
+transform, inverse_transform, score, save / load, pickling) on one class, as scikit-learn keeps an estimator.
 """
 from __future__ import annotations
 
