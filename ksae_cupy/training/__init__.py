@@ -2,7 +2,8 @@
 
 ``config.py`` (``TrainConfig`` and the rules of its fields), ``trainer.py`` (epochs, shuffled
 minibatches, the k schedule, momentum SGD), ``epochs.py`` (the epoch engine every trainer runs
-through), ``steps.py`` (the step's functions), ``estimator.py`` (``KSparseAutoencoder`` with fit /
+through), ``steps.py`` (the step's functions), ``prepare.py`` (a fresh training made ready: the rows, ``lr="auto"``,
+the checks that read the rows, the trainer; the estimator and ``ksae-train`` both call it), ``estimator.py`` (``KSparseAutoencoder`` with fit /
 transform), ``learning_rate.py`` (``lr="auto"``: the rate from the data's scale), ``checkpoint.py``
 (atomic HDF5 checkpoints) and ``checksums.py`` (the SHA-256 of everything inside them),
 ``options.py`` (the option checks that training, the baselines and fine-tuning share),
