@@ -67,7 +67,7 @@ def new_job(config, data, backend, say) -> "TrainJob":
         if resolved.lr_auto:
             say(f"--lr auto: {resolved.lr} for this data ({describe_auto_lr(scale)})")
 
-    trainer = prepare.prepare(X_nd, np, config, backend.name, cli_name, on_config=said)
+    trainer = prepare.prepare(X_nd, np, config, backend, cli_name, on_config=said)  # the session's device
     return TrainJob(trainer, preprocess, X_nd, valid_rows(data, preprocess))
 
 

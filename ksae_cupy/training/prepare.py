@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ksae_cupy.backend import resolve_device, to_host
+from ksae_cupy.backend import Backend, resolve_device, to_host
 from ksae_cupy.datasets.preprocess import INPUT_MEAN
 from ksae_cupy.training.config import TrainConfig
 from ksae_cupy.training.learning_rate import (auto_learning_rate, check_data_scale, check_data_varies,
@@ -47,9 +47,10 @@ def centred(X_nd, xp, preprocess: dict):
     return X_nd - (xp.asarray(mean_d) if xp is not np else mean_d).astype(X_nd.dtype)
 
 
-def prepare(X_nd, xp, config: TrainConfig, device: str, option_names, on_config=None) -> Trainer:
-    """The trainer of a fresh fit on the rows ``X_nd`` (of array module ``xp``), after the checks that read
-    them. ``config``'s ``"auto"`` rate is resolved in place from the rows' scale, then ``on_config(config,
+def prepare(X_nd, xp, config: TrainConfig, device, option_names, on_config=None) -> Trainer:
+    """The trainer of a fresh fit on the rows ``X_nd`` (of array module ``xp``), on ``device`` (a
+    :class:`~ksae_cupy.backend.Backend` a command resolved already, or the estimator's ``device`` string,
+    resolved here after the configuration's checks), after the checks that read them. ``config``'s ``"auto"`` rate is resolved in place from the rows' scale, then ``on_config(config,
     scale)`` is called (``ksae-train`` says there which rate it chose); ``option_names(field)`` spells the
     options in messages (flags for a command, parameters for the estimator)."""
     check_data_varies(X_nd, xp)  # constant or all-zero rows would train to a loss of 0 that means nothing
@@ -62,7 +63,7 @@ def prepare(X_nd, xp, config: TrainConfig, device: str, option_names, on_config=
         config.batch_size = min(config.batch_size, scale.rows)  # so no more rows than X's to check for
     config.check(name=option_names)
     config.check_new(name=option_names, refuse=False)  # a grid search may pair aux_coef with aux_k=0
-    backend = resolve_device(device)
+    backend = device if isinstance(device, Backend) else resolve_device(device)
     D = X_nd.shape[1]
     # Before anything is allocated (10^9 hidden units would ask for 477 GiB).
     check_training_memory(backend, D, config.hidden, config.batch_size, config.dtype, flag=option_names("hidden"))
