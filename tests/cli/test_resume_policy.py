@@ -185,9 +185,9 @@ def test_the_mpi_trainers_resume_refuses_and_applies_as_ksae_train_and_keeps_its
     assert str(refused.value) == ("--resume: options contradict the checkpoint (they shape the model or the batches): "
                                   "--no-k-schedule (the run has k-start 8), --shard-hidden (the run shards its data, "
                                   "not its hidden units)")  # --hidden 16 is the run's own
-    dataset, config, settings, changes = resumed(params, {"epochs", "topk", "checkpoint_every"}, folder, ckpt,
-                                                 previous)
-    assert dataset == "synthetic" and (config.epochs, config.topk, settings.checkpoint_every) == (6, "threshold", 3)
+    spec, config, settings, changes = resumed(params, {"epochs", "topk", "checkpoint_every"}, folder, ckpt,
+                                              previous)
+    assert spec.data == "synthetic" and (config.epochs, config.topk, settings.checkpoint_every) == (6, "threshold", 3)
     assert changes == ["epochs 4 -> 6", "topk sort -> threshold", "checkpoint-every 2 -> 3"]
     assert settings.device == "cpu" and not settings.shard_hidden  # not given: the run's
 
