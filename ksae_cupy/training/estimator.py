@@ -207,15 +207,16 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         """The first half of a fresh :meth:`fit`, done now; returns ``self``. ``X`` and the parameters are
         checked, the configuration made (``lr="auto"`` resolved from ``X``) and validated, and the trainer
         built after the checks fit makes before training (memory, the data's scale, a rate that moves the
-        weights): a command calls it to refuse bad input before it writes anything. The next ``fit`` of
+        weights): a caller calls it to refuse bad input before it writes anything. The next ``fit`` of
         the same ``X`` object, the parameters unchanged, trains that trainer instead of building another
-        (until then the model holds its initial weights).
+        (until then the model holds its initial weights). The trainer is made by
+        :func:`~ksae_cupy.training.prepare.prepare`, as ``ksae-train`` makes its own.
 
-        ``config``: the :class:`TrainConfig` these parameters make, already validated (``ksae-train``
+        ``config``: the :class:`TrainConfig` these parameters make, already validated (by a caller that
         validates its options before it reads the data), taken instead of a new one (its ``"auto"`` rate
         resolved in place). ``on_config(config, scale)`` is called once the rate is resolved, before the
-        checks, with the rows' :class:`~ksae_cupy.training.learning_rate.DataScale` (``ksae-train`` says there
-        which rate ``--lr auto`` chose, and from what).
+        checks, with the rows' :class:`~ksae_cupy.training.learning_rate.DataScale` (to say which rate
+        ``lr="auto"`` chose, and from what).
         """
         check_parameters(self)
         X_nd, xp = self._fresh_rows(X)
