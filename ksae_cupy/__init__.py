@@ -32,7 +32,7 @@ stays light):
     load(path)           a saved model or a ksae-train run's checkpoint.h5, as an estimator
     load_dataset(spec)   a built-in dataset or your own file, with labels and splits
     Dataset, KsaeError   what load_dataset returns; the one error a user sees
-    export(model, path)  a model's weights as safetensors, .npz or a PyTorch state dict (training/export.py)
+    export(model, path)  a model's weights as safetensors, .npz or a PyTorch state dict (session/export.py)
     __version__          the package's version (setup.cfg's; provenance.py reads it)
 """
 
@@ -42,7 +42,7 @@ _API = {
     "load_dataset": ("ksae_cupy.datasets", "load_dataset"),
     "Dataset": ("ksae_cupy.datasets.dataset", "Dataset"),
     "KsaeError": ("ksae_cupy.errors", "KsaeError"),
-    "export": ("ksae_cupy.training.export", "export"),
+    "export": ("ksae_cupy.session.export", "export"),
 }
 __all__ = [*_API, "load", "__version__"]
 

@@ -1,4 +1,5 @@
-"""Checks of the paths a user gives, made before any work starts.
+"""Checks of the paths a user gives, made before any work starts, and :func:`file_sha256`, the one hash of
+a file's bytes (a run's data files, checkpoints kept by commit).
 
 A folder in the way of a file, a file in the way of a folder, or a place we may not write
 to is a one-line :class:`KsaeError` naming the path, instead of an ``OSError`` traceback
@@ -6,6 +7,7 @@ halfway through a run. Nothing here creates or changes anything.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -53,3 +55,12 @@ def check_output_file(path: Path, what: str) -> None:
         raise KsaeError(f"{what} {path}: folder {folder} does not exist; create it first")
     if not writable(folder):
         raise KsaeError(f"{what} {path}: folder {folder} is not writable; choose a folder you may write to")
+
+
+def file_sha256(path: Path) -> str:
+    """The hex SHA-256 of the file's bytes, read a MiB at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

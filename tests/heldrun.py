@@ -19,7 +19,7 @@ import sys
 # and "checkpoint"/"any" from the front of argv and defines append_then_hold, which each script installs.
 HOLD_PATCH = """\
 import sys
-from ksae_cupy.training import runs
+from ksae_cupy.session import runs
 
 epoch, checkpoint = int(sys.argv.pop(1)), sys.argv.pop(1) == "checkpoint"
 append, held = runs.RunFolder.append_metrics, []

@@ -2,7 +2,7 @@
 
 * Layers, lowest first: the algorithm (the top-level modules, ``cpu/`` and ``gpu/``, its
   compiled halves),
-  ``datasets``, ``training``, ``evaluation``, ``supervised``, ``parallel``, ``bench``, ``reports``
+  ``datasets``, ``training``, ``session`` (a command's run: folders, options, resume, progress), ``evaluation``, ``supervised``, ``parallel``, ``bench``, ``reports``
   (what the scripts under ``bin/`` share), ``cli``.
   A module imports only from its own layer or a lower one.
 * The package's ``__init__`` is the Python API's front door: it may name any layer below
@@ -20,7 +20,7 @@ from pathlib import Path
 import ksae_cupy
 
 PACKAGE_DIR = Path(ksae_cupy.__file__).parent
-LAYERS = ["", "cpu", "gpu", "datasets", "training", "evaluation", "supervised", "parallel", "bench", "reports", "cli"]
+LAYERS = ["", "cpu", "gpu", "datasets", "training", "session", "evaluation", "supervised", "parallel", "bench", "reports", "cli"]
 ALGORITHM = {"", "cpu", "gpu"}  # "" is the package's top level
 
 

@@ -158,7 +158,7 @@ def test_the_readme_is_a_front_page():
 def test_the_readme_defaults_table_is_the_declared_defaults():
     """The README's "Defaults and where they come from" table says what `ksae-train` takes when an
     option is not given: each figure equals the declaration the command is built from."""
-    from ksae_cupy.training.fields import TRAIN
+    from ksae_cupy.session.fields import TRAIN
 
     declared = {option.spelled: option.default for option in TRAIN}
     text = (ROOT / "README.md").read_text()

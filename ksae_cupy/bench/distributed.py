@@ -359,7 +359,7 @@ def markdown(result: dict, note: str = "") -> str:
 
 def main(argv=None) -> None:
     """Entry point of one MPI job: ``python -m mpi4py -m ksae_cupy.bench.distributed SPEC.json RESULT.json``."""
-    from ksae_cupy.parallel.data_parallel import abort_on_error
+    from ksae_cupy.parallel.agree import abort_on_error
 
     argv = sys.argv[1:] if argv is None else argv
 

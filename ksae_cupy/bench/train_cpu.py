@@ -18,6 +18,9 @@ with its momentum update, interleaved repeat by repeat with ``X W`` alone so tha
 load falls on all of them alike; and, with ``--epoch-k``, whole epochs with each encoder, interleaved.
 BLAS (and torch) threads are limited to ``threads`` for every contender when threadpoolctl
 is installed; the result says whether the limit was applied.
+
+Over 400 lines: the CPU training benchmarks (a step, an epoch, the encoders, the step's parts) share their
+reference checks, thread limits and timing, so that every figure is taken alike.
 """
 from __future__ import annotations
 
@@ -171,7 +174,7 @@ def time_epoch(backend, D: int, H: int, k: int, batch_size: int, topk_method: st
     from pathlib import Path
 
     from ksae_cupy.training.checkpoint import save_checkpoint
-    from ksae_cupy.training.runs import RunFolder
+    from ksae_cupy.session.runs import RunFolder
     from ksae_cupy.training.trainer import TrainConfig, Trainer
 
     X_train, X_valid, what = inputs if inputs is not None else mnist_inputs(D, n_train, n_valid)

@@ -69,7 +69,7 @@ def analyze_compare(run_dir, alpha, l2_text, n_train, dict_seconds, data_dir, qu
     if dict_seconds == "none":
         seconds = None
     elif dict_seconds == "auto":
-        from ksae_cupy.training.runs import RunFolder
+        from ksae_cupy.session.runs import RunFolder
 
         metrics = run.path / "metrics.jsonl"
         records = RunFolder(run.path).read_metrics()

@@ -6,7 +6,7 @@
 
 The models are the registry's, :data:`ksae_cupy.supervised.baselines.BASELINES` (``--model``'s choices and help
 read it), trained by :class:`~ksae_cupy.supervised.baseline_trainer.BaselineTrainer`.
-The run folder is a ``ksae-train`` one (:class:`~ksae_cupy.training.runs.RunFolder`: lock,
+The run folder is a ``ksae-train`` one (:class:`~ksae_cupy.session.runs.RunFolder`: lock,
 ``config.json``, ``metrics.jsonl``, ``checkpoint.h5``) and the run has what a ``ksae-train`` run has,
 from the same pieces: checkpoints every N epochs and M minutes (mid-epoch if need be), a progress
 line with the ETA, Ctrl-C / SIGTERM / SIGHUP save and print the command that continues, and
@@ -40,10 +40,10 @@ def baseline_command(ctx, dataset, **values):
       ksae-baseline mnist --model rbm --epochs 500 --threads 1
       ksae-baseline --resume runs/mnist-rbm-h1000-20261125-160500
     """
-    from ksae_cupy.training.progress import RunProgress
+    from ksae_cupy.session.progress import RunProgress
     from ksae_cupy.supervised import baseline_run
     from ksae_cupy.supervised import baseline_trainer as bt
-    from ksae_cupy.training.runs import data_record
+    from ksae_cupy.session.runs import data_record
 
     values["dataset"] = dataset
     run = run_of(ctx, "ksae-baseline", KIND, values)
@@ -81,8 +81,5 @@ def baseline_command(ctx, dataset, **values):
         X_valid = backend.asarray(data.X_valid, dtype=trainer.dtype) if data.X_valid is not None else None
     progress = RunProgress(baseline_run.progress_view(trainer), len(data.X_train), enabled=not values["quiet"],
                            tty=sys.stderr.isatty(), interval_s=run.settings["progress_seconds"], echo=click.echo)
-    run.fit(lambda: trainer, lambda on_epoch, on_batch: baseline_run.fit(trainer, X_train, X_valid, on_epoch, on_batch),
-            lambda: trainer.save(run.folder.checkpoint),
-            lambda report: baseline_run.epoch_lines(report, trainer, progress),
-            on_batch=progress.on_batch, on_end=progress.clear)
+    run.fit(baseline_run.BaselineJob(trainer, X_train, X_valid, run.folder.checkpoint, progress))
     run.end(trainer, "done: {epochs} in {seconds:.1f} s; checkpoint {checkpoint}; evaluate with: ksae-eval {run}")

@@ -1,6 +1,6 @@
 """What every command shares: the one-line error wrapper, exit statuses, the flag of a library field,
 and the parsing of comma-separated option values (with the names of cli/data_options.py,
-cli/run_options.py and training/stopping.py, for the commands).
+cli/run_options.py and session/stopping.py, for the commands).
 
 A user mistake is one line ``error: ...`` on stderr and exit status 2; a run whose loss
 diverges exits with status 1; Ctrl-C, SIGTERM and SIGHUP save a checkpoint and exit with
@@ -101,7 +101,7 @@ from ksae_cupy.cli.data_options import (DATA_OPTION_NAMES, DATA_PATH_OPTIONS, da
                                         data_overrides, data_spec, run_data_options)
 from ksae_cupy.cli.run_options import (CONTEXT, DATA_DIR, DEVICE, PATH, QUIET, RUN_DIR,  # noqa: E402,F401
                                        check_run_outputs, dataset_split, progress_printer, write_json)
-from ksae_cupy.training.stopping import STOP_SIGNALS, StopOnSignals, signals_interrupt  # noqa: E402,F401
+from ksae_cupy.session.stopping import STOP_SIGNALS, StopOnSignals, signals_interrupt  # noqa: E402,F401
 
 
 def positive_ints(text: str, flag: str):
@@ -114,6 +114,6 @@ def positive_ints(text: str, flag: str):
     return values
 
 
-from ksae_cupy.training.fields import parse_lr  # noqa: E402,F401 (--lr: a number or auto)
+from ksae_cupy.session.fields import parse_lr  # noqa: E402,F401 (--lr: a number or auto)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from ksae_cupy.cli.common import GivenPath, report_errors
-from ksae_cupy.training.export import FORMATS
+from ksae_cupy.session.export import FORMATS
 from ksae_cupy.cli.version import version_option
 from ksae_cupy.errors import KsaeError
 
@@ -88,7 +88,7 @@ def data_codes(run_dir, out, alpha, data_dir):
     from (RUN_DIR's checkpoint SHA-256 and epoch): the next layer records it, and ksae-finetune checks it.
     """
     from ksae_cupy.supervised.pretrain import write_codes
-    from ksae_cupy.training.provenance import origin_file
+    from ksae_cupy.session.provenance import origin_file
 
     if alpha <= 0 or alpha != alpha:
         raise KsaeError(f"--alpha {alpha} is not allowed; use a positive number (the paper's 3, or 1)")
@@ -149,7 +149,7 @@ def data_export(run_dir, fmt, out, alpha):
       ksae-data export runs/mnist-h1000-k25-20261121-101500 --out mnist-k25.safetensors
       ksae-data export RUN_DIR --format npz --out model.npz
     """
-    from ksae_cupy.training.export import export
+    from ksae_cupy.session.export import export
 
     if not 1 <= alpha < float("inf"):
         raise KsaeError(f"--alpha {alpha} is not allowed; use a finite alpha >= 1 (the paper's 3, or 1)")

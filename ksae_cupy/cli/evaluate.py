@@ -68,7 +68,7 @@ def eval_command(run_dir, alphas, l2_text, l2_extend, refit, raw_baseline, max_i
       ksae-eval runs/mydata-h1000-k25-... --labels labels.npy --test test.npz
     """
     from ksae_cupy.backend import resolve_device
-    from ksae_cupy.training.threads import set_blas_threads, usable_cores
+    from ksae_cupy.threads import set_blas_threads, usable_cores
     from ksae_cupy.evaluation.features import evaluate_run, markdown_report, parse_alphas, parse_l2
     from ksae_cupy.supervised import baseline_eval
     from ksae_cupy.evaluation.grid import FITS_FILE, EvaluationInterrupted
@@ -89,7 +89,7 @@ def eval_command(run_dir, alphas, l2_text, l2_extend, refit, raw_baseline, max_i
         raise KsaeError(f"--alphas {alphas} has no effect on {run_dir}, a ksae-baseline run folder: its features "
                         f"are all its hidden units (there is no k); leave --alphas out")
     if not baseline and Path(run_dir).is_dir():  # another command's folder, in ksae-eval's words
-        from ksae_cupy.training.runs import RunFolder
+        from ksae_cupy.session.runs import RunFolder
 
         RunFolder(Path(run_dir)).check_kind("run folder", "ksae-eval reads ksae-train and ksae-baseline run folders "
                                                           "(a {kind} run writes its test error to its finetune.json)")

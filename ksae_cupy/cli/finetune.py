@@ -55,8 +55,8 @@ def finetune_command(ctx, pretrained, **values):
     given; with --no-pretraining or --baseline it is required. --dataset is its old spelling.
     """
     from ksae_cupy.supervised import finetune_run as ft
-    from ksae_cupy.training.provenance import data_files_record
-    from ksae_cupy.training.runs import FINETUNE as KIND, dataset_record
+    from ksae_cupy.session.provenance import data_files_record
+    from ksae_cupy.session.runs import FINETUNE as KIND, dataset_record
 
     ft.check_step(values["step"])
     pretrained, dataset = ft.split_arguments(pretrained, values["dataset"])
@@ -109,11 +109,7 @@ def finetune_command(ctx, pretrained, **values):
     pace = PhasePace(trainer.config.phases, trainer.config.epochs)
     progress = PhaseProgress(trainer, pace, len(rows[0]), enabled=not values["quiet"], tty=sys.stderr.isatty(),
                              interval_s=run.settings["progress_seconds"], echo=click.echo)
-    run.fit(lambda: trainer,
-            lambda on_epoch, on_batch: trainer.fit(X_train, y_train, X_valid, y_valid, on_epoch=on_epoch,
-                                                   on_batch=on_batch),
-            ft.saver(run.folder, trainer), lambda report: [progress.clear() or pace.line(report, trainer)],
-            on_batch=progress.on_batch, on_end=progress.clear)
+    run.fit(ft.FinetuneJob(trainer, (X_train, y_train, X_valid, y_valid), run.folder, pace, progress))
     run.end(trainer, None, where=lambda t: f"in phase {t.phase}, epoch {t.epoch + 1}")
     results = ft.write_results(run.folder, trainer, data, dataset, backend, run.started)
     errors = [f"{name} error {100 * results[f'{name}_error']:.2f}%" for name in ("valid", "test")

@@ -16,16 +16,16 @@ import sys
 import click
 
 from ksae_cupy.cli import resume as resuming
-from ksae_cupy.cli.common import GivenPath, flag_of, refuse_empty
+from ksae_cupy.cli.common import GivenPath, data_options, data_spec, flag_of, refuse_empty
 from ksae_cupy.cli.options import declared
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.parallel.agree import abort_on_error, agree
 from ksae_cupy.parallel.comm import COMMS
 from ksae_cupy.parallel.sharded_topk import DIST_TOPK_METHODS
-from ksae_cupy.parallel.data_parallel import RunSettings, run_distributed
+from ksae_cupy.parallel.distributed_run import RunSettings, run_distributed
 from ksae_cupy.parallel.resume import resumed
-from ksae_cupy.training import train_run
-from ksae_cupy.training.fields import PAPER, TRAIN
+from ksae_cupy.session import train_run
+from ksae_cupy.session.fields import PAPER, TRAIN
 from ksae_cupy.training.options import check_in_dtype
 
 OPTIONS = {option.name: option for option in TRAIN}  # declared once, with ksae-train's
@@ -37,6 +37,7 @@ def main():
 
 @main.command("train", context_settings={"show_default": True})
 @click.argument("dataset", required=False)
+@data_options
 @declared([OPTIONS[name] for name in ("hidden", "k", "k_start", "no_k_schedule", "epochs")])
 @click.option("--batch-size", type=int, default=PAPER.batch_size, help="The GLOBAL minibatch, split over the ranks.")
 @click.option("--lr", type=float, default=PAPER.lr, help=f"Learning rate eta (paper: {PAPER.lr}).")
@@ -63,7 +64,7 @@ def main():
               help="How it fails: an exception, or the process exiting.")
 @click.pass_context
 @abort_on_error(spell=flag_of)
-def train(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch_size, lr, momentum, sigma, topk, seed,
+def train(ctx, dataset, labels, test, test_labels, valid_fraction, test_fraction, split_seed, hidden, k, k_start, no_k_schedule, epochs, batch_size, lr, momentum, sigma, topk, seed,
           dtype, device, comm_kind, shard_hidden, topk_dist, run_dir, checkpoint_every, overwrite, resume, data_dir,
           quiet, fail_at_step, fail_rank, fail_mode):
     """Train on DATASET with every rank of the MPI job."""
@@ -78,16 +79,17 @@ def train(ctx, dataset, hidden, k, k_start, no_k_schedule, epochs, batch_size, l
             raise KsaeError(f"--topk-dist {topk_dist} is not allowed without --shard-hidden: it chooses how ranks "
                             f"holding parts of the hidden layer find the top-k; add --shard-hidden or drop it")
         if resume is not None:
-            return None
+            return None, None
         config = train_run.new_config(ctx.params, lr)  # as ksae-train's, validated once
         check_in_dtype(dtype, **{"--lr": ("rate", lr)})  # a rate of 0 in the model's dtype trains nothing
-        return config
+        # DATASET with its labels and splits, checked, by absolute paths (None: --resume's check names it)
+        return config, None if dataset is None else data_spec(dataset, ctx.params)
 
-    config = agree(comm, new_config)
+    config, spec = agree(comm, new_config)
     settings = RunSettings(device=device, comm=comm_kind, shard_hidden=shard_hidden, topk_dist=topk_dist,
                            checkpoint_every=checkpoint_every, data_dir=data_dir)
     fail = (fail_at_step, fail_mode) if fail_at_step is not None and comm.rank == fail_rank else None
-    run_distributed(dataset, config, settings, run_dir=run_dir, resume=resume, overwrite=overwrite, quiet=quiet,
+    run_distributed(spec, config, settings, run_dir=run_dir, resume=resume, overwrite=overwrite, quiet=quiet,
                     on_resume=lambda folder, ckpt, previous: resumed(ctx.params, typed, folder, ckpt, previous),
                     fail_at_step=fail, log=lambda *a, **kw: click.echo(*a, **kw))
 

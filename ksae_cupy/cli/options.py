@@ -1,4 +1,4 @@
-"""Click options made from the declarations of :mod:`ksae_cupy.training.fields` (one source for a
+"""Click options made from the declarations of :mod:`ksae_cupy.session.fields` (one source for a
 command's flags, help, defaults and resume policy), and the resume table of every training command:
 
     python -m ksae_cupy.cli.options       # prints it, as markdown (what --resume does with each option)
@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from ksae_cupy.cli.given_path import GivenPath
-from ksae_cupy.training.fields import PATH, Option
+from ksae_cupy.session.fields import PATH, Option
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True}
 
@@ -78,16 +78,16 @@ def dataset_command(options: list[Option]):
 def commands() -> dict[str, list[Option]]:
     """The declared options of every training command, by command."""
     from ksae_cupy.supervised.commands import BASELINE, FINETUNE
-    from ksae_cupy.training.fields import TRAIN
+    from ksae_cupy.session.fields import TRAIN
 
     return {"ksae-train": TRAIN, "ksae-baseline": BASELINE, "ksae-finetune": FINETUNE}
 
 
 def run_of(ctx, command: str, kind: str, values: dict):
-    """The session's :class:`~ksae_cupy.training.lifecycle.RunLifecycle`: the options typed on this
+    """The session's :class:`~ksae_cupy.session.lifecycle.RunLifecycle`: the options typed on this
     command line known, the run folder released when the command ends."""
     from ksae_cupy.cli.resume import given
-    from ksae_cupy.training.lifecycle import RunLifecycle
+    from ksae_cupy.session.lifecycle import RunLifecycle
 
     run = RunLifecycle(command, kind, values, given(ctx), click.echo)
     ctx.call_on_close(run.release)
@@ -96,7 +96,7 @@ def run_of(ctx, command: str, kind: str, values: dict):
 
 def resume_table() -> str:
     """What --resume does with every option of ksae-train, ksae-baseline and ksae-finetune (markdown)."""
-    from ksae_cupy.training.fields import resume_table as table
+    from ksae_cupy.session.fields import resume_table as table
 
     return table(commands())
 

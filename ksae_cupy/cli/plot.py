@@ -134,7 +134,7 @@ def plot_curves(run_dir, output):
     """Training and validation loss and k over the epochs of a run (from its metrics.jsonl)."""
     from ksae_cupy.evaluation.plots import (check_image_output, check_training_records, require_matplotlib,
                                             save_training_curves)
-    from ksae_cupy.training.runs import RunFolder
+    from ksae_cupy.session.runs import RunFolder
 
     require_matplotlib()
     output = output or Path(run_dir) / "curves.png"

@@ -1,8 +1,8 @@
 """``--resume`` on the command line: which options were typed, and ksae-train's policy by name.
 
-What each option does on --resume is declared with it (:mod:`ksae_cupy.training.fields`; the
+What each option does on --resume is declared with it (:mod:`ksae_cupy.session.fields`; the
 table of every command: ``ksae_cupy.cli.options.resume_table()``) and carried out by
-:mod:`ksae_cupy.training.resuming`. For ksae-train: applied (safe to change mid-run) ``--epochs``
+:mod:`ksae_cupy.session.resuming`. For ksae-train: applied (safe to change mid-run) ``--epochs``
 (extend: the k schedule keeps the epochs it was planned over; shorten, to no fewer than the epochs
 done: the schedule shrinks with it), ``--topk`` (both algorithms keep the same set), ``--step`` (the
 same math), ``--device``, ``--checkpoint-every``, ``--checkpoint-minutes``, ``--threads``,
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import click
 
-from ksae_cupy.training import fields
-from ksae_cupy.training.resuming import apply
-from ksae_cupy.training.train_run import IN_CHECKPOINT
+from ksae_cupy.session import fields
+from ksae_cupy.session.resuming import apply
+from ksae_cupy.session.train_run import IN_CHECKPOINT
 
 DATA = fields.DATA[1:]  # the data options: they choose the rows a run trains on
 SESSION = fields.named(fields.TRAIN, fields.SESSION)

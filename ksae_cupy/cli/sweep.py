@@ -22,7 +22,7 @@ from ksae_cupy.cli.common import GivenPath, STOP_SIGNALS, parse_lr, report_error
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.parallel.sweep import check_data, check_specs, grid, run_packed, run_sweep, write_results
 from ksae_cupy.paths import check_writable_folder
-from ksae_cupy.training.fields import PAPER  # the paper's defaults, typed once (TrainConfig)
+from ksae_cupy.session.fields import PAPER  # the paper's defaults, typed once (TrainConfig)
 
 
 def _values(text: str, what: str, kind=int) -> list:
@@ -121,7 +121,7 @@ def _gpu_answers() -> bool:
 def _packed(specs, dataset, out: Path, device: str, data_dir) -> list[dict]:
     """The grid trained as one pack (:func:`ksae_cupy.parallel.sweep.run_packed`); a stop signal saves every run
     and exits with 128 + the signal, saying how to continue."""
-    from ksae_cupy.training.packed_runs import PackStopped
+    from ksae_cupy.session.packed_runs import PackStopped
 
     try:
         return run_packed(specs, dataset, out, device=device, data_dir=data_dir, log=click.echo)

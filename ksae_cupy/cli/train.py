@@ -1,7 +1,8 @@
 """``ksae-train``: train a k-sparse autoencoder on a dataset, with checkpoints and resume.
 
-Thin by design: the options are declared in :mod:`ksae_cupy.training.fields`, the run's session is
-:class:`~ksae_cupy.training.lifecycle.RunLifecycle`, the model :mod:`ksae_cupy.training.train_run`'s.
+Thin by design: the options are declared in :mod:`ksae_cupy.session.fields`, the run's session is
+:class:`~ksae_cupy.session.lifecycle.RunLifecycle`, the job (its trainer, built directly, not through the
+scikit-learn estimator) :mod:`ksae_cupy.session.train_run`'s.
 """
 from __future__ import annotations
 
@@ -9,9 +10,8 @@ import click
 
 from ksae_cupy.cli.common import data_spec
 from ksae_cupy.cli.options import dataset_command, run_of
-from ksae_cupy.datasets.registry import DATASETS
-from ksae_cupy.errors import KsaeError, cli_name
-from ksae_cupy.training.fields import PAPER, TRAIN, parse_lr
+from ksae_cupy.errors import KsaeError
+from ksae_cupy.session.fields import TRAIN, parse_lr
 from ksae_cupy.training.options import check_seed
 from ksae_cupy.training.wording import dead_units_note, done_dead
 
@@ -34,9 +34,9 @@ def train_command(ctx, dataset, **values):
       ksae-train synthetic --hidden 256 --k 5 --epochs 20 --device cpu
       ksae-train --resume runs/mnist-h1000-k25-20261121-101500
     """
-    from ksae_cupy.training import train_run
-    from ksae_cupy.training.provenance import data_files_record
-    from ksae_cupy.training.runs import TRAIN as KIND, dataset_record, default_run_dir
+    from ksae_cupy.session import train_run
+    from ksae_cupy.session.provenance import data_files_record
+    from ksae_cupy.session.runs import TRAIN as KIND, dataset_record, default_run_dir
 
     values["dataset"] = dataset
     run = run_of(ctx, "ksae-train", KIND, values)
@@ -47,44 +47,36 @@ def train_command(ctx, dataset, **values):
         run.open()
         spec, backend = run.spec, run.start()
         dataset = spec.data
-        model, changes = train_run.resumed_model(run.folder, backend, values, given)
-        say(run.where(model.trainer_, changes))
-        record = dataset_record(dataset)
+        trainer, preprocess, changes = train_run.resumed_job(run.folder, backend, values, given)
+        say(run.where(trainer, changes))
     else:
         if dataset is None:
             raise KsaeError("missing DATASET; give a dataset name or file, or --resume RUN_DIR")
         spec = data_spec(dataset, values)
-        builtin = DATASETS.get(dataset)  # None: the user's file (or a name load_dataset refuses)
-        auto = builtin is None or builtin.auto_lr  # the paper's 0.01 diverges on some datasets
-        lr = parse_lr(values["lr"], default="auto" if auto else PAPER.lr)
+        lr = parse_lr(values["lr"], default=train_run.default_lr(dataset))
         config = train_run.new_config(values, lr)
         run.open(lambda: default_run_dir(dataset, config.hidden, config.k))
-        record, backend, model = dataset_record(spec.data), run.start(), None
+        backend, trainer = run.start(), None
+    record = dataset_record(spec.data)  # a user file by absolute path and SHA-256 (a resume: the run's, checked)
     if spec.is_user_file:
         record["data"] = data_files_record(spec.record())  # labels and splits (files hashed), for ksae-eval and --resume
     say(backend.description)
     say(run.threads_line)
     data = run.load(spec)
     say(data.summary() + (f"; labels: {data.n_classes} classes" if data.y_train is not None else ""))
-    if model is None:
-        model, resolved = train_run.new_model(config, data, backend, say)
-    elif model.trainer_.params["W_dh"].shape[0] != data.dim:
-        raise KsaeError(f"the checkpoint's model takes {model.trainer_.params['W_dh'].shape[0]} dimensions, "
+    if trainer is None:
+        job = train_run.new_job(config, data, backend, say)
+    elif trainer.params["W_dh"].shape[0] != data.dim:
+        raise KsaeError(f"the checkpoint's model takes {trainer.params['W_dh'].shape[0]} dimensions, "
                         f"{dataset} has {data.dim}")
-    trainer = model.trainer_
-    run.begin({**record, "train": (resolved if trainer is None else trainer.config).to_dict()}, "train", trainer)
-    model.run_id_ = run.folder.run_id  # every checkpoint carries the folder's identity
-    progress = train_run.progress(model, data, values["quiet"], run.settings["progress_seconds"], click.echo)
-    run.fit(lambda: model.trainer_,
-            lambda on_epoch, on_batch: model.fit(data.X_train, X_valid=data.X_valid, on_epoch=on_epoch,
-                                                 on_batch=on_batch, checkpoint_path=run.folder.checkpoint,
-                                                 should_checkpoint=run.policy.after_epoch, option_names=cli_name),
-            lambda: model.save(run.folder.checkpoint), lambda report: progress().after_epoch(report),
-            on_batch=lambda done, total: progress().on_batch(done, total), saves_itself=True,
-            on_end=lambda: progress.made and progress.made.clear())
+    else:
+        job = train_run.TrainJob.resumed(trainer, preprocess, data)
+    run.begin({**record, "train": job.trainer().config.to_dict()}, "train", trainer)
+    job.into(run, values["quiet"], click.echo)  # every checkpoint carries the folder's identity
+    run.fit(job)
+    trainer = job.trainer()
     dead = (run.folder.read_metrics() or [{}])[-1].get("dead_fraction")  # the last epoch's figure
-    note = dead_units_note(dead, model.trainer_.config.hidden)
-    if note and model.trainer_.finished and not run.finished_before:  # said just before the done line
+    note = dead_units_note(dead, trainer.config.hidden)
+    if note and trainer.finished and not run.finished_before:  # said just before the done line
         click.echo(note)
-    run.end(model.trainer_, "done: {epochs} in {seconds:.1f} s" + done_dead(dead) + "; checkpoint {checkpoint}")
-
+    run.end(trainer, "done: {epochs} in {seconds:.1f} s" + done_dead(dead) + "; checkpoint {checkpoint}")

@@ -6,5 +6,5 @@ features of a run, alpha and L2 chosen on validation, test once), ``variants.py`
 variants), ``analysis.py`` (coherence, ITI, Theorem 3.1), ``compare.py`` (OMP and dictionary
 learning side by side), ``plots.py`` (filters, activity histograms).
 
-May import: the algorithm (cpu included), gpu, datasets, training.
+May import: the algorithm (cpu included), gpu, datasets, training, session.
 """

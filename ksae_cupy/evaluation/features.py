@@ -499,7 +499,7 @@ def open_run(run_dir) -> Run:
     """
     from ksae_cupy.training.checkpoint import load_checkpoint
 
-    from ksae_cupy.training.runs import RunFolder
+    from ksae_cupy.session.runs import RunFolder
 
     path = Path(run_dir)
     if not path.is_dir():
@@ -529,7 +529,7 @@ def load_run_dataset(run: Run, data_root=None, log=print, overrides: dict | None
     from ksae_cupy.datasets import load_dataset
     from ksae_cupy.datasets.user_files import DataSpec
 
-    from ksae_cupy.training.provenance import check_run_data
+    from ksae_cupy.session.provenance import check_run_data
 
     if not run.dataset:
         raise KsaeError(f"{run.path}: neither config.json nor the checkpoint names the dataset")

@@ -1,13 +1,13 @@
 """``ksae-dist train --resume``: the run's own values, the options given applied or refused by name
-(rank 0, before any work), as ``ksae-train --resume`` does (:mod:`ksae_cupy.training.resuming`)."""
+(rank 0, before any work), as ``ksae-train --resume`` does (:mod:`ksae_cupy.session.resuming`)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.parallel.data_parallel import RunSettings
-from ksae_cupy.training import resuming, train_run
-from ksae_cupy.training.fields import REFUSED as REFUSED_POLICY, TRAIN, named
+from ksae_cupy.parallel.distributed_run import RunSettings
+from ksae_cupy.session import resuming, train_run
+from ksae_cupy.session.fields import REFUSED as REFUSED_POLICY, TRAIN, named
 from ksae_cupy.training.trainer import TrainConfig
 
 # Refused on --resume when they differ from the run: they shape the model or the batches: ksae-train's
@@ -19,10 +19,11 @@ RUN_LEVEL = {"device": "device", "comm_kind": "comm", "topk_dist": "topk_dist", 
 
 
 def resumed(params: dict, typed: set, folder, ckpt, previous: dict):
-    """``(dataset, config, settings, changes)`` of a resumed run: its own values, the options given
-    applied or refused by name (rank 0, before any work)."""
+    """``(spec, config, settings, changes)`` of a resumed run: its own values (``spec``: its data, labels and
+    splits), the options given applied or refused by name (rank 0, before any work)."""
     resuming.check_run_dir(params["run_dir"], folder.path)
     dataset = resuming.check_dataset(params["dataset"], previous)
+    spec = resuming.check_data_options(typed, params, dataset, previous)  # given again: the run's own
     config = TrainConfig.from_dict(ckpt.config)
     sharded = bool(ckpt.config.get("shard_hidden", False))
 
@@ -46,4 +47,4 @@ def resumed(params: dict, typed: set, folder, ckpt, previous: dict):
             if value != getattr(settings, field):
                 changes.append(f"{field.replace('_', '-')} {getattr(settings, field)} -> {value}")
                 setattr(settings, field, value)
-    return dataset, config, settings, changes
+    return spec, config, settings, changes

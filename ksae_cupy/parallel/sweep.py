@@ -94,7 +94,7 @@ def run_one(spec: dict, dataset: str, data_dir: str | None = None) -> list[dict]
     from ksae_cupy.backend import CPU
     from ksae_cupy.datasets import load_dataset
     from ksae_cupy.training.learning_rate import auto_learning_rate
-    from ksae_cupy.training.threads import estimator_threads
+    from ksae_cupy.threads import estimator_threads
     from ksae_cupy.training.trainer import Trainer
 
     threads = int(spec.get("threads", 1))
@@ -131,7 +131,7 @@ def run_folder_name(spec: dict) -> str:
 
 def run_packed(specs: list[dict], dataset: str, out: Path, *, device: str = "auto", data_dir: str | None = None,
                log=print) -> list[dict]:
-    """Train every spec in this process as one pack (:func:`ksae_cupy.training.packed_runs.train_packed`: on a
+    """Train every spec in this process as one pack (:func:`ksae_cupy.session.packed_runs.train_packed`: on a
     GPU one stacked model per hidden size, on the CPU one run after another), each in its run folder
     ``out/runs/<grid point>`` (:func:`run_folder_name`), which ``ksae-train --resume`` and ``ksae-eval`` read
     as any run's; the same sweep again resumes them. Result rows as :func:`run_one` makes them, in grid order.
@@ -139,7 +139,7 @@ def run_packed(specs: list[dict], dataset: str, out: Path, *, device: str = "aut
     from ksae_cupy import model
     from ksae_cupy.backend import resolve_device
     from ksae_cupy.datasets import load_dataset
-    from ksae_cupy.training.packed_runs import train_packed
+    from ksae_cupy.session.packed_runs import train_packed
 
     backend = resolve_device(device)
     data = load_dataset(dataset, root=data_dir, log=lambda msg: None)
@@ -179,7 +179,7 @@ def run_packed(specs: list[dict], dataset: str, out: Path, *, device: str = "aut
 
 def _last_metrics(folder: Path) -> dict:
     """The last epoch's line of a run folder's metrics.jsonl ({} when it logged none)."""
-    from ksae_cupy.training.runs import RunFolder
+    from ksae_cupy.session.runs import RunFolder
 
     return (RunFolder(folder).read_metrics() or [{}])[-1]
 

@@ -37,7 +37,7 @@ def row(run_dir: Path) -> str:
     yet trained, a row that says so (the table goes on with the others)."""
     from ksae_cupy.errors import KsaeError
     from ksae_cupy.reports.folders import broken_reason
-    from ksae_cupy.training.runs import TRAIN, config_kind
+    from ksae_cupy.session.runs import TRAIN, config_kind
 
     broken = broken_reason(run_dir)
     config = read_json(run_dir / "config.json")
@@ -65,7 +65,7 @@ def counted_row(run_dir: Path, config: dict, metrics: list) -> str:
     from ksae_cupy.datasets.user_files import DataSpec
     from ksae_cupy.training.estimator import KSparseAutoencoder
 
-    from ksae_cupy.training.provenance import check_run_data
+    from ksae_cupy.session.provenance import check_run_data
 
     train = config["train"]
     last = metrics[-1]

@@ -1,7 +1,7 @@
 """A run folder's state, read without changing anything: what the reports and scripts ask of it.
 
 Every command writes ``config.json`` first and one ``metrics.jsonl`` line per finished epoch
-(:mod:`ksae_cupy.training.runs`); ``ksae-eval`` adds ``eval.json`` and ``ksae-finetune``
+(:mod:`ksae_cupy.session.runs`); ``ksae-eval`` adds ``eval.json`` and ``ksae-finetune``
 ``finetune.json`` when they end. From those files alone: which command made the folder, how many
 epochs it asked for and has done, the seconds they took, and whether its evaluation is current.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ksae_cupy.reports.kept_checkpoints import RESTORE_COMMAND, kept_checkpoint
-from ksae_cupy.training.runs import (CHECKPOINT, CONFIG, FINETUNE, METRICS, PRETRAIN_LAYER, TRAIN, config_kind,
+from ksae_cupy.session.runs import (CHECKPOINT, CONFIG, FINETUNE, METRICS, PRETRAIN_LAYER, TRAIN, config_kind,
                                     metrics_file, parse_metrics)
 
 BASELINE = "ksae-baseline"
@@ -32,7 +32,7 @@ def read_json(path: Path):
 
 def read_metrics(folder: Path) -> list[dict]:
     """The epochs ``folder``'s run logged; [] before the first. A last line cut short by a kill
-    is left out (:func:`ksae_cupy.training.runs.parse_metrics`); a gzipped metrics.jsonl.gz reads alike."""
+    is left out (:func:`ksae_cupy.session.runs.parse_metrics`); a gzipped metrics.jsonl.gz reads alike."""
     path = metrics_file(folder)
     return parse_metrics(path)[0] if path.is_file() else []
 
@@ -207,7 +207,7 @@ def utc_now() -> str:
 def locked_by(folder: Path) -> str | None:
     """Why another live process holds ``folder`` (a run writing it), or None when none does."""
     from ksae_cupy.errors import KsaeError
-    from ksae_cupy.training.runlock import check_unlocked
+    from ksae_cupy.session.runlock import check_unlocked
 
     try:
         check_unlocked(Path(folder))

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.training.provenance import file_sha256
+from ksae_cupy.paths import file_sha256
 
 MANIFEST = Path("results") / "checkpoints.json"  # relative to the repository's root
 RESTORE_COMMAND = "ksae-data restore-checkpoint"

@@ -12,6 +12,9 @@ never the checkpoint) and placed in the table row it is, by what its config.json
 Runs of one row at one length (epochs; for fine-tuning, pretraining + fine-tuning) are one line,
 their seeds as mean ± standard deviation. :func:`plan` says, for each row at the asked length and
 seeds, what is left to run (a new run, a resume, an evaluation), as the commands that do it.
+
+Over 400 lines: every table of the paper this package reproduces, each row with the run folders it reads and
+the plan that fills it; one file, so a row and its plan are changed together.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from ksae_cupy.reports.markdown import percent, percent_spread, table
 from ksae_cupy.supervised.baseline_trainer import config_for
 from ksae_cupy.supervised.baselines import BASELINES, REGULARISATION
 from ksae_cupy.supervised.commands import FINETUNE_PAPER as PAPER_FINETUNE  # momentum 0.25 throughout
-from ksae_cupy.training.runs import FINETUNE, TRAIN
+from ksae_cupy.session.runs import FINETUNE, TRAIN
 
 ERR, FN = "err_mnist", "fn_mnist"
 TABLES = {ERR: paper.ERR_MNIST, FN: paper.FN_MNIST}

@@ -227,7 +227,7 @@ def write_codes(args, plan: Plan, children: "Children") -> Path:
         print(f"  codes: {plan.codes} (written before)", flush=True)
         return plan.codes
     children.check_stop()
-    from ksae_cupy.training.threads import set_blas_threads
+    from ksae_cupy.threads import set_blas_threads
     from ksae_cupy.supervised.pretrain import write_codes as write
 
     set_blas_threads(args.threads)
@@ -316,7 +316,7 @@ def check_same(folder: Path, pairs: list) -> None:
 
 
 def check_dataset(folder: Path, dataset: str) -> None:
-    from ksae_cupy.training.runs import dataset_record
+    from ksae_cupy.session.runs import dataset_record
 
     theirs = (read_json(folder / "config.json") or {}).get("dataset")
     if theirs is not None and dataset_record(theirs, False) != dataset_record(dataset, False):

@@ -7,7 +7,7 @@ Each ``--run`` is one run: ``dir`` its folder, and ``k``, ``seed``, ``epochs`` (
 options given once (``--hidden``, ``--threads``, ``--device``) are every run's, the rest ``ksae-train``'s
 defaults, so a run here is the run ``ksae-train DATASET --k K --seed S --epochs E --run-dir DIR`` makes
 (bit for bit on the CPU). A folder that holds a checkpoint is resumed; given with ``dir`` alone, with the
-configuration it has. The runs train together (:func:`ksae_cupy.training.packed_runs.train_packed`): on a
+configuration it has. The runs train together (:func:`ksae_cupy.session.packed_runs.train_packed`): on a
 GPU as stacked models. ``bin/paper-tables --run`` runs its missing k-sparse rows through it.
 
 A run that diverges is recorded in its folder (``diverged.json``, as the other scripts record one) and the
@@ -47,11 +47,10 @@ def parse_run(text: str) -> dict:
 def run_config(dataset: str, run: dict, hidden: int):
     """The run's :class:`TrainConfig`: a folder with a checkpoint given ``dir`` alone keeps its own (its
     config.json's ``train``, ``epochs`` applied when given); else ksae-train's for these options."""
-    from ksae_cupy.datasets import is_user_file
-    from ksae_cupy.training.fields import PAPER, TRAIN, parse_lr
+    from ksae_cupy.session.fields import TRAIN, parse_lr
+    from ksae_cupy.session.runs import RunFolder
+    from ksae_cupy.session.train_run import default_lr, new_config
     from ksae_cupy.training.config import TrainConfig
-    from ksae_cupy.training.runs import RunFolder
-    from ksae_cupy.training.train_run import AUTO_LR_DATASETS, new_config
 
     folder = RunFolder(Path(run["dir"]))
     if folder.checkpoint.is_file() and set(run) <= {"dir", "epochs"}:
@@ -64,8 +63,7 @@ def run_config(dataset: str, run: dict, hidden: int):
         raise KsaeError(f"--run dir={run['dir']}: a new run needs {' and '.join(missing)} (e.g. k=25,epochs=5000)")
     values = {option.name: option.default for option in TRAIN}
     values.update(hidden=hidden, k=run["k"], epochs=run["epochs"], seed=run.get("seed", 0), no_k_schedule=False)
-    default_lr = "auto" if is_user_file(dataset) or dataset in AUTO_LR_DATASETS else PAPER.lr
-    return new_config(values, parse_lr(run.get("lr", values["lr"]), default=default_lr))
+    return new_config(values, parse_lr(run.get("lr", values["lr"]), default=default_lr(dataset)))
 
 
 def parse(argv=None):
@@ -83,7 +81,7 @@ def main(argv=None) -> int:
     from ksae_cupy.backend import resolve_device
     from ksae_cupy.datasets import load_dataset
     from ksae_cupy.reports.folders import record_diverged
-    from ksae_cupy.training.packed_runs import PackStopped, train_packed
+    from ksae_cupy.session.packed_runs import PackStopped, train_packed
 
     args = parse(argv)
     try:

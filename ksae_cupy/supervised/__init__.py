@@ -4,5 +4,5 @@ pretraining, and the baselines of Table fn_mnist (RBM, dropout and denoising aut
 ``finetune_run.py`` make those commands' trainers, new or resumed; ``finetune_progress.py`` is what
 ksae-finetune shows while it runs.
 
-May import: the algorithm, gpu, datasets, training, evaluation.
+May import: the algorithm, gpu, datasets, training, session, evaluation.
 """

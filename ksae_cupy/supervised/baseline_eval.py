@@ -28,7 +28,7 @@ def open_baseline_run(run_dir):
     """``(Run, model)``: the checkpoint and data record of a baseline run folder, as
     :func:`ksae_cupy.evaluation.features.open_run` gives them for a k-sparse one."""
     from ksae_cupy.evaluation.features import Run
-    from ksae_cupy.training.runs import RunFolder
+    from ksae_cupy.session.runs import RunFolder
 
     path = Path(run_dir)
     if not path.is_dir():

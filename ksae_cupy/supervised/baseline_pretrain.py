@@ -23,15 +23,15 @@ from ksae_cupy.errors import KsaeError
 from ksae_cupy.supervised import baseline_run
 from ksae_cupy.supervised import baseline_trainer as bt
 from ksae_cupy.supervised.baselines import encode
-from ksae_cupy.training.progress import RunProgress
-from ksae_cupy.training.runs import PRETRAIN_LAYER, RunFolder, data_record
+from ksae_cupy.session.progress import RunProgress
+from ksae_cupy.session.runs import PRETRAIN_LAYER, RunFolder, data_record
 from ksae_cupy.training.wording import interrupted, position
 
 
 def still_pretraining(run_dir) -> bool:
     """Whether the ``ksae-finetune`` run at ``run_dir`` is a ``--baseline`` run stopped before fine-tuning
     began (config.json written, no fine-tuning checkpoint yet): its resume goes on pretraining."""
-    from ksae_cupy.training.runs import FINETUNE
+    from ksae_cupy.session.runs import FINETUNE
 
     folder = RunFolder(Path(run_dir), kind=FINETUNE)
     config = folder.folder_config()
@@ -46,7 +46,7 @@ def layer_folder(run_path: Path, layer: int) -> RunFolder:
 
 def pretrain_layers(run, configs: list, spec, data, say) -> list[dict]:
     """Train (or resume, or skip when done) each layer of ``configs`` in its folder under ``run``
-    (a :class:`~ksae_cupy.training.lifecycle.RunLifecycle` whose folder exists); host parameters per
+    (a :class:`~ksae_cupy.session.lifecycle.RunLifecycle` whose folder exists); host parameters per
     layer. A stop signal saves the layer's checkpoint, says how to resume the run and exits with the
     signal's status. ``spec`` names the data in layer 1's config.json."""
     backend = run.backend
@@ -72,12 +72,9 @@ def pretrain_layers(run, configs: list, spec, data, say) -> list[dict]:
             progress = RunProgress(baseline_run.progress_view(trainer), X_train.shape[0],
                                    enabled=not run.values.get("quiet"), tty=sys.stderr.isatty(),
                                    interval_s=run.settings["progress_seconds"], echo=run.echo)
-            layer_run.fit(lambda: trainer,
-                          lambda on_epoch, on_batch: baseline_run.fit(trainer, X_train, X_valid, on_epoch, on_batch),
-                          lambda: trainer.save(folder.checkpoint),
-                          lambda report: [f"pretrain layer {layer} {line}"  # ksae-baseline's lines, ETA included
-                                          for line in baseline_run.epoch_lines(report, trainer, progress)],
-                          on_batch=progress.on_batch, on_end=progress.clear)
+            # ksae-baseline's job, its lines (ETA included) naming the layer
+            layer_run.fit(baseline_run.BaselineJob(trainer, X_train, X_valid, folder.checkpoint, progress,
+                                                   prefix=f"pretrain layer {layer} "))
             if trainer.stop_requested:  # a stop signal: the session ends here, even after the layer's last epoch
                 at = position(trainer.epoch, trainer.batch_in_epoch)
                 run.echo(interrupted(f"in pretraining layer {layer}, {at}", folder.checkpoint, run.command,

@@ -14,8 +14,9 @@ from ksae_cupy.errors import KsaeError
 from ksae_cupy.supervised import baseline_trainer as bt
 from ksae_cupy.supervised.baselines import BASELINES
 from ksae_cupy.supervised.commands import BASELINE
-from ksae_cupy.training import resuming
-from ksae_cupy.training.fields import REFUSED, named
+from ksae_cupy.session import resuming
+from ksae_cupy.session.fields import REFUSED, named
+from ksae_cupy.session.lifecycle import RunJob
 
 REFUSED_NAMES = named(BASELINE, REFUSED)  # they shape the model or its sequence of batches
 
@@ -76,7 +77,7 @@ def new_trainer(config, data, backend):
 
 
 def progress_view(trainer):
-    """What :class:`~ksae_cupy.training.progress.RunProgress` reads, for a trainer without a k schedule
+    """What :class:`~ksae_cupy.session.progress.RunProgress` reads, for a trainer without a k schedule
     (every step costs the same)."""
 
     class View:
@@ -92,7 +93,7 @@ def progress_view(trainer):
 
 def epoch_lines(report, trainer, progress) -> list[str]:
     """The epoch's line (loss, validation reconstruction error, speed, ETA) and, once, the estimate."""
-    from ksae_cupy.training.progress import done_around
+    from ksae_cupy.session.progress import done_around
     from ksae_cupy.training.wording import format_duration
 
     progress.clear()
@@ -109,9 +110,34 @@ def epoch_lines(report, trainer, progress) -> list[str]:
     return lines
 
 
-def fit(trainer, X_train, X_valid, on_epoch, on_batch) -> None:
-    """Train epochs until the run ends or a stop is requested; each report to ``on_epoch``."""
-    from ksae_cupy.training.epochs import run_epochs
+class BaselineJob(RunJob):
+    """What :meth:`~ksae_cupy.session.lifecycle.RunLifecycle.fit` trains for ``ksae-baseline`` (and for a layer
+    ``ksae-finetune --baseline`` pretrains, whose lines start with ``prefix``): the epochs of ``trainer`` on
+    the device rows, its checkpoint written to ``checkpoint``, its lines and bar by ``progress``."""
 
-    if not trainer.stop_requested:  # a stop asked for while loading: no step taken
-        run_epochs(trainer, lambda: trainer.run_epoch(X_train, X_valid, on_batch), on_epoch)
+    def __init__(self, trainer, X_train, X_valid, checkpoint, progress, prefix: str = ""):
+        self.learner, self.X_train, self.X_valid = trainer, X_train, X_valid
+        self.checkpoint, self.progress, self.prefix = checkpoint, progress, prefix
+
+    def trainer(self):
+        return self.learner
+
+    def fit(self, on_epoch, on_batch) -> None:
+        """Epochs until the run ends or a stop is requested; each report to ``on_epoch``."""
+        from ksae_cupy.training.epochs import run_epochs
+
+        trainer = self.learner
+        if not trainer.stop_requested:  # a stop asked for while loading: no step taken
+            run_epochs(trainer, lambda: trainer.run_epoch(self.X_train, self.X_valid, on_batch), on_epoch)
+
+    def save(self) -> None:
+        self.learner.save(self.checkpoint)
+
+    def epoch_lines(self, report) -> list[str]:
+        return [self.prefix + line for line in epoch_lines(report, self.learner, self.progress)]
+
+    def on_batch(self, done: int, total: int) -> None:
+        self.progress.on_batch(done, total)
+
+    def on_end(self) -> None:
+        self.progress.clear()

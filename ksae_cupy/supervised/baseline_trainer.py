@@ -36,7 +36,7 @@ from ksae_cupy.training import epochs
 from ksae_cupy.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 
 
-KIND = "ksae-baseline"  # the run folders' kind (training/runs.py): other commands refuse them by name
+KIND = "ksae-baseline"  # the run folders' kind (session/runs.py): other commands refuse them by name
 
 FORMAT = "ksae-cupy baseline checkpoint"
 
@@ -110,7 +110,7 @@ class BaselineTrainer:
         self.stop_requested = False  # set (e.g. by a SIGTERM handler) to stop after the current step
         # The unfinished epoch's loss sum so far (a mid-epoch checkpoint's: the resumed epoch's line covers it all).
         self.tally = epochs.restored_tally(self.batch_in_epoch, None if checkpoint is None else checkpoint.epoch_tally)
-        # The run folder's identity (training/runs.py), written into every checkpoint; None outside one.
+        # The run folder's identity (session/runs.py), written into every checkpoint; None outside one.
         self.run_id = None if checkpoint is None else checkpoint.run_id
 
     @classmethod
@@ -212,7 +212,7 @@ def is_baseline_run(run_dir: Path) -> bool:
     import h5py
 
     from ksae_cupy.errors import KsaeError
-    from ksae_cupy.training.runs import RunFolder
+    from ksae_cupy.session.runs import RunFolder
 
     path = Path(run_dir) / "checkpoint.h5"
     try:

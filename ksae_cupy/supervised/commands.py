@@ -1,13 +1,13 @@
-"""The options of ``ksae-baseline`` and ``ksae-finetune``, declared once (see :mod:`ksae_cupy.training.fields`
+"""The options of ``ksae-baseline`` and ``ksae-finetune``, declared once (see :mod:`ksae_cupy.session.fields`
 for what a declaration holds and what each resume policy means). The options every training command
-shares are :data:`~ksae_cupy.training.fields.SHARED`'s; the paper's numbers are read from the configs."""
+shares are :data:`~ksae_cupy.session.fields.SHARED`'s; the paper's numbers are read from the configs."""
 from __future__ import annotations
 
 from ksae_cupy.supervised.baselines import BASELINES as REGISTRY, per_family_default
 from ksae_cupy import paper
 from ksae_cupy.datasets.registry import names as dataset_names
 from ksae_cupy.supervised.finetune_config import TRAIN_ON, UNITS, FinetuneConfig
-from ksae_cupy.training.fields import APPLIED, KEPT, PAPER, SHARED, THREADS_DEFAULT, Option, shared
+from ksae_cupy.session.fields import APPLIED, KEPT, PAPER, SHARED, THREADS_DEFAULT, Option, shared
 
 FINETUNE_PAPER = FinetuneConfig()  # the paper's supervised settings (section 4.3.2)
 LABELLED = dataset_names(labelled=True)  # the datasets ksae-finetune can train on

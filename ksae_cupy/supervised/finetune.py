@@ -48,6 +48,9 @@ The functions here are the dense reference. When every hidden layer is ksparse a
 is used, the trainer takes by default (``FinetuneConfig.step``) the sparse step of
 :mod:`ksae_cupy.supervised.sparse_finetune` on the CPU: the same gradients, through the kept
 units only.
+
+Over 400 lines: the network's forward pass, its hand-written backward pass (checked in float64) and the
+trainer that runs them phase by phase, read together.
 """
 from __future__ import annotations
 

@@ -146,3 +146,25 @@ class FinetuneConfig(DictConfig):
         if self.step == "auto":
             return "sparse" if self.sparse_step_applies() and not backend.is_gpu else "dense"
         return self.step
+
+
+def parse_hidden(text: str) -> list[int]:
+    """``--hidden``'s sizes of the fine-tuned network's layers: one or two positive sizes, ``1000`` or ``1000,1000``."""
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or len(sizes) > 2 or any(h <= 0 for h in sizes):
+        raise KsaeError(f"--hidden {text!r} is not allowed; use one or two positive sizes, e.g. 1000 or 1000,1000")
+    return sizes
+
+
+def parse_phases(text: str | None, L: int) -> list[str]:
+    """``--phases``, a comma-separated list from :data:`PHASES` (default: ``all`` for one layer, else each in turn)."""
+    if text is None:
+        return ["all"] if L == 1 else ["softmax", "top", "all"]
+    phases = [p.strip() for p in text.split(",") if p.strip()]
+    if not phases or any(p not in PHASES for p in phases):
+        raise KsaeError(f"--phases {text!r} is not allowed; use a comma-separated list from "
+                        f"{', '.join(PHASES)}")
+    return phases

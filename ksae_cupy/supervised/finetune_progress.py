@@ -1,9 +1,9 @@
 """What ``ksae-finetune`` shows while it runs: each epoch's line with the time left, timed phase by
-phase (:class:`PhasePace`), and between them the progress bar of :mod:`ksae_cupy.training.progress`
+phase (:class:`PhasePace`), and between them the progress bar of :mod:`ksae_cupy.session.progress`
 worded by phase (:class:`PhaseProgress`)."""
 from __future__ import annotations
 
-from ksae_cupy.training.progress import RunProgress
+from ksae_cupy.session.progress import RunProgress
 
 
 class PhasePace:

@@ -14,9 +14,11 @@ from ksae_cupy.atomic import write_json_atomic
 from ksae_cupy.errors import KsaeError, note
 from ksae_cupy.supervised import finetune
 from ksae_cupy.supervised.commands import FINETUNE
+from ksae_cupy.supervised.finetune_config import parse_hidden, parse_phases
 from ksae_cupy.supervised.units import check_dropout_rate
-from ksae_cupy.training import provenance
-from ksae_cupy.training.fields import APPLIED, DATA, KEPT, REFUSED, named
+from ksae_cupy.session import provenance
+from ksae_cupy.session.fields import APPLIED, DATA, KEPT, REFUSED, named
+from ksae_cupy.session.lifecycle import RunJob
 from ksae_cupy.training.options import check_positive_finite
 
 RESULTS = "finetune.json"
@@ -199,7 +201,7 @@ def data_of(dataset, sources, data_given: dict):
     may be added)."""
     from ksae_cupy.datasets.user_files import DataSpec
 
-    from ksae_cupy.training.runs import dataset_record
+    from ksae_cupy.session.runs import dataset_record
 
     given = {key: data_given[key] for key in DATA[1:] if data_given.get(key) is not None}
     layer1 = sources[0] if sources else {}
@@ -228,7 +230,7 @@ def new_trainer(values: dict, pretrained, read, data, backend):
     rng, dtype, baseline = np.random.default_rng(values["seed"]), np.dtype(values["dtype"]), values["baseline"]
     host_params, pretrain_layers = None, None
     if values["no_pretraining"]:
-        sizes = _parse_hidden(values["hidden"])
+        sizes = parse_hidden(values["hidden"])
         plain = values["units"] == "relu"  # every unit kept: Table fn_mnist's row read as a plain ReLU network
         ks = [None if plain else values["k"]] * len(sizes)
         host_params = finetune.init_random(data.dim, sizes, data.n_classes, values["sigma"], rng, dtype)
@@ -238,7 +240,7 @@ def new_trainer(values: dict, pretrained, read, data, backend):
         from ksae_cupy.supervised import baseline_fit, baselines
         from ksae_cupy.supervised.baseline_trainer import config_to_dict
 
-        sizes = _parse_hidden(values["hidden"])
+        sizes = parse_hidden(values["hidden"])
         ks = [None] * len(sizes)  # sigmoid layers keep every unit
         configs = baseline_fit.stack_configs(baseline, sizes, values["pretrain_epochs"], values["seed"])
         for config in configs:  # before the folder is made: a bad input writes nothing
@@ -257,7 +259,7 @@ def new_trainer(values: dict, pretrained, read, data, backend):
     sizes = ([host_params[finetune.layer_names(l)[0]].shape[1] for l in range(1, len(ks) + 1)]
              if host_params is not None else sizes)
     kept = [None if k_l is None else alpha_k(k_l, values["alpha"], H_l) for k_l, H_l in zip(ks, sizes)]
-    config = finetune.FinetuneConfig(kept=kept, phases=_parse_phases(values["phases"], len(ks)), **network, **{
+    config = finetune.FinetuneConfig(kept=kept, phases=parse_phases(values["phases"], len(ks)), **network, **{
         name: values[name] for name in ("epochs", "batch_size", "lr_start", "lr_end", "softmax_lr_start", "momentum",
                                         "momentum_end", "momentum_epochs", "sigma", "seed",
                                         "dtype", "step", "topk", "train_on")})
@@ -348,32 +350,37 @@ def _baseline_source(path, encoders: list, ks: list, sources: list) -> dict:
             "hidden_dropout": ckpt.config.get("hidden_dropout", 0.0)}
 
 
-def saver(folder, trainer):
-    from ksae_cupy.supervised.checkpoint import save_finetune_checkpoint
+class FinetuneJob(RunJob):
+    """What :meth:`~ksae_cupy.session.lifecycle.RunLifecycle.fit` trains for ``ksae-finetune``: the phases of
+    ``trainer`` on ``rows`` (train and valid inputs and labels, on the device), its checkpoint in ``folder``,
+    a line per epoch by ``pace`` and the bar by ``progress``."""
 
-    return lambda: save_finetune_checkpoint(folder.checkpoint, {**trainer.state(), "run_id": folder.run_id})
+    def __init__(self, trainer, rows, folder, pace, progress):
+        self.network, self.rows, self.folder, self.pace, self.progress = trainer, rows, folder, pace, progress
+
+    def trainer(self):
+        return self.network
+
+    def fit(self, on_epoch, on_batch) -> None:
+        X_train, y_train, X_valid, y_valid = self.rows
+        self.network.fit(X_train, y_train, X_valid, y_valid, on_epoch=on_epoch, on_batch=on_batch)
+
+    def save(self) -> None:
+        from ksae_cupy.supervised.checkpoint import save_finetune_checkpoint
+
+        save_finetune_checkpoint(self.folder.checkpoint, {**self.network.state(), "run_id": self.folder.run_id})
+
+    def epoch_lines(self, report) -> list[str]:
+        self.progress.clear()
+        return [self.pace.line(report, self.network)]
+
+    def on_batch(self, done: int, total: int) -> None:
+        self.progress.on_batch(done, total)
+
+    def on_end(self) -> None:
+        self.progress.clear()
 
 
 def default_run_dir(dataset: str, root: Path = Path("runs")) -> Path:
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     return root / f"finetune-{Path(dataset).stem}-{stamp}"
-
-
-def _parse_hidden(text: str) -> list[int]:
-    try:
-        sizes = [int(part) for part in text.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or len(sizes) > 2 or any(h <= 0 for h in sizes):
-        raise KsaeError(f"--hidden {text!r} is not allowed; use one or two positive sizes, e.g. 1000 or 1000,1000")
-    return sizes
-
-
-def _parse_phases(text: str | None, L: int) -> list[str]:
-    if text is None:
-        return ["all"] if L == 1 else ["softmax", "top", "all"]
-    phases = [p.strip() for p in text.split(",") if p.strip()]
-    if not phases or any(p not in finetune.PHASES for p in phases):
-        raise KsaeError(f"--phases {text!r} is not allowed; use a comma-separated list from "
-                        f"{', '.join(finetune.PHASES)}")
-    return phases

@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.training import provenance
+from ksae_cupy.session import provenance
 from ksae_cupy.training.estimator import KSparseAutoencoder
-from ksae_cupy.training.runs import RunFolder
+from ksae_cupy.session.runs import RunFolder
 
 
 def pretrain_stack(X_nd, layer_settings: list[dict], code_alpha: float = 3.0, X_valid_nd=None, on_epoch=None):
@@ -103,7 +103,7 @@ def write_codes(run_dir, out_path, alpha: float = 3.0, data_dir=None, device: st
     (float32 sums in another order differ in the last bit; see ``KSparseAutoencoder.transform``).
     Written to ``<out_path>.tmp`` and renamed, so ``out_path`` only ever holds a whole file. A run whose
     data file changed since it was trained is refused. Beside the codes, ``OUT.json`` records where they
-    came from (:mod:`ksae_cupy.training.provenance`): the codes' SHA-256 and the run's folder, id, epoch
+    came from (:mod:`ksae_cupy.session.provenance`): the codes' SHA-256 and the run's folder, id, epoch
     and checkpoint SHA-256. Returns that record: the run folder, its epochs, alpha, the shape, the
     seconds taken, ``codes_sha256`` and ``layer``.
     """

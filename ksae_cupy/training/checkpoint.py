@@ -5,7 +5,7 @@ Layout (``format = "ksae-cupy checkpoint"``, ``format_version = 2``):
 * root attributes: ``format``, ``format_version``, ``epoch`` (completed epochs), ``step``
   (optimiser steps taken), ``batch_in_epoch`` (batches done in the unfinished epoch, 0 at
   an epoch boundary), ``config`` (JSON of every option that shaped the run), and ``run_id``
-  (the run folder's identity, see :mod:`ksae_cupy.training.runs`; absent in older files and in
+  (the run folder's identity, see :mod:`ksae_cupy.session.runs`; absent in older files and in
   files the Python API saved outside a run folder); in files written before ``epoch_tally/``
   existed, mid-epoch, ``epoch_loss_sum`` and ``epoch_loss_batches`` (still read); ``provenance``
   (JSON: the package version, commit, libraries and device of the code that wrote the file,

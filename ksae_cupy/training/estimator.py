@@ -12,8 +12,11 @@ It follows scikit-learn's conventions (see :mod:`ksae_cupy.training.sklearn_comp
 input is checked with scikit-learn's ``validate_data``; every parameter's type and range is
 checked when ``fit`` starts (``_parameter_constraints``, in scikit-learn's words); pickling and
 ``clone`` work.
-The ``ksae-train`` command is a thin layer over :meth:`KSparseAutoencoder.fit` with a
-:class:`~ksae_cupy.training.runs.RunFolder` for checkpoints and logs.
+A fresh fit's trainer is made ready by :func:`~ksae_cupy.training.prepare.prepare`, which ``ksae-train``
+calls too (it builds its trainer directly, not through this class: :mod:`ksae_cupy.session.train_run`).
+
+Over 400 lines: scikit-learn's whole estimator contract (parameters and their constraints, fit, partial_fit,
+transform, inverse_transform, score, save / load, pickling) on one class, as scikit-learn keeps an estimator.
 """
 from __future__ import annotations
 
@@ -23,14 +26,14 @@ import numpy as np
 
 from ksae_cupy import model
 from ksae_cupy.backend import CPU, array_module, resolve_device, to_host
-from ksae_cupy.datasets.preprocess import INPUT_MEAN, raw_input_params
+from ksae_cupy.datasets.preprocess import raw_input_params
 from ksae_cupy.errors import KsaeError, note
 from ksae_cupy.schedules import resolve_k_start
-from ksae_cupy.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from ksae_cupy.training.learning_rate import (auto_learning_rate, check_data_scale, check_data_varies,
-                                              check_rate_moves_weights, round_significant, scale_of)
-from ksae_cupy.training.options import DTYPES, check_positive_finite, check_training_memory
+from ksae_cupy.training.checkpoint import Checkpoint, load_checkpoint
+from ksae_cupy.training.learning_rate import auto_learning_rate
+from ksae_cupy.training.options import DTYPES, check_positive_finite
 from ksae_cupy.training.config import RULES, TrainConfig
+from ksae_cupy.training import prepare as preparation
 from ksae_cupy.training.sklearn_compat import (BaseEstimator, ClassNamePrefixFeaturesOutMixin, Integral, Interval,
                                                Real, TransformerMixin, check_is_fitted, check_parameters,
                                                check_width, constraints, validate_data)
@@ -207,15 +210,16 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         """The first half of a fresh :meth:`fit`, done now; returns ``self``. ``X`` and the parameters are
         checked, the configuration made (``lr="auto"`` resolved from ``X``) and validated, and the trainer
         built after the checks fit makes before training (memory, the data's scale, a rate that moves the
-        weights): a command calls it to refuse bad input before it writes anything. The next ``fit`` of
+        weights): a caller calls it to refuse bad input before it writes anything. The next ``fit`` of
         the same ``X`` object, the parameters unchanged, trains that trainer instead of building another
-        (until then the model holds its initial weights).
+        (until then the model holds its initial weights). The trainer is made by
+        :func:`~ksae_cupy.training.prepare.prepare`, as ``ksae-train`` makes its own.
 
-        ``config``: the :class:`TrainConfig` these parameters make, already validated (``ksae-train``
+        ``config``: the :class:`TrainConfig` these parameters make, already validated (by a caller that
         validates its options before it reads the data), taken instead of a new one (its ``"auto"`` rate
         resolved in place). ``on_config(config, scale)`` is called once the rate is resolved, before the
-        checks, with the rows' :class:`~ksae_cupy.training.learning_rate.DataScale` (``ksae-train`` says there
-        which rate ``--lr auto`` chose, and from what).
+        checks, with the rows' :class:`~ksae_cupy.training.learning_rate.DataScale` (to say which rate
+        ``lr="auto"`` chose, and from what).
         """
         check_parameters(self)
         X_nd, xp = self._fresh_rows(X)
@@ -247,7 +251,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         """The CPU thread counts for the ``with`` block (``n_threads``); said when ``verbose``."""
         from contextlib import contextmanager
 
-        from ksae_cupy.training.threads import estimator_threads
+        from ksae_cupy.threads import estimator_threads
 
         @contextmanager
         def limits():
@@ -289,57 +293,13 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
 
     def _new_trainer(self, X_nd, xp, option_names=parameter_name, config=None, on_config=None) -> Trainer:
         """The trainer of a fresh fit on the rows ``X_nd`` (of array module ``xp``, as :meth:`_fresh_rows` returns
-        them), after the checks that read their summary; it is built from the configuration and the width
-        recorded where the rows were checked (``n_features_in_``), as :meth:`load` builds one from a checkpoint's."""
-        check_data_varies(X_nd, xp)  # constant or all-zero rows would train to a loss of 0 that means nothing
-        scale = scale_of(X_nd, xp)  # what the checks read of the rows, measured once
+        them): :func:`~ksae_cupy.training.prepare.prepare`, as ``ksae-train`` builds its trainer."""
         config = self.config() if config is None else config
-        if config.lr == "auto":
-            config.resolve_lr(scale.auto_lr())
-        if on_config is not None:
-            on_config(config, scale)
-        if isinstance(config.batch_size, (int, np.integer)):
-            config.batch_size = min(config.batch_size, scale.rows)  # so no more rows than X's to check for
-        config.check(name=option_names)
-        config.check_new(name=option_names, refuse=False)  # a grid search may pair aux_coef with aux_k=0
-        backend = resolve_device(self.device)
-        # Before anything is allocated: as ksae-train does (10^9 hidden units would ask for 477 GiB).
-        check_training_memory(backend, self.n_features_in_, config.hidden, config.batch_size, config.dtype,
-                              flag=option_names("hidden"))
-        check_data_scale(scale, config, option_names("lr"))  # data this scale would diverge: say so, not blame lr
-        trainer = Trainer(config, backend, D=self.n_features_in_)
-        # a step of 0 would train for nothing: checked on the first batch
-        check_rate_moves_weights(trainer, X_nd[:config.batch_size], option_names("lr"))
-        return trainer
+        return preparation.prepare(X_nd, xp, config, self.device, option_names, on_config)
 
     def _diverged(self, exc: TrainingDiverged, X_nd, checkpoint_path, option_names) -> TrainingDiverged:
         """``exc`` retold for the caller: what was saved, and a rate that trains this data."""
-        lr = option_names("lr")
-        saved = self.__dict__.get("_saved_at")
-        if checkpoint_path is None:
-            kept = "no checkpoint was asked for; fit again from the start"
-        elif saved is not None and Path(saved[0]) == Path(checkpoint_path):
-            kept = f"the checkpoint {checkpoint_path} holds epoch {saved[1]}, step {saved[2]}, written before it"
-        elif Path(checkpoint_path).exists():
-            kept = f"the checkpoint {checkpoint_path} is as it was before this run started"
-        else:
-            kept = "nothing was saved (no checkpoint had been written yet)"
-        auto = auto_learning_rate(X_nd)
-        if exc.step == 1 and exc.loss is not None:  # the first batch's loss, before any update
-            advice = (f"that is the initial model's loss on the first batch, before any step (the rate played no "
-                      f"part yet): use a smaller {option_names('sigma')} (now {self.sigma}) or scale the data down")
-        elif exc.lr is not None and exc.lr > auto:
-            advice = (f"{lr} auto gives {auto} for this data (derived from its scale: 0.01 on MNIST; see the "
-                      f"learning rate in docs/guide/your-data.md); use it, or a smaller rate")
-        else:
-            smaller = round_significant((exc.lr or auto) / 4, 2)
-            advice = (f"that is at or below the {auto} that {lr} auto gives for this data; use a smaller rate, "
-                      f"e.g. {smaller}, or scale the data down")
-        # A batch's loss names where; the epoch's health check (summed or validation loss, parameters) says it itself.
-        what = (f"the loss became {exc.loss} at epoch {exc.epoch}, step {exc.step} with {lr} {exc.lr}"
-                if exc.loss is not None else str(exc).split(";")[0])
-        message = f"{what}; {kept}; {advice}"
-        return TrainingDiverged(message, exc.loss, exc.epoch, exc.step, exc.lr)
+        return preparation.retold(exc, X_nd, checkpoint_path, self.__dict__.get("_saved_at"), self.sigma, option_names)
 
     def _check_X(self, X, reset: bool):
         """``X`` checked as scikit-learn does (2-D, non-empty, real, finite, right width), numeric
@@ -368,25 +328,16 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
 
     def _fresh_rows(self, X):
         """The rows a fresh fit trains on, and their array module: ``X`` checked (its width learned), then with
-        ``center_input`` minus their mean, which is kept in ``preprocess_["input_mean"]`` (with the model, in its
-        checkpoints), in the model's dtype, summed in float64; without, none is kept."""
+        ``center_input`` minus their mean, kept in ``preprocess_["input_mean"]`` (with the model, in its
+        checkpoints; :func:`~ksae_cupy.training.prepare.centre_rows`)."""
         X_nd, xp = self._check_X(X, reset=True)
-        preprocess = dict(self.preprocess_)
-        preprocess.pop(INPUT_MEAN, None)
-        if self.center_input:
-            mean_d = X_nd.mean(axis=0, dtype=np.float64).astype(self.dtype)  # on X's device
-            preprocess[INPUT_MEAN] = to_host(mean_d)
-            X_nd = X_nd - mean_d.astype(X_nd.dtype)  # as _centred subtracts it
-        self.preprocess_ = preprocess
+        X_nd, self.preprocess_ = preparation.centre_rows(X_nd, self.center_input, self.dtype, self.preprocess_)
         return X_nd, xp
 
     def _centred(self, X_nd, xp):
         """``X_nd`` (of array module ``xp``) minus the training mean when the model was trained on centred
         inputs, else as it is."""
-        mean_d = self.preprocess_.get(INPUT_MEAN)
-        if mean_d is None:
-            return X_nd
-        return X_nd - (xp.asarray(mean_d) if xp is not np else mean_d).astype(X_nd.dtype)
+        return preparation.centred(X_nd, xp, self.preprocess_)
 
     def _to_device(self, X_nd):
         if X_nd is None:
@@ -473,11 +424,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     def save(self, path) -> None:
         """Write a checkpoint (the whole training state) to ``path`` atomically."""
         check_is_fitted(self)
-        self.trainer_.check_params_finite()
-        ckpt = self.trainer_.checkpoint(self.preprocess_)
-        ckpt.run_id = self.run_id_
-        save_checkpoint(Path(path), ckpt)
-        self._saved_at = (Path(path), self.trainer_.epoch, self.trainer_.step)
+        self._saved_at = preparation.save_state(self.trainer_, path, self.preprocess_, self.run_id_)
 
     @classmethod
     def load(cls, path, device: str = "auto") -> "KSparseAutoencoder":

@@ -9,6 +9,10 @@ Determinism: the initial weights and each epoch's order come from one NumPy gene
 the host, so a CPU run and a GPU run with one seed see the same batches, and a resumed run
 continues the very same sequence (the generator's state, and mid-epoch the epoch's order,
 are saved in the checkpoint).
+
+Over 400 lines: the one trainer every run kind builds on (the distributed and baseline trainers subclass it),
+with the state a bit-identical resume needs (parameters, velocities, random state, the epoch's place and
+tally) kept beside the step that changes it.
 """
 from __future__ import annotations
 

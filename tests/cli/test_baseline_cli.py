@@ -14,7 +14,7 @@ from ksae_cupy.cli.baseline import baseline_command
 from ksae_cupy.cli.evaluate import eval_command
 from ksae_cupy.supervised import baselines
 from ksae_cupy.supervised.baseline_trainer import FORMAT, load_baseline_checkpoint
-from ksae_cupy.training.runs import RunFolder
+from ksae_cupy.session.runs import RunFolder
 from clicheck import assert_one_line_error
 from heldrun import held_train, wait_until_held
 

@@ -1,4 +1,4 @@
-"""Provenance end to end (ksae_cupy/training/provenance.py), through the real commands: a run's data file
+"""Provenance end to end (ksae_cupy/session/provenance.py), through the real commands: a run's data file
 replaced since training is refused by every command that reads it; codes carry their origin, layer 2
 records it and deep fine-tuning checks the chain; the evaluation's kept fits are keyed on every value of
 the data."""
@@ -16,7 +16,7 @@ from ksae_cupy.cli.finetune import finetune_command
 from ksae_cupy.cli.train import train_command
 from ksae_cupy.evaluation import classifier, grid
 from ksae_cupy.evaluation import features as evaluate
-from ksae_cupy.training.runs import RunFolder
+from ksae_cupy.session.runs import RunFolder
 from clicheck import assert_one_line_error
 from runfolder import make_run, sparse_signal_dataset
 
@@ -119,7 +119,7 @@ def labelled_separately(tmp_path):
 
 
 def test_a_labels_file_replaced_since_training_is_refused_in_one_line_naming_both_hashes(tmp_path):
-    from ksae_cupy.training.runs import file_sha256
+    from ksae_cupy.paths import file_sha256
     files = labelled_separately(tmp_path)
     run = tmp_path / "run"
     invoke(train_command, [files["X"], "--labels", files["y"], "--test", files["X_test"], "--test-labels",
@@ -154,7 +154,7 @@ def test_a_labels_file_replaced_since_training_is_refused_in_one_line_naming_bot
 def test_codes_carry_their_origin_and_layer_2_records_it(stack):
     _, layer1, written, layer2 = stack
     origin = json.loads(written.with_suffix(".json").read_text())
-    from ksae_cupy.training.runs import file_sha256
+    from ksae_cupy.paths import file_sha256
     assert origin["codes_sha256"] == file_sha256(written)
     assert origin["layer"]["checkpoint_sha256"] == file_sha256(layer1 / "checkpoint.h5")
     assert origin["layer"]["epoch"] == 1 and origin["layer"]["run_dir"] == str(layer1.resolve())

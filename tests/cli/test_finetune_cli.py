@@ -15,7 +15,7 @@ from ksae_cupy.cli.finetune import finetune_command
 from ksae_cupy.datasets.synthetic import make_sparse_signals
 from ksae_cupy.supervised.baseline_trainer import load_baseline_checkpoint
 from ksae_cupy.training.estimator import KSparseAutoencoder
-from ksae_cupy.training.runs import RunFolder
+from ksae_cupy.session.runs import RunFolder
 from clicheck import assert_one_line_error
 
 FINETUNE = [sys.executable, "-c", "from ksae_cupy.cli.finetune import finetune_command; finetune_command()"]

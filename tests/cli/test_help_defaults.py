@@ -82,7 +82,7 @@ def shown_default(command: click.Command, name: str):
 
 
 def test_ksae_train_uses_the_defaults_its_help_shows(tmp_path, monkeypatch):
-    from ksae_cupy.training.threads import THREAD_VARIABLES
+    from ksae_cupy.threads import THREAD_VARIABLES
 
     for variable in THREAD_VARIABLES:
         monkeypatch.delenv(variable, raising=False)
@@ -116,7 +116,7 @@ def test_ksae_train_default_run_dir_is_the_one_its_help_names(tmp_path, monkeypa
 
 
 def test_ksae_eval_uses_the_defaults_its_help_shows(tmp_path, monkeypatch):
-    from ksae_cupy.training.threads import THREAD_VARIABLES
+    from ksae_cupy.threads import THREAD_VARIABLES
 
     for variable in THREAD_VARIABLES:
         monkeypatch.delenv(variable, raising=False)

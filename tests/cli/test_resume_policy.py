@@ -19,7 +19,7 @@ def spies(monkeypatch):
     """What a session hands to resolve_device, load_dataset and CheckpointPolicy."""
     import ksae_cupy.backend as backend
     import ksae_cupy.datasets as datasets
-    from ksae_cupy.training.checkpoint_policy import CheckpointPolicy
+    from ksae_cupy.session.checkpoint_policy import CheckpointPolicy
 
     seen = {"device": [], "root": [], "policy": []}
     resolve, load, init = backend.resolve_device, datasets.load_dataset, CheckpointPolicy.__init__
@@ -77,7 +77,7 @@ import json  # noqa: E402
 import shutil  # noqa: E402
 
 from ksae_cupy.cli.options import commands  # noqa: E402
-from ksae_cupy.training.fields import (APPLIED, DATA, KEPT, REFUSED, RUN_LEVEL, SESSION, policies,  # noqa: E402
+from ksae_cupy.session.fields import (APPLIED, DATA, KEPT, REFUSED, RUN_LEVEL, SESSION, policies,  # noqa: E402
                                       resume_table)
 
 COMMANDS = {"ksae-train": train_command, "ksae-baseline": baseline_command, "ksae-finetune": finetune_command}
@@ -190,9 +190,9 @@ def test_the_mpi_trainers_resume_refuses_and_applies_as_ksae_train_and_keeps_its
     assert str(refused.value) == ("--resume: options contradict the checkpoint (they shape the model or the batches): "
                                   "--no-k-schedule (the run has k-start 8), --shard-hidden (the run shards its data, "
                                   "not its hidden units)")  # --hidden 16 is the run's own
-    dataset, config, settings, changes = resumed(params, {"epochs", "topk", "checkpoint_every"}, folder, ckpt,
-                                                 previous)
-    assert dataset == "synthetic" and (config.epochs, config.topk, settings.checkpoint_every) == (6, "threshold", 3)
+    spec, config, settings, changes = resumed(params, {"epochs", "topk", "checkpoint_every"}, folder, ckpt,
+                                              previous)
+    assert spec.data == "synthetic" and (config.epochs, config.topk, settings.checkpoint_every) == (6, "threshold", 3)
     assert changes == ["epochs 4 -> 6", "topk sort -> threshold", "checkpoint-every 2 -> 3"]
     assert settings.device == "cpu" and not settings.shard_hidden  # not given: the run's
 

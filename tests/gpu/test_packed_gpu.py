@@ -16,7 +16,7 @@ from ksae_cupy.cli.train import train_command
 from ksae_cupy.datasets import Dataset
 from ksae_cupy.datasets.synthetic import make_sparse_signals
 from ksae_cupy.training.checkpoint import load_checkpoint
-from ksae_cupy.training.packed_runs import train_packed
+from ksae_cupy.session.packed_runs import train_packed
 from ksae_cupy.training.trainer import TrainConfig
 from ksae_cupy.datasets.registry import DATASETS
 

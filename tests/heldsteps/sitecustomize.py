@@ -13,7 +13,7 @@ later one) prints ``held after epoch N (RUN)`` and waits until it gets a stop si
 SIGTERM, SIGHUP: sent on by the script, or SIGTERM from the kernel when the script is killed). The
 run's own handler notes the signal as usual; the run then goes on and stops after its step. It
 holds once per process; without KSAE_TEST_HOLD this file does nothing. ``ksae_cupy`` is not imported
-here: the patch is applied when the command imports ``ksae_cupy.training.runs``.
+here: the patch is applied when the command imports ``ksae_cupy.session.runs``.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ if os.environ.get("KSAE_TEST_HOLD"):
     import sys
     import time
 
-    _RUNS = "ksae_cupy.training.runs"
+    _RUNS = "ksae_cupy.session.runs"
     _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     *_target, _epoch = os.environ["KSAE_TEST_HOLD"].split()
     _run, _phase = _target[0], (_target[1] if len(_target) > 1 else None)

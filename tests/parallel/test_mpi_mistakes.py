@@ -3,6 +3,7 @@ one ``error:`` line (not one per rank, no MPICH "Abort(...)" line, no traceback)
 before any work; the run folder's lock and files, the checkpoint's checksums, divergence and
 resume behave as in ``ksae-train``. (Issue 24's MPI cases; docs/reliability-audit-2026-11-25.md.)
 """
+import hashlib
 import re
 import json
 import subprocess
@@ -45,7 +46,7 @@ def two_epoch_run(folder, *extra):
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["nothere.npy", *SMALL], "data file nothere.npy does not exist"),
+    (["nothere.npy", *SMALL], "nothere.npy does not exist"),  # by its absolute path, as ksae-train names it
     (["text.txt", *SMALL], "unknown dataset 'text.txt'"),
     (["xi8.npy", *SMALL], "holds integers (dtype int8"),
     (["x.npy", "--hidden", "16", "--k", "30"], "--k 30 is not allowed; use 1 <= k <= hidden (16)"),
@@ -110,6 +111,29 @@ def test_resume_applies_or_refuses_every_option_and_keeps_those_not_given(folder
     np.save(folder / "x.npy", np.load(folder / "x.npy")[::-1].copy())
     changed = dist_train(2, ["--resume", "run1", "--epochs", "5"], cwd=folder, check=False)
     assert "changed since the run started" in one_error_line(changed)
+
+
+def test_resume_checks_the_runs_labels_and_test_files_as_ksae_train_does(folder):
+    """--labels, --test and --test-labels are recorded with their SHA-256; a resume reads them only while their bytes
+    are the run's, and refuses, by name, a data option given again that is not the run's."""
+    X = np.load(folder / "x.npy")
+    np.save(folder / "y.npy", np.arange(len(X)) % 3)
+    np.save(folder / "xt.npy", X[:50])
+    np.save(folder / "yt.npy", np.arange(50) % 3)
+    dist_train(2, ["x.npy", *SMALL, "--epochs", "1", "--run-dir", "run1", "--labels", "y.npy", "--test", "xt.npy",
+                   "--test-labels", "yt.npy", "--quiet"], cwd=folder)
+    data = json.loads((folder / "run1" / "config.json").read_text())["data"]
+    assert data["labels"] == str(folder / "y.npy") and data["test_labels"] == str(folder / "yt.npy")
+    assert {data[f"{key}_sha256"] for key in ("labels", "test", "test_labels")} == {
+        hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in ("y.npy", "xt.npy", "yt.npy")}
+    dist_train(2, ["--resume", "run1", "--epochs", "2", "--quiet"], cwd=folder)  # the run's bytes: it goes on
+    other = dist_train(2, ["--resume", "run1", "--epochs", "3", "--labels", "yt.npy"], cwd=folder, check=False)
+    assert "--labels yt.npy (the run has" in one_error_line(other)
+    np.save(folder / "yt.npy", np.arange(50) % 2)
+    changed = dist_train(2, ["--resume", "run1", "--epochs", "3"], cwd=folder, check=False)
+    line = one_error_line(changed)
+    assert f"its --test-labels file {folder / 'yt.npy'} changed since the run was trained" in line
+    assert json.loads((folder / "run1" / "config.json").read_text())["train"]["epochs"] == 2  # refused before any work
 
 
 def test_resume_refuses_a_ksae_train_run_and_a_damaged_checkpoint(folder):

@@ -18,7 +18,7 @@ from ksae_cupy.errors import KsaeError
 from ksae_cupy.reports import paper_tables
 from ksae_cupy.reports.folders import clear_unstarted, read_metrics, run_state
 from ksae_cupy.reports.kept_checkpoints import MANIFEST, entry_for, keep, read_manifest, write_manifest
-from ksae_cupy.training.runs import RunFolder
+from ksae_cupy.session.runs import RunFolder
 
 RUN = "results/runs/a"
 CHECKPOINT = f"{RUN}/checkpoint.h5"

@@ -131,7 +131,7 @@ def test_the_paper_figures_are_read_where_they_are_quoted():
 
 def test_a_folder_another_process_holds_is_running_and_given_no_command(tmp_path):
     from ksae_cupy.reports import paper_tables
-    from ksae_cupy.training.runlock import RunLock
+    from ksae_cupy.session.runlock import RunLock
 
     folder = tmp_path / "k25"
     folder.mkdir()

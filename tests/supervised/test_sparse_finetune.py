@@ -257,7 +257,7 @@ def finetune_cli(args):
 
 
 def test_cli_step_and_threads_are_recorded_and_may_change_on_resume(tmp_path):
-    from ksae_cupy.training.runs import RunFolder
+    from ksae_cupy.session.runs import RunFolder
 
     out = tmp_path / "ft"
     result = finetune_cli([*QUICK, "--step", "sparse", "--threads", "1", "--run-dir", out])

@@ -17,9 +17,9 @@ from ksae_cupy import KSparseAutoencoder
 from ksae_cupy.cli.train import train_command
 from ksae_cupy.datasets.synthetic import make_sparse_signals
 from ksae_cupy.errors import KsaeNote
-from ksae_cupy.training import threads as threads_module
+from ksae_cupy import threads as threads_module
 from ksae_cupy.training.checkpoint import load_checkpoint
-from ksae_cupy.training.progress import RunProgress, done_around
+from ksae_cupy.session.progress import RunProgress, done_around
 
 ENV = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), PYTHONUNBUFFERED="1")
 

@@ -14,7 +14,7 @@ from ksae_cupy.sparse_step import STEPS
 from ksae_cupy.topk import TOPK_METHODS
 from ksae_cupy.training.config import RULES, TrainConfig
 from ksae_cupy.training.estimator import KSparseAutoencoder, parameter_name
-from ksae_cupy.training.fields import SHARED, TRAIN
+from ksae_cupy.session.fields import SHARED, TRAIN
 from ksae_cupy.training.options import DTYPES
 from ksae_cupy.training.sklearn_compat import check_parameters, make_constraint
 

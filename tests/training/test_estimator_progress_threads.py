@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ksae_cupy import KSparseAutoencoder, KsaeError
-from ksae_cupy.training import threads as threads_module
+from ksae_cupy import threads as threads_module
 from ksae_cupy.cpu import numba_kernels as cpu_kernels
 
 import threadpoolctl  # comes with the base install

@@ -12,7 +12,7 @@ import ksae_cupy
 from ksae_cupy import KSparseAutoencoder
 from ksae_cupy.cli.data import data_command
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.training.export import read_export
+from ksae_cupy.session.export import read_export
 from clicheck import assert_one_line_error
 
 D, H, K = 12, 20, 3  # D != H, so that a transposed weight cannot pass for the right one

@@ -17,12 +17,12 @@ from click.testing import CliRunner
 from clicheck import assert_one_line_error
 from heldrun import held_train, wait_until_held
 from ksae_cupy.cli import resume as resuming
-from ksae_cupy.training.progress import RunProgress
+from ksae_cupy.session.progress import RunProgress
 from ksae_cupy.training.wording import format_duration
 from ksae_cupy.cli.train import train_command
 from ksae_cupy.datasets.synthetic import make_sparse_signals
 from ksae_cupy.training.checkpoint import load_checkpoint
-from ksae_cupy.training.checkpoint_policy import CheckpointPolicy
+from ksae_cupy.session.checkpoint_policy import CheckpointPolicy
 from ksae_cupy.training.trainer import TrainConfig
 
 TRAIN = [sys.executable, "-c", "from ksae_cupy.cli.train import train_command; train_command()"]
@@ -298,7 +298,7 @@ def test_threads_option_sets_and_reports_the_blas_threads(data_file, tmp_path):
 
 @pytest.mark.parametrize("variable", ["OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"])
 def test_a_thread_count_from_the_environment_is_kept_and_named(data_file, tmp_path, variable):
-    from ksae_cupy.training.threads import THREAD_VARIABLES
+    from ksae_cupy.threads import THREAD_VARIABLES
 
     env = {key: value for key, value in ENV.items() if key not in THREAD_VARIABLES}
     result = subprocess.run(TRAIN + [str(data_file), *SMALL, "--epochs", "1", "--run-dir", str(tmp_path / "run")],
@@ -311,9 +311,9 @@ def test_a_thread_count_from_the_environment_is_kept_and_named(data_file, tmp_pa
 @pytest.mark.parametrize("load, expected", [(0.2, 4), (1.2, 3), (2.6, 1), (9.0, 1)])
 def test_the_default_thread_count_leaves_the_cores_other_jobs_use(monkeypatch, load, expected):
     pytest.importorskip("threadpoolctl", reason="the count is set through threadpoolctl")
-    from ksae_cupy.training import threads as threads_module
+    from ksae_cupy import threads as threads_module
     from ksae_cupy.cpu import numba_kernels as cpu_kernels
-    from ksae_cupy.training.threads import THREAD_VARIABLES
+    from ksae_cupy.threads import THREAD_VARIABLES
 
     for name in THREAD_VARIABLES:
         monkeypatch.delenv(name, raising=False)
@@ -333,7 +333,7 @@ def test_the_thread_count_a_run_used_is_kept_on_resume(data_file, tmp_path):
     """Without --threads the count chosen (from the environment here) is recorded, so a resume in
     another environment uses it: BLAS products differ in their last bits on another count."""
     pytest.importorskip("threadpoolctl", reason="the count is set through threadpoolctl")
-    from ksae_cupy.training.threads import THREAD_VARIABLES
+    from ksae_cupy.threads import THREAD_VARIABLES
 
     env = {key: value for key, value in ENV.items() if key not in THREAD_VARIABLES}
     run = tmp_path / "run"

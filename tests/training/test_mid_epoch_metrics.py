@@ -24,7 +24,7 @@ CLOCKS = {"seconds", "samples_per_s", "parts", "time"}
 # COMMAND's run, holding inside its nth batch (counted over the whole session) until its stdin is closed.
 HOLD_IN_BATCH = """\
 import sys
-from ksae_cupy.training import checkpoint_policy
+from ksae_cupy.session import checkpoint_policy
 
 nth, after_batch, calls = int(sys.argv.pop(1)), checkpoint_policy.CheckpointPolicy.after_batch, []
 

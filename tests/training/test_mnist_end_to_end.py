@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from ksae_cupy.training.checkpoint import load_checkpoint
 from ksae_cupy.cli.train import train_command
 from ksae_cupy.datasets import data_root, load_dataset
-from ksae_cupy.training.runs import RunFolder
+from ksae_cupy.session.runs import RunFolder
 
 EPOCHS = 3
 DEAD_BOUND = 0.75

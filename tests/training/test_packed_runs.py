@@ -19,7 +19,7 @@ from ksae_cupy.datasets.synthetic import make_sparse_signals
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.training.checkpoint import load_checkpoint
 from ksae_cupy.training.packed import Pack
-from ksae_cupy.training.packed_runs import PackStopped, train_packed
+from ksae_cupy.session.packed_runs import PackStopped, train_packed
 from ksae_cupy.training.trainer import TrainConfig, Trainer
 from ksae_cupy.datasets.registry import DATASETS
 

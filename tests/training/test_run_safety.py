@@ -20,7 +20,7 @@ from heldrun import held_train, wait_until_held
 from ksae_cupy.cli.train import train_command
 from ksae_cupy.datasets.synthetic import make_sparse_signals
 from ksae_cupy.training.checkpoint import load_checkpoint
-from ksae_cupy.training.runlock import RunLock
+from ksae_cupy.session.runlock import RunLock
 
 QUICK = ["--hidden", "16", "--k", "2", "--k-start", "4", "--batch-size", "20", "--device", "cpu"]
 TRAIN = [sys.executable, "-c", "from ksae_cupy.cli.train import train_command; train_command()"]
@@ -44,7 +44,7 @@ def test_a_second_writer_is_refused_with_the_holders_pid_and_nothing_is_touched(
     run = tmp_path / "run"
     assert invoke(data_file, *QUICK, "--epochs", "1", "--run-dir", run).exit_code == 0
     before = {p.name: p.read_bytes() for p in run.iterdir()}
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom ksae_cupy.training.runlock import "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom ksae_cupy.session.runlock import "
                                "RunLock\nRunLock(sys.argv[1]).acquire()\nprint('locked', flush=True)\nsys.stdin.read()",
                                str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=ENV)
     try:
@@ -66,7 +66,7 @@ def test_a_second_writer_is_refused_with_the_holders_pid_and_nothing_is_touched(
 def test_a_lock_left_by_a_killed_run_is_taken_over(data_file, tmp_path):
     run = tmp_path / "run"
     assert invoke(data_file, *QUICK, "--epochs", "1", "--run-dir", run).exit_code == 0
-    holder = subprocess.Popen([sys.executable, "-c", "import sys\nfrom ksae_cupy.training.runlock import RunLock\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys\nfrom ksae_cupy.session.runlock import RunLock\n"
                                "RunLock(sys.argv[1]).acquire()\nprint('locked', flush=True)\nsys.stdin.read()",
                                str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=ENV)
     assert holder.stdout.readline() == "locked\n"

@@ -127,7 +127,7 @@ def test_a_checkpoint_that_cannot_be_read_says_why_and_not_corrupt(tmp_path, mon
 # -- the MPI trainer's resume hint names what is installed -------------------------------------------
 
 def test_the_mpi_resume_hint_names_this_interpreter():
-    from ksae_cupy.parallel.data_parallel import LAUNCH
+    from ksae_cupy.parallel.distributed_run import LAUNCH
 
     words = LAUNCH.format(size=2).split()
     assert words[3] == sys.executable and Path(words[3]).exists()

@@ -3,7 +3,7 @@
     outcomes = train_packed(configs, data, backend, folders, dataset="mnist")
 
 Every configuration is one run in its folder, written by the same code as a ``ksae-train`` run's
-(:class:`~ksae_cupy.training.runs.RunFolder`: config.json, metrics.jsonl, checkpoint.h5 saved by the
+(:class:`~ksae_cupy.session.runs.RunFolder`: config.json, metrics.jsonl, checkpoint.h5 saved by the
 estimator), so each one is an ordinary run afterwards: ``ksae-train --resume FOLDER`` continues it
 alone, ``ksae-eval FOLDER`` scores it. A folder that already holds a checkpoint is resumed (its
 configuration must be the one asked, the epochs aside, which apply as ``--epochs`` does on
@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ksae_cupy.errors import KsaeError, TrainingDiverged, cli_name
-from ksae_cupy.training.checkpoint_policy import CheckpointPolicy
-from ksae_cupy.training.fields import RUN_LEVEL, TRAIN as TRAIN_OPTIONS
+from ksae_cupy.session.checkpoint_policy import CheckpointPolicy
+from ksae_cupy.session.fields import RUN_LEVEL, TRAIN as TRAIN_OPTIONS
 from ksae_cupy.training.packed import Pack, stack_key
-from ksae_cupy.training.runs import TRAIN, RunFolder, dataset_record
-from ksae_cupy.training.stopping import StopOnSignals
-from ksae_cupy.training.threads import estimator_threads
+from ksae_cupy.session.runs import TRAIN, RunFolder, dataset_record
+from ksae_cupy.session.stopping import StopOnSignals
+from ksae_cupy.threads import estimator_threads
 
 # Settings of a ksae-train session recorded in config.json (a resume alone reads them): their defaults.
 DEFAULT_SETTINGS = {option.name: option.default for option in TRAIN_OPTIONS if option.name in RUN_LEVEL}
@@ -116,7 +116,7 @@ def _data_record(dataset) -> dict:
     SHA-256, with its labels and splits (``dataset`` a :class:`~ksae_cupy.datasets.user_files.DataSpec` for
     splits other than the defaults)."""
     from ksae_cupy.datasets.user_files import DataSpec
-    from ksae_cupy.training.provenance import data_files_record
+    from ksae_cupy.session.provenance import data_files_record
 
     spec = dataset if isinstance(dataset, DataSpec) else DataSpec(str(dataset)).validate().resolved()
     record = dataset_record(spec.data)
@@ -166,15 +166,14 @@ class _Member:
 def _open_member(config, data, backend, path: Path, restart_unstarted: bool, log) -> _Member:
     """The run in ``path``: resumed from its checkpoint (its configuration checked against ``config``), or new
     (its folder checked, its model prepared as ``ksae-train`` prepares one: --lr auto resolved, the checks)."""
-    from ksae_cupy.training import resuming
+    from ksae_cupy.session import resuming
     from ksae_cupy.training.estimator import KSparseAutoencoder
-    from ksae_cupy.training.train_run import new_model
 
     folder = RunFolder(path, kind=TRAIN)
     if not folder.checkpoint.is_file():
         restarted = folder.run_files() if restart_unstarted and folder.folder_kind() in (None, TRAIN) else None
         folder.check_new(overwrite=bool(restarted))
-        model, _ = new_model(config, data, backend, lambda line, err=False: log(f"{path}: {line}"))
+        model = _new_model(config, data, backend, lambda line, err=False: log(f"{path}: {line}"))
         return _Member(folder, model, data, resumed=False, restarted=restarted)
     folder.check_resumable()
     model = KSparseAutoencoder.load(folder.checkpoint, device=backend.name)
@@ -194,6 +193,32 @@ def _open_member(config, data, backend, path: Path, restart_unstarted: bool, log
     resuming.apply(["epochs"], {"epochs"}, {"epochs": config.epochs}, model.trainer_)
     model.epochs = model.trainer_.config.epochs
     return _Member(folder, model, data, resumed=True)
+
+
+def _new_model(config, data, backend, say):
+    """The estimator of a new run on ``data``, prepared (:meth:`KSparseAutoencoder.prepare`) with ``config``
+    as ``ksae-train`` prepares its trainer (:func:`~ksae_cupy.session.train_run.new_job`: the schedule kept only
+    if it reaches k, --lr auto resolved and said, the checks before training); the pack steps its trainer."""
+    from ksae_cupy.schedules import schedule_reaches_k
+    from ksae_cupy.session.train_run import describe_auto_lr
+    from ksae_cupy.training.estimator import KSparseAutoencoder
+    from ksae_cupy.training.options import check_batch_size
+
+    if config.k_start is not None and not schedule_reaches_k(config.epochs, config.k, config.k_start):
+        say(f"note: in {config.epochs} epoch the k schedule would stay at k-start {config.k_start} and never "
+            f"reach k {config.k}; training with k {config.k} from the start (as --no-k-schedule)")
+        config.drop_schedule()
+    params = {name: getattr(config, name) for name in config.to_dict() if name not in ("hidden", "k_schedule_epochs",
+                                                                                           "lr_auto")}
+    model = KSparseAutoencoder(n_hidden=config.hidden, device=backend.name, **params)
+    check_batch_size("--batch-size", config.batch_size, len(data.X_train))
+    model.preprocess_ = dict(data.preprocess)  # before prepare, which adds the mean --center-input subtracts
+
+    def said(resolved, scale):  # the scale of what fit trains on (--center-input: the rows minus their mean)
+        if resolved.lr_auto:
+            say(f"--lr auto: {resolved.lr} for this data ({describe_auto_lr(scale)})")
+
+    return model.prepare(data.X_train, config=config, option_names=cli_name, on_config=said)
 
 
 def _train_pack(members: list, outcomes: list, stacked, policy_of, log, running: dict) -> None:

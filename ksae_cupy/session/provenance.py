@@ -3,10 +3,10 @@
 Four records, each checked by every command that reads it:
 
 * **The data file.** A run on a user's file records the file's SHA-256 in config.json
-  (``dataset_sha256``, :func:`~ksae_cupy.training.runs.dataset_record`). :func:`check_run_data`
+  (``dataset_sha256``, :func:`~ksae_cupy.session.runs.dataset_record`). :func:`check_run_data`
   refuses to read the file when its bytes changed since (ksae-eval, ksae-analyze, ksae-plot,
   ksae-data codes, ksae-finetune; ``--resume`` has its own check in
-  :mod:`ksae_cupy.training.resuming`). A built-in dataset is recorded by its name only: its files
+  :mod:`ksae_cupy.session.resuming`). A built-in dataset is recorded by its name only: its files
   are checked against their published checksums by ``ksae-data fetch`` and ``ksae-data verify``.
 * **Its other files.** The ``--labels``, ``--test`` and ``--test-labels`` files of a run on a user's
   data are hashed beside their paths in config.json's ``data`` (``labels_sha256``, ...,
@@ -26,11 +26,11 @@ Hashes are shown by their first 12 hex digits.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 from ksae_cupy.errors import KsaeError, note
+from ksae_cupy.paths import file_sha256
 
 SHORT = 12  # hex digits of a SHA-256 shown in messages
 CODES_WRITER = "ksae-data codes"
@@ -38,14 +38,6 @@ CODES_WRITER = "ksae-data codes"
 
 def short(digest: str | None) -> str:
     return (digest or "?")[:SHORT]
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def data_file(dataset: str) -> Path:

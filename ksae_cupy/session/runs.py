@@ -7,7 +7,7 @@
                             of the session that created the run and of the last one that ran it
     RUN_DIR/metrics.jsonl   one JSON object per finished epoch (a finished run's long log in results/ may be
                             gzipped, metrics.jsonl.gz: read alike, see :func:`metrics_file`)
-    RUN_DIR/.lock           held by the one process writing the run (:mod:`ksae_cupy.training.runlock`)
+    RUN_DIR/.lock           held by the one process writing the run (:mod:`ksae_cupy.session.runlock`)
 
 A run killed while it wrote a checkpoint leaves ``checkpoint.h5.tmp`` beside the intact
 previous checkpoint; :meth:`RunFolder.create` removes such leftovers when the run starts again.
@@ -31,9 +31,9 @@ from pathlib import Path
 
 from ksae_cupy.atomic import write_json_atomic, write_text_atomic
 from ksae_cupy.errors import KsaeError, note
-from ksae_cupy.paths import check_writable_folder
-from ksae_cupy.training.provenance import codes_origin, data_files_record, file_sha256  # noqa: F401 (file_sha256: re-exported)
-from ksae_cupy.training.runlock import RunLock, check_unlocked
+from ksae_cupy.paths import check_writable_folder, file_sha256
+from ksae_cupy.session.provenance import codes_origin, data_files_record
+from ksae_cupy.session.runlock import RunLock, check_unlocked
 
 CHECKPOINT = "checkpoint.h5"
 CONFIG = "config.json"
@@ -335,7 +335,7 @@ def parse_metrics(path: Path) -> tuple[list[dict], bool]:
 def dataset_record(dataset: str, with_sha256: bool = True) -> dict:
     """How config.json names the data: a user file by its absolute path (a run can then be
     resumed from any folder) and its SHA-256 (a changed file is noticed), and for codes written by
-    ``ksae-data codes`` their origin (:mod:`ksae_cupy.training.provenance`); a built-in name as is."""
+    ``ksae-data codes`` their origin (:mod:`ksae_cupy.session.provenance`); a built-in name as is."""
     from ksae_cupy.datasets import is_user_file
 
     if not is_user_file(dataset):

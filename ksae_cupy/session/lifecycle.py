@@ -6,10 +6,10 @@
     backend = run.start()                 # the device and the CPU threads: as given, else the run's
     data = run.load(spec)
     run.begin(record, "train", trainer)   # folder, identity, config.json, and the lines that say where
-    run.fit(trainer_of, fit, save, lines) # the checkpoint policy, stop signals, metrics
+    run.fit(job)                          # the job (a RunJob) under the checkpoint policy, stop signals, metrics
     run.end(trainer, done_line)           # "done", "nothing to train" or "interrupted ... continue with"
 
-Settings of the session (:data:`~ksae_cupy.training.fields.RUN_LEVEL`: device, threads, data root,
+Settings of the session (:data:`~ksae_cupy.session.fields.RUN_LEVEL`: device, threads, data root,
 checkpoint schedule, progress interval) are the options given, else on --resume the run's own
 (config.json), else the defaults, and are recorded in config.json. A first Ctrl-C, SIGTERM or
 SIGHUP finishes the current step, saves and exits with 128 + the signal (130, 143, 129); the
@@ -23,13 +23,13 @@ import time
 from pathlib import Path
 
 from ksae_cupy.errors import KsaeError, note
-from ksae_cupy.training import resuming
+from ksae_cupy.session import resuming
 from ksae_cupy.training.checkpoint import CheckpointWriteError
-from ksae_cupy.training.checkpoint_policy import CheckpointPolicy
-from ksae_cupy.training.fields import RUN_LEVEL
-from ksae_cupy.training.provenance import check_data_files
-from ksae_cupy.training.runs import RunFolder
-from ksae_cupy.training.stopping import StopOnSignals
+from ksae_cupy.session.checkpoint_policy import CheckpointPolicy
+from ksae_cupy.session.fields import RUN_LEVEL
+from ksae_cupy.session.provenance import check_data_files
+from ksae_cupy.session.runs import RunFolder
+from ksae_cupy.session.stopping import StopOnSignals
 from ksae_cupy.training.wording import epochs_done, interrupted, nothing_to_train, position
 
 
@@ -96,7 +96,7 @@ class RunLifecycle:
         """The device and the CPU threads of the session (the count used is the run's from now on: a
         resume keeps it, since BLAS products differ in their last bits on another count)."""
         from ksae_cupy.backend import resolve_device
-        from ksae_cupy.training.threads import set_blas_threads
+        from ksae_cupy.threads import set_blas_threads
 
         self.backend = resolve_device(self.settings["device"])
         self.threads_line, self.settings["threads"] = set_blas_threads(self.settings["threads"])
@@ -145,49 +145,59 @@ class RunLifecycle:
         return inner
 
     # -- training --------------------------------------------------------------------------------
-    def fit(self, trainer_of, fit, save, epoch_lines, on_batch=None, saves_itself: bool = False, on_end=None) -> None:
-        """``fit(on_epoch, on_batch)`` under the checkpoint policy and the stop signals: each epoch's
-        report into metrics.jsonl, its ``epoch_lines(report)`` said, then ``save()`` when the policy
-        says (unless ``saves_itself``: fit then saves by ``self.policy.after_epoch`` and at the end);
-        mid-epoch when the minutes are up; at the end when the session trained a step.
-        ``trainer_of()`` is the trainer (None before fit makes it); ``on_end()`` runs once fit has
-        returned or raised (e.g. to clear a progress bar)."""
+    def fit(self, job: "RunJob") -> None:
+        """``job.fit(on_epoch, on_batch)`` under the checkpoint policy and the stop signals: each epoch's
+        report into metrics.jsonl, its ``job.epoch_lines(report)`` said, then ``job.save()`` when the policy
+        says (unless ``job.saves_itself``: its fit then saves by ``self.policy.after_epoch`` and at the end);
+        mid-epoch when the minutes are up; at the end when the session trained a step. ``job.on_end()``
+        runs once its fit has returned or raised (e.g. to clear a progress bar)."""
         def batch(done, total):
-            if on_batch is not None:
-                on_batch(done, total)
+            job.on_batch(done, total)
             if self.policy.after_batch(done, total):
-                save()
+                job.save()
 
         def epoch(report):
-            self.folder.append_metrics(report)  # before the checkpoint: a resume drops lines past it
-            for line in epoch_lines(report):
+            self.append_metrics(report)  # before the checkpoint: a resume drops lines past it
+            for line in job.epoch_lines(report):
                 self.say(line)
-            if not saves_itself and self.policy.after_epoch(report.epoch):
-                save()
+            if not job.saves_itself and self.policy.after_epoch(report.epoch):
+                job.save()
 
-        trainer = trainer_of()
+        trainer = job.trainer()
         step_before = None if trainer is None else trainer.step
         if getattr(trainer, "tally", None) is not None and not trainer.tally.complete:
             self.say(f"note: {self.folder.checkpoint} was written before checkpoints kept an epoch's statistics: "
                      f"epoch {trainer.epoch + 1}'s line covers only its batches after the resume (from batch "
                      f"{trainer.batch_in_epoch + 1})")
         self.finished_before = trainer is not None and trainer.finished
-        self.stop = StopOnSignals(trainer_of, self.say, self.echo)
+        self.stop = self.stop_signals(job)
         self.started = time.perf_counter()
         self.policy.restart()  # the minutes count from the first step, not from loading
         try:
             try:
-                fit(epoch, batch)
+                job.fit(epoch, batch)
             finally:
                 self.stop.restore()
-                if on_end is not None:
-                    on_end()
-            if not saves_itself and (trainer_of().step != step_before or not self.folder.checkpoint.exists()):
-                save()
+                job.on_end()
+            if not job.saves_itself and self.needs_final_save(job.trainer(), step_before):
+                job.save()
         except CheckpointWriteError as exc:  # what to do next depends on whether a checkpoint is there to resume
             then = (f"continue the run with: {self.command} --resume {self.folder.path}" if exc.kept else
                     "start the run again with --overwrite (no checkpoint was written to resume from)")
             raise exc.advise(then) from None
+
+    # What a run over several processes does otherwise (parallel/distributed_run.py: RankLifecycle).
+    def append_metrics(self, report) -> None:
+        """An epoch's report into metrics.jsonl."""
+        self.folder.append_metrics(report)
+
+    def stop_signals(self, job):
+        """The stop signals while ``job`` fits: set, with ``restore()`` and ``exit_status``."""
+        return StopOnSignals(job.trainer, self.say, self.echo)
+
+    def needs_final_save(self, trainer, step_before) -> bool:
+        """Whether the end of fit saves: the session trained a step, or no checkpoint is there yet."""
+        return trainer.step != step_before or not self.folder.checkpoint.exists()
 
     def end(self, trainer, done: str | None, where=None) -> None:
         """The session's last line: ``interrupted <where>; ... continue with: <command> --resume RUN``
@@ -205,6 +215,36 @@ class RunLifecycle:
         else:
             self.echo(done.format(epochs=epochs_done(trainer.epoch), seconds=time.perf_counter() - self.started,
                                   checkpoint=self.folder.checkpoint, run=self.folder.path))
+
+
+class RunJob:
+    """What :meth:`RunLifecycle.fit` trains: every command passes one (a subclass naming its trainer, how it
+    fits, saves and words an epoch). The defaults: no line per epoch, nothing per batch or at the end, and
+    saved by the lifecycle (``saves_itself`` False)."""
+
+    saves_itself = False  # True: fit saves by the policy's epochs and at the end itself (ksae-train's)
+
+    def trainer(self):
+        """The trainer (None until fit makes it; the stop signals set its ``stop_requested``)."""
+        raise NotImplementedError
+
+    def fit(self, on_epoch, on_batch) -> None:
+        """Train, calling ``on_epoch(report)`` after every epoch and ``on_batch(done, total)`` after every batch."""
+        raise NotImplementedError
+
+    def save(self) -> None:
+        """Write the checkpoint."""
+        raise NotImplementedError
+
+    def epoch_lines(self, report) -> list[str]:
+        """The lines said after an epoch (its report is in metrics.jsonl already)."""
+        return []
+
+    def on_batch(self, done: int, total: int) -> None:
+        """After every batch (a progress bar)."""
+
+    def on_end(self) -> None:
+        """Once fit has returned or raised (a progress bar cleared)."""
 
 
 def check_progress_seconds(seconds: float) -> None:

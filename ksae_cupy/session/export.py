@@ -125,7 +125,7 @@ def _model_of(source, alpha: float | None) -> dict:
         where = Path(source)
         ckpt = load_checkpoint(_checkpoint_path(where))
         if where.is_dir():
-            from ksae_cupy.training.runs import RunFolder
+            from ksae_cupy.session.runs import RunFolder
 
             RunFolder(where).check_checkpoint(ckpt.run_id, ckpt.config)  # this folder's run, not a copy
         alpha = DEFAULT_ALPHA if alpha is None else alpha
@@ -142,7 +142,7 @@ def _model_of(source, alpha: float | None) -> dict:
 def _checkpoint_path(source: Path) -> Path:
     """The checkpoint of ``source``: a run folder's ``checkpoint.h5`` (a ksae-train folder only), or the file."""
     if source.is_dir():
-        from ksae_cupy.training.runs import RunFolder
+        from ksae_cupy.session.runs import RunFolder
 
         folder = RunFolder(source)
         folder.check_kind("export", "export reads the autoencoders of ksae-train run folders")

@@ -1,5 +1,5 @@
 """``--resume``: every option given is applied, refused or checked against the run, as its declared
-policy says (:mod:`ksae_cupy.training.fields`); every option not given keeps the run's value.
+policy says (:mod:`ksae_cupy.session.fields`); every option not given keeps the run's value.
 
 ``values`` are the command's option values by name, ``given`` the names typed on this command
 line. Messages name the options as the command line spells them.
@@ -10,7 +10,8 @@ from pathlib import Path
 
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.training.options import check_positive_count
-from ksae_cupy.training.runs import dataset_record, file_sha256
+from ksae_cupy.paths import file_sha256
+from ksae_cupy.session.runs import dataset_record
 from ksae_cupy.training.wording import position
 
 
