@@ -32,6 +32,9 @@ not timed. (2) time: back to the initial state, one warm-up epoch (compilation, 
 ``epochs`` timed epochs (at least 5; host clock around each, which ends with the loss's read-back); the
 median is reported. Every epoch's mean loss must be finite and at most the untrained model's loss, or the
 variant's time is refused.
+
+Over 400 lines: the like-for-like setup, the float64 reference every variant is checked against, and the
+variants themselves (ours and PyTorch's) must share one module so that no variant is timed on another setup.
 """
 from __future__ import annotations
 

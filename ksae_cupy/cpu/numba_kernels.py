@@ -13,6 +13,9 @@ Threads: the loops run in parallel (``numba.prange``) over independent pieces (e
 whole hidden units), so every output element is computed by one thread in the same order
 whatever the thread count: results are bit for bit those of one thread (tested).
 :func:`set_threads` (what ``--threads`` calls) sets the count.
+
+Over 400 lines: every Numba loop of the CPU step sits here, beside the one switch (:func:`available`,
+the thread count, the disk cache) that decides whether any of them runs; its callers keep their NumPy paths.
 """
 from __future__ import annotations
 

@@ -14,6 +14,10 @@ Protocol (fixed here so every run is judged the same way):
 The test labels are never read before step 5, so the choice cannot depend on them.
 The raw-pixel baseline (paper: 7.20% on MNIST) goes through the same steps with the
 identity as encoder.
+
+Over 400 lines: the protocol above is one piece (the walk over alpha and L2, the choice, the refit and the
+one test read) and its report (eval.json / eval.md) is written from the same trials; split, the choice and
+what the report says of it could drift apart.
 """
 from __future__ import annotations
 

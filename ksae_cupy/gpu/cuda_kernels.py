@@ -27,6 +27,9 @@ Rows are strided over a 1-D grid of at most a few thousand blocks, so any N up t
 per block, 8,192 bytes of static shared memory (per-warp histograms) plus, per warp, the row's keys
 when they fit (else later digits re-read the row, so any H works) and, for sort, the k kept pairs
 (``next_pow2(k) * 8`` bytes in float32): :func:`radix_layout`. Same sets, order and bits as "block".
+
+Over 400 lines: every launch plan is here beside its launcher, so that the host emulator's tests run the
+very plans the GPU gets (grid, block, shared memory, argument types), one per kernel of kernels/*.cu.
 """
 from __future__ import annotations
 
