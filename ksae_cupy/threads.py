@@ -51,6 +51,9 @@ def set_blas_threads(threads: int | None) -> tuple[str, int | None]:
     _process_threads = wanted or cores
     from ksae_cupy.cpu import numba_kernels as cpu_kernels
     cpu_kernels.set_threads(wanted or cores)
+    # SciPy bundles a BLAS of its own (L-BFGS-B's, scipy.linalg's): loaded after the limit it would run on every
+    # core, since a limit reaches only the libraries loaded (ksae-eval --threads 1 spun on both, 2026-11-28).
+    import scipy.linalg  # noqa: F401
     try:
         from threadpoolctl import threadpool_info, threadpool_limits
     except ImportError:

@@ -93,9 +93,6 @@ def eval_command(run_dir, alphas, l2_text, l2_extend, refit, raw_baseline, max_i
 
         RunFolder(Path(run_dir)).check_kind("run folder", "ksae-eval reads ksae-train and ksae-baseline run folders "
                                                           "(a {kind} run writes its test error to its finetune.json)")
-    # SciPy's own OpenBLAS (L-BFGS-B's) loaded before the limit, which reaches only the libraries loaded:
-    # loaded later it ran on every core, half of a fit's CPU time at --threads 1 (measured 2026-11-28).
-    import scipy.optimize  # noqa: F401
     threads_line, threads_used = set_blas_threads(threads)
     workers = 1 if baseline else threads_used or usable_cores()  # a baseline's fits run one at a time
     if not backend.is_gpu:

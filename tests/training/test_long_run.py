@@ -445,3 +445,21 @@ def test_commands_cut_openblas_spin_before_numpy_loads_and_keep_a_users_value(gi
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["False", expected]
+
+
+def test_the_thread_limit_reaches_scipys_own_blas():
+    """SciPy bundles a BLAS of its own (L-BFGS-B's, scipy.linalg's). A limit reaches only the libraries loaded,
+    so set_blas_threads loads SciPy's first: in a fresh process that has imported only NumPy, every BLAS
+    library found afterwards runs on the one thread asked (ksae-eval --threads 1 once spun on both cores)."""
+    script = ("import sys, numpy; assert 'scipy' not in sys.modules\n"
+              "from ksae_cupy.threads import set_blas_threads\n"
+              "set_blas_threads(1)\n"
+              "import scipy.optimize\n"
+              "from threadpoolctl import threadpool_info\n"
+              "blas = [(i['filepath'], i['num_threads']) for i in threadpool_info() if i['user_api'] == 'blas']\n"
+              "print(blas)\n"
+              "assert blas and all(n == 1 for _, n in blas), blas\n")
+    env = {key: value for key, value in os.environ.items() if key not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                                                          "MKL_NUM_THREADS")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr + done.stdout
