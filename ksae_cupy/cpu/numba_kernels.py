@@ -76,7 +76,7 @@ def _compiled(fn, serial: bool = False):
     parallel = _OPTIONS[fn]["parallel"] and not serial and numba.get_num_threads() > 1
     key = (fn, parallel)
     if key not in _COMPILED:
-        fn.__globals__["prange"] = numba.prange  # read from the kernel's own module (here, or finetune_kernels)
+        _bind_compiled_names(fn.__globals__, numba)  # read from the kernel's own module (here, or another)
         _compile_helpers(numba)
         options = dict(_OPTIONS[fn], parallel=parallel)
         _COMPILED[key] = numba.njit(cache=True, **options)(fn if parallel or not _OPTIONS[fn]["parallel"]
@@ -110,9 +110,19 @@ def _numba():
     return numba
 
 
+def _bind_compiled_names(module_globals, numba) -> None:
+    """The names a kernel's (or a helper's) module reads as Numba's: ``prange``, and ``register_block``
+    (:mod:`ksae_cupy.cpu.register_block`) where the module uses it."""
+    module_globals["prange"] = numba.prange
+    if "register_block" in module_globals:
+        from ksae_cupy.cpu.register_block import compiled_register_block
+        module_globals["register_block"] = compiled_register_block(numba)
+
+
 def _compile_helpers(numba) -> None:
     for module_globals, name in _HELPERS:  # a kernel reads its helpers' compiled versions when it is compiled
         if not hasattr(module_globals[name], "py_func"):
+            _bind_compiled_names(module_globals, numba)
             module_globals[name] = numba.njit(inline="always", fastmath={"contract"})(module_globals[name])
 
 

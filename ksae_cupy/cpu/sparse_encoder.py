@@ -13,8 +13,9 @@ row ids into it (:class:`InputRows`), so no batch is converted. :class:`RunInput
 keeps: it builds a set's CSR on first use, or declines a set too dense for this to pay
 (:data:`MAX_DENSITY`); the step then keeps BLAS's product.
 
-Order: every ``Z_nh[n, h]`` is the sum over row n's non-zero inputs in increasing ``d``, four at a
-time, then ``+ b_h[h]``; nothing of it depends on the tile or on who computes it. Lanes
+Order: every ``Z_nh[n, h]`` is the sum over row n's non-zero inputs in increasing ``d``, one fused
+multiply-add at a time, then ``+ b_h[h]``; nothing of it depends on the tile, the passes, or on who
+computes it. Lanes
 (:mod:`ksae_cupy.cpu.lanes`) each own whole tiles of units: the same bits at any lane count (tested).
 It differs from BLAS's product by float rounding only (BLAS sums in its own order).
 """
@@ -27,12 +28,20 @@ import numpy as np
 
 from ksae_cupy.cpu import numba_kernels as kernels
 from ksae_cupy.cpu.numba_kernels import _compiled, _helper, _kernel
+from ksae_cupy.cpu.register_block import BLOCK
 from ksae_cupy.errors import KsaeError, literal
 
-# Hidden units per tile. Measured on MNIST batches (N = 128, H = 1000, one thread, a loaded machine):
-# 96 to 256 within noise of each other, 32 and 64 slower (every tile walks each example's non-zeros
-# again). Four or eight non-zeros per pass: the same. The result does not depend on either.
-TILE = 128
+register_block = None  # ksae_cupy.cpu.register_block's, bound by _compiled before a kernel here is compiled
+
+# Hidden units per tile: one register block of sums. (Measured on MNIST batches, N = 128, H = 1000, with the
+# sums in memory: 96 to 256 within noise of each other, 32 and 64 slower: every tile walks each example's
+# non-zeros again.) The result does not depend on it.
+TILE = BLOCK
+# Input dimensions per pass over a tile's examples: 48 rows of a float32 tile are 24 KB, which stay in a
+# core's 32 KB first-level cache. Measured on MNIST batches (one thread, interleaved, a loaded machine): X W
+# from the non-zeros in 0.75-0.79 of the time without passes (sums in memory) at 32-64 dimensions, 0.82 at
+# 96, 0.83 with the sums in registers but no passes. The result does not depend on it.
+DIMS_PER_PASS = 48
 _BLOCK = 16  # the copy of a tile by input dimension goes in BLOCK x BLOCK blocks (0.26 ms for all of W
 # against 0.51 ms row by row, measured)
 
@@ -176,35 +185,41 @@ def _encode_tiles(indptr_n, indices_z, values_z, row_ids, W_hd, b_h, Z_bh, tile_
     """``Z_bh[i, tile] = sum over row_ids[i]'s non-zeros (d, x) of x W[d, tile] + b[tile]`` for the tiles
     ``[tile_start, tile_stop)`` of :data:`TILE` units. ``W_hd``: one row per hidden unit, any layout."""
     H, D = W_hd.shape
-    Wt_dt = np.zeros((D, TILE), dtype=W_hd.dtype)  # the tile by input dimension (columns past H: unused)
-    acc_t = np.empty(TILE, dtype=W_hd.dtype)
+    B = row_ids.shape[0]
+    Wt_dt = np.zeros((D, TILE), dtype=W_hd.dtype)  # the tile by input dimension (columns past H: zero)
+    sums_bt = np.empty((B, TILE), dtype=W_hd.dtype)  # each example's sums so far, between passes
+    next_b = np.empty(B, dtype=np.int64)  # each example's first non-zero not yet added
     for tile in range(tile_start, tile_stop):
         h0 = tile * TILE
         width = min(H, h0 + TILE) - h0
         _copy_tile(W_hd, Wt_dt, h0, width)
-        for i in range(row_ids.shape[0]):
-            n = row_ids[i]
-            for t in range(TILE):
-                acc_t[t] = 0
-            p = indptr_n[n]
-            stop = indptr_n[n + 1]
-            # Four non-zeros per pass over the tile: one load and store of the sums for four rows of W.
-            # Written as one sum from the left, it adds them in the same order as one at a time.
-            while p + 4 <= stop:
-                x0, x1, x2, x3 = values_z[p], values_z[p + 1], values_z[p + 2], values_z[p + 3]
-                w0, w1 = Wt_dt[indices_z[p]], Wt_dt[indices_z[p + 1]]
-                w2, w3 = Wt_dt[indices_z[p + 2]], Wt_dt[indices_z[p + 3]]
+        for i in range(B):
+            next_b[i] = indptr_n[row_ids[i]]
+            sums_bt[i, :] = 0
+        # One pass per DIMS_PER_PASS input dimensions: their rows of the tile stay in the core's first cache
+        # while every example adds its non-zeros among them, its sums held in registers.
+        for d_stop in range(DIMS_PER_PASS, D + DIMS_PER_PASS, DIMS_PER_PASS):
+            for i in range(B):
+                p = next_b[i]
+                stop = indptr_n[row_ids[i] + 1]
+                if p == stop or indices_z[p] >= d_stop:
+                    continue
+                sums_t = sums_bt[i]
+                acc_t = register_block(sums_t[0])
                 for t in range(TILE):
-                    acc_t[t] = acc_t[t] + x0 * w0[t] + x1 * w1[t] + x2 * w2[t] + x3 * w3[t]
-                p += 4
-            while p < stop:
-                x0 = values_z[p]
-                w0 = Wt_dt[indices_z[p]]
+                    acc_t[t] = sums_t[t]
+                while p < stop and indices_z[p] < d_stop:
+                    x = values_z[p]
+                    w_t = Wt_dt[indices_z[p]]
+                    for t in range(TILE):
+                        acc_t[t] += x * w_t[t]
+                    p += 1
                 for t in range(TILE):
-                    acc_t[t] = acc_t[t] + x0 * w0[t]
-                p += 1
+                    sums_t[t] = acc_t[t]
+                next_b[i] = p
+        for i in range(B):
             for t in range(width):
-                Z_bh[i, h0 + t] = acc_t[t] + b_h[h0 + t]
+                Z_bh[i, h0 + t] = sums_bt[i, t] + b_h[h0 + t]
 
 
 @_helper
