@@ -170,6 +170,7 @@ def time_epoch(backend, D: int, H: int, k: int, batch_size: int, topk_method: st
     import tempfile
     from pathlib import Path
 
+    from ksae_cupy.metrics import total_variance
     from ksae_cupy.training.checkpoint import save_checkpoint
     from ksae_cupy.training.runs import RunFolder
     from ksae_cupy.training.trainer import TrainConfig, Trainer
@@ -185,6 +186,9 @@ def time_epoch(backend, D: int, H: int, k: int, batch_size: int, topk_method: st
                                           topk=topk_method, lr=1e-3), backend, D)
             trainer.run_epoch(X_train[:4 * batch_size], X_valid[:batch_size])  # compiles the kernels; not timed
             trainer.epoch = 0
+            # The sets' spread (the FVE's denominators), once per run as Trainer.fit computes it: run_epoch
+            # called alone computes it again every epoch (0.19 s of a 50,000-image epoch, measured).
+            trainer._spread = {"train": total_variance(X_train), "valid": total_variance(X_valid)}
             trainers[encoder] = trainer
     for _ in range(repeats):
         for encoder, trainer in trainers.items():
@@ -329,6 +333,17 @@ def _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, thread
 
 # ---- The encoder side by side: BLAS's X W and X W from the non-zero inputs (issue 52) ----
 
+# After a product on several threads, OpenBLAS's worker threads spin (sched_yield) for about 2^28
+# cycles (0.1 s at 2.6 GHz; OPENBLAS_THREAD_TIMEOUT) before they sleep. A contender timed in lanes
+# right after ``X W`` on two BLAS threads shared its cores with that spinner, which the trainer's
+# epochs never do (BLAS runs on one thread beside the lanes). The pause is not timed.
+BLAS_SPIN_PAUSE_S = 0.3
+
+
+def _let_blas_threads_sleep() -> None:
+    time.sleep(BLAS_SPIN_PAUSE_S)
+
+
 def _encoder_runs_sparse(encoder: str, density: float) -> bool:
     return sparse_encoder.takes_sparse_encoder(density, encoder)
 
@@ -398,6 +413,8 @@ def compare_encoders(D: int, H: int, k: int, batch_size: int, topk_method: str, 
                 for s in range(steps):
                     call(r * steps + s)
                 seconds = (time.perf_counter() - start) / steps
+            if blas > 1:
+                _let_blas_threads_sleep()
             if r:
                 times[name].append(seconds)
     ms = {name: 1e3 * statistics.median(values) for name, values in times.items()}
