@@ -35,8 +35,11 @@ register_block = None  # ksae_cupy.cpu.register_block's, bound by _compiled befo
 
 # Hidden units per tile: one register block of sums. (Measured on MNIST batches, N = 128, H = 1000, with the
 # sums in memory: 96 to 256 within noise of each other, 32 and 64 slower: every tile walks each example's
-# non-zeros again.) The result does not depend on it.
-TILE = BLOCK
+# non-zeros again.) The result does not depend on it. Written out here, not taken from register_block.py:
+# Numba's disk cache of the kernel below knows only this file's changes.
+TILE = 128
+if TILE != BLOCK:
+    raise RuntimeError(f"sparse_encoder.TILE {TILE} must equal register_block.BLOCK {BLOCK}: change both")
 # Input dimensions per pass over a tile's examples: 48 rows of a float32 tile are 24 KB, which stay in a
 # core's 32 KB first-level cache. Measured on MNIST batches (one thread, interleaved, a loaded machine): X W
 # from the non-zeros in 0.75-0.79 of the time without passes (sums in memory) at 32-64 dimensions, 0.82 at
