@@ -189,13 +189,15 @@ def _encode_tiles(indptr_n, indices_z, values_z, row_ids, W_hd, b_h, Z_bh, tile_
     ``[tile_start, tile_stop)`` of :data:`TILE` units. ``W_hd``: one row per hidden unit, any layout."""
     H, D = W_hd.shape
     B = row_ids.shape[0]
-    Wt_dt = np.zeros((D, TILE), dtype=W_hd.dtype)  # the tile by input dimension (columns past H: zero)
+    Wt_dt = np.empty((D, TILE), dtype=W_hd.dtype)  # the tile by input dimension (columns past H: zero)
     sums_bt = np.empty((B, TILE), dtype=W_hd.dtype)  # each example's sums so far, between passes
     next_b = np.empty(B, dtype=np.int64)  # each example's first non-zero not yet added
     for tile in range(tile_start, tile_stop):
         h0 = tile * TILE
         width = min(H, h0 + TILE) - h0
         _copy_tile(W_hd, Wt_dt, h0, width)
+        if width < TILE:  # the last tile: its columns past H are added into sums never written out
+            Wt_dt[:, width:] = 0
         for i in range(B):
             next_b[i] = indptr_n[row_ids[i]]
             sums_bt[i, :] = 0
