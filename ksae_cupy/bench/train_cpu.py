@@ -173,6 +173,7 @@ def time_epoch(backend, D: int, H: int, k: int, batch_size: int, topk_method: st
     import tempfile
     from pathlib import Path
 
+    from ksae_cupy.metrics import total_variance
     from ksae_cupy.training.checkpoint import save_checkpoint
     from ksae_cupy.session.runs import RunFolder
     from ksae_cupy.training.trainer import TrainConfig, Trainer
@@ -188,6 +189,9 @@ def time_epoch(backend, D: int, H: int, k: int, batch_size: int, topk_method: st
                                           topk=topk_method, lr=1e-3), backend, D)
             trainer.run_epoch(X_train[:4 * batch_size], X_valid[:batch_size])  # compiles the kernels; not timed
             trainer.epoch = 0
+            # The sets' spread (the FVE's denominators), once per run as Trainer.fit computes it: run_epoch
+            # called alone computes it again every epoch (0.19 s of a 50,000-image epoch, measured).
+            trainer._spread = {"train": total_variance(X_train), "valid": total_variance(X_valid)}
             trainers[encoder] = trainer
     for _ in range(repeats):
         for encoder, trainer in trainers.items():
@@ -332,6 +336,17 @@ def _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, thread
 
 # ---- The encoder side by side: BLAS's X W and X W from the non-zero inputs (issue 52) ----
 
+# After a product on several threads, OpenBLAS's worker threads spin (sched_yield) for about 2^28
+# cycles (0.1 s at 2.6 GHz; OPENBLAS_THREAD_TIMEOUT) before they sleep. A contender timed in lanes
+# right after ``X W`` on two BLAS threads shared its cores with that spinner, which the trainer's
+# epochs never do (BLAS runs on one thread beside the lanes). The pause is not timed.
+BLAS_SPIN_PAUSE_S = 0.3
+
+
+def _let_blas_threads_sleep() -> None:
+    time.sleep(BLAS_SPIN_PAUSE_S)
+
+
 def _encoder_runs_sparse(encoder: str, density: float) -> bool:
     return sparse_encoder.takes_sparse_encoder(density, encoder)
 
@@ -401,6 +416,8 @@ def compare_encoders(D: int, H: int, k: int, batch_size: int, topk_method: str, 
                 for s in range(steps):
                     call(r * steps + s)
                 seconds = (time.perf_counter() - start) / steps
+            if blas > 1:
+                _let_blas_threads_sleep()
             if r:
                 times[name].append(seconds)
     ms = {name: 1e3 * statistics.median(values) for name, values in times.items()}
@@ -502,11 +519,15 @@ def _in_lanes(kernel, lanes: int, size: int, *args):
 
 
 def step_parts(D: int, H: int, k: int, batch_size: int, topk_method: str, threads: int, steps: int = 300,
-               log=print) -> dict:
+               log=print, inputs=None) -> dict:
     """The sparse CPU step as the trainer runs it (``threads`` lanes, BLAS on one thread beside them),
     timed part by part over ``steps`` steps (medians, ms), beside the floors it is measured against:
     ``X W`` alone (BLAS on ``threads`` threads), one streaming pass over ``W`` and ``V``, and the
-    sparse parts' ``4 N k D`` multiply-adds on contiguous cached rows."""
+    sparse parts' ``4 N k D`` multiply-adds on contiguous cached rows.
+
+    ``inputs`` (:func:`mnist_inputs`): batches of its training rows, ``X W`` from their non-zero inputs where
+    the trainer would take that encoder (``KSAE_ENCODER``, the density); else random batches with MNIST's
+    19% of non-zeros and BLAS's ``X W``."""
     from ksae_cupy.cpu.lanes import share
 
     if not cpu_kernels.enabled():
@@ -518,15 +539,24 @@ def step_parts(D: int, H: int, k: int, batch_size: int, topk_method: str, thread
     velocities = {name: np.zeros_like(value) for name, value in params.items()}
     batches = [(rng.random((batch_size, D), dtype=np.float32) * (rng.random((batch_size, D)) < 0.19))
                .astype(np.float32) for _ in range(8)]
+    rows = [None] * 8
+    if inputs is not None:
+        X_train = inputs[0]
+        sparse_X = sparse_encoder.SparseInputs.of(X_train)
+        row_ids = [rng.choice(X_train.shape[0], batch_size, replace=False) for _ in range(8)]
+        batches = [np.ascontiguousarray(X_train[r]) for r in row_ids]
+        if sparse_encoder.takes_sparse_encoder(sparse_X.density, sparse_encoder.chosen_encoder()):
+            rows = [sparse_X.rows(r) for r in row_ids]
     W_dh, W_hd, V_hd = params["W_dh"], params["W_dh"].T, velocities["W_dh"].T
     descending = topk_method == "sort"
     parts = {"encode_XW_plus_b": [], "select_decode_dZ": [], "update_W": [], "update_biases": []}
     clock = time.perf_counter
     with _blas_threads(1 if lanes > 1 else lanes):
         for i in range(steps + 20):  # the first 20 compile and warm caches: not counted
-            X_nd = batches[i % 8]
+            X_nd, X_rows = batches[i % 8], rows[i % 8]
             t0 = clock()
-            Z_nh = cpu_kernels.encode(W_dh, params["b_h"], X_nd, lanes)
+            Z_nh = (cpu_kernels.encode(W_dh, params["b_h"], X_nd, lanes) if X_rows is None else
+                    sparse_encoder.encode_rows(X_rows, W_dh, params["b_h"], lanes))
             t1 = clock()
             _, idx_nk, val_nk, R_nd, dZ_nk = cpu_kernels.select_decode_and_backprop(
                 Z_nh, k, descending, W_hd, params["c_d"], X_nd, False, lanes)
@@ -570,10 +600,12 @@ def step_parts(D: int, H: int, k: int, batch_size: int, topk_method: str, thread
     floors = {"XW_alone_blas": 1e3 * floor_xw, "stream_W_and_V": 1e3 * floor_stream,
               "sparse_arithmetic_4NkD": 1e3 * floor_arithmetic}
     floor_ms = floors["XW_alone_blas"] + floors["stream_W_and_V"] + floors["sparse_arithmetic_4NkD"]
-    result = {"threads": lanes, "parts_ms": ms, "step_ms": step_ms, "floors_ms": floors, "floor_sum_ms": floor_ms,
+    result = {"threads": lanes, "inputs": "random, 19% non-zero" if inputs is None else inputs[2],
+              "encoder": "blas" if rows[0] is None else "sparse",
+              "parts_ms": ms, "step_ms": step_ms, "floors_ms": floors, "floor_sum_ms": floor_ms,
               "XW_from_nonzero_pixels_csr_ms": 1e3 * input_sparse,
               "step_over_XW": step_ms / floors["XW_alone_blas"], "step_over_floor_sum": step_ms / floor_ms}
-    log(f"parts at {lanes} thread(s), k={k}: " + ", ".join(f"{name} {value:.3f}" for name, value in ms.items())
+    log(f"parts at {lanes} thread(s), k={k}, {result['encoder']} encoder: " + ", ".join(f"{name} {value:.3f}" for name, value in ms.items())
         + f" = {step_ms:.3f} ms | floors: " + ", ".join(f"{name} {value:.3f}" for name, value in floors.items())
         + f" | step / X W {result['step_over_XW']:.2f}, step / floors {result['step_over_floor_sum']:.2f}"
         + f" | X W from non-zero pixels (SciPy CSR) {result['XW_from_nonzero_pixels_csr_ms']:.3f}")
@@ -598,7 +630,9 @@ def bench_train_step(backend, D=784, H=paper.HIDDEN, k=paper.K, batch_size=paper
     (:func:`time_epoch`), with each encoder, interleaved ``epoch_repeats`` times."""
     if encoder not in ENCODER_CHOICES:
         raise KsaeError(f"--encoder {encoder!r} is not allowed; use one of {', '.join(ENCODER_CHOICES)}")
-    encoders = tuple(e for e in sparse_encoder.ENCODERS if e != "auto") if encoder == "both" else (encoder,)
+    # The sparse encoder first: the epoch reported at the top of the result (epoch_s, parts_s) is then the one
+    # ksae-train runs on MNIST (KSAE_ENCODER auto takes it at MNIST's density); each is under by_encoder.
+    encoders = ("sparse", "dense") if encoder == "both" else (encoder,)
     limit, limited = _thread_limit(threads)
     comparison = {}
     with backend.use(), limit:
@@ -618,7 +652,7 @@ def bench_train_step(backend, D=784, H=paper.HIDDEN, k=paper.K, batch_size=paper
                              encoders=encoders if kernels else (None,), repeats=epoch_repeats)
                   for kk in epoch_ks]
     parts = ({} if backend.is_gpu else
-             step_parts(D, H, k, batch_size, topk_method, threads if limited else 1, log=log))
+             step_parts(D, H, k, batch_size, topk_method, threads if limited else 1, log=log, inputs=inputs))
     result = {
         "benchmark": "train-step",
         "shape": {"N": batch_size, "D": D, "H": H, "k": k},

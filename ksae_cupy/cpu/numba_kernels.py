@@ -79,7 +79,7 @@ def _compiled(fn, serial: bool = False):
     parallel = _OPTIONS[fn]["parallel"] and not serial and numba.get_num_threads() > 1
     key = (fn, parallel)
     if key not in _COMPILED:
-        fn.__globals__["prange"] = numba.prange  # read from the kernel's own module (here, or finetune_kernels)
+        _bind_compiled_names(fn.__globals__, numba)  # read from the kernel's own module (here, or another)
         _compile_helpers(numba)
         options = dict(_OPTIONS[fn], parallel=parallel)
         _COMPILED[key] = numba.njit(cache=True, **options)(fn if parallel or not _OPTIONS[fn]["parallel"]
@@ -113,9 +113,19 @@ def _numba():
     return numba
 
 
+def _bind_compiled_names(module_globals, numba) -> None:
+    """The names a kernel's (or a helper's) module reads as Numba's: ``prange``, and ``register_block``
+    (:mod:`ksae_cupy.cpu.register_block`) where the module uses it."""
+    module_globals["prange"] = numba.prange
+    if "register_block" in module_globals:
+        from ksae_cupy.cpu.register_block import compiled_register_block
+        module_globals["register_block"] = compiled_register_block(numba)
+
+
 def _compile_helpers(numba) -> None:
     for module_globals, name in _HELPERS:  # a kernel reads its helpers' compiled versions when it is compiled
         if not hasattr(module_globals[name], "py_func"):
+            _bind_compiled_names(module_globals, numba)
             module_globals[name] = numba.njit(inline="always", fastmath={"contract"})(module_globals[name])
 
 
@@ -158,13 +168,39 @@ def threads() -> int:
 # 0.67 ms at k = 25, 2.0 against 2.2 ms at k = 100.
 
 @_helper
-def _select_row(z_h, bits_h, sign_bit, sign_shift, all_ones, descending, key_k, col_k):
+def _select_row(z_h, bits_h, sign_bit, sign_shift, all_ones, descending, spread, key_k, col_k):
     """The ``k = len(col_k)`` largest entries of ``z_h`` into ``col_k``: in descending order when
     ``descending`` (the sort method), else in ascending column order (the threshold method).
-    ``bits_h`` is ``z_h``'s bits as unsigned integers; ``key_k`` is scratch."""
+    ``bits_h`` is ``z_h``'s bits as unsigned integers; ``key_k`` is scratch.
+
+    First the candidates: the entries at or above ``tau = mean + spread * std`` of the row (one pass, no
+    branches). When at least k of them are, every one of the k largest is among them (an entry below
+    tau is below each of them, and NaN ranks lowest), so keeping the k best of the candidates, in column
+    order, keeps the same entries in the same order as a pass over the whole row: only fewer of them
+    enter the kept list and are pushed out again (measured on MNIST codes: the selection in 0.35 of the
+    time). Fewer than k: every entry is a candidate. ``tau`` only decides how many are looked at.
+    """
+    H = z_h.shape[0]
     k = col_k.shape[0]
+    total = z_h[0] - z_h[0]
+    squares = total
+    for h in range(H):
+        total += z_h[h]
+        squares += z_h[h] * z_h[h]
+    mean = total / H
+    tau = mean + spread * np.sqrt(max(squares / H - mean * mean, 0))
+    candidates_c = np.empty(H, dtype=np.int64)
+    count = 0
+    for h in range(H):
+        candidates_c[count] = h
+        count += z_h[h] >= tau
+    if count < k:
+        for h in range(H):
+            candidates_c[h] = h
+        count = H
     size = 0
-    for h in range(z_h.shape[0]):
+    for c in range(count):
+        h = candidates_c[c]
         u = bits_h[h]
         # Negative: all bits flipped; else the sign bit set (branch-free: the sign is a coin toss).
         key = u ^ ((all_ones * (u >> sign_shift)) | sign_bit)
@@ -185,6 +221,15 @@ def _select_row(z_h, bits_h, sign_bit, sign_shift, all_ones, descending, key_k, 
         col_k.sort()
 
 
+@functools.cache  # asked once per batch, for the same few (k, H)
+def candidate_spread(k: int, H: int) -> float:
+    """``spread`` of :func:`_select_row`: the normal quantile above which 2k of H entries would lie, so that
+    about 2k candidates are looked at (fewer than k: the whole row is); -inf (every entry) where 2k >= H."""
+    import statistics
+
+    return statistics.NormalDist().inv_cdf(1 - 2 * k / H) if 2 * k < H else -np.inf
+
+
 def _key_constants(dtype):
     """``(unsigned view type, sign bit, its position, all ones)`` of a float type's order keys."""
     key_type = np.uint32 if np.dtype(dtype).itemsize == 4 else np.uint64
@@ -196,15 +241,16 @@ def _key_constants(dtype):
 # only the order of a sum within one row, i.e. float rounding, never which terms are added,
 # and the order is the same whatever the thread count.
 @_kernel(fastmath={"reassoc", "contract"})
-def _decode_and_backprop(select, Z_nh, bits_nh, sign_bit, sign_shift, all_ones, descending, W_hd, c_d, X_nd, idx_nk, val_nk,
-                         relu, batch, R_nd, dZ_nk, row_error_n, n_start, n_stop):
+def _decode_and_backprop(select, Z_nh, bits_nh, sign_bit, sign_shift, all_ones, descending, spread, W_hd, c_d, X_nd, idx_nk,
+                         val_nk, relu, batch, R_nd, dZ_nk, row_error_n, n_start, n_stop):
     k = idx_nk.shape[1]
     D = X_nd.shape[1]
     zero = batch - batch  # 0 in the arrays' float type (batch is N in it)
     for n in prange(n_start, n_stop):  # examples are independent: one thread owns a row of R and of dZ
         if select:  # the top k of Z's row first, written to idx_nk and val_nk
             col_k = np.empty(k, dtype=np.int64)
-            _select_row(Z_nh[n], bits_nh[n], sign_bit, sign_shift, all_ones, descending, np.empty(k, dtype=np.uint64), col_k)
+            _select_row(Z_nh[n], bits_nh[n], sign_bit, sign_shift, all_ones, descending, spread,
+                        np.empty(k, dtype=np.uint64), col_k)
             for j in range(k):
                 idx_nk[n, j] = col_k[j]
                 value = Z_nh[n, col_k[j]]
@@ -261,7 +307,8 @@ def _run_decoder(W_hd, c_d, X_nd, idx_nk, val_nk, relu, Z_nh=None, descending=Tr
     R_nd = np.empty((N, D) if gradients else (1, D), dtype=dtype)  # no (N, D) residual for an error alone
     dZ_nk = np.empty(idx_nk.shape if gradients else (1, 1), dtype=dtype)
     row_error_n = np.empty(N, dtype=dtype)
-    args = (select, Z_nh, bits_nh, sign_bit, sign_shift, all_ones, bool(descending), W_hd, c_d,
+    spread = Z_nh.dtype.type(candidate_spread(idx_nk.shape[1], Z_nh.shape[1]) if select else 0)
+    args = (select, Z_nh, bits_nh, sign_bit, sign_shift, all_ones, bool(descending), spread, W_hd, c_d,
             np.ascontiguousarray(X_nd), idx_nk, val_nk, bool(relu), dtype.type(N if gradients else 0), R_nd, dZ_nk,
             row_error_n)
     if lanes == 1:

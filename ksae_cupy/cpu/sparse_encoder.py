@@ -13,8 +13,9 @@ row ids into it (:class:`InputRows`), so no batch is converted. :class:`RunInput
 keeps: it builds a set's CSR on first use, or declines a set too dense for this to pay
 (:data:`MAX_DENSITY`); the step then keeps BLAS's product.
 
-Order: every ``Z_nh[n, h]`` is the sum over row n's non-zero inputs in increasing ``d``, four at a
-time, then ``+ b_h[h]``; nothing of it depends on the tile or on who computes it. Lanes
+Order: every ``Z_nh[n, h]`` is the sum over row n's non-zero inputs in increasing ``d``, one fused
+multiply-add at a time, then ``+ b_h[h]``; nothing of it depends on the tile, the passes, or on who
+computes it. Lanes
 (:mod:`ksae_cupy.cpu.lanes`) each own whole tiles of units: the same bits at any lane count (tested).
 It differs from BLAS's product by float rounding only (BLAS sums in its own order).
 """
@@ -27,12 +28,26 @@ import numpy as np
 
 from ksae_cupy.cpu import numba_kernels as kernels
 from ksae_cupy.cpu.numba_kernels import _compiled, _helper, _kernel
+from ksae_cupy.cpu.register_block import BLOCK
 from ksae_cupy.errors import KsaeError, literal
 
-# Hidden units per tile. Measured on MNIST batches (N = 128, H = 1000, one thread, a loaded machine):
-# 96 to 256 within noise of each other, 32 and 64 slower (every tile walks each example's non-zeros
-# again). Four or eight non-zeros per pass: the same. The result does not depend on either.
+register_block = None  # ksae_cupy.cpu.register_block's, bound by _compiled before a kernel here is compiled
+
+# Hidden units per tile: one register block of sums. (Measured on MNIST batches, N = 128, H = 1000, with the
+# sums in memory: 96 to 256 within noise of each other, 32 and 64 slower: every tile walks each example's
+# non-zeros again.) The result does not depend on it. Written out here, not taken from register_block.py:
+# Numba's disk cache of the kernel below knows only this file's changes.
 TILE = 128
+if TILE != BLOCK:
+    raise RuntimeError(f"sparse_encoder.TILE {TILE} must equal register_block.BLOCK {BLOCK}: change both")
+# Input dimensions per pass over a group of examples, and examples per group: 64 rows of a float32 tile are
+# 32 KB, the group's sums 8 KB. Measured on MNIST batches (one thread, interleaved, a loaded machine): X W
+# from the non-zeros, against the sums in memory and no passes, in 0.75-0.79 of the time at 32-64
+# dimensions per pass over all 128 examples, 0.82 at 96, 0.83 with the sums in registers but no passes;
+# then groups of 16 examples with 64 dimensions in 0.90-0.93 of the time of all examples with 48 (groups of
+# 8-32, 48-96 dimensions: 0.92-1.02). The result depends on neither.
+DIMS_PER_PASS = 64
+EXAMPLES_PER_GROUP = 16
 _BLOCK = 16  # the copy of a tile by input dimension goes in BLOCK x BLOCK blocks (0.26 ms for all of W
 # against 0.51 ms row by row, measured)
 
@@ -176,35 +191,54 @@ def _encode_tiles(indptr_n, indices_z, values_z, row_ids, W_hd, b_h, Z_bh, tile_
     """``Z_bh[i, tile] = sum over row_ids[i]'s non-zeros (d, x) of x W[d, tile] + b[tile]`` for the tiles
     ``[tile_start, tile_stop)`` of :data:`TILE` units. ``W_hd``: one row per hidden unit, any layout."""
     H, D = W_hd.shape
-    Wt_dt = np.zeros((D, TILE), dtype=W_hd.dtype)  # the tile by input dimension (columns past H: unused)
-    acc_t = np.empty(TILE, dtype=W_hd.dtype)
+    B = row_ids.shape[0]
+    Wt_dt = np.empty((D, TILE), dtype=W_hd.dtype)  # the tile by input dimension (columns past H: zero)
+    sums_bt = np.empty((B, TILE), dtype=W_hd.dtype)  # each example's sums so far, between passes
+    next_b = np.empty(B, dtype=np.int64)  # each example's first non-zero not yet added
     for tile in range(tile_start, tile_stop):
         h0 = tile * TILE
         width = min(H, h0 + TILE) - h0
         _copy_tile(W_hd, Wt_dt, h0, width)
-        for i in range(row_ids.shape[0]):
-            n = row_ids[i]
-            for t in range(TILE):
-                acc_t[t] = 0
-            p = indptr_n[n]
-            stop = indptr_n[n + 1]
-            # Four non-zeros per pass over the tile: one load and store of the sums for four rows of W.
-            # Written as one sum from the left, it adds them in the same order as one at a time.
-            while p + 4 <= stop:
-                x0, x1, x2, x3 = values_z[p], values_z[p + 1], values_z[p + 2], values_z[p + 3]
-                w0, w1 = Wt_dt[indices_z[p]], Wt_dt[indices_z[p + 1]]
-                w2, w3 = Wt_dt[indices_z[p + 2]], Wt_dt[indices_z[p + 3]]
-                for t in range(TILE):
-                    acc_t[t] = acc_t[t] + x0 * w0[t] + x1 * w1[t] + x2 * w2[t] + x3 * w3[t]
-                p += 4
-            while p < stop:
-                x0 = values_z[p]
-                w0 = Wt_dt[indices_z[p]]
-                for t in range(TILE):
-                    acc_t[t] = acc_t[t] + x0 * w0[t]
-                p += 1
+        if width < TILE:  # the last tile: its columns past H are added into sums never written out
+            Wt_dt[:, width:] = 0
+        for i in range(B):
+            next_b[i] = indptr_n[row_ids[i]]
+            sums_bt[i, :] = 0
+        # A group of examples at a time, in one pass per DIMS_PER_PASS input dimensions: those rows of the tile
+        # and the group's sums stay in the core's first caches while each example of the group adds its
+        # non-zeros among them, its sums held in registers.
+        for group_start in range(0, B, EXAMPLES_PER_GROUP):
+            group_stop = min(B, group_start + EXAMPLES_PER_GROUP)
+            for d_stop in range(DIMS_PER_PASS, D + DIMS_PER_PASS, DIMS_PER_PASS):
+                _add_pass(indices_z, values_z, row_ids, indptr_n, Wt_dt, sums_bt, next_b, group_start, group_stop,
+                          d_stop)
+        for i in range(B):
             for t in range(width):
-                Z_bh[i, h0 + t] = acc_t[t] + b_h[h0 + t]
+                Z_bh[i, h0 + t] = sums_bt[i, t] + b_h[h0 + t]
+
+
+@_helper
+def _add_pass(indices_z, values_z, row_ids, indptr_n, Wt_dt, sums_bt, next_b, group_start, group_stop, d_stop):
+    """Each example ``i`` of ``[group_start, group_stop)`` adds its next non-zero inputs below ``d_stop`` to its
+    sums ``sums_bt[i]``, held in a register block meanwhile; ``next_b[i]`` moves past them."""
+    for i in range(group_start, group_stop):
+        p = next_b[i]
+        stop = indptr_n[row_ids[i] + 1]
+        if p == stop or indices_z[p] >= d_stop:
+            continue
+        sums_t = sums_bt[i]
+        acc_t = register_block(sums_t[0])
+        for t in range(TILE):
+            acc_t[t] = sums_t[t]
+        while p < stop and indices_z[p] < d_stop:
+            x = values_z[p]
+            w_t = Wt_dt[indices_z[p]]
+            for t in range(TILE):
+                acc_t[t] += x * w_t[t]
+            p += 1
+        for t in range(TILE):
+            sums_t[t] = acc_t[t]
+        next_b[i] = p
 
 
 @_helper

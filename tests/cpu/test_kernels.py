@@ -136,9 +136,10 @@ def test_reconstruction_error_is_the_dense_squared_error():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("kind", ["random", "ties", "negative", "constant", "special"])
-@pytest.mark.parametrize("H", [1, 7, 31, 100])
+@pytest.mark.parametrize("H", [1, 7, 31, 100, 1000])
 def test_the_selection_inside_the_decoder_is_exactly_the_numpy_top_k(dtype, kind, H):
-    """Same sets and the same order as topk_sort / topk_threshold: ties, NaN, infinities, signed zeros."""
+    """Same sets and the same order as topk_sort / topk_threshold: ties, NaN, infinities, signed zeros; for
+    k small against H (the kernel looks first at the entries above a threshold of the row), and large."""
     from test_topk import draw_rows
     from ksae_cupy.topk import topk_sort, topk_threshold
 
@@ -146,7 +147,7 @@ def test_the_selection_inside_the_decoder_is_exactly_the_numpy_top_k(dtype, kind
     Z_nh = draw_rows(kind, 9, H, dtype, rng)
     D = 5
     W_hd, c_d, X_nd = rng.standard_normal((H, D)).astype(dtype), np.zeros(D, dtype), np.zeros((9, D), dtype)
-    for k in sorted({1, max(1, H // 2), H}):
+    for k in sorted({1, max(1, H // 40), max(1, H // 2), H}):
         for descending, numpy_topk in ((True, topk_sort), (False, topk_threshold)):
             for relu in (False, True):
                 idx_nk, val_nk = numpy_topk(Z_nh, k)
@@ -157,6 +158,25 @@ def test_the_selection_inside_the_decoder_is_exactly_the_numpy_top_k(dtype, kind
                 assert got_idx.dtype == np.int32 and got_val.dtype == Z_nh.dtype
                 np.testing.assert_array_equal(got_idx, idx_nk)
                 np.testing.assert_array_equal(got_val, val_nk)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_selection_from_the_candidates_above_a_threshold_keeps_ties_and_signed_zeros_in_order(dtype):
+    """Rows whose threshold leaves more than k candidates (the kernel then looks at those only), with ties at
+    the k-th value and signed zeros among the largest: the same units, in the same order, as NumPy's top-k."""
+    from ksae_cupy.topk import topk_sort, topk_threshold
+
+    rng = np.random.default_rng(31)
+    Z_nh = np.round(rng.standard_normal((40, 1000)) * 4) / 4  # steps of 0.25: ties at every value
+    Z_nh[:10] -= Z_nh[:10].max(axis=1, keepdims=True)  # rows whose largest entries are 0 ...
+    Z_nh[:5][Z_nh[:5] == 0] = -0.0  # ... some of them -0.0
+    Z_nh = Z_nh.astype(dtype)
+    D = 3
+    W_hd, c_d, X_nd = rng.standard_normal((1000, D)).astype(dtype), np.zeros(D, dtype), np.zeros((40, D), dtype)
+    for k in (1, 25, 60):
+        for descending, numpy_topk in ((True, topk_sort), (False, topk_threshold)):
+            _, got_idx, _, _, _ = kernels.select_decode_and_backprop(Z_nh, k, descending, W_hd, c_d, X_nd, False)
+            np.testing.assert_array_equal(got_idx, numpy_topk(Z_nh, k)[0])
 
 
 @pytest.mark.parametrize("relu", [False, True])
