@@ -103,8 +103,8 @@ def _train(comm, run: "RankLifecycle", config, spec, fail_at_step):
         changes += run_level_changes(run.settings, run.given, run.previous)
         return ckpt, resumed_config, changes, run.spec, data_record(run.spec)
 
-    new_dir = None if run.resuming else (lambda: default_run_dir(spec.data, config.hidden, config.k))
-    ckpt, config, changes, spec, record = run.open(new_dir, then=what_runs)
+    ckpt, config, changes, spec, record = run.open(lambda: default_run_dir(spec.data, config.hidden, config.k),
+                                                   then=what_runs)
     settings = run.settings
 
     def prepare():
