@@ -22,8 +22,7 @@ from ksae_cupy.errors import KsaeError
 from ksae_cupy.parallel.agree import abort_on_error, agree
 from ksae_cupy.parallel.comm import COMMS
 from ksae_cupy.parallel.sharded_topk import DIST_TOPK_METHODS
-from ksae_cupy.parallel.distributed_run import RunSettings, run_distributed
-from ksae_cupy.parallel.resume import resumed
+from ksae_cupy.parallel.distributed_run import run_distributed
 from ksae_cupy.session import train_run
 from ksae_cupy.session.fields import PAPER, TRAIN
 from ksae_cupy.training.options import check_in_dtype
@@ -43,7 +42,7 @@ def main():
 @click.option("--lr", type=float, default=PAPER.lr, help=f"Learning rate eta (paper: {PAPER.lr}).")
 @declared([OPTIONS[name] for name in ("momentum", "sigma", "topk", "seed", "dtype")])
 @click.option("--device", default="cpu", help="cpu, or gpu (GPU rank % GPUs per node) or gpu:N.")
-@click.option("--comm", "comm_kind", type=click.Choice(COMMS), default="mpi",
+@click.option("--comm", "comm", type=click.Choice(COMMS), default="mpi",
               help="Gradient all-reduce: MPI on host buffers, or NCCL on GPU buffers.")
 @click.option("--shard-hidden", is_flag=True, help="Split the hidden units (W's columns) over the ranks.")
 @click.option("--topk-dist", type=click.Choice(DIST_TOPK_METHODS), default="threshold",
@@ -65,12 +64,12 @@ def main():
 @click.pass_context
 @abort_on_error(spell=flag_of)
 def train(ctx, dataset, labels, test, test_labels, valid_fraction, test_fraction, split_seed, hidden, k, k_start, no_k_schedule, epochs, batch_size, lr, momentum, sigma, topk, seed,
-          dtype, device, comm_kind, shard_hidden, topk_dist, run_dir, checkpoint_every, overwrite, resume, data_dir,
+          dtype, device, comm, shard_hidden, topk_dist, run_dir, checkpoint_every, overwrite, resume, data_dir,
           quiet, fail_at_step, fail_rank, fail_mode):
     """Train on DATASET with every rank of the MPI job."""
     from ksae_cupy.parallel.comm import world
 
-    comm = world()
+    ranks = world()
     typed = resuming.given(ctx)
 
     def new_config():  # the same on every rank
@@ -82,16 +81,13 @@ def train(ctx, dataset, labels, test, test_labels, valid_fraction, test_fraction
             return None, None
         config = train_run.new_config(ctx.params, lr)  # as ksae-train's, validated once
         check_in_dtype(dtype, **{"--lr": ("rate", lr)})  # a rate of 0 in the model's dtype trains nothing
-        # DATASET with its labels and splits, checked, by absolute paths (None: --resume's check names it)
-        return config, None if dataset is None else data_spec(dataset, ctx.params)
+        if dataset is None:
+            raise KsaeError("missing DATASET; give a dataset name or file, or --resume RUN_DIR")
+        return config, data_spec(dataset, ctx.params)  # DATASET with its labels and splits, by absolute paths
 
-    config, spec = agree(comm, new_config)
-    settings = RunSettings(device=device, comm=comm_kind, shard_hidden=shard_hidden, topk_dist=topk_dist,
-                           checkpoint_every=checkpoint_every, data_dir=data_dir)
-    fail = (fail_at_step, fail_mode) if fail_at_step is not None and comm.rank == fail_rank else None
-    run_distributed(spec, config, settings, run_dir=run_dir, resume=resume, overwrite=overwrite, quiet=quiet,
-                    on_resume=lambda folder, ckpt, previous: resumed(ctx.params, typed, folder, ckpt, previous),
-                    fail_at_step=fail, log=lambda *a, **kw: click.echo(*a, **kw))
+    config, spec = agree(ranks, new_config)
+    fail = (fail_at_step, fail_mode) if fail_at_step is not None and ranks.rank == fail_rank else None
+    run_distributed(ctx.params, typed, config, spec, fail_at_step=fail, log=lambda *a, **kw: click.echo(*a, **kw))
 
 
 # How the trainer is started (there is no console script of it): its usage line and help say so.

@@ -1,30 +1,28 @@
 """One MPI training run on every rank: the run folder, resume, signals and lines around the
 :class:`~ksae_cupy.parallel.data_parallel.DataParallelTrainer` (or the sharded-hidden one).
 
-    run_distributed(spec, config, settings, run_dir=..., resume=..., ...)   # every rank
+    run_distributed(values, given, config, spec)   # every rank: the command's options, those typed
 
 It runs through the run lifecycle every training command shares
-(:class:`~ksae_cupy.session.lifecycle.RunLifecycle`: the job under the checkpoint policy, the
-metrics, the last line) as :class:`RankLifecycle`, whose rank 0 alone writes the run folder
-(config, metrics, checkpoints) and speaks, and through the same epoch engine
-(:meth:`Trainer.fit <ksae_cupy.training.trainer.Trainer.fit>`). A checkpoint is a plain
-single-process checkpoint plus the world size, and resuming needs the same number of ranks; a
-resume checks the run's data file and its ``--labels``, ``--test`` and ``--test-labels`` files
-(:mod:`ksae_cupy.session.provenance`) as ``ksae-train --resume`` does. Mistakes are found before
-any work, where every rank agrees on them (one line, every rank leaves with status 2:
-:mod:`ksae_cupy.parallel.agree`); an error one rank meets alone mid-run aborts the whole job
-(``MPI_Abort``) instead of leaving the other ranks waiting in a collective forever.
+(:class:`~ksae_cupy.session.lifecycle.RunLifecycle`: the checks of a new or resumed run folder, its
+lock, the session's settings from config.json, the data's provenance, config.json, the job under the
+checkpoint policy, the metrics, the last line) as :class:`RankLifecycle`, whose rank 0 alone does what
+reads or writes the run folder and speaks, the other ranks getting its outcome, and through the same
+epoch engine (:meth:`Trainer.fit <ksae_cupy.training.trainer.Trainer.fit>`). A checkpoint is a plain
+single-process checkpoint plus the world size, and resuming needs the same number of ranks
+(:mod:`ksae_cupy.parallel.resume`). Mistakes are found before any work, where every rank agrees on
+them (one line, every rank leaves with status 2: :mod:`ksae_cupy.parallel.agree`); an error one rank
+meets alone mid-run aborts the whole job (``MPI_Abort``) instead of leaving the other ranks waiting in
+a collective forever.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import signal
 from pathlib import Path
 
 from ksae_cupy.errors import KsaeError, one_line
 from ksae_cupy.parallel.agree import RanksFailed, agree, describe
-from ksae_cupy.session.checkpoint_policy import CheckpointPolicy
+from ksae_cupy.session.fields import RUN_LEVEL
 from ksae_cupy.session.lifecycle import RunJob, RunLifecycle
 from ksae_cupy.session.runs import TRAIN as KIND
 from ksae_cupy.training.trainer import TrainingDiverged
@@ -44,148 +42,80 @@ def _launch() -> str:
 LAUNCH = _launch()
 
 
-@dataclasses.dataclass
-class RunSettings:
-    """An MPI run's options outside its training configuration. config.json keeps them, and a
-    resume keeps every one that is not given again."""
-
-    device: str = "cpu"
-    comm: str = "mpi"
-    shard_hidden: bool = False
-    topk_dist: str = "threshold"
-    checkpoint_every: int = 10
-    data_dir: str | None = None
-
-    @classmethod
-    def from_record(cls, record: dict) -> "RunSettings":
-        """From a run's config.json (a run written before a field existed gets its default)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{key: value for key, value in record.items() if key in names})
-
-    def check(self, size: int, hidden: int) -> None:
-        """A one-line :class:`KsaeError` for what cannot run (the same answer on every rank)."""
-        if self.checkpoint_every <= 0:
-            raise KsaeError(f"--checkpoint-every {self.checkpoint_every} is not allowed; use a positive number of epochs")
-        if self.comm == "nccl" and not self.device.strip().lower().startswith("gpu"):
-            raise KsaeError("--comm nccl needs --device gpu (NCCL sums GPU buffers); use --comm mpi on the CPU")
-        if self.shard_hidden and hidden < size:
-            raise KsaeError(f"--shard-hidden: {hidden} hidden units cannot be split over {size} ranks; "
-                            f"use at most {hidden} ranks, or more hidden units")
+def check_settings(settings: dict, size: int, hidden: int) -> None:
+    """A one-line :class:`KsaeError` for how the ranks would share the work when it cannot run (the same
+    answer on every rank)."""
+    if settings["comm"] == "nccl" and not settings["device"].strip().lower().startswith("gpu"):
+        raise KsaeError("--comm nccl needs --device gpu (NCCL sums GPU buffers); use --comm mpi on the CPU")
+    if settings["shard_hidden"] and hidden < size:
+        raise KsaeError(f"--shard-hidden: {hidden} hidden units cannot be split over {size} ranks; "
+                        f"use at most {hidden} ranks, or more hidden units")
 
 
-def keep_run_options(folder, ckpt, previous: dict):
-    """What a resume runs when the caller applies no options: the run as it was."""
-    from ksae_cupy.datasets.user_files import DataSpec
-    from ksae_cupy.training.trainer import TrainConfig
-
-    settings = RunSettings.from_record(previous)
-    settings.shard_hidden = bool(ckpt.config.get("shard_hidden", False))
-    return DataSpec.from_record(previous["dataset"], previous.get("data")), TrainConfig.from_dict(ckpt.config), \
-        settings, []
-
-
-def run_distributed(spec, config, settings: RunSettings, *, run_dir=None, resume=None, overwrite=False,
-                    quiet=False, on_resume=None, fail_at_step=None, log=print):
+def run_distributed(values: dict, given: set, config=None, spec=None, *, fail_at_step=None, log=print):
     """Train on every rank of ``MPI.COMM_WORLD``; rank 0 writes the run folder. Returns the trainer.
 
-    ``spec``: the :class:`~ksae_cupy.datasets.user_files.DataSpec` of a new run (DATASET and its labels
-    and splits; None with ``resume``). Every check that can fail before training (options, run folder,
-    checkpoint, data files, device, data) runs where every rank can agree on its outcome
-    (:func:`~ksae_cupy.parallel.agree.agree`): a mistake is one line and every rank leaves with status 2,
-    before any work. ``on_resume(folder, ckpt, previous_config)`` (rank 0, with ``resume``) returns
-    ``(spec, config, settings, changes)``: the run's own values with the options given applied or
-    refused (default: the run as it was). Ctrl-C, SIGTERM and SIGHUP reaching any rank stop every rank
-    after the same step; the job saves a checkpoint, prints the resume line and exits 128 + the signal.
+    ``values``: the command's options by name (``resume``, ``run_dir``, ``overwrite``, ``device``, ``comm``,
+    ``shard_hidden``, ``topk_dist``, ``checkpoint_every``, ``data_dir``, ``quiet``, DATASET and the data
+    options), ``given`` the names typed; ``config`` and ``spec`` (the
+    :class:`~ksae_cupy.datasets.user_files.DataSpec` of DATASET) a new run's, None with ``--resume``, whose
+    run keeps its own with the options given applied or refused (:mod:`ksae_cupy.parallel.resume`). Every
+    check that can fail before training (options, run folder, checkpoint, data files, device, data) runs
+    where every rank can agree on its outcome (:func:`~ksae_cupy.parallel.agree.agree`): a mistake is one
+    line and every rank leaves with status 2, before any work. Ctrl-C, SIGTERM and SIGHUP reaching any rank
+    stop every rank after the same step; the job saves a checkpoint, prints the resume line and exits
+    128 + the signal.
     """
     from ksae_cupy.parallel.comm import world
-    from ksae_cupy.session.runs import RunFolder
 
     comm = world()  # one line when mpi4py is missing
-    from mpi4py import MPI
-
-    rank, size = comm.rank, comm.size
-    say = log if (rank == 0 and not quiet) else _silent
-    signals = _StopSignals(comm, say)  # from the start: a signal during the checks stops the job before any work
-
-    plan = agree(comm, _plan, spec, config, settings, run_dir, resume, overwrite, on_resume or keep_run_options,
-                 size, rank0_only=True)
-    spec, config, settings, ckpt, folder_path, changes, record = comm.bcast(plan, root=0)  # one reader, copies
-    folder = RunFolder(folder_path)
+    run = RankLifecycle(comm, values, given, log)
     try:
-        return _train(comm, MPI, spec, config, settings, ckpt, folder, changes, record, overwrite, signals, say,
-                      quiet, log, fail_at_step)
+        return _train(comm, run, config, spec, fail_at_step)
     finally:
-        if rank == 0:
-            folder.release()  # a clean end empties .lock (a kill leaves the PID: "a run that ended without ...")
+        run.release()  # rank 0: a clean end empties .lock (a kill leaves the PID: "a run that ended without ...")
 
 
 def _silent(*args, **kwargs):
     pass
 
 
-def _plan(spec, config, settings, run_dir, resume, overwrite, on_resume, size):
-    """Rank 0: the run folder and what will run in it, and the record config.json keeps of its data; every
-    check that reads the folder (on a resume: the run's data files, by their SHA-256)."""
-    from ksae_cupy.session.provenance import check_data_files, data_files_record
-    from ksae_cupy.session.runs import RunFolder, dataset_record, default_run_dir
-    from ksae_cupy.training.checkpoint import load_checkpoint
+def _train(comm, run: "RankLifecycle", config, spec, fail_at_step):
+    from mpi4py import MPI
 
-    if resume is not None:
-        from ksae_cupy.session.resuming import check_overwrite
-
-        check_overwrite(resume, overwrite)
-        folder = RunFolder(resume)
-        folder.check_resumable()
-        ckpt = load_checkpoint(folder.checkpoint)
-        folder.check_checkpoint(ckpt.run_id, ckpt.config)  # this folder's run, not a copy
-        previous = folder.read_config()
-        saved_size = ckpt.config.get("world_size")
-        if saved_size is None:
-            raise KsaeError(f"--resume {resume}: a run of ksae-train (one process: its checkpoint names no rank "
-                            f"count); continue it with ksae-train --resume {resume}")
-        if saved_size != size:
-            raise KsaeError(f"--resume: the run was trained on {saved_size} ranks; resume it with mpiexec -n "
-                            f"{saved_size} (this job has {size})")
-        spec, config, settings, changes = on_resume(folder, ckpt, previous)
-        check_data_files(previous.get("data"), folder.path)  # its --labels, --test: the run's bytes
-        record = {key: previous[key] for key in ("dataset", "dataset_sha256", "data", "codes_origin")
-                  if key in previous}
-        if spec.data != previous["dataset"]:  # the run's data file moved (its bytes checked): recorded from now on
-            record.update(dataset_record(spec.data))
-        return spec, config, settings, ckpt, folder.path, changes, record
-    if spec is None:
-        raise KsaeError("missing DATASET; give a dataset name or file, or --resume RUN_DIR")
-    folder = RunFolder(run_dir if run_dir is not None else default_run_dir(spec.data, config.hidden, config.k))
-    folder.check_new(overwrite, command=LAUNCH.format(size=size))
-    record = dataset_record(spec.data)  # a user file by absolute path and SHA-256 (a resume checks it)
-    if spec.is_user_file:
-        record["data"] = data_files_record(spec.record())  # labels and splits, their files hashed
-    return spec, config, settings, None, folder.path, [], record
-
-
-def _train(comm, MPI, spec, config, settings, ckpt, folder, changes, record, overwrite, signals, say, quiet, log,
-           fail_at_step):
-    from ksae_cupy.backend import resolve_device
-    from ksae_cupy.datasets import load_dataset
     from ksae_cupy.parallel.comm import make_allreducer
     from ksae_cupy.parallel.data_parallel import DataParallelTrainer, _host_allreducer
     from ksae_cupy.schedules import schedule_reaches_k
+    from ksae_cupy.session.runs import data_record, default_run_dir
 
-    rank, size = comm.rank, comm.size
+    rank, size, say = comm.rank, comm.size, run.say
+    signals = run.signals = _StopSignals(comm, say)  # from the start: a signal during the checks stops it before any work
+
+    def what_runs():
+        """Rank 0, once the lifecycle has opened the run: its checkpoint and configuration, the options
+        given applied or refused (a resume), and the record config.json keeps of its data."""
+        if not run.resuming:
+            return None, config, [], spec, data_record(spec)
+        from ksae_cupy.parallel.resume import resumed_run
+        from ksae_cupy.session.resuming import run_level_changes
+
+        ckpt, resumed_config, changes = resumed_run(run.folder, run.values, run.given, size)
+        changes += run_level_changes(run.settings, run.given, run.previous)
+        return ckpt, resumed_config, changes, run.spec, data_record(run.spec)
+
+    ckpt, config, changes, spec, record = run.open(lambda: default_run_dir(spec.data, config.hidden, config.k),
+                                                   then=what_runs)
+    settings = run.settings
 
     def prepare():
         """This rank's device and data (no communication: see agree)."""
-        settings.check(size, config.hidden)
+        check_settings(settings, size, config.hidden)
         if ckpt is None:
             config.validate()
-        device = settings.device
-        if device.strip().lower() == "gpu":
-            device = f"gpu:{rank % _gpus_per_node()}"  # one GPU per rank on each node
-        backend = resolve_device(device)
-        if settings.comm == "nccl" and not backend.is_gpu:
+        backend = run.start()
+        if settings["comm"] == "nccl" and not backend.is_gpu:
             raise KsaeError("--comm nccl needs --device gpu (NCCL sums GPU buffers); use --comm mpi on the CPU")
-        data = load_dataset(spec, root=Path(settings.data_dir) if settings.data_dir else None,
-                            log=lambda msg: say(msg, err=True))
+        data = run.load(spec)
         config.validate(n_train=len(data.X_train))
         if ckpt is None:  # a rate whose first step moves no weight: on a one-process model of the same seed
             from ksae_cupy.training.learning_rate import check_rate_moves_weights
@@ -201,76 +131,87 @@ def _train(comm, MPI, spec, config, settings, ckpt, folder, changes, record, ove
     first = agree(comm, prepare, rank0_only=True)
     rest = agree(comm, prepare if rank else _silent) if size > 1 else None
     backend, data = first if rank == 0 else rest
-    say(f"{backend.description}; {size} ranks, {'hidden units' if settings.shard_hidden else 'data'} sharded, "
-        f"comm {settings.comm}")
+    say(f"{backend.description}; {size} ranks, {'hidden units' if settings['shard_hidden'] else 'data'} sharded, "
+        f"comm {settings['comm']}")
     if ckpt is None and config.k_start is not None and not schedule_reaches_k(config.epochs, config.k, config.k_start):
         say(f"note: in {config.epochs} epoch the k schedule would stay at k-start {config.k_start} and never reach "
             f"k {config.k}; training with k {config.k} from the start (as --no-k-schedule)")
         config.k_start = None  # as ksae-train does; every rank decides alike
 
-    allreduce = make_allreducer(comm, settings.comm)  # NCCL's set-up is collective: not inside agree
-    if settings.comm == "mpi":
+    allreduce = make_allreducer(comm, settings["comm"])  # NCCL's set-up is collective: not inside agree
+    if settings["comm"] == "mpi":
         allreduce = _host_allreducer(backend, allreduce)
 
     def make_trainer():
-        if settings.shard_hidden:
+        if settings["shard_hidden"]:
             from ksae_cupy.parallel.sharded_hidden import ShardedHiddenTrainer
 
             return ShardedHiddenTrainer(config, backend, data.dim, comm, allreduce, checkpoint=ckpt,
-                                        topk_dist=settings.topk_dist)
+                                        topk_dist=settings["topk_dist"])
         return DataParallelTrainer(config, backend, data.dim, comm, allreduce, checkpoint=ckpt)
 
     trainer = agree(comm, make_trainer)
     trainer.fail_at_step = fail_at_step
     stopped = comm.allreduce(signals.received or 0, op=MPI.MAX)
     if stopped:  # nothing written yet: the run folder is as it was
-        if rank == 0:
-            log(f"{signal.Signals(stopped).name}: stopped before training began; "
-                + (f"the run in {folder.path} is as it was" if ckpt is not None else "nothing was written"), err=True)
+        run.echo(f"{signal.Signals(stopped).name}: stopped before training began; "
+                 + (f"the run in {run.folder.path} is as it was" if ckpt is not None else "nothing was written"),
+                 err=True)
         raise SystemExit(128 + stopped)
     signals.trainer = trainer
     trainer.stop_requested = signals.received is not None
 
-    def open_folder():
-        folder.create(log=lambda msg: say(msg, err=True), new=ckpt is None, overwrite=overwrite)  # locked until the end
-        if ckpt is not None:
-            folder.check_checkpoint(ckpt.run_id, ckpt.config)  # sets the run's identity (checked in _plan)
-        dropped = folder.drop_metrics_after(ckpt.step, ckpt.epoch, config.epochs) if ckpt is not None else None
-        folder.write_config({**record, "train": config.to_dict(), **dataclasses.asdict(settings),
-                             "run_dir": str(folder.path), "world_size": size})
-        return dropped
-
-    dropped = agree(comm, open_folder, rank0_only=True)
     if ckpt is not None:
-        from ksae_cupy.session.resuming import where_line
-
-        say(where_line(folder.path, ckpt.epoch, ckpt.batch_in_epoch, ckpt.step)
-            + (f"; applied: {', '.join(changes)}" if changes else ""))
-        if dropped:
-            say(dropped)
-    say("config: " + json.dumps(config.to_dict(), sort_keys=True))
-    say(f"run folder: {folder.path}")
+        say(run.where(ckpt, changes))
+    run.begin({**record, "train": config.to_dict(), "world_size": size}, "train", trainer)
 
     preprocess = dict(ckpt.preprocess) if ckpt is not None else dict(data.preprocess)
-    job = DistributedJob(trainer, comm, folder, data, preprocess, saved=(ckpt.epoch, ckpt.step) if ckpt else None)
-    run = RankLifecycle(comm, folder, settings, signals, quiet, log)
+    job = DistributedJob(trainer, comm, run.folder, data, preprocess, saved=(ckpt.epoch, ckpt.step) if ckpt else None)
     run.fit(job)
     run.end(trainer, f"done: {{epochs}} on {size} ranks in {{seconds:.1f}} s; checkpoint {{checkpoint}}")
     return trainer
 
 
 class RankLifecycle(RunLifecycle):
-    """The run lifecycle on one rank of an MPI job: :meth:`RunLifecycle.fit` and :meth:`RunLifecycle.end`,
-    with rank 0 alone writing the metrics (agreed: a failed write stops every rank alike) and speaking,
-    the checkpoint schedule ``--checkpoint-every`` (no minutes), the stop signals agreed over the ranks
-    (:class:`_StopSignals`, installed from the job's start), and rank 0's answer, shared, wherever a
-    decision reads the run folder."""
+    """The run lifecycle on one rank of an MPI job. Rank 0 alone does what reads or writes the run folder
+    (:meth:`open`: the checks, the lock, the settings; :meth:`begin`: the folder, config.json; the metrics;
+    each agreed: a failure there stops every rank alike, in one line) and speaks; the other ranks get its
+    outcome. Its own: the settings of how the ranks share the work (--comm, --shard-hidden, --topk-dist),
+    each rank's GPU, the checkpoint schedule ``--checkpoint-every`` (no minutes: every rank saves after the
+    same step), and the stop signals agreed over the ranks (:class:`_StopSignals`, installed from the
+    job's start)."""
 
-    def __init__(self, comm, folder, settings: RunSettings, signals: "_StopSignals", quiet: bool, log):
-        super().__init__(LAUNCH.format(size=comm.size), KIND, {"quiet": quiet}, set(),
-                         log if comm.rank == 0 else _silent)
-        self.comm, self.folder, self.signals = comm, folder, signals
-        self.policy = CheckpointPolicy(settings.checkpoint_every, 0.0)
+    run_level = RUN_LEVEL + ("comm", "shard_hidden", "topk_dist")
+
+    def __init__(self, comm, values: dict, given: set, log):
+        super().__init__(LAUNCH.format(size=comm.size), KIND, values, given, log if comm.rank == 0 else _silent)
+        self.comm, self.signals = comm, None
+
+    def open(self, default_dir=None, needs_checkpoint: bool = True, then=None):
+        """:meth:`RunLifecycle.open` on rank 0, then ``then()`` there (what the run holds, read once); every
+        rank returns ``then``'s answer, with the run's folder, data and settings."""
+        from ksae_cupy.session.runs import RunFolder
+
+        def on_rank0():
+            RunLifecycle.open(self, default_dir, needs_checkpoint)
+            return (self.folder.path, self.previous, getattr(self, "spec", None), self.settings,
+                    then() if then is not None else None)
+
+        opened = agree(self.comm, on_rank0, rank0_only=True)
+        path, self.previous, self.spec, self.settings, answer = self.comm.bcast(opened, root=0)  # one reader, copies
+        if self.comm.rank != 0:
+            self.folder, self.policy = RunFolder(path, kind=self.kind), self.checkpoint_policy()
+        return answer
+
+    def device(self) -> str:
+        device = self.settings["device"]
+        return f"gpu:{self.comm.rank % _gpus_per_node()}" if device.strip().lower() == "gpu" else device
+
+    def recorded_device(self) -> str:
+        return self.settings["device"]  # "gpu": each rank its own, again on resume
+
+    def begin(self, record: dict, shown: str, trainer=None) -> None:
+        agree(self.comm, RunLifecycle.begin, self, record, shown, trainer, rank0_only=True)
 
     def append_metrics(self, report) -> None:
         agree(self.comm, self.folder.append_metrics, report, rank0_only=True)

@@ -37,6 +37,10 @@ class RunLifecycle:
     """``command`` (how the lines name it) writes run folders of ``kind``; ``values`` are its options
     by name, ``given`` those typed; ``echo(message, err=False)`` prints (``say`` is silent with --quiet)."""
 
+    # The session's settings kept in config.json (those of them the command offers: a name not in
+    # ``values`` is left out); a command with settings of its own adds them (the MPI trainer's --comm).
+    run_level = RUN_LEVEL
+
     def __init__(self, command: str, kind: str, values: dict, given: set, echo):
         self.command, self.kind, self.values, self.given, self.echo = command, kind, values, given, echo
         self.say = (lambda *a, **kw: None) if values.get("quiet") else echo
@@ -73,14 +77,19 @@ class RunLifecycle:
             check_data_files(self.previous.get("data"), self.folder.path)  # its --labels, --test: the run's bytes
         elif default_dir is not None:
             self.new_folder(default_dir)
-        self.settings = resuming.run_level(RUN_LEVEL, values, self.given, self.previous or {})
+        self.settings = resuming.run_level(self.run_level, values, self.given, self.previous or {})
         if "progress_seconds" in self.settings:
             check_progress_seconds(self.settings["progress_seconds"])
             if "progress_seconds" in self.given and values.get("quiet"):  # said, not refused: scripts pass both
                 note(f"--progress-seconds {values['progress_seconds']} has no effect with --quiet, which shows no "
                      f"progress")
-        self.policy = CheckpointPolicy(self.settings["checkpoint_every"], self.settings["checkpoint_minutes"])
+        self.policy = self.checkpoint_policy()
         return self.previous
+
+    def checkpoint_policy(self) -> CheckpointPolicy:
+        """Every ``checkpoint_every`` epochs and ``checkpoint_minutes`` (a command without that option saves
+        by epochs only: the MPI trainer, whose ranks must all save after the same step)."""
+        return CheckpointPolicy(self.settings["checkpoint_every"], self.settings.get("checkpoint_minutes", 0.0))
 
     def where(self, trainer, changes: list[str]) -> str:
         """The resumed run's first line: where it stands, and the options given that changed it."""
@@ -90,7 +99,7 @@ class RunLifecycle:
     def new_folder(self, default_dir) -> None:
         """A new run's folder: --run-dir, else ``default_dir()``; checked here, made by :meth:`begin`."""
         self.folder = RunFolder(self.values.get("run_dir") or default_dir(), kind=self.kind)
-        self.folder.check_new(self.values.get("overwrite", False))
+        self.folder.check_new(self.values.get("overwrite", False), command=self.command)  # "continue it with ..."
 
     def start(self):
         """The device and the CPU threads of the session (the count used is the run's from now on: a
@@ -98,9 +107,19 @@ class RunLifecycle:
         from ksae_cupy.backend import resolve_device
         from ksae_cupy.threads import set_blas_threads
 
-        self.backend = resolve_device(self.settings["device"])
-        self.threads_line, self.settings["threads"] = set_blas_threads(self.settings["threads"])
+        self.backend = resolve_device(self.device())
+        self.threads_line = None
+        if "threads" in self.settings:  # a command without --threads (the MPI trainer's ranks) leaves BLAS as it is
+            self.threads_line, self.settings["threads"] = set_blas_threads(self.settings["threads"])
         return self.backend
+
+    def device(self) -> str:
+        """The device this process asks for (the MPI trainer's rank picks its own GPU of a node)."""
+        return self.settings["device"]
+
+    def recorded_device(self) -> str:
+        """The device config.json keeps, and a resume asks for: the one resolved (``auto`` is this machine's)."""
+        return self.backend.name
 
     @property
     def data_dir(self) -> Path | None:
@@ -123,7 +142,7 @@ class RunLifecycle:
                 self.say(dropped)  # which epochs, and whether each runs again
         if self.resuming and "codes_origin" in self.previous and "codes_origin" not in record:
             record = {**record, "codes_origin": self.previous["codes_origin"]}  # the same bytes (checked): kept
-        self.config = {**record, **self.settings, "device": self.backend.name,
+        self.config = {**record, **self.settings, "device": self.recorded_device(),
                        "data_dir": str(self.data_dir) if self.data_dir else None, "run_dir": str(self.folder.path)}
         self.folder.write_config(self.config)
         self.say("config: " + json.dumps(record[shown], sort_keys=True))
@@ -141,7 +160,7 @@ class RunLifecycle:
         made and locked by the caller: this session's settings, device and checkpoint policy."""
         inner = RunLifecycle(self.command, folder.kind, self.values, self.given, self.echo)
         inner.folder, inner.settings, inner.backend = folder, self.settings, self.backend
-        inner.policy = CheckpointPolicy(self.settings["checkpoint_every"], self.settings["checkpoint_minutes"])
+        inner.policy = inner.checkpoint_policy()
         return inner
 
     # -- training --------------------------------------------------------------------------------

@@ -33,6 +33,12 @@ def run_level(names, values: dict, given: set, previous: dict) -> dict:
     return settings
 
 
+def run_level_changes(settings: dict, given: set, previous: dict) -> list[str]:
+    """The settings given that changed the run's (``previous``, its config.json), as ``comm mpi -> nccl``."""
+    return [f"{name.replace('_', '-')} {previous[name]} -> {value}" for name, value in settings.items()
+            if name in given and name in previous and value != previous[name]]
+
+
 def check_overwrite(resume: Path, overwrite: bool) -> None:
     if overwrite:
         raise KsaeError(f"--overwrite contradicts --resume: --resume continues the run in {resume}, --overwrite "

@@ -171,30 +171,32 @@ def test_an_option_changed_on_resume_is_kept_applied_or_refused_as_the_table_say
 
 # -- ksae-dist train --resume: ksae-train's policy, and how the ranks share the work ---------------
 
-def test_the_mpi_trainers_resume_refuses_and_applies_as_ksae_train_and_keeps_its_sharding(tmp_path):
+def test_the_mpi_trainers_resume_refuses_and_applies_as_ksae_train_and_keeps_its_sharding():
     from types import SimpleNamespace
 
     from ksae_cupy.errors import KsaeError
     from ksae_cupy.parallel.resume import resumed
-    from ksae_cupy.training.trainer import TrainConfig
+    from ksae_cupy.session.resuming import run_level_changes
+    from ksae_cupy.training.config import TrainConfig
 
     ckpt = SimpleNamespace(config={**TrainConfig(hidden=16, k=4, k_start=8, epochs=4).to_dict(), "shard_hidden": False},
                            epoch=2, batch_in_epoch=0)
-    previous = {"dataset": "synthetic", "device": "cpu", "comm": "mpi", "checkpoint_every": 2, "data_dir": None}
-    folder = SimpleNamespace(path=tmp_path)
-    params = {"run_dir": None, "dataset": None, "no_k_schedule": True, "shard_hidden": True, "hidden": 16,
-              "epochs": 6, "topk": "threshold", "checkpoint_every": 3, "device": "cpu", "comm_kind": "mpi",
-              "topk_dist": "threshold", "data_dir": None}
+    params = {"no_k_schedule": True, "shard_hidden": True, "hidden": 16, "epochs": 6, "topk": "threshold",
+              "topk_dist": "gather"}
     with pytest.raises(KsaeError) as refused:
-        resumed(params, {"no_k_schedule", "shard_hidden", "hidden"}, folder, ckpt, previous)
+        resumed(params, {"no_k_schedule", "shard_hidden", "hidden"}, ckpt)
     assert str(refused.value) == ("--resume: options contradict the checkpoint (they shape the model or the batches): "
                                   "--no-k-schedule (the run has k-start 8), --shard-hidden (the run shards its data, "
                                   "not its hidden units)")  # --hidden 16 is the run's own
-    spec, config, settings, changes = resumed(params, {"epochs", "topk", "checkpoint_every"}, folder, ckpt,
-                                              previous)
-    assert spec.data == "synthetic" and (config.epochs, config.topk, settings.checkpoint_every) == (6, "threshold", 3)
-    assert changes == ["epochs 4 -> 6", "topk sort -> threshold", "checkpoint-every 2 -> 3"]
-    assert settings.device == "cpu" and not settings.shard_hidden  # not given: the run's
+    with pytest.raises(KsaeError, match="--topk-dist gather is not allowed: the run shards its data"):
+        resumed(params, {"topk_dist"}, ckpt)
+    config, changes = resumed(params, {"epochs", "topk"}, ckpt)
+    assert (config.epochs, config.topk, config.hidden) == (6, "threshold", 16)
+    assert changes == ["epochs 4 -> 6", "topk sort -> threshold"]
+    # The session's settings (the lifecycle's, from config.json): what the options given changed, as the line says it.
+    previous = {"device": "cpu", "comm": "mpi", "checkpoint_every": 2, "data_dir": None}
+    settings = {"device": "cpu", "comm": "mpi", "checkpoint_every": 3, "data_dir": None, "shard_hidden": False}
+    assert run_level_changes(settings, {"checkpoint_every", "device"}, previous) == ["checkpoint-every 2 -> 3"]
 
 
 @pytest.mark.parametrize("name", sorted(STARTS))

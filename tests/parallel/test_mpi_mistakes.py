@@ -101,8 +101,10 @@ def test_resume_applies_or_refuses_every_option_and_keeps_those_not_given(folder
     config = json.loads((run / "config.json").read_text())
     assert config["checkpoint_every"] == 1 and config["train"]["topk"] == "threshold"
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 3
-    finished = dist_train(2, ["--resume", "run1"], cwd=folder)
+    finished = dist_train(2, ["--resume", "run1", "--checkpoint-every", "2"], cwd=folder)
     assert "nothing to train: the run had already trained all its 3 epochs" in finished.stdout
+    assert "applied: checkpoint-every 1 -> 2" in finished.stdout  # a setting of the session, said as ksae-dist did
+    assert json.loads((run / "config.json").read_text())["checkpoint_every"] == 2
     wrong_ranks = dist_train(3, ["--resume", "run1", "--epochs", "4"], cwd=folder, check=False)
     assert "trained on 2 ranks; resume it with mpiexec -n 2" in one_error_line(wrong_ranks)
     # From another folder: the run names its data by absolute path.
