@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ksae_cupy.errors import KsaeError, TrainingDiverged, cli_name
-from ksae_cupy.session.checkpoint_policy import CheckpointPolicy
 from ksae_cupy.session.fields import RUN_LEVEL, TRAIN as TRAIN_OPTIONS
+from ksae_cupy.session.lifecycle import RunLifecycle
 from ksae_cupy.training.packed import Pack, stack_key
 from ksae_cupy.session.runs import TRAIN, RunFolder, dataset_record
 from ksae_cupy.session.stopping import StopOnSignals
@@ -59,7 +59,12 @@ def train_packed(configs: list, data, backend, folders: list, *, dataset=None, s
     ``stacked``: :class:`Pack`'s (default: on a GPU); ``restart_unstarted``: a folder holding a run stopped before
     its first checkpoint (config.json, metrics, nothing to resume) starts again, its files replaced (a caller
     that owns its folders, as ``ksae-sweep`` its ``OUT/runs``; else such a folder is refused, as ``ksae-train``
-    refuses it). ``log(line)`` gets one line per run's epoch."""
+    refuses it). ``log(line)`` gets one line per run's epoch.
+
+    Each run's folder goes through its own :class:`~ksae_cupy.session.lifecycle.RunLifecycle`, as a
+    ``ksae-train`` run's: opened (a resume: checked, locked, its data checked against the run's), then made,
+    locked and its config.json written; its checkpoint policy and metrics. The device, the CPU threads and the
+    stop signals are the pack's, once for all its runs."""
     if len(configs) != len(folders):
         raise KsaeError(f"{len(configs)} configurations for {len(folders)} run folders; give one folder per run")
     paths = [Path(folder) for folder in folders]
@@ -67,19 +72,18 @@ def train_packed(configs: list, data, backend, folders: list, *, dataset=None, s
     if repeated:
         raise KsaeError(f"run folder {repeated[0]} is given to more than one run; give each run its own folder")
     settings = {**DEFAULT_SETTINGS, **(settings or {})}
-    policy_of = lambda: CheckpointPolicy(settings["checkpoint_every"], settings["checkpoint_minutes"])  # noqa: E731
-    # Everything checked and every model built before any folder is written.
-    members = [_open_member(config, data, backend, path, restart_unstarted, log)
-               for config, path in zip(configs, paths)]
     record = _data_record(dataset if dataset is not None else data.name)
-    outcomes = [PackedOutcome(member.folder.path, member.model) for member in members]
+    members = []
     try:
+        # Everything checked and every model built before any folder is written.
+        for config, path in zip(configs, paths):
+            members.append(_open_member(config, data, backend, path, record, settings, restart_unstarted, log))
+        outcomes = [PackedOutcome(member.run.folder.path, member.model) for member in members]
         # The CPU threads of every run (BLAS's products differ in their last bits on another count: a run
         # resumed alone keeps the count recorded here).
         with estimator_threads(settings["threads"]) as (count, _):
-            settings["threads"] = count
             for member in members:
-                member.begin(record, settings, backend, log)
+                member.begin(record, count)
             packs = {}  # one pack per stack shape (on the CPU: one pack)
             for i, member in enumerate(members):
                 key = stack_key(member.trainer.config, data.dim) if _stacks(backend, stacked) else None
@@ -90,13 +94,13 @@ def train_packed(configs: list, data, backend, folders: list, *, dataset=None, s
             try:
                 for chosen in packs.values():
                     if stop.received is None:
-                        _train_pack([members[i] for i in chosen], [outcomes[i] for i in chosen], stacked,
-                                    policy_of, log, running)
+                        _train_pack([members[i] for i in chosen], [outcomes[i] for i in chosen], stacked, log,
+                                    running)
             finally:
                 stop.restore()
     finally:
         for member in members:
-            member.folder.release()
+            member.run.release()
     if stop.received is not None:
         raise PackStopped(stop.exit_status, [o.folder for o, m in zip(outcomes, members) if not m.trainer.finished])
     return outcomes
@@ -130,69 +134,71 @@ def _stacks(backend, stacked: bool | None) -> bool:
 
 
 class _Member:
-    """One run of the pack: its folder, estimator, and the rows it trains on (host, after its preprocessing)."""
+    """One run of the pack: its lifecycle (folder, settings, checkpoint policy), estimator, and the rows it
+    trains on (host, after its preprocessing)."""
 
-    def __init__(self, folder: RunFolder, model, data, resumed: bool, restarted: list | None = None):
-        self.folder, self.model, self.data, self.resumed, self.restarted = folder, model, data, resumed, restarted
-        self.policy = None
+    def __init__(self, run: RunLifecycle, model, data):
+        self.run, self.model, self.data = run, model, data
         self.step_before = model.trainer_.step
 
     @property
     def trainer(self):
         return self.model.trainer_
 
-    def begin(self, record: dict, settings: dict, backend, log) -> None:
-        """Make and lock the folder, drop metrics logged after a resumed checkpoint, write config.json as
-        ``ksae-train`` writes it."""
-        if self.restarted:  # checked by _open_member: files of a run that never wrote a checkpoint
-            for name in self.folder.run_files():
-                (self.folder.path / name).unlink()
-            log(f"{self.folder.path}: its run stopped before its first checkpoint; removed "
-                f"{', '.join(self.restarted)}; starting it again")
-        self.folder.create(log=log, new=not self.resumed)
-        trainer = self.trainer
-        if self.resumed:
-            dropped = self.folder.drop_metrics_after(trainer.step, trainer.epoch, trainer.config.epochs)
-            if dropped:
-                log(f"{self.folder.path}: {dropped}")
-        self.model.run_id_ = self.folder.run_id
-        self.folder.write_config({**record, "train": trainer.config.to_dict(), **settings, "device": backend.name,
-                                  "run_dir": str(self.folder.path)})
+    def begin(self, record: dict, threads: int) -> None:
+        """The run's folder made and locked, config.json written, as ``ksae-train`` does (the pack's thread count)."""
+        self.run.settings["threads"] = threads
+        self.run.begin({**record, "train": self.trainer.config.to_dict()}, "train",
+                       self.trainer if self.run.resuming else None)
+        self.model.run_id_ = self.run.folder.run_id
 
     def save(self) -> None:
-        self.model.save(self.folder.checkpoint)
+        self.model.save(self.run.folder.checkpoint)
 
 
-def _open_member(config, data, backend, path: Path, restart_unstarted: bool, log) -> _Member:
-    """The run in ``path``: resumed from its checkpoint (its configuration checked against ``config``), or new
-    (its folder checked, its model prepared as ``ksae-train`` prepares one: --lr auto resolved, the checks)."""
+def _open_member(config, data, backend, path: Path, record: dict, settings: dict, restart_unstarted: bool,
+                 log) -> _Member:
+    """The run in ``path`` opened by its lifecycle as ``ksae-train`` opens one: resumed from its checkpoint
+    (its data the pack's, its configuration checked against ``config``), or new (its model prepared as
+    ``ksae-train`` prepares one: --lr auto resolved, the checks)."""
     from ksae_cupy.session import resuming
     from ksae_cupy.training.estimator import KSparseAutoencoder
 
+    say = lambda line, err=False: log(f"{path}: {line}")  # noqa: E731
     folder = RunFolder(path, kind=TRAIN)
-    if not folder.checkpoint.is_file():
-        restarted = folder.run_files() if restart_unstarted and folder.folder_kind() in (None, TRAIN) else None
-        folder.check_new(overwrite=bool(restarted))
-        model = _new_model(config, data, backend, lambda line, err=False: log(f"{path}: {line}"))
-        return _Member(folder, model, data, resumed=False, restarted=restarted)
-    folder.check_resumable()
-    model = KSparseAutoencoder.load(folder.checkpoint, device=backend.name)
-    saved = model.trainer_.config
-    folder.check_checkpoint(model.run_id_, saved.to_dict())
-    asked = config.to_dict()
-    differing = [f"{name} {saved.to_dict()[name]} (asked: {value})" for name, value in asked.items()
-                 if name not in NOT_COMPARED and saved.to_dict().get(name) != value]
-    if config.lr != "auto" and config.lr != saved.lr:
-        differing.append(f"lr {saved.lr} (asked: {config.lr})")
-    if differing:
-        raise KsaeError(f"run folder {path} holds another run: {', '.join(differing)}; give the run another folder, "
-                        f"or remove that one")
-    if model.trainer_.params["W_dh"].shape[0] != data.dim:
-        raise KsaeError(f"run folder {path}: its model takes {model.trainer_.params['W_dh'].shape[0]} dimensions, "
-                        f"the data has {data.dim}")
+    resume = folder.checkpoint.is_file()
+    restart = not resume and restart_unstarted and folder.folder_kind() in (None, TRAIN) and bool(folder.run_files())
+    values = {**settings, "dataset": record["dataset"], "resume": path if resume else None, "run_dir": path,
+              "overwrite": restart, "quiet": False}
+    # The session's settings are the pack's, all of them (one device and thread count for every run).
+    run = RunLifecycle("ksae-train", TRAIN, values, set(RUN_LEVEL) & set(values), say)
+    run.backend = backend
+    try:
+        run.open(lambda: path)
+        if restart:
+            say("its run stopped before its first checkpoint; starting it again, its files replaced")
+        if not resume:
+            return _Member(run, _new_model(config, data, backend, say), data)
+        model = KSparseAutoencoder.load(run.folder.checkpoint, device=backend.name)
+        saved = model.trainer_.config
+        run.folder.check_checkpoint(model.run_id_, saved.to_dict())
+        asked = config.to_dict()
+        differing = [f"{name} {saved.to_dict()[name]} (asked: {value})" for name, value in asked.items()
+                     if name not in NOT_COMPARED and saved.to_dict().get(name) != value]
+        if config.lr != "auto" and config.lr != saved.lr:
+            differing.append(f"lr {saved.lr} (asked: {config.lr})")
+        if differing:
+            raise KsaeError(f"run folder {path} holds another run: {', '.join(differing)}; give the run another "
+                            f"folder, or remove that one")
+        if model.trainer_.params["W_dh"].shape[0] != data.dim:
+            raise KsaeError(f"run folder {path}: its model takes {model.trainer_.params['W_dh'].shape[0]} "
+                            f"dimensions, the data has {data.dim}")
+    except BaseException:
+        run.release()  # a resumed folder is locked from open on
+        raise
     resuming.apply(["epochs"], {"epochs"}, {"epochs": config.epochs}, model.trainer_)
     model.epochs = model.trainer_.config.epochs
-    return _Member(folder, model, data, resumed=True)
+    return _Member(run, model, data)
 
 
 def _new_model(config, data, backend, say):
@@ -221,7 +227,7 @@ def _new_model(config, data, backend, say):
     return model.prepare(data.X_train, config=config, option_names=cli_name, on_config=said)
 
 
-def _train_pack(members: list, outcomes: list, stacked, policy_of, log, running: dict) -> None:
+def _train_pack(members: list, outcomes: list, stacked, log, running: dict) -> None:
     """Train ``members`` as one :class:`Pack` (``running["pack"]`` while it trains, for the stop signals):
     metrics and checkpoints into each one's folder."""
     from ksae_cupy.training.wording import epoch_line
@@ -229,29 +235,29 @@ def _train_pack(members: list, outcomes: list, stacked, policy_of, log, running:
     rows = _device_rows(members)
     pack = running["pack"] = Pack([member.trainer for member in members], stacked=stacked)
     for member in members:
-        member.policy = policy_of()
+        member.run.policy.restart()  # the minutes count from the first step, not from loading
 
     def on_epoch(i, report):
         member = members[i]
-        member.folder.append_metrics(report)  # before the checkpoint: a resume drops lines past it
+        member.run.append_metrics(report)  # before the checkpoint: a resume drops lines past it
         outcomes[i].report = report
-        log(f"{member.folder.path.name}: {epoch_line(report, member.trainer.config.epochs)}")
+        log(f"{member.run.folder.path.name}: {epoch_line(report, member.trainer.config.epochs)}")
 
     started = time.perf_counter()
     pack.fit([train for train, _ in rows], [valid for _, valid in rows], on_epoch,
-             should_checkpoint=lambda i, epoch: members[i].policy.after_epoch(epoch),
+             should_checkpoint=lambda i, epoch: members[i].run.policy.after_epoch(epoch),
              checkpoint=lambda i: members[i].save())
     for i, member in enumerate(members):
-        if i not in pack.failed and (member.trainer.step != member.step_before or not member.folder.checkpoint.exists()):
+        if i not in pack.failed and member.run.needs_final_save(member.trainer, member.step_before):
             try:  # stopped mid-epoch, a stacked run's divergence may not have been seen yet: the save refuses it
                 member.save()
             except TrainingDiverged as exc:
                 pack.failed[i] = exc
         if i in pack.failed:
             host_rows = member.model._centred(*member.model._check_X(member.data.X_train, reset=False))
-            outcomes[i].diverged = str(member.model._diverged(pack.failed[i], host_rows, member.folder.checkpoint,
+            outcomes[i].diverged = str(member.model._diverged(pack.failed[i], host_rows, member.run.folder.checkpoint,
                                                               cli_name))
-            log(f"{member.folder.path.name}: diverged: {outcomes[i].diverged}")
+            log(f"{member.run.folder.path.name}: diverged: {outcomes[i].diverged}")
     how = "as one stacked model" if pack.stacked else "one after another"
     log(f"pack of {len(members)} run(s), {how}: {time.perf_counter() - started:.1f} s")
 
