@@ -113,6 +113,14 @@ class RunLifecycle:
             self.threads_line, self.settings["threads"] = set_blas_threads(self.settings["threads"])
         return self.backend
 
+    def started(self, backend, threads: int | None = None):
+        """The device and CPU thread count a caller resolved once for several runs (a pack's), taken as
+        :meth:`start` would resolve them for this run alone."""
+        self.backend = backend
+        if threads is not None:
+            self.settings["threads"] = threads
+        return backend
+
     def device(self) -> str:
         """The device this process asks for (the MPI trainer's rank picks its own GPU of a node)."""
         return self.settings["device"]
@@ -145,7 +153,12 @@ class RunLifecycle:
         self.config = {**record, **self.settings, "device": self.recorded_device(),
                        "data_dir": str(self.data_dir) if self.data_dir else None, "run_dir": str(self.folder.path)}
         self.folder.write_config(self.config)
-        self.say("config: " + json.dumps(record[shown], sort_keys=True))
+        self.announce(record[shown])
+
+    def announce(self, configuration: dict) -> None:
+        """The lines :meth:`begin` says: the configuration, the folder and the checkpoint schedule (a pack,
+        which names each run's folder on its every line, says its schedule once for all its runs)."""
+        self.say("config: " + json.dumps(configuration, sort_keys=True))
         self.say(f"run folder: {self.folder.path}")
         minutes = f" and every {self.policy.seconds / 60:g} minutes" if self.policy.seconds else ""
         self.say(f"checkpoints: {self.folder.checkpoint}, every {self.policy.every_epochs} epochs{minutes}, "

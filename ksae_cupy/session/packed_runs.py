@@ -2,9 +2,9 @@
 
     outcomes = train_packed(configs, data, backend, folders, dataset="mnist")
 
-Every configuration is one run in its folder, written by the same code as a ``ksae-train`` run's
-(:class:`~ksae_cupy.session.runs.RunFolder`: config.json, metrics.jsonl, checkpoint.h5 saved by the
-estimator), so each one is an ordinary run afterwards: ``ksae-train --resume FOLDER`` continues it
+Every configuration is one run in its folder, opened, locked and written by a ``ksae-train`` run's own
+lifecycle (:class:`~ksae_cupy.session.lifecycle.RunLifecycle`, one per run: config.json, metrics.jsonl, the
+checkpoint policy; checkpoint.h5 saved by the estimator), so each one is an ordinary run afterwards: ``ksae-train --resume FOLDER`` continues it
 alone, ``ksae-eval FOLDER`` scores it. A folder that already holds a checkpoint is resumed (its
 configuration must be the one asked, the epochs aside, which apply as ``--epochs`` does on
 ``--resume``); a finished one trains nothing. The runs then train together (:class:`~ksae_cupy.training.packed.Pack`):
@@ -83,7 +83,9 @@ def train_packed(configs: list, data, backend, folders: list, *, dataset=None, s
         # resumed alone keeps the count recorded here).
         with estimator_threads(settings["threads"]) as (count, _):
             for member in members:
-                member.begin(record, count)
+                member.begin(record, backend, count)
+            if members:
+                log(_schedule_line(members[0].run.policy))
             packs = {}  # one pack per stack shape (on the CPU: one pack)
             for i, member in enumerate(members):
                 key = stack_key(member.trainer.config, data.dim) if _stacks(backend, stacked) else None
@@ -133,6 +135,19 @@ def _stacks(backend, stacked: bool | None) -> bool:
     return backend.is_gpu if stacked is None else stacked
 
 
+class _PackedLifecycle(RunLifecycle):
+    """A packed run's lifecycle: ksae-train's, but its configuration is in its config.json unsaid (the pack
+    names each run's folder on each of its lines, and says the checkpoint schedule once for all)."""
+
+    def announce(self, configuration: dict) -> None:
+        pass
+
+
+def _schedule_line(policy) -> str:
+    minutes = f" and every {policy.seconds / 60:g} minutes" if policy.seconds else ""
+    return f"checkpoints: in each run's folder, every {policy.every_epochs} epochs{minutes}, and at the end"
+
+
 class _Member:
     """One run of the pack: its lifecycle (folder, settings, checkpoint policy), estimator, and the rows it
     trains on (host, after its preprocessing)."""
@@ -145,9 +160,10 @@ class _Member:
     def trainer(self):
         return self.model.trainer_
 
-    def begin(self, record: dict, threads: int) -> None:
-        """The run's folder made and locked, config.json written, as ``ksae-train`` does (the pack's thread count)."""
-        self.run.settings["threads"] = threads
+    def begin(self, record: dict, backend, threads: int) -> None:
+        """The run's folder made and locked, config.json written, as ``ksae-train`` does (the pack's device
+        and thread count)."""
+        self.run.started(backend, threads)
         self.run.begin({**record, "train": self.trainer.config.to_dict()}, "train",
                        self.trainer if self.run.resuming else None)
         self.model.run_id_ = self.run.folder.run_id
@@ -171,8 +187,7 @@ def _open_member(config, data, backend, path: Path, record: dict, settings: dict
     values = {**settings, "dataset": record["dataset"], "resume": path if resume else None, "run_dir": path,
               "overwrite": restart, "quiet": False}
     # The session's settings are the pack's, all of them (one device and thread count for every run).
-    run = RunLifecycle("ksae-train", TRAIN, values, set(RUN_LEVEL) & set(values), say)
-    run.backend = backend
+    run = _PackedLifecycle("ksae-train", TRAIN, values, set(RUN_LEVEL) & set(values), say)
     try:
         run.open(lambda: path)
         if restart:
