@@ -11,7 +11,7 @@ import click
 from ksae_cupy.cli.common import data_spec
 from ksae_cupy.cli.options import dataset_command, run_of
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.session.fields import TRAIN, parse_lr
+from ksae_cupy.session.fields import TRAIN, default_lr, parse_lr
 from ksae_cupy.training.options import check_seed
 from ksae_cupy.training.wording import dead_units_note, done_dead
 
@@ -53,7 +53,7 @@ def train_command(ctx, dataset, **values):
         if dataset is None:
             raise KsaeError("missing DATASET; give a dataset name or file, or --resume RUN_DIR")
         spec = data_spec(dataset, values)
-        lr = parse_lr(values["lr"], default=train_run.default_lr(dataset))
+        lr = parse_lr(values["lr"], default=default_lr(dataset))
         config = train_run.new_config(values, lr)
         run.open(lambda: default_run_dir(dataset, config.hidden, config.k))
         backend, trainer = run.start(), None

@@ -47,9 +47,9 @@ def parse_run(text: str) -> dict:
 def run_config(dataset: str, run: dict, hidden: int):
     """The run's :class:`TrainConfig`: a folder with a checkpoint given ``dir`` alone keeps its own (its
     config.json's ``train``, ``epochs`` applied when given); else ksae-train's for these options."""
-    from ksae_cupy.session.fields import TRAIN, parse_lr
+    from ksae_cupy.session.fields import TRAIN, default_lr, parse_lr
     from ksae_cupy.session.runs import RunFolder
-    from ksae_cupy.session.train_run import default_lr, new_config
+    from ksae_cupy.session.train_run import new_config
     from ksae_cupy.training.config import TrainConfig
 
     folder = RunFolder(Path(run["dir"]))

@@ -143,6 +143,15 @@ TRAIN = [
 ]
 
 
+def default_lr(dataset: str):
+    """``--lr``'s default for ``dataset``: ``"auto"`` for a user's file and for a built-in dataset whose
+    registry entry asks for it (the paper's 0.01 diverges there), else the paper's rate."""
+    from ksae_cupy.datasets.registry import DATASETS
+
+    builtin = DATASETS.get(dataset)  # None: the user's file (or a name load_dataset refuses)
+    return "auto" if builtin is None or builtin.auto_lr else PAPER.lr
+
+
 def parse_lr(text: str | None, default):
     """``--lr``: a positive number or ``auto``; ``default`` when not given."""
     from ksae_cupy.errors import KsaeError

@@ -11,7 +11,7 @@ import numpy as np
 
 from ksae_cupy.errors import KsaeError, cli_name
 from ksae_cupy.session import resuming
-from ksae_cupy.session.fields import APPLIED, PAPER, REFUSED, TRAIN, named, parse_lr
+from ksae_cupy.session.fields import APPLIED, REFUSED, TRAIN, named, parse_lr
 from ksae_cupy.session.lifecycle import RunJob
 from ksae_cupy.training import prepare
 
@@ -24,15 +24,6 @@ def describe_auto_lr(scale) -> str:
 
     return (f"E||x||^2 {scale.mean_squared_norm:.4g} and top eigenvalue of E[xx^T] {scale.top_eigenvalue:.4g}; "
             f"MNIST's {MNIST_MEAN_SQUARED_NORM:g} and {MNIST_TOP_EIGENVALUE:g} give 0.01")
-
-
-def default_lr(dataset: str):
-    """``--lr``'s default for ``dataset``: ``"auto"`` for a user's file and for a built-in dataset whose
-    registry entry asks for it (the paper's 0.01 diverges there), else the paper's rate."""
-    from ksae_cupy.datasets.registry import DATASETS
-
-    builtin = DATASETS.get(dataset)  # None: the user's file (or a name load_dataset refuses)
-    return "auto" if builtin is None or builtin.auto_lr else PAPER.lr
 
 
 def new_config(values: dict, lr):
