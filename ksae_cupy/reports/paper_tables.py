@@ -244,20 +244,25 @@ def _source_train(source: dict, folder: Path) -> dict:
 
 def _source_folder(source: dict, folder: Path) -> Path:
     """The pretrained run's folder: the run beside ``folder`` (run folders are moved together, e.g. into
-    results/runs) of that name, or that was at the path recorded (a copy renamed: its config.json keeps the
-    folder it ran in); else the path recorded."""
+    results/runs) of that name, or a copy of the run recorded (its config.json keeps the folder it ran in)
+    in ``folder``'s parent or below one of the two above it (a fine-tuning's layers sit in its own
+    pretrain/ folder, its first layer among the runs beside it); else the path recorded."""
     recorded = Path(source.get("run_dir", ""))
     beside = folder.parent / recorded.name
     if (beside / "config.json").is_file():
         return beside
-    return _copies_beside(folder.parent).get(str(recorded), recorded)
+    for parent in list(folder.parents)[:3]:
+        copy = _copies_below(parent).get(str(recorded))
+        if copy is not None:
+            return copy
+    return recorded
 
 
 @lru_cache(maxsize=8)
-def _copies_beside(parent: Path) -> dict[str, Path]:
-    """``{the folder a run ran in: where it is now}`` for the run folders in ``parent`` (read once per report)."""
+def _copies_below(parent: Path) -> dict[str, Path]:
+    """``{the folder a run ran in: where it is now}`` for the run folders below ``parent`` (read once per report)."""
     copies = {}
-    for config_path in sorted(parent.glob("*/config.json")):
+    for config_path in sorted(parent.rglob("config.json")):
         ran_in = (read_json(config_path) or {}).get("run_dir")
         if ran_in and Path(ran_in) != config_path.parent:
             copies.setdefault(str(ran_in), config_path.parent)
@@ -591,7 +596,7 @@ def write_tables(root: Path, out: Path, rows, settings: Settings, command_text, 
     from ksae_cupy.atomic import write_text_atomic
     from ksae_cupy.reports.folders import utc_now
 
-    _copies_beside.cache_clear()  # folders come and go between two writes (bin/paper-tables --run)
+    _copies_below.cache_clear()  # folders come and go between two writes (bin/paper-tables --run)
     found = collect(root)
     targets = plan(root, rows, settings, found, script)
     intro = (f"# The paper's MNIST tables beside ours\n\nWritten {utc_now()} from the run folders under `{root}`. "
