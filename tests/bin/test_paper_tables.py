@@ -158,6 +158,22 @@ def test_a_fine_tuning_written_before_epochs_were_recorded_reads_them_from_its_p
     assert str(found["ft-legacy"].length) == "5000 + 200"
 
 
+def test_a_deep_fine_tunings_layers_copied_into_its_own_folder_are_found_where_they_were_moved(root):
+    """A deep fine-tuning moved with its layers (``pretrain/ksparse2`` inside its own folder, run elsewhere): the
+    layer's config.json, found by the folder it ran in, says it was trained on a GPU, so the row says so."""
+    deep = root / "fn-deep"
+    layer2 = deep / "pretrain" / "ksparse2"
+    train_run(layer2, 25, 5000)
+    config = json.loads((layer2 / "config.json").read_text())
+    (layer2 / "config.json").write_text(json.dumps({**config, "device": "gpu:0", "run_dir": "/gone/fn-deep/pretrain/ksparse2"}))
+    train_run(root / "k25-layer1", 25, 5000)
+    layers = [ksparse_source(root / "k25-layer1", 5000), {**ksparse_source(Path("/gone/fn-deep/pretrain/ksparse2"), 5000)}]
+    finetune_run(deep / "finetune" / "deep_ksparse", layers, phases=("top", "bottom", "all"), test=0.0130)
+    found = {f.state.path.name: f for f in tables.collect(root)}
+    assert found["deep_ksparse"].on_gpu
+    assert "pretrained on a GPU" in found["deep_ksparse"].notes
+
+
 # -- the tables ----------------------------------------------------------------------------------------
 
 def test_the_report_shows_each_row_beside_the_paper_with_seeds_as_mean_and_spread(root, tmp_path):
