@@ -45,11 +45,11 @@ import sys
 
 import numpy as np
 
-from ksae_cupy.gpu.graph_step import EpochCounters, GraphStep, _PoolAllocations
+from ksae_cupy.gpu.graph_step import CountersRead, EpochCounters, GraphStep, _PoolAllocations
 from ksae_cupy.gpu.shuffle import permutation_gpu, state_from_words, state_words
 
 
-class EpochGraph:
+class EpochGraph(CountersRead):
     """A trainer's epochs on a GPU, each launched as one captured graph.
 
     The interface of :class:`~ksae_cupy.gpu.graph_step.CapturedEpochs` (``begin``, the counters'
@@ -169,22 +169,8 @@ class EpochGraph:
         self.stream.synchronize()
         return self._order_n.get(), state_from_words(self._words.get())
 
-    def loss_sum(self) -> float:
-        """The epoch's summed batch losses so far (waits for the queued epoch)."""
-        self.stream.synchronize()
-        return float(self.counters.loss_sum)
-
     def loss_before_last(self) -> float:
         """The epoch's summed batch losses before its last batch (waits for the queued epoch)."""
         self.stream.synchronize()
         return float(self.loss_before_last_batch)
 
-    def aux_loss_sum(self) -> float:
-        """The epoch's summed auxiliary losses (this session's batches; waits for the queued epoch)."""
-        self.stream.synchronize()
-        return float(self.counters.aux_sum)
-
-    def kept_count_h(self):
-        """Per unit, the examples that kept it this epoch (a device array; waits for the queued epoch)."""
-        self.stream.synchronize()
-        return self.counters.kept_count_h

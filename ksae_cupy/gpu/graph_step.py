@@ -327,7 +327,27 @@ def graph_step_applies(config) -> bool:
     return config.activation in ("linear", "relu")
 
 
-class CapturedEpochs:
+class CountersRead:
+    """The epoch's device counters read back by a captured path (its ``stream`` and ``counters``), each read
+    waiting for the work queued on the stream."""
+
+    def loss_sum(self) -> float:
+        """The epoch's summed batch losses so far."""
+        self.stream.synchronize()
+        return float(self.counters.loss_sum)
+
+    def aux_loss_sum(self) -> float:
+        """The epoch's summed auxiliary losses (this session's batches)."""
+        self.stream.synchronize()
+        return float(self.counters.aux_sum)
+
+    def kept_count_h(self):
+        """Per unit, the examples that kept it this epoch (a device array)."""
+        self.stream.synchronize()
+        return self.counters.kept_count_h
+
+
+class CapturedEpochs(CountersRead):
     """A trainer's captured steps: one :class:`GraphStep` per batch size (the last batch of an epoch
     may be smaller), rebuilt when k or the training array changes, and the epoch's counters."""
 
@@ -362,17 +382,3 @@ class CapturedEpochs:
                                                   self.stream, auxk=auxk, activation=cfg.activation)
         step.run(rows_b)
 
-    def loss_sum(self) -> float:
-        """The epoch's summed batch losses so far (waits for the queued steps)."""
-        self.stream.synchronize()
-        return float(self.counters.loss_sum)
-
-    def aux_loss_sum(self) -> float:
-        """The epoch's summed auxiliary losses (this session's batches; waits for the queued steps)."""
-        self.stream.synchronize()
-        return float(self.counters.aux_sum)
-
-    def kept_count_h(self):
-        """Per unit, the examples that kept it this epoch (a device array; waits for the queued steps)."""
-        self.stream.synchronize()
-        return self.counters.kept_count_h
