@@ -128,7 +128,8 @@ def mnist_inputs(D: int, n_train: int = 50_000, n_valid: int = 10_000):
     """``(X_train, X_valid, what)``: MNIST's training and validation images (float32) when ``D`` is 784 and
     they load from ``$KSAE_DATA_DIR``, else random ones with MNIST's 19% of non-zero pixels in [0, 1]."""
     if D == 784:
-        from ksae_cupy.datasets import data_root, load_mnist
+        from ksae_cupy.datasets import data_root
+        from ksae_cupy.datasets.registry import load_mnist
 
         try:
             data = load_mnist(data_root(), log=lambda *_: None)

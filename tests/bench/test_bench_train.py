@@ -1,6 +1,8 @@
 """``ksae-bench train`` on tiny shapes: it validates, times every contender, and writes JSON."""
 import json
 
+import numpy as np
+
 from click.testing import CliRunner
 
 from clicheck import assert_one_line_error
@@ -91,3 +93,19 @@ def test_bench_train_times_both_encoders_side_by_side(tmp_path):
     assert set(epoch["by_encoder"]) == {"dense", "sparse"}
     assert all(len(e["epochs_s"]) == 2 and e["epoch_s"] > 0 for e in epoch["by_encoder"].values())
     cpu_kernels.set_threads(None)
+
+
+def test_mnist_inputs_come_from_the_mnist_loader(monkeypatch):
+    """The bench's MNIST batches are MNIST's images as the dataset registry loads them (a stand-in here)."""
+    from types import SimpleNamespace
+
+    from ksae_cupy.bench.train_cpu import mnist_inputs
+    from ksae_cupy.datasets import registry
+
+    images = np.arange(6 * 784, dtype=np.float32).reshape(6, 784) / (6 * 784)
+    monkeypatch.setattr(registry, "load_mnist", lambda root, log=print: SimpleNamespace(X_train=images[:4],
+                                                                                          X_valid=images[4:]))
+    X_train, X_valid, what = mnist_inputs(784, n_train=3, n_valid=2)
+    np.testing.assert_array_equal(X_train, images[:3])
+    np.testing.assert_array_equal(X_valid, images[4:6])
+    assert what.startswith("MNIST (3 training, 2 validation")
