@@ -7,7 +7,9 @@ PyTorch), ``distributed.py`` (a data-parallel step, all-reduce and sharded top-k
 ``kernel_grid.py`` (the top-k grid in one device call), ``packed.py`` (R runs packed in one launch
 against one run alone: ``ksae-bench packed`` and the campaign's stage), ``environment.py`` (a lent device
 and NVRTC's compile of every kernel, checked first), ``step_compare.py`` (our GPU step against PyTorch's,
-like for like, validated before it is timed).
+like for like, validated before it is timed), ``auxk.py`` (the AuxK step against the paper's at several dead
+fractions: ``bin/bench-auxk``), ``learning_rates.py`` (the largest stable learning rate per dataset, behind
+``--lr auto``: ``bin/measure-lr``).
 
 May import: everything but :mod:`ksae_cupy.cli`.
 """
