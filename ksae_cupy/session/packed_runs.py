@@ -218,27 +218,16 @@ def _open_member(config, data, backend, path: Path, record: dict, settings: dict
 
 def _new_model(config, data, backend, say):
     """The estimator of a new run on ``data``, prepared (:meth:`KSparseAutoencoder.prepare`) with ``config``
-    as ``ksae-train`` prepares its trainer (:func:`~ksae_cupy.session.train_run.new_job`: the schedule kept only
-    if it reaches k, --lr auto resolved and said, the checks before training); the pack steps its trainer."""
-    from ksae_cupy.schedules import schedule_reaches_k
-    from ksae_cupy.session.train_run import describe_auto_lr
+    as ``ksae-train`` prepares its trainer (:func:`~ksae_cupy.session.train_run.before_prepare`, then --lr auto
+    resolved and the checks before training); the pack steps its trainer."""
+    from ksae_cupy.session.train_run import before_prepare
     from ksae_cupy.training.estimator import KSparseAutoencoder
-    from ksae_cupy.training.options import check_batch_size
 
-    if config.k_start is not None and not schedule_reaches_k(config.epochs, config.k, config.k_start):
-        say(f"note: in {config.epochs} epoch the k schedule would stay at k-start {config.k_start} and never "
-            f"reach k {config.k}; training with k {config.k} from the start (as --no-k-schedule)")
-        config.drop_schedule()
+    said = before_prepare(config, data, say)
     params = {name: getattr(config, name) for name in config.to_dict() if name not in ("hidden", "k_schedule_epochs",
                                                                                            "lr_auto")}
     model = KSparseAutoencoder(n_hidden=config.hidden, device=backend.name, **params)
-    check_batch_size("--batch-size", config.batch_size, len(data.X_train))
     model.preprocess_ = dict(data.preprocess)  # before prepare, which adds the mean --center-input subtracts
-
-    def said(resolved, scale):  # the scale of what fit trains on (--center-input: the rows minus their mean)
-        if resolved.lr_auto:
-            say(f"--lr auto: {resolved.lr} for this data ({describe_auto_lr(scale)})")
-
     return model.prepare(data.X_train, config=config, option_names=cli_name, on_config=said)
 
 

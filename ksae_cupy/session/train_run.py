@@ -45,11 +45,10 @@ def new_config(values: dict, lr):
     return config
 
 
-def new_job(config, data, backend, say) -> "TrainJob":
-    """The job of a new run on ``data``, its trainer made ready with ``config`` (validated by
-    :func:`new_config`, and not again): the schedule kept only if it reaches k, --lr auto resolved and
-    said, and the checks before training (memory, the data's scale, a rate that moves the weights) made
-    now, before the run folder is written."""
+def before_prepare(config, data, say):
+    """What a new run does before its trainer is prepared, for ksae-train and the packed runs alike: the
+    schedule kept only if it reaches k (else dropped, and said), the batch size checked against the rows;
+    returns the ``on_config`` that says which rate --lr auto chose."""
     from ksae_cupy.schedules import schedule_reaches_k
     from ksae_cupy.training.options import check_batch_size
 
@@ -58,13 +57,22 @@ def new_job(config, data, backend, say) -> "TrainJob":
             f"reach k {config.k}; training with k {config.k} from the start (as --no-k-schedule)")
         config.drop_schedule()
     check_batch_size("--batch-size", config.batch_size, len(data.X_train))
-    # The dataset's preprocessing, and with --center-input the training rows' mean, kept with the model.
-    X_nd, preprocess = prepare.centre_rows(rows(data.X_train), config.center_input, config.dtype, data.preprocess)
 
     def said(resolved, scale):  # the scale of what fit trains on (--center-input: the rows minus their mean)
         if resolved.lr_auto:
             say(f"--lr auto: {resolved.lr} for this data ({describe_auto_lr(scale)})")
 
+    return said
+
+
+def new_job(config, data, backend, say) -> "TrainJob":
+    """The job of a new run on ``data``, its trainer made ready with ``config`` (validated by
+    :func:`new_config`, and not again): :func:`before_prepare`, then --lr auto resolved and the checks before
+    training (memory, the data's scale, a rate that moves the weights) made now, before the run folder is
+    written."""
+    said = before_prepare(config, data, say)
+    # The dataset's preprocessing, and with --center-input the training rows' mean, kept with the model.
+    X_nd, preprocess = prepare.centre_rows(rows(data.X_train), config.center_input, config.dtype, data.preprocess)
     trainer = prepare.prepare(X_nd, np, config, backend, cli_name, on_config=said)  # the session's device
     return TrainJob(trainer, preprocess, X_nd, valid_rows(data, preprocess))
 
