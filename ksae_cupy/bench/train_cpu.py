@@ -342,6 +342,13 @@ def _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, thread
 # right after ``X W`` on two BLAS threads shared its cores with that spinner, which the trainer's
 # epochs never do (BLAS runs on one thread beside the lanes). The pause is not timed.
 BLAS_SPIN_PAUSE_S = 0.3
+# Then each contender runs this many calls untimed before its timed block. Measured (2026-11-28, the quiet
+# 2-core machine, per-step times of the step in two lanes): right after X W on two BLAS threads the first
+# ~70 steps took 2.5-3 ms against 1.4 ms (the spinner); after the pause, still the first ~5 (2.0-2.7 ms: a
+# core idle for 0.3 s wakes slowly). A timed block of 50 steps starting cold had a median of 1.6-2.5 ms;
+# the trainer's epoch runs its 391 steps back to back (1.43 ms each, from its epoch time). Every contender
+# gets the same lead-in, ``X W`` alone too.
+LEAD_IN_CALLS = 20
 
 
 def _let_blas_threads_sleep() -> None:
@@ -358,7 +365,7 @@ def compare_encoders(D: int, H: int, k: int, batch_size: int, topk_method: str, 
     (``dense``: BLAS's ``X W``; ``sparse``: from the non-zero inputs; ``auto``: by the inputs' density),
     beside ``X W`` alone (BLAS on ``threads`` threads: the floor the goal is stated against), on batches of
     ``inputs`` (:func:`mnist_inputs`). Validated first; then timed interleaved: every repeat times ``steps``
-    steps of each contender in turn (milliseconds, medians over repeats; ratios are medians of each repeat's)."""
+    steps of each contender in turn after :data:`LEAD_IN_CALLS` untimed calls (milliseconds, medians over repeats; ratios are medians of each repeat's)."""
     from ksae_cupy.cpu.lanes import lanes as lanes_of  # noqa: F401 (the lanes start before timing)
 
     X_train, _, what = inputs
@@ -413,6 +420,8 @@ def compare_encoders(D: int, H: int, k: int, batch_size: int, topk_method: str, 
     for r in range(repeats + 1):  # the first round compiles and warms caches: not counted
         for name, (call, blas) in contenders.items():
             with _blas_threads(blas):
+                for s in range(LEAD_IN_CALLS):
+                    call(s)
                 start = time.perf_counter()
                 for s in range(steps):
                     call(r * steps + s)

@@ -230,12 +230,16 @@ def _add_pass(indices_z, values_z, row_ids, indptr_n, Wt_dt, sums_bt, next_b, gr
         acc_t = register_block(sums_t[0])
         for t in range(TILE):
             acc_t[t] = sums_t[t]
-        while p < stop and indices_z[p] < d_stop:
-            x = values_z[p]
-            w_t = Wt_dt[indices_z[p]]
+        # Unsigned positions: NumPy's negative-index wraparound is then no instruction of this innermost loop.
+        q = np.uint64(p)
+        q_stop = np.uint64(stop)
+        while q < q_stop and indices_z[q] < d_stop:
+            x = values_z[q]
+            w_t = Wt_dt[np.uint64(indices_z[q])]
             for t in range(TILE):
                 acc_t[t] += x * w_t[t]
-            p += 1
+            q += np.uint64(1)
+        p = np.int64(q)
         for t in range(TILE):
             sums_t[t] = acc_t[t]
         next_b[i] = p
