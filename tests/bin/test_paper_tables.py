@@ -79,13 +79,22 @@ def ksparse_source(run: Path, epochs: int) -> dict:
     return {"run_dir": str(run), "dataset": "mnist", "k": 25, "hidden": 1000, "epochs_trained": epochs}
 
 
+def cells_of(line: str) -> list[str]:
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
 def line_of(markdown: str, label: str, epochs: str) -> list[str]:
     """The cells of the table line of row ``label`` at ``epochs``."""
     for line in markdown.splitlines():
-        cells = [c.strip() for c in line.strip("|").split("|")]
+        cells = cells_of(line)
         if len(cells) == len(tables.HEADER) and cells[0] == label and cells[5] == epochs:
             return cells
     raise AssertionError(f"no line {label!r} at {epochs} epochs in:\n{markdown}")
+
+
+def label_ending(markdown: str, suffix: str) -> str:
+    """The label of the first line whose label ends with ``suffix``."""
+    return next(cells[0] for cells in map(cells_of, markdown.splitlines()) if cells[0].endswith(suffix))
 
 
 def paper_tables(*args: str, cwd: Path, hash_seed: str | None = None):
@@ -96,6 +105,14 @@ def paper_tables(*args: str, cwd: Path, hash_seed: str | None = None):
                           timeout=300)  # against a hang only
     return SimpleNamespace(exit_code=proc.returncode, returncode=proc.returncode, stdout=proc.stdout,
                            stderr=proc.stderr, output=proc.stdout + proc.stderr)
+
+
+def tables_of(root: Path, tmp_path: Path) -> str:
+    """The tables paper-tables writes of the runs under ``root`` (run in ``tmp_path``); it must succeed."""
+    out = tmp_path / "tables.md"
+    result = paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    return out.read_text()
 
 
 @pytest.fixture
@@ -208,9 +225,7 @@ def test_a_run_trained_on_a_gpu_has_its_own_line_and_is_not_counted_as_a_seed(ro
     gpu = train_run(root / "k25-gpu", 25, 5000, seed=0, test=0.0164, valid=0.0184)
     config = json.loads((gpu / "config.json").read_text())
     (gpu / "config.json").write_text(json.dumps({**config, "device": "gpu:0"}))
-    out = tmp_path / "tables.md"
-    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
-    text = out.read_text()
+    text = tables_of(root, tmp_path)
     assert line_of(text, "k-Sparse Autoencoder, k = 25", "5000")[2:7] == ["1.90% ± 0.10", "2.00% ± 0.00", "+0.55",
                                                                          "5000", "0, 1, 2"]
     gpu_line = line_of(text, "k-Sparse Autoencoder, k = 25, trained on a GPU", "5000")
@@ -218,8 +233,7 @@ def test_a_run_trained_on_a_gpu_has_its_own_line_and_is_not_counted_as_a_seed(ro
     assert "--device gpu" in gpu_line[7] and "--device" not in line_of(text, "k-Sparse Autoencoder, k = 25", "5000")[7]
     # a fine-tuning on the CPU of the GPU run: its own line too
     finetune_run(root / "ft-of-gpu", [ksparse_source(gpu, 5000)], test=0.0159)
-    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
-    text = out.read_text()
+    text = tables_of(root, tmp_path)
     assert line_of(text, "k-Sparse AE + F.T. (k=25)", "5000 + 200")[2] == "1.56%"
     assert line_of(text, "k-Sparse AE + F.T. (k=25), pretrained on a GPU", "5000 + 200")[2] == "1.59%"
     # what is left to run is planned from the CPU runs: the GPU run of seed 0 stands for none of them
@@ -244,10 +258,8 @@ def test_a_deep_stack_of_baseline_runs_is_the_deep_dropout_row_on_a_line_naming_
     assert placed["ft-deep-dropout-paper"] == ("deep-dropout-ae", ()) and mixed.name not in placed
     # a softmax rate equal to the schedule's own start is the paper's recipe, on its row
     assert placed["ft-deep-dropout-typed"] == ("deep-dropout-ae", ())
-    out = tmp_path / "tables.md"
-    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
     label = "Deep Dropout AE + F.T. (layer-wise pre-training, 50% hidden)"
-    text = out.read_text()
+    text = tables_of(root, tmp_path)
     assert line_of(text, label, "500 + 200 x 3")[2] == "1.27% ± 0.01"  # seeds 0 and 1 (the typed rate)
     own = line_of(text, label + ", softmax phase from lr 0.01", "500 + 200 x 3")
     assert own[2] == "1.10%" and own[8] == "ft-deep-dropout" and "--softmax-lr-start 0.01" in own[7]
@@ -261,9 +273,7 @@ def test_a_deep_row_whose_layer_2_trained_other_epochs_than_layer_1_says_so_on_i
     placed = {f.state.path.name: str(f.length) for f in tables.collect(root)}
     assert placed["ft-deep-short-layer2"] == "5000 (layer 2: 500) + 200 x 3"
     assert placed["ft-deep"] == "5000 + 200 x 3"  # both layers 5000: said once
-    out = tmp_path / "tables.md"
-    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
-    text = out.read_text()
+    text = tables_of(root, tmp_path)
     cells = line_of(text, "Deep k-Sparse AE + F.T. (k=25, layer-wise pre-training)", "5000 (layer 2: 500) + 200 x 3")
     assert cells[2] == "1.35%" and cells[8] == "ft-deep-short-layer2"
     assert "ksae-finetune --resume runs/ft-deep`" in text  # the asked row (both layers 5000) is still to finish
@@ -285,9 +295,7 @@ def deep_dropout_finetune(root, name, phases, test):
 
 def test_a_deep_stack_fine_tuned_jointly_is_its_own_line_whose_command_names_the_phases(root, tmp_path):
     deep_dropout_finetune(root, "ft-deep-joint", ("all",), 0.0133)
-    out = tmp_path / "tables.md"
-    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
-    joint = line_of(out.read_text(), "Deep Dropout AE + F.T. (layer-wise pre-training, 50% hidden)", "500 + 200")
+    joint = line_of(tables_of(root, tmp_path), "Deep Dropout AE + F.T. (layer-wise pre-training, 50% hidden)", "500 + 200")
     assert joint[2] == "1.33%" and joint[8] == "ft-deep-joint" and "--phases all" in joint[7]
 
 
@@ -311,9 +319,7 @@ def test_a_pretrained_run_copied_under_another_name_is_named_where_it_is_now(roo
     config = json.loads((copy / "config.json").read_text())
     (copy / "config.json").write_text(json.dumps({**config, "run_dir": "/elsewhere/k25-original"}))
     finetune_run(root / "ft-of-copy", [ksparse_source(Path("/elsewhere/k25-original"), 500)], seed=4, test=0.0150)
-    out = tmp_path / "tables.md"
-    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
-    command = line_of(out.read_text(), "k-Sparse AE + F.T. (k=25)", "500 + 200")[7]
+    command = line_of(tables_of(root, tmp_path), "k-Sparse AE + F.T. (k=25)", "500 + 200")[7]
     assert command.startswith("`ksae-finetune runs/k25-copied --epochs 200") and "/elsewhere" not in command
 
 
@@ -494,11 +500,8 @@ def test_a_fine_tuning_on_train_plus_valid_is_its_own_line_whose_command_says_so
         (folder / "config.json").write_text(json.dumps(config))
     placed = {f.state.path.name: f.notes for f in tables.collect(root)}
     assert (placed["ft-relu"], placed["ft-relu-60k"]) == ((), ("fine-tuned on train+valid",))
-    out = tmp_path / "tables.md"
-    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
-    text = out.read_text()
-    label = next(cells[0] for cells in ([c.strip() for c in line.strip("|").split("|")] for line in text.splitlines())
-                 if cells[0].endswith(", fine-tuned on train+valid"))
+    text = tables_of(root, tmp_path)
+    label = label_ending(text, ", fine-tuned on train+valid")
     wide_line = line_of(text, label, "200")
     assert wide_line[2] == "1.50%" and "--train-on train+valid" in wide_line[7] and wide_line[8] == "ft-relu-60k"
     own = line_of(text, label.removesuffix(", fine-tuned on train+valid"), "200")
@@ -547,11 +550,8 @@ def test_a_fine_tuning_with_another_momentum_is_its_own_line_not_a_seed_and_its_
     placed = {f.state.path.name: f.notes for f in tables.collect(root)}
     assert (placed["ft-ksparse"], placed["ft-ksparse-rising"], placed["ft-ksparse-steady"]) == \
         ((), ("momentum 0.25 -> 0.9",), ("momentum 0.5",))
-    out = tmp_path / "tables.md"
-    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
-    text = out.read_text()
-    label = next(cells[0] for cells in ([c.strip() for c in line.strip("|").split("|")] for line in text.splitlines())
-                 if cells[0].endswith(", momentum 0.25 -> 0.9"))
+    text = tables_of(root, tmp_path)
+    label = label_ending(text, ", momentum 0.25 -> 0.9")
     own = line_of(text, label.removesuffix(", momentum 0.25 -> 0.9"), "5000 + 200")
     assert own[2] == "1.56%" and own[6] == "0" and "--momentum" not in own[7] and own[8] == "ft-ksparse"
     ramp = line_of(text, label, "5000 + 200")
@@ -570,11 +570,8 @@ def test_a_fine_tuning_with_another_learning_rate_is_its_own_line_and_its_comman
     (slower / "config.json").write_text(json.dumps(config))
     placed = {f.state.path.name: f.notes for f in tables.collect(root)}
     assert (placed["ft-ksparse"], placed["ft-ksparse-lr025"]) == ((), ("lr 0.25 -> 0.001",))
-    out = tmp_path / "tables.md"
-    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
-    text = out.read_text()
-    label = next(cells[0] for cells in ([c.strip() for c in line.strip("|").split("|")] for line in text.splitlines())
-                 if cells[0].endswith(", lr 0.25 -> 0.001"))
+    text = tables_of(root, tmp_path)
+    label = label_ending(text, ", lr 0.25 -> 0.001")
     own = line_of(text, label.removesuffix(", lr 0.25 -> 0.001"), "5000 + 200")
     assert own[2] == "1.56%" and "--lr-" not in own[7] and own[8] == "ft-ksparse"
     other = line_of(text, label, "5000 + 200")
@@ -603,16 +600,13 @@ def test_a_fine_tuning_with_other_dropout_rates_is_its_own_line_and_its_command_
     assert placed["ft-dropout-own"] == ("dropout-ae", ())
     assert placed["ft-dropout-input"] == ("dropout-ae", ("input dropout 0.2",))
     assert placed["ft-ksparse-hidden"] == ("ksparse", ("hidden dropout 0.5",))
-    out = tmp_path / "tables.md"
-    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
-    text = out.read_text()
-    labels = [cells[0] for cells in ([c.strip() for c in line.strip("|").split("|")] for line in text.splitlines())]
-    added = next(label for label in labels if label.endswith(", input dropout 0.2"))
+    text = tables_of(root, tmp_path)
+    added = label_ending(text, ", input dropout 0.2")
     own = line_of(text, added.removesuffix(", input dropout 0.2"), "500 + 200")
     assert own[2] == "1.33%" and "-dropout " not in own[7] and own[8] == "ft-dropout-own"
     other = line_of(text, added, "500 + 200")
     assert other[2] == "1.20%" and "--input-dropout 0.2" in other[7] and "--hidden-dropout" not in other[7]
-    ksparse_label = next(label for label in labels if label.endswith(", hidden dropout 0.5"))
+    ksparse_label = label_ending(text, ", hidden dropout 0.5")
     assert "--hidden-dropout 0.5" in line_of(text, ksparse_label, "5000 + 200")[7]
 
 
