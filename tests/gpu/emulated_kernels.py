@@ -1,9 +1,10 @@
-"""What the host-emulator tests of one kernel source share (test_products_host.py, test_shuffle_host.py).
+"""What the host-emulator tests of the kernel sources share (test_products_host.py, test_shuffle_host.py).
 
-The harness (tests/gpu/cuda_host), the mark that skips where no C++ compiler can build it, a
-module-wide driver of the unmodified kernels, a build of a copy with a bug planted in it, and the
-check that a build answers wrong (or faults) on some schedule. ``kernels`` is a launcher module of
-ksae_cupy.gpu: it names its source (SOURCE_NAME) and the kernels to instantiate (KERNEL_NAMES).
+The harness (tests/gpu/cuda_host) and the mark that skips where no C++ compiler can build it (these
+two test_kernels_host.py takes too); a module-wide driver of a source's unmodified kernels, a build
+of a copy with a bug planted in it, and the check that a build answers wrong (or faults) on some
+schedule. ``kernels`` is a launcher module of ksae_cupy.gpu: it names its source (SOURCE_NAME) and
+the kernels to instantiate (KERNEL_NAMES).
 """
 from __future__ import annotations
 
