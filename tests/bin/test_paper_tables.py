@@ -75,6 +75,15 @@ def finetune_run(folder, pretrained=(), seed=0, epochs=200, phases=("all",), don
     return folder
 
 
+def edit_config(folder: Path, finetune: dict | None = None, **top) -> None:
+    """Rewrite ``folder``'s config.json: the keys ``top`` set, its "finetune" section updated by ``finetune``."""
+    config = json.loads((folder / "config.json").read_text())
+    config.update(top)
+    if finetune is not None:
+        config["finetune"].update(finetune)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
 def ksparse_source(run: Path, epochs: int) -> dict:
     return {"run_dir": str(run), "dataset": "mnist", "k": 25, "hidden": 1000, "epochs_trained": epochs}
 
@@ -181,8 +190,7 @@ def test_a_deep_fine_tunings_layers_copied_into_its_own_folder_are_found_where_t
     deep = root / "fn-deep"
     layer2 = deep / "pretrain" / "ksparse2"
     train_run(layer2, 25, 5000)
-    config = json.loads((layer2 / "config.json").read_text())
-    (layer2 / "config.json").write_text(json.dumps({**config, "device": "gpu:0", "run_dir": "/gone/fn-deep/pretrain/ksparse2"}))
+    edit_config(layer2, device="gpu:0", run_dir="/gone/fn-deep/pretrain/ksparse2")
     train_run(root / "k25-layer1", 25, 5000)
     layers = [ksparse_source(root / "k25-layer1", 5000), {**ksparse_source(Path("/gone/fn-deep/pretrain/ksparse2"), 5000)}]
     finetune_run(deep / "finetune" / "deep_ksparse", layers, phases=("top", "bottom", "all"), test=0.0130)
@@ -223,8 +231,7 @@ def test_the_report_shows_each_row_beside_the_paper_with_seeds_as_mean_and_sprea
 
 def test_a_run_trained_on_a_gpu_has_its_own_line_and_is_not_counted_as_a_seed(root, tmp_path):
     gpu = train_run(root / "k25-gpu", 25, 5000, seed=0, test=0.0164, valid=0.0184)
-    config = json.loads((gpu / "config.json").read_text())
-    (gpu / "config.json").write_text(json.dumps({**config, "device": "gpu:0"}))
+    edit_config(gpu, device="gpu:0")
     text = tables_of(root, tmp_path)
     assert line_of(text, "k-Sparse Autoencoder, k = 25", "5000")[2:7] == ["1.90% ± 0.10", "2.00% ± 0.00", "+0.55",
                                                                          "5000", "0, 1, 2"]
@@ -248,9 +255,7 @@ def test_a_deep_stack_of_baseline_runs_is_the_deep_dropout_row_on_a_line_naming_
     for name, softmax, test, seed in (("ft-deep-dropout", 0.01, 0.0110, 0), ("ft-deep-dropout-paper", None, 0.0126, 0),
                                       ("ft-deep-dropout-typed", 1.0, 0.0128, 1)):
         folder = finetune_run(root / name, sources, seed=seed, phases=("softmax", "top", "all"), test=test)
-        config = json.loads((folder / "config.json").read_text())
-        config["finetune"].update(kept=[None, None], softmax_lr_start=softmax, lr_start=1.0)
-        (folder / "config.json").write_text(json.dumps(config))
+        edit_config(folder, finetune=dict(kept=[None, None], softmax_lr_start=softmax, lr_start=1.0))
     mixed = finetune_run(root / "ft-mixed", [sources[0], {**sources[1], "model": "rbm"}], phases=("softmax", "top",
                                                                                                   "all"), test=0.009)
     placed = {f.state.path.name: (f.key, f.notes) for f in tables.collect(root)}
@@ -287,9 +292,7 @@ def deep_dropout_finetune(root, name, phases, test):
     sources = [{"run_dir": str(layer1), "model": "dropout-ae", "hidden": 1000, "epochs_trained": 500},
                {"run_dir": "/elsewhere/layer2", "model": "dropout-ae", "hidden": 1000, "epochs_trained": 500}]
     folder = finetune_run(root / name, sources, phases=phases, test=test)
-    config = json.loads((folder / "config.json").read_text())
-    config["finetune"].update(kept=[None, None])
-    (folder / "config.json").write_text(json.dumps(config))
+    edit_config(folder, finetune=dict(kept=[None, None]))
     return folder
 
 
@@ -316,8 +319,7 @@ def test_lines_of_one_row_at_equal_epochs_come_out_in_one_order_whatever_the_has
 
 def test_a_pretrained_run_copied_under_another_name_is_named_where_it_is_now(root, tmp_path):
     copy = train_run(root / "k25-copied", 25, 500, seed=4, test=0.0170)
-    config = json.loads((copy / "config.json").read_text())
-    (copy / "config.json").write_text(json.dumps({**config, "run_dir": "/elsewhere/k25-original"}))
+    edit_config(copy, run_dir="/elsewhere/k25-original")
     finetune_run(root / "ft-of-copy", [ksparse_source(Path("/elsewhere/k25-original"), 500)], seed=4, test=0.0150)
     command = line_of(tables_of(root, tmp_path), "k-Sparse AE + F.T. (k=25)", "500 + 200")[7]
     assert command.startswith("`ksae-finetune runs/k25-copied --epochs 200") and "/elsewhere" not in command
@@ -494,10 +496,7 @@ def test_a_fine_tuning_on_train_plus_valid_is_its_own_line_whose_command_says_so
     relu = finetune_run(root / "ft-relu", [], test=0.0169, no_pretraining=True)
     wide = finetune_run(root / "ft-relu-60k", [], test=0.0150, no_pretraining=True)
     for folder, rows in ((relu, "train"), (wide, "train+valid")):
-        config = json.loads((folder / "config.json").read_text())
-        config["units"] = "relu"
-        config["finetune"].update(train_on=rows, activations=["relu"], kept=[None])
-        (folder / "config.json").write_text(json.dumps(config))
+        edit_config(folder, finetune=dict(train_on=rows, activations=["relu"], kept=[None]), units="relu")
     placed = {f.state.path.name: f.notes for f in tables.collect(root)}
     assert (placed["ft-relu"], placed["ft-relu-60k"]) == ((), ("fine-tuned on train+valid",))
     text = tables_of(root, tmp_path)
@@ -544,9 +543,7 @@ def test_a_fine_tuning_with_another_momentum_is_its_own_line_not_a_seed_and_its_
     rising = finetune_run(root / "ft-ksparse-rising", source, test=0.0150)
     steady = finetune_run(root / "ft-ksparse-steady", source, test=0.0160)
     for folder, settings in ((rising, dict(momentum=0.25, momentum_end=0.9)), (steady, dict(momentum=0.5))):
-        config = json.loads((folder / "config.json").read_text())
-        config["finetune"].update(settings)
-        (folder / "config.json").write_text(json.dumps(config))
+        edit_config(folder, finetune=settings)
     placed = {f.state.path.name: f.notes for f in tables.collect(root)}
     assert (placed["ft-ksparse"], placed["ft-ksparse-rising"], placed["ft-ksparse-steady"]) == \
         ((), ("momentum 0.25 -> 0.9",), ("momentum 0.5",))
@@ -565,9 +562,7 @@ def test_a_fine_tuning_with_another_learning_rate_is_its_own_line_and_its_comman
     at lr 1): a line of its own whose command gives the rates, not a seed of the paper's row."""
     source = [ksparse_source(root / "k25-seed0", 5000)]
     slower = finetune_run(root / "ft-ksparse-lr025", source, test=0.0140)
-    config = json.loads((slower / "config.json").read_text())
-    config["finetune"].update(lr_start=0.25, lr_end=0.001)
-    (slower / "config.json").write_text(json.dumps(config))
+    edit_config(slower, finetune=dict(lr_start=0.25, lr_end=0.001))
     placed = {f.state.path.name: f.notes for f in tables.collect(root)}
     assert (placed["ft-ksparse"], placed["ft-ksparse-lr025"]) == ((), ("lr 0.25 -> 0.001",))
     text = tables_of(root, tmp_path)
@@ -589,13 +584,9 @@ def test_a_fine_tuning_with_other_dropout_rates_is_its_own_line_and_its_command_
              "ft-dropout-input": dict(input_dropout=0.2, hidden_dropout=0.5)}
     for name, settings in rates.items():
         folder = finetune_run(root / name, source, test=0.0133 if name.endswith("own") else 0.0120)
-        config = json.loads((folder / "config.json").read_text())
-        config["finetune"].update(settings, activations=["sigmoid"], kept=[None])
-        (folder / "config.json").write_text(json.dumps(config))
+        edit_config(folder, finetune=dict(settings, activations=["sigmoid"], kept=[None]))
     ksparse = finetune_run(root / "ft-ksparse-hidden", [ksparse_source(root / "k25-seed0", 5000)], test=0.0150)
-    config = json.loads((ksparse / "config.json").read_text())
-    config["finetune"].update(input_dropout=0.0, hidden_dropout=0.5)
-    (ksparse / "config.json").write_text(json.dumps(config))
+    edit_config(ksparse, finetune=dict(input_dropout=0.0, hidden_dropout=0.5))
     placed = {f.state.path.name: (f.key, f.notes) for f in tables.collect(root)}
     assert placed["ft-dropout-own"] == ("dropout-ae", ())
     assert placed["ft-dropout-input"] == ("dropout-ae", ("input dropout 0.2",))
