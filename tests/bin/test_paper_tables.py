@@ -106,6 +106,13 @@ def label_ending(markdown: str, suffix: str) -> str:
     return next(cells[0] for cells in map(cells_of, markdown.splitlines()) if cells[0].endswith(suffix))
 
 
+def noted_and_own_lines(markdown: str, note: str, epochs: str) -> tuple[list[str], list[str]]:
+    """The cells of the line at ``epochs`` whose label ends with ``note`` (what sets its runs apart), and of
+    its row's own line, the label without the note."""
+    label = label_ending(markdown, note)
+    return line_of(markdown, label, epochs), line_of(markdown, label.removesuffix(note), epochs)
+
+
 def paper_tables(*args: str, cwd: Path, hash_seed: str | None = None):
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1")
     if hash_seed is not None:  # the order of sets and dicts of strings, which the tables must not follow
@@ -500,10 +507,8 @@ def test_a_fine_tuning_on_train_plus_valid_is_its_own_line_whose_command_says_so
     placed = {f.state.path.name: f.notes for f in tables.collect(root)}
     assert (placed["ft-relu"], placed["ft-relu-60k"]) == ((), ("fine-tuned on train+valid",))
     text = tables_of(root, tmp_path)
-    label = label_ending(text, ", fine-tuned on train+valid")
-    wide_line = line_of(text, label, "200")
+    wide_line, own = noted_and_own_lines(text, ", fine-tuned on train+valid", "200")
     assert wide_line[2] == "1.50%" and "--train-on train+valid" in wide_line[7] and wide_line[8] == "ft-relu-60k"
-    own = line_of(text, label.removesuffix(", fine-tuned on train+valid"), "200")
     assert own[2] == "1.69%" and "--train-on" not in own[7] and own[8] == "ft-relu"
 
 
@@ -548,12 +553,10 @@ def test_a_fine_tuning_with_another_momentum_is_its_own_line_not_a_seed_and_its_
     assert (placed["ft-ksparse"], placed["ft-ksparse-rising"], placed["ft-ksparse-steady"]) == \
         ((), ("momentum 0.25 -> 0.9",), ("momentum 0.5",))
     text = tables_of(root, tmp_path)
-    label = label_ending(text, ", momentum 0.25 -> 0.9")
-    own = line_of(text, label.removesuffix(", momentum 0.25 -> 0.9"), "5000 + 200")
+    ramp, own = noted_and_own_lines(text, ", momentum 0.25 -> 0.9", "5000 + 200")
     assert own[2] == "1.56%" and own[6] == "0" and "--momentum" not in own[7] and own[8] == "ft-ksparse"
-    ramp = line_of(text, label, "5000 + 200")
     assert ramp[2] == "1.50%" and "--momentum-end 0.9" in ramp[7] and "--momentum 0.25" not in ramp[7]
-    other = line_of(text, label.removesuffix(", momentum 0.25 -> 0.9") + ", momentum 0.5", "5000 + 200")
+    other = line_of(text, own[0] + ", momentum 0.5", "5000 + 200")  # own[0]: the row's label
     assert other[2] == "1.60%" and "--momentum 0.5" in other[7] and other[8] == "ft-ksparse-steady"
 
 
@@ -566,10 +569,8 @@ def test_a_fine_tuning_with_another_learning_rate_is_its_own_line_and_its_comman
     placed = {f.state.path.name: f.notes for f in tables.collect(root)}
     assert (placed["ft-ksparse"], placed["ft-ksparse-lr025"]) == ((), ("lr 0.25 -> 0.001",))
     text = tables_of(root, tmp_path)
-    label = label_ending(text, ", lr 0.25 -> 0.001")
-    own = line_of(text, label.removesuffix(", lr 0.25 -> 0.001"), "5000 + 200")
+    other, own = noted_and_own_lines(text, ", lr 0.25 -> 0.001", "5000 + 200")
     assert own[2] == "1.56%" and "--lr-" not in own[7] and own[8] == "ft-ksparse"
-    other = line_of(text, label, "5000 + 200")
     assert other[2] == "1.40%" and "--lr-start 0.25" in other[7] and "--lr-end" not in other[7]
     assert other[8] == "ft-ksparse-lr025"
 
@@ -592,10 +593,8 @@ def test_a_fine_tuning_with_other_dropout_rates_is_its_own_line_and_its_command_
     assert placed["ft-dropout-input"] == ("dropout-ae", ("input dropout 0.2",))
     assert placed["ft-ksparse-hidden"] == ("ksparse", ("hidden dropout 0.5",))
     text = tables_of(root, tmp_path)
-    added = label_ending(text, ", input dropout 0.2")
-    own = line_of(text, added.removesuffix(", input dropout 0.2"), "500 + 200")
+    other, own = noted_and_own_lines(text, ", input dropout 0.2", "500 + 200")
     assert own[2] == "1.33%" and "-dropout " not in own[7] and own[8] == "ft-dropout-own"
-    other = line_of(text, added, "500 + 200")
     assert other[2] == "1.20%" and "--input-dropout 0.2" in other[7] and "--hidden-dropout" not in other[7]
     ksparse_label = label_ending(text, ", hidden dropout 0.5")
     assert "--hidden-dropout 0.5" in line_of(text, ksparse_label, "5000 + 200")[7]
