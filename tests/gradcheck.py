@@ -34,3 +34,20 @@ class KinkError(Exception):
 def relative_error(a: np.ndarray, b: np.ndarray) -> float:
     """max |a - b| / max(|a|, |b|, tiny): scale-free comparison of two gradients."""
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(a)), np.max(np.abs(b)), 1e-12))
+
+
+def matches_finite_differences(grads, loss, params, names=None, unchanged=None, tol: float = 1e-6) -> bool:
+    """Check the hand-written ``grads`` against centred differences of ``loss()`` for each of ``names``
+    (default: every key of ``params``): each has its parameter's shape and lies within ``tol``
+    (:func:`relative_error`) of them. False, having checked nothing, when the point sits on a kink
+    (``unchanged()`` differs between +h and -h): the caller draws another point."""
+    names = list(params) if names is None else list(names)
+    try:
+        numeric = {name: numerical_gradient(loss, params[name], unchanged=unchanged) for name in names}
+    except KinkError:
+        return False
+    for name in names:
+        grad = np.asarray(grads[name])
+        assert grad.shape == params[name].shape, name
+        assert relative_error(grad, numeric[name]) < tol, name
+    return True

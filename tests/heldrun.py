@@ -56,12 +56,19 @@ def held_train(epoch: int, checkpoint: bool = False, command: str = "train") -> 
 def wait_until_held(proc, timeout: float | None = None) -> int:
     """Read the run's stdout up to its ``held after epoch N`` line; N, or an AssertionError saying how the run
     ended instead (with its stderr, where that is piped)."""
+    return _wait_for_number(proc, "held after epoch ", "the epoch it was to hold at", timeout)
+
+
+def _wait_for_number(proc, prefix: str, where: str, timeout: float | None) -> int:
+    """The number that ends the first line of the run's stdout that begins with ``prefix``; or, when the
+    run ends first, an AssertionError saying it ended without reaching ``where`` (with its stderr, where
+    that is piped)."""
     for line in proc.stdout:
-        if line.startswith("held after epoch "):
+        if line.startswith(prefix):
             return int(line.split()[-1])
     proc.wait(timeout=timeout)
     why = f": {proc.stderr.read()}" if proc.stderr else ""
-    raise AssertionError(f"the run ended (status {proc.returncode}) without reaching the epoch it was to hold at{why}")
+    raise AssertionError(f"the run ended (status {proc.returncode}) without reaching {where}{why}")
 
 
 # A run held INSIDE a checkpoint write: the nth write of a ``*.h5.tmp`` file (the temporary name every
@@ -121,9 +128,4 @@ def held_in_checkpoint_write(nth: int, command: str = "train") -> list[str]:
 
 def wait_until_held_in_write(proc, timeout: float | None = None) -> int:
     """Read the run's stdout up to its ``held in checkpoint write N`` line; N, or an AssertionError."""
-    for line in proc.stdout:
-        if line.startswith("held in checkpoint write "):
-            return int(line.split()[-1])
-    proc.wait(timeout=timeout)
-    why = f": {proc.stderr.read()}" if proc.stderr else ""
-    raise AssertionError(f"the run ended (status {proc.returncode}) without reaching the write it was to hold in{why}")
+    return _wait_for_number(proc, "held in checkpoint write ", "the write it was to hold in", timeout)

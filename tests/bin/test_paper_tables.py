@@ -75,17 +75,42 @@ def finetune_run(folder, pretrained=(), seed=0, epochs=200, phases=("all",), don
     return folder
 
 
+def edit_config(folder: Path, finetune: dict | None = None, **top) -> None:
+    """Rewrite ``folder``'s config.json: the keys ``top`` set, its "finetune" section updated by ``finetune``."""
+    config = json.loads((folder / "config.json").read_text())
+    config.update(top)
+    if finetune is not None:
+        config["finetune"].update(finetune)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
 def ksparse_source(run: Path, epochs: int) -> dict:
     return {"run_dir": str(run), "dataset": "mnist", "k": 25, "hidden": 1000, "epochs_trained": epochs}
+
+
+def cells_of(line: str) -> list[str]:
+    return [c.strip() for c in line.strip("|").split("|")]
 
 
 def line_of(markdown: str, label: str, epochs: str) -> list[str]:
     """The cells of the table line of row ``label`` at ``epochs``."""
     for line in markdown.splitlines():
-        cells = [c.strip() for c in line.strip("|").split("|")]
+        cells = cells_of(line)
         if len(cells) == len(tables.HEADER) and cells[0] == label and cells[5] == epochs:
             return cells
     raise AssertionError(f"no line {label!r} at {epochs} epochs in:\n{markdown}")
+
+
+def label_ending(markdown: str, suffix: str) -> str:
+    """The label of the first line whose label ends with ``suffix``."""
+    return next(cells[0] for cells in map(cells_of, markdown.splitlines()) if cells[0].endswith(suffix))
+
+
+def noted_and_own_lines(markdown: str, note: str, epochs: str) -> tuple[list[str], list[str]]:
+    """The cells of the line at ``epochs`` whose label ends with ``note`` (what sets its runs apart), and of
+    its row's own line, the label without the note."""
+    label = label_ending(markdown, note)
+    return line_of(markdown, label, epochs), line_of(markdown, label.removesuffix(note), epochs)
 
 
 def paper_tables(*args: str, cwd: Path, hash_seed: str | None = None):
@@ -96,6 +121,14 @@ def paper_tables(*args: str, cwd: Path, hash_seed: str | None = None):
                           timeout=300)  # against a hang only
     return SimpleNamespace(exit_code=proc.returncode, returncode=proc.returncode, stdout=proc.stdout,
                            stderr=proc.stderr, output=proc.stdout + proc.stderr)
+
+
+def tables_of(root: Path, tmp_path: Path) -> str:
+    """The tables paper-tables writes of the runs under ``root`` (run in ``tmp_path``); it must succeed."""
+    out = tmp_path / "tables.md"
+    result = paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    return out.read_text()
 
 
 @pytest.fixture
@@ -164,8 +197,7 @@ def test_a_deep_fine_tunings_layers_copied_into_its_own_folder_are_found_where_t
     deep = root / "fn-deep"
     layer2 = deep / "pretrain" / "ksparse2"
     train_run(layer2, 25, 5000)
-    config = json.loads((layer2 / "config.json").read_text())
-    (layer2 / "config.json").write_text(json.dumps({**config, "device": "gpu:0", "run_dir": "/gone/fn-deep/pretrain/ksparse2"}))
+    edit_config(layer2, device="gpu:0", run_dir="/gone/fn-deep/pretrain/ksparse2")
     train_run(root / "k25-layer1", 25, 5000)
     layers = [ksparse_source(root / "k25-layer1", 5000), {**ksparse_source(Path("/gone/fn-deep/pretrain/ksparse2"), 5000)}]
     finetune_run(deep / "finetune" / "deep_ksparse", layers, phases=("top", "bottom", "all"), test=0.0130)
@@ -206,11 +238,8 @@ def test_the_report_shows_each_row_beside_the_paper_with_seeds_as_mean_and_sprea
 
 def test_a_run_trained_on_a_gpu_has_its_own_line_and_is_not_counted_as_a_seed(root, tmp_path):
     gpu = train_run(root / "k25-gpu", 25, 5000, seed=0, test=0.0164, valid=0.0184)
-    config = json.loads((gpu / "config.json").read_text())
-    (gpu / "config.json").write_text(json.dumps({**config, "device": "gpu:0"}))
-    out = tmp_path / "tables.md"
-    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
-    text = out.read_text()
+    edit_config(gpu, device="gpu:0")
+    text = tables_of(root, tmp_path)
     assert line_of(text, "k-Sparse Autoencoder, k = 25", "5000")[2:7] == ["1.90% ± 0.10", "2.00% ± 0.00", "+0.55",
                                                                          "5000", "0, 1, 2"]
     gpu_line = line_of(text, "k-Sparse Autoencoder, k = 25, trained on a GPU", "5000")
@@ -218,8 +247,7 @@ def test_a_run_trained_on_a_gpu_has_its_own_line_and_is_not_counted_as_a_seed(ro
     assert "--device gpu" in gpu_line[7] and "--device" not in line_of(text, "k-Sparse Autoencoder, k = 25", "5000")[7]
     # a fine-tuning on the CPU of the GPU run: its own line too
     finetune_run(root / "ft-of-gpu", [ksparse_source(gpu, 5000)], test=0.0159)
-    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
-    text = out.read_text()
+    text = tables_of(root, tmp_path)
     assert line_of(text, "k-Sparse AE + F.T. (k=25)", "5000 + 200")[2] == "1.56%"
     assert line_of(text, "k-Sparse AE + F.T. (k=25), pretrained on a GPU", "5000 + 200")[2] == "1.59%"
     # what is left to run is planned from the CPU runs: the GPU run of seed 0 stands for none of them
@@ -234,9 +262,7 @@ def test_a_deep_stack_of_baseline_runs_is_the_deep_dropout_row_on_a_line_naming_
     for name, softmax, test, seed in (("ft-deep-dropout", 0.01, 0.0110, 0), ("ft-deep-dropout-paper", None, 0.0126, 0),
                                       ("ft-deep-dropout-typed", 1.0, 0.0128, 1)):
         folder = finetune_run(root / name, sources, seed=seed, phases=("softmax", "top", "all"), test=test)
-        config = json.loads((folder / "config.json").read_text())
-        config["finetune"].update(kept=[None, None], softmax_lr_start=softmax, lr_start=1.0)
-        (folder / "config.json").write_text(json.dumps(config))
+        edit_config(folder, finetune=dict(kept=[None, None], softmax_lr_start=softmax, lr_start=1.0))
     mixed = finetune_run(root / "ft-mixed", [sources[0], {**sources[1], "model": "rbm"}], phases=("softmax", "top",
                                                                                                   "all"), test=0.009)
     placed = {f.state.path.name: (f.key, f.notes) for f in tables.collect(root)}
@@ -244,10 +270,8 @@ def test_a_deep_stack_of_baseline_runs_is_the_deep_dropout_row_on_a_line_naming_
     assert placed["ft-deep-dropout-paper"] == ("deep-dropout-ae", ()) and mixed.name not in placed
     # a softmax rate equal to the schedule's own start is the paper's recipe, on its row
     assert placed["ft-deep-dropout-typed"] == ("deep-dropout-ae", ())
-    out = tmp_path / "tables.md"
-    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
     label = "Deep Dropout AE + F.T. (layer-wise pre-training, 50% hidden)"
-    text = out.read_text()
+    text = tables_of(root, tmp_path)
     assert line_of(text, label, "500 + 200 x 3")[2] == "1.27% ± 0.01"  # seeds 0 and 1 (the typed rate)
     own = line_of(text, label + ", softmax phase from lr 0.01", "500 + 200 x 3")
     assert own[2] == "1.10%" and own[8] == "ft-deep-dropout" and "--softmax-lr-start 0.01" in own[7]
@@ -261,9 +285,7 @@ def test_a_deep_row_whose_layer_2_trained_other_epochs_than_layer_1_says_so_on_i
     placed = {f.state.path.name: str(f.length) for f in tables.collect(root)}
     assert placed["ft-deep-short-layer2"] == "5000 (layer 2: 500) + 200 x 3"
     assert placed["ft-deep"] == "5000 + 200 x 3"  # both layers 5000: said once
-    out = tmp_path / "tables.md"
-    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
-    text = out.read_text()
+    text = tables_of(root, tmp_path)
     cells = line_of(text, "Deep k-Sparse AE + F.T. (k=25, layer-wise pre-training)", "5000 (layer 2: 500) + 200 x 3")
     assert cells[2] == "1.35%" and cells[8] == "ft-deep-short-layer2"
     assert "ksae-finetune --resume runs/ft-deep`" in text  # the asked row (both layers 5000) is still to finish
@@ -277,17 +299,13 @@ def deep_dropout_finetune(root, name, phases, test):
     sources = [{"run_dir": str(layer1), "model": "dropout-ae", "hidden": 1000, "epochs_trained": 500},
                {"run_dir": "/elsewhere/layer2", "model": "dropout-ae", "hidden": 1000, "epochs_trained": 500}]
     folder = finetune_run(root / name, sources, phases=phases, test=test)
-    config = json.loads((folder / "config.json").read_text())
-    config["finetune"].update(kept=[None, None])
-    (folder / "config.json").write_text(json.dumps(config))
+    edit_config(folder, finetune=dict(kept=[None, None]))
     return folder
 
 
 def test_a_deep_stack_fine_tuned_jointly_is_its_own_line_whose_command_names_the_phases(root, tmp_path):
     deep_dropout_finetune(root, "ft-deep-joint", ("all",), 0.0133)
-    out = tmp_path / "tables.md"
-    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
-    joint = line_of(out.read_text(), "Deep Dropout AE + F.T. (layer-wise pre-training, 50% hidden)", "500 + 200")
+    joint = line_of(tables_of(root, tmp_path), "Deep Dropout AE + F.T. (layer-wise pre-training, 50% hidden)", "500 + 200")
     assert joint[2] == "1.33%" and joint[8] == "ft-deep-joint" and "--phases all" in joint[7]
 
 
@@ -308,12 +326,9 @@ def test_lines_of_one_row_at_equal_epochs_come_out_in_one_order_whatever_the_has
 
 def test_a_pretrained_run_copied_under_another_name_is_named_where_it_is_now(root, tmp_path):
     copy = train_run(root / "k25-copied", 25, 500, seed=4, test=0.0170)
-    config = json.loads((copy / "config.json").read_text())
-    (copy / "config.json").write_text(json.dumps({**config, "run_dir": "/elsewhere/k25-original"}))
+    edit_config(copy, run_dir="/elsewhere/k25-original")
     finetune_run(root / "ft-of-copy", [ksparse_source(Path("/elsewhere/k25-original"), 500)], seed=4, test=0.0150)
-    out = tmp_path / "tables.md"
-    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
-    command = line_of(out.read_text(), "k-Sparse AE + F.T. (k=25)", "500 + 200")[7]
+    command = line_of(tables_of(root, tmp_path), "k-Sparse AE + F.T. (k=25)", "500 + 200")[7]
     assert command.startswith("`ksae-finetune runs/k25-copied --epochs 200") and "/elsewhere" not in command
 
 
@@ -488,20 +503,12 @@ def test_a_fine_tuning_on_train_plus_valid_is_its_own_line_whose_command_says_so
     relu = finetune_run(root / "ft-relu", [], test=0.0169, no_pretraining=True)
     wide = finetune_run(root / "ft-relu-60k", [], test=0.0150, no_pretraining=True)
     for folder, rows in ((relu, "train"), (wide, "train+valid")):
-        config = json.loads((folder / "config.json").read_text())
-        config["units"] = "relu"
-        config["finetune"].update(train_on=rows, activations=["relu"], kept=[None])
-        (folder / "config.json").write_text(json.dumps(config))
+        edit_config(folder, finetune=dict(train_on=rows, activations=["relu"], kept=[None]), units="relu")
     placed = {f.state.path.name: f.notes for f in tables.collect(root)}
     assert (placed["ft-relu"], placed["ft-relu-60k"]) == ((), ("fine-tuned on train+valid",))
-    out = tmp_path / "tables.md"
-    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
-    text = out.read_text()
-    label = next(cells[0] for cells in ([c.strip() for c in line.strip("|").split("|")] for line in text.splitlines())
-                 if cells[0].endswith(", fine-tuned on train+valid"))
-    wide_line = line_of(text, label, "200")
+    text = tables_of(root, tmp_path)
+    wide_line, own = noted_and_own_lines(text, ", fine-tuned on train+valid", "200")
     assert wide_line[2] == "1.50%" and "--train-on train+valid" in wide_line[7] and wide_line[8] == "ft-relu-60k"
-    own = line_of(text, label.removesuffix(", fine-tuned on train+valid"), "200")
     assert own[2] == "1.69%" and "--train-on" not in own[7] and own[8] == "ft-relu"
 
 
@@ -541,22 +548,15 @@ def test_a_fine_tuning_with_another_momentum_is_its_own_line_not_a_seed_and_its_
     rising = finetune_run(root / "ft-ksparse-rising", source, test=0.0150)
     steady = finetune_run(root / "ft-ksparse-steady", source, test=0.0160)
     for folder, settings in ((rising, dict(momentum=0.25, momentum_end=0.9)), (steady, dict(momentum=0.5))):
-        config = json.loads((folder / "config.json").read_text())
-        config["finetune"].update(settings)
-        (folder / "config.json").write_text(json.dumps(config))
+        edit_config(folder, finetune=settings)
     placed = {f.state.path.name: f.notes for f in tables.collect(root)}
     assert (placed["ft-ksparse"], placed["ft-ksparse-rising"], placed["ft-ksparse-steady"]) == \
         ((), ("momentum 0.25 -> 0.9",), ("momentum 0.5",))
-    out = tmp_path / "tables.md"
-    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
-    text = out.read_text()
-    label = next(cells[0] for cells in ([c.strip() for c in line.strip("|").split("|")] for line in text.splitlines())
-                 if cells[0].endswith(", momentum 0.25 -> 0.9"))
-    own = line_of(text, label.removesuffix(", momentum 0.25 -> 0.9"), "5000 + 200")
+    text = tables_of(root, tmp_path)
+    ramp, own = noted_and_own_lines(text, ", momentum 0.25 -> 0.9", "5000 + 200")
     assert own[2] == "1.56%" and own[6] == "0" and "--momentum" not in own[7] and own[8] == "ft-ksparse"
-    ramp = line_of(text, label, "5000 + 200")
     assert ramp[2] == "1.50%" and "--momentum-end 0.9" in ramp[7] and "--momentum 0.25" not in ramp[7]
-    other = line_of(text, label.removesuffix(", momentum 0.25 -> 0.9") + ", momentum 0.5", "5000 + 200")
+    other = line_of(text, own[0] + ", momentum 0.5", "5000 + 200")  # own[0]: the row's label
     assert other[2] == "1.60%" and "--momentum 0.5" in other[7] and other[8] == "ft-ksparse-steady"
 
 
@@ -565,19 +565,12 @@ def test_a_fine_tuning_with_another_learning_rate_is_its_own_line_and_its_comman
     at lr 1): a line of its own whose command gives the rates, not a seed of the paper's row."""
     source = [ksparse_source(root / "k25-seed0", 5000)]
     slower = finetune_run(root / "ft-ksparse-lr025", source, test=0.0140)
-    config = json.loads((slower / "config.json").read_text())
-    config["finetune"].update(lr_start=0.25, lr_end=0.001)
-    (slower / "config.json").write_text(json.dumps(config))
+    edit_config(slower, finetune=dict(lr_start=0.25, lr_end=0.001))
     placed = {f.state.path.name: f.notes for f in tables.collect(root)}
     assert (placed["ft-ksparse"], placed["ft-ksparse-lr025"]) == ((), ("lr 0.25 -> 0.001",))
-    out = tmp_path / "tables.md"
-    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
-    text = out.read_text()
-    label = next(cells[0] for cells in ([c.strip() for c in line.strip("|").split("|")] for line in text.splitlines())
-                 if cells[0].endswith(", lr 0.25 -> 0.001"))
-    own = line_of(text, label.removesuffix(", lr 0.25 -> 0.001"), "5000 + 200")
+    text = tables_of(root, tmp_path)
+    other, own = noted_and_own_lines(text, ", lr 0.25 -> 0.001", "5000 + 200")
     assert own[2] == "1.56%" and "--lr-" not in own[7] and own[8] == "ft-ksparse"
-    other = line_of(text, label, "5000 + 200")
     assert other[2] == "1.40%" and "--lr-start 0.25" in other[7] and "--lr-end" not in other[7]
     assert other[8] == "ft-ksparse-lr025"
 
@@ -592,27 +585,18 @@ def test_a_fine_tuning_with_other_dropout_rates_is_its_own_line_and_its_command_
              "ft-dropout-input": dict(input_dropout=0.2, hidden_dropout=0.5)}
     for name, settings in rates.items():
         folder = finetune_run(root / name, source, test=0.0133 if name.endswith("own") else 0.0120)
-        config = json.loads((folder / "config.json").read_text())
-        config["finetune"].update(settings, activations=["sigmoid"], kept=[None])
-        (folder / "config.json").write_text(json.dumps(config))
+        edit_config(folder, finetune=dict(settings, activations=["sigmoid"], kept=[None]))
     ksparse = finetune_run(root / "ft-ksparse-hidden", [ksparse_source(root / "k25-seed0", 5000)], test=0.0150)
-    config = json.loads((ksparse / "config.json").read_text())
-    config["finetune"].update(input_dropout=0.0, hidden_dropout=0.5)
-    (ksparse / "config.json").write_text(json.dumps(config))
+    edit_config(ksparse, finetune=dict(input_dropout=0.0, hidden_dropout=0.5))
     placed = {f.state.path.name: (f.key, f.notes) for f in tables.collect(root)}
     assert placed["ft-dropout-own"] == ("dropout-ae", ())
     assert placed["ft-dropout-input"] == ("dropout-ae", ("input dropout 0.2",))
     assert placed["ft-ksparse-hidden"] == ("ksparse", ("hidden dropout 0.5",))
-    out = tmp_path / "tables.md"
-    assert paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path).returncode == 0
-    text = out.read_text()
-    labels = [cells[0] for cells in ([c.strip() for c in line.strip("|").split("|")] for line in text.splitlines())]
-    added = next(label for label in labels if label.endswith(", input dropout 0.2"))
-    own = line_of(text, added.removesuffix(", input dropout 0.2"), "500 + 200")
+    text = tables_of(root, tmp_path)
+    other, own = noted_and_own_lines(text, ", input dropout 0.2", "500 + 200")
     assert own[2] == "1.33%" and "-dropout " not in own[7] and own[8] == "ft-dropout-own"
-    other = line_of(text, added, "500 + 200")
     assert other[2] == "1.20%" and "--input-dropout 0.2" in other[7] and "--hidden-dropout" not in other[7]
-    ksparse_label = next(label for label in labels if label.endswith(", hidden dropout 0.5"))
+    ksparse_label = label_ending(text, ", hidden dropout 0.5")
     assert "--hidden-dropout 0.5" in line_of(text, ksparse_label, "5000 + 200")[7]
 
 

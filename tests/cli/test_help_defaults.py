@@ -81,19 +81,31 @@ def shown_default(command: click.Command, name: str):
     return next(o for o in options(command) if o.name == name).default
 
 
-def test_ksae_train_uses_the_defaults_its_help_shows(tmp_path, monkeypatch):
+def assert_saved_with_shown_defaults(config: dict, command: click.Command, section: str, names):
+    """A run's config.json holds ``command``'s shown default for each of ``names`` (under ``section``) and
+    for the checkpoint and progress options every training command has."""
+    for name in names:
+        assert config[section][name] == shown_default(command, name), name
+    for name in ("checkpoint_every", "checkpoint_minutes", "progress_seconds"):
+        assert config[name] == shown_default(command, name), name
+
+
+@pytest.fixture
+def no_thread_variables(monkeypatch):
+    """None of the variables that set the BLAS threads: the commands take their own default."""
     from ksae_cupy.threads import THREAD_VARIABLES
 
     for variable in THREAD_VARIABLES:
         monkeypatch.delenv(variable, raising=False)
+
+
+def test_ksae_train_uses_the_defaults_its_help_shows(tmp_path, no_thread_variables):
     run = tmp_path / "run"
     result = CliRunner().invoke(train_command, ["synthetic", "--epochs", "2", "--run-dir", str(run)])
     assert result.exit_code == 0, result.output
     config = json.loads((run / "config.json").read_text())
-    for name in ("hidden", "k", "batch_size", "momentum", "sigma", "topk", "seed", "dtype", "activation", "step"):
-        assert config["train"][name] == shown_default(train_command, name), name
-    for name in ("checkpoint_every", "checkpoint_minutes", "progress_seconds"):
-        assert config[name] == shown_default(train_command, name), name
+    assert_saved_with_shown_defaults(config, train_command, "train", ("hidden", "k", "batch_size", "momentum", "sigma",
+                                                                      "topk", "seed", "dtype", "activation", "step"))
     help_of = {o.name: o.help for o in options(train_command)}
     # Stated in words: "[default: 0.01 (the paper's) for the built-in datasets but fashion-mnist ...]".
     assert "[default: 0.01 (the paper's) for the built-in datasets" in help_of["lr"] and config["train"]["lr"] == 0.01
@@ -115,11 +127,7 @@ def test_ksae_train_default_run_dir_is_the_one_its_help_names(tmp_path, monkeypa
     assert folder.name.startswith("synthetic-h32-k4-")
 
 
-def test_ksae_eval_uses_the_defaults_its_help_shows(tmp_path, monkeypatch):
-    from ksae_cupy.threads import THREAD_VARIABLES
-
-    for variable in THREAD_VARIABLES:
-        monkeypatch.delenv(variable, raising=False)
+def test_ksae_eval_uses_the_defaults_its_help_shows(tmp_path, no_thread_variables):
     run = make_run(tmp_path / "run", make_sparse_signals(1)[2], k=5, dataset="synthetic")
     result = CliRunner().invoke(eval_command, [str(run), "--device", "cpu"])
     assert result.exit_code == 0, result.output
@@ -154,10 +162,8 @@ def test_ksae_baseline_uses_the_defaults_its_help_shows(tmp_path):
                                                    "--epochs", "1", "--run-dir", str(run)])
     assert result.exit_code == 0, result.output
     config = json.loads((run / "config.json").read_text())
-    for name in ("batch_size", "momentum", "sigma", "seed", "dtype"):
-        assert config["baseline"][name] == shown_default(baseline_command, name), name
-    for name in ("checkpoint_every", "checkpoint_minutes", "progress_seconds"):
-        assert config[name] == shown_default(baseline_command, name), name
+    assert_saved_with_shown_defaults(config, baseline_command, "baseline",
+                                     ("batch_size", "momentum", "sigma", "seed", "dtype"))
     help_of = {o.name: o.help for o in options(baseline_command)}
     # "[default: 0.01]" (the grid's choice for every baseline) and "[default: 0.0002 (rbm), 0 (autoencoders)]".
     assert "[default: 0.01]" in help_of["lr"] and config["baseline"]["lr"] == 0.01

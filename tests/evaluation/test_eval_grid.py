@@ -39,6 +39,17 @@ def counting_fits(monkeypatch, stop_after=None):
     return calls
 
 
+def interrupt_after(fits, monkeypatch, run, **grid_args):
+    """Evaluate ``run`` on ``grid_args`` with a Ctrl-C after ``fits`` classifier fits: the evaluation
+    stops, saying it kept them."""
+    counting_fits(monkeypatch, stop_after=fits)
+    with pytest.raises(grid.EvaluationInterrupted, match=f"{fits} finished classifier fit"):
+        evaluate.evaluate_run(run, **grid_args)
+
+
+TWO_FITS = dict(alphas=[1], l2_grid=[1e-2, 1e-3], log=lambda *_: None, l2_extend=0)  # then the refit
+
+
 @pytest.fixture
 def run_and_data(tmp_path):
     data, W_dh = sparse_signal_dataset(n_train=800, n_valid=200, n_test=200)
@@ -120,9 +131,7 @@ def test_ctrl_c_keeps_the_finished_fits_and_a_rerun_continues_from_them(run_and_
     run, data = run_and_data
     grid_args = dict(alphas=[1, 2], l2_grid=[1e-2, 1e-3, 1e-4], dataset=data, log=lambda *_: None,
                      l2_extend=0)
-    counting_fits(monkeypatch, stop_after=4)
-    with pytest.raises(grid.EvaluationInterrupted, match="4 finished classifier fit"):
-        evaluate.evaluate_run(run, **grid_args)
+    interrupt_after(4, monkeypatch, run, **grid_args)
     assert (run / grid.FITS_FILE).is_file() and not (run / "eval.json").exists()
     calls = counting_fits(monkeypatch)
     resumed = evaluate.evaluate_run(run, **grid_args)
@@ -137,27 +146,21 @@ def test_ctrl_c_keeps_the_finished_fits_and_a_rerun_continues_from_them(run_and_
 
 def test_fits_of_another_protocol_are_not_reused(run_and_data, monkeypatch):
     run, data = run_and_data
-    grid_args = dict(alphas=[1], l2_grid=[1e-2, 1e-3], dataset=data, log=lambda *_: None, l2_extend=0)
-    counting_fits(monkeypatch, stop_after=1)
-    with pytest.raises(grid.EvaluationInterrupted):
-        evaluate.evaluate_run(run, **grid_args)
+    interrupt_after(1, monkeypatch, run, dataset=data, **TWO_FITS)
     monkeypatch.setattr(evaluate, "PROTOCOL", evaluate.PROTOCOL + 1)  # e.g. a later release's walk
     calls = counting_fits(monkeypatch)
-    result = evaluate.evaluate_run(run, **grid_args)
+    result = evaluate.evaluate_run(run, dataset=data, **TWO_FITS)
     assert len(calls) == len(result["features"]["trials"]) + 1  # the kept fit was made again
     assert result["protocol"] == evaluate.PROTOCOL
 
 
 def test_fits_of_another_checkpoint_are_not_reused(run_and_data, monkeypatch):
     run, data = run_and_data
-    grid_args = dict(alphas=[1], l2_grid=[1e-2, 1e-3], dataset=data, log=lambda *_: None, l2_extend=0)
-    counting_fits(monkeypatch, stop_after=1)
-    with pytest.raises(grid.EvaluationInterrupted):
-        evaluate.evaluate_run(run, **grid_args)
+    interrupt_after(1, monkeypatch, run, dataset=data, **TWO_FITS)
     _, W_dh = sparse_signal_dataset(seed=1)
     make_run(run, W_dh, k=5)  # another model in the same folder
     calls = counting_fits(monkeypatch)
-    evaluate.evaluate_run(run, **grid_args)
+    evaluate.evaluate_run(run, dataset=data, **TWO_FITS)
     assert len(calls) == 3
 
 
@@ -277,13 +280,10 @@ def test_a_long_fit_says_it_is_still_working(run_and_data, monkeypatch):
 
 def test_fits_made_with_other_labels_are_not_reused(run_and_data, monkeypatch):
     run, data = run_and_data
-    grid_args = dict(alphas=[1], l2_grid=[1e-2, 1e-3], log=lambda *_: None, l2_extend=0)
-    counting_fits(monkeypatch, stop_after=1)
-    with pytest.raises(grid.EvaluationInterrupted):
-        evaluate.evaluate_run(run, dataset=data, **grid_args)
+    interrupt_after(1, monkeypatch, run, dataset=data, **TWO_FITS)
     data.y_train = (data.y_train + 1) % 4  # e.g. another --labels file, same shapes
     calls = counting_fits(monkeypatch)
-    evaluate.evaluate_run(run, dataset=data, **grid_args)
+    evaluate.evaluate_run(run, dataset=data, **TWO_FITS)
     assert len(calls) == 3
 
 

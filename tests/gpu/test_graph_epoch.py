@@ -9,80 +9,22 @@ ksae_cupy/gpu/graph_step.py, the path before this one (float32, as the GPU train
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from ksae_cupy.backend import resolve_device, to_host
 from ksae_cupy.gpu import graph_epoch, products
 from ksae_cupy.gpu.graph_epoch import EpochGraph
 from ksae_cupy.gpu.graph_step import GraphStep
-from ksae_cupy.training.trainer import TrainConfig, Trainer
+from ksae_cupy.training.trainer import Trainer
+
+from graph_training import D, StepGraphTrainer, assert_same_training, config, device_data, fit
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu_cupy")]
-
-N, D, H = 50, 16, 32  # batches of 8: six full ones and a last one of 2 rows (a second step size in the graph)
-
-
-class StepGraphTrainer(Trainer):
-    """The path before the epoch graph: the parts between cuBLAS products captured, one call per step."""
-
-    gpu_epoch_graph = False
 
 
 class HostOrderTrainer(Trainer):
     """The epoch graph with each epoch's order drawn on the host and copied in."""
 
     gpu_order_on_device = False
-
-
-def data(seed=0, rows=N, cols=D):
-    X = np.random.default_rng(seed).standard_normal((rows, cols))
-    return X, X[:12]
-
-
-def config(**changes):
-    values = dict(hidden=H, k=4, k_start=None, epochs=3, batch_size=8, lr=0.01, momentum=0.9, dtype="float64",
-                  topk="threshold", seed=5, dead_window=20)
-    values.update(changes)
-    return TrainConfig(**values)
-
-
-def fit(cfg, device: str, cls=Trainer, stop_after_batches: int | None = None, resume_cls=None, shape=(N, D)):
-    """``(trainer, reports)`` of ``cfg`` trained on ``device``; with ``stop_after_batches``, stopped once
-    that many batches ran, then resumed from its checkpoint in a new trainer of ``resume_cls``."""
-    backend = resolve_device(device)
-    X_host, V_host = data(rows=shape[0], cols=shape[1])
-    X, V = backend.asarray(X_host.astype(cfg.dtype)), backend.asarray(V_host.astype(cfg.dtype))
-    trainer = cls(cfg, backend, D=shape[1])
-    reports = []
-    if stop_after_batches is not None:
-        def on_batch(done, total, count=[0]):
-            count[0] += 1
-            trainer.stop_requested = count[0] >= stop_after_batches
-
-        trainer.fit(X, V, on_epoch=reports.append, on_batch=on_batch)
-        assert trainer.batch_in_epoch, "the run must stop mid-epoch"
-        trainer = (resume_cls or cls)(cfg, backend, D=shape[1], checkpoint=trainer.checkpoint())
-    trainer.fit(X, V, on_epoch=reports.append)
-    return trainer, reports
-
-
-def host(trainer):
-    return {name: to_host(value) for name, value in trainer.params.items()}
-
-
-def assert_same_training(gpu, gpu_reports, ref, ref_reports, rtol=1e-9, atol=1e-12):
-    """Parameters, epoch reports and dead-unit counts agree (float64 against the CPU: to rounding)."""
-    for name, value in host(ref).items():
-        np.testing.assert_allclose(host(gpu)[name], value, rtol=rtol, atol=atol, err_msg=name)
-    for g, c in zip(gpu_reports, ref_reports, strict=True):
-        assert (g.k, g.train_loss, g.valid_loss) == (c.k, pytest.approx(c.train_loss, rel=rtol),
-                                                     pytest.approx(c.valid_loss, rel=rtol))
-        assert (g.dead_fraction, g.dead_window_fraction) == (c.dead_fraction, c.dead_window_fraction)
-        assert (g.fve, g.valid_fve) == (pytest.approx(c.fve, rel=rtol), pytest.approx(c.valid_fve, rel=rtol))
-        if g.aux_loss is not None or c.aux_loss is not None:
-            assert g.aux_loss == pytest.approx(c.aux_loss, rel=rtol)
-    np.testing.assert_array_equal(to_host(gpu.since_kept_h), to_host(ref.since_kept_h))
 
 
 # ReLU at k = 20 of 32: some kept units are negative, so the clip acts. AuxK at 30: at times fewer units
@@ -148,10 +90,8 @@ def test_after_the_first_epoch_no_step_runs_outside_the_graph(monkeypatch):
     monkeypatch.setattr(GraphStep, "gather_rows", spy_gather)
     monkeypatch.setattr(graph_epoch, "permutation_gpu", spy_draw)
     cfg = config(epochs=3)
-    backend = resolve_device("gpu")
-    X_host, _ = data()
+    backend, X, _ = device_data("gpu", cfg)
     trainer = Trainer(cfg, backend, D=D)
-    X = backend.asarray(X_host)
     seen = []
     trainer.fit(X, on_epoch=lambda report: seen.append((len(calls), trainer._captured.launches)))
     first, second, third = seen
@@ -194,25 +134,9 @@ def test_a_run_stopped_mid_epoch_resumes_on_the_epoch_graph(stopped_on):
     cfg = config(epochs=4)
     whole, whole_reports = fit(cfg, "cpu")
     stopped_device, stopped_cls = ("cpu", Trainer) if stopped_on == "cpu" else ("gpu", StepGraphTrainer)
-    backend = resolve_device("gpu")
-    X_host, V_host = data()
-    if stopped_on == "cpu":
-        cpu_backend = resolve_device(stopped_device)
-        first = stopped_cls(cfg, cpu_backend, D=D)
-        X1, V1 = cpu_backend.asarray(X_host), cpu_backend.asarray(V_host)
-    else:
-        first = stopped_cls(cfg, backend, D=D)
-        X1, V1 = backend.asarray(X_host), backend.asarray(V_host)
-    reports = []
-
-    def on_batch(done, total, count=[0]):
-        count[0] += 1
-        first.stop_requested = count[0] >= 10
-
-    first.fit(X1, V1, on_epoch=reports.append, on_batch=on_batch)
-    assert (first.epoch, first.batch_in_epoch) == (1, 3)
-    resumed = Trainer(cfg, backend, D=D, checkpoint=first.checkpoint())
-    resumed.fit(backend.asarray(X_host), backend.asarray(V_host), on_epoch=reports.append)
+    # Stopped after 10 batches: at batch 3 of epoch 2 (7 batches an epoch).
+    resumed, reports = fit(cfg, stopped_device, cls=stopped_cls, stop_after_batches=10, resume_cls=Trainer,
+                           resume_on="gpu")
     assert isinstance(resumed._captured, EpochGraph)
     # The resumed epoch (its checkpointed order) and the next (the first order the device draws) run
     # uncaptured, the warm-up; the last as the one graph.
@@ -223,15 +147,14 @@ def test_a_run_stopped_mid_epoch_resumes_on_the_epoch_graph(stopped_on):
 
 def test_a_stop_request_takes_effect_at_the_end_of_the_epoch():
     cfg = config(epochs=3)
-    backend = resolve_device("gpu")
-    X_host, _ = data()
+    backend, X, _ = device_data("gpu", cfg)
     trainer, progress = Trainer(cfg, backend, D=D), []
 
     def on_batch(done, total):
         progress.append((done, total))
         trainer.stop_requested = True
 
-    trainer.fit(backend.asarray(X_host), on_batch=on_batch)
+    trainer.fit(X, on_batch=on_batch)
     # The graph ran the whole epoch: the progress callback hears it once, the run stops after it.
     assert progress == [(7, 7)]
     assert (trainer.epoch, trainer.step, trainer.batch_in_epoch) == (1, 7, 0)

@@ -50,22 +50,28 @@ def _static_smem(ptxas_log: str) -> dict[str, int]:
     return smem
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_all_instantiations_compile(arch, tmp_path: Path):
-    source = tmp_path / "all_kernels.cu"
-    source.write_text(cuda.instantiation_source(cuda.kernel_source_path()))
-    cubin = tmp_path / f"all_kernels_{arch}.cubin"
+def _compiled_log(unit: Path, arch: str, kernel_names) -> str:
+    """nvcc's and ptxas's report of compiling ``unit`` to a cubin for ``arch`` (every warning an error),
+    after checking that it compiled, into one kernel entry per name of ``kernel_names``, none spilling."""
+    cubin = unit.with_name(f"{unit.stem}_{arch}.cubin")
     cmd = [NVCC, "-std=c++17", "--cubin", f"-arch={arch}", "-Xptxas", "-v", "-Werror", "all-warnings",
-           "-o", str(cubin), str(source)]
+           "-o", str(cubin), str(unit)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"nvcc failed for {arch}:\n{log[-4000:]}"
     assert cubin.stat().st_size > 0
     # ptxas reports each compiled kernel entry: every listed instantiation must be there.
-    assert _mangled_count(log) == len(cuda.KERNEL_NAMES), log[-4000:]
+    assert _mangled_count(log) == len(kernel_names), log[-4000:]
     # No kernel may spill to local memory (a sign of a wrong launch bound or runaway registers).
-    spills = re.findall(r"(\d+) bytes spill stores", log)
-    assert all(int(s) == 0 for s in spills), log[-4000:]
+    assert all(int(s) == 0 for s in re.findall(r"(\d+) bytes spill stores", log)), log[-4000:]
+    return log
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_all_instantiations_compile(arch, tmp_path: Path):
+    source = tmp_path / "all_kernels.cu"
+    source.write_text(cuda.instantiation_source(cuda.kernel_source_path()))
+    log = _compiled_log(source, arch, cuda.KERNEL_NAMES)
     # The static shared memory the launch plans count (STATIC_SHARED_BYTES) is what ptxas allots.
     for entry, smem in _static_smem(log).items():
         method = ("threshold" if "topk_threshold" in entry else "sort" if "topk_sort" in entry
@@ -106,13 +112,6 @@ def test_the_other_kernel_sources_compile(source, arch, tmp_path: Path):
     lines += [f"    out[{i}] = reinterpret_cast<void*>(&{name});" for i, name in enumerate(module.KERNEL_NAMES)]
     unit = tmp_path / f"{source}_all.cu"
     unit.write_text("\n".join(lines + ["}"]) + "\n")
-    cubin = tmp_path / f"{source}_{arch}.cubin"
-    cmd = [NVCC, "-std=c++17", "--cubin", f"-arch={arch}", "-Xptxas", "-v", "-Werror", "all-warnings",
-           "-o", str(cubin), str(unit)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"nvcc failed for {arch}:\n{log[-4000:]}"
-    assert _mangled_count(log) == len(module.KERNEL_NAMES), log[-4000:]
-    assert all(int(s) == 0 for s in re.findall(r"(\d+) bytes spill stores", log)), log[-4000:]
+    log = _compiled_log(unit, arch, module.KERNEL_NAMES)
     for entry, smem in _static_smem(log).items():
         assert smem == OTHER_SOURCES[source](entry), (entry, smem)

@@ -10,32 +10,23 @@ Not checked (a GPU only): speed, real scheduling.
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.gpu import cuda_kernels, products
 
-sys.path.insert(0, str(Path(__file__).parent / "cuda_host"))
-import harness  # noqa: E402
+import emulated_kernels
+from emulated_kernels import harness
 
-pytestmark = pytest.mark.skipif(harness.compiler() is None, reason="no C++ compiler (g++ or clang++) to build the harness")
+pytestmark = emulated_kernels.needs_compiler
 
 # (M, K, N): one element, short K, ragged edges around the tile (64) and the K step (16), several
 # tiles each way; (20, 96, 48)-like shapes are the graph tests' own.
 SHAPES = [(1, 1, 1), (3, 5, 2), (16, 48, 20), (20, 32, 48), (65, 17, 63), (64, 16, 64), (130, 33, 70), (7, 0, 5)]
 
 
-@pytest.fixture(scope="module")
-def driver(tmp_path_factory):
-    exe = harness.build(tmp_path_factory.mktemp("products"), cuda_kernels.kernel_source_path(products.SOURCE_NAME),
-                        products.KERNEL_NAMES)
-    d = harness.Driver(exe)
-    yield d
-    d.close()
+driver = emulated_kernels.driver_fixture(products)
 
 
 def operand(rng, rows, cols, dtype, transposed):
@@ -156,46 +147,36 @@ PLANTED = [
 
 def runs_wrong(exe) -> bool:
     """Whether the kernels built in ``exe`` give a wrong answer or a fault on any schedule."""
-    d = harness.Driver(exe)
     rng = np.random.default_rng(5)
-    try:
-        for schedule in harness.SCHEDULES:
-            a, b = rng.standard_normal((70, 100)).astype(np.float32), rng.standard_normal((100, 65)).astype(np.float32)
-            out = np.empty((70, 65), dtype=np.float32)
-            workspace = np.empty(2 * 70 * 65, dtype=np.float32)
-            for plan in products.plan_matmul(a, b, out, 2, workspace):  # K 100 in 2 splits: 4 steps and 3
-                d.run(plan, schedule=schedule)
-            x, acc = rng.standard_normal(1000).astype(np.float32), np.array(0.0)
-            d.run(products.plan_sum_squares(x, 1.0, acc), schedule=schedule)
-            Zs, idx, WT, Zs_dense = sparse_case(rng, 6, 40, 50, 4, np.float32, invalid=True)
-            R, dZ = np.empty((6, 50), dtype=np.float32), np.empty((6, 40), dtype=np.float32)
-            d.run(products.plan_sparse_decode(Zs, idx, WT, R, H100), schedule=schedule)
-            d.run(products.plan_kept_dot(R, idx, WT, dZ, H100), schedule=schedule)
-            dZ_expected = np.where(Zs_dense != 0, R.astype(np.float64) @ WT.T, 0)
-            if not (np.allclose(out, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-4)
-                    and acc == pytest.approx(float((x.astype(np.float64) ** 2).sum()), rel=1e-6)
-                    and np.allclose(R, Zs_dense.astype(np.float64) @ WT, rtol=1e-5, atol=1e-4)
-                    and np.allclose(dZ, dZ_expected, rtol=1e-5, atol=1e-4)):
-                return True
-    except harness.HarnessError:
-        return True
-    finally:
-        d.close()
-    return False
+
+    def answers_right(d, schedule) -> bool:
+        a, b = rng.standard_normal((70, 100)).astype(np.float32), rng.standard_normal((100, 65)).astype(np.float32)
+        out = np.empty((70, 65), dtype=np.float32)
+        workspace = np.empty(2 * 70 * 65, dtype=np.float32)
+        for plan in products.plan_matmul(a, b, out, 2, workspace):  # K 100 in 2 splits: 4 steps and 3
+            d.run(plan, schedule=schedule)
+        x, acc = rng.standard_normal(1000).astype(np.float32), np.array(0.0)
+        d.run(products.plan_sum_squares(x, 1.0, acc), schedule=schedule)
+        Zs, idx, WT, Zs_dense = sparse_case(rng, 6, 40, 50, 4, np.float32, invalid=True)
+        R, dZ = np.empty((6, 50), dtype=np.float32), np.empty((6, 40), dtype=np.float32)
+        d.run(products.plan_sparse_decode(Zs, idx, WT, R, H100), schedule=schedule)
+        d.run(products.plan_kept_dot(R, idx, WT, dZ, H100), schedule=schedule)
+        dZ_expected = np.where(Zs_dense != 0, R.astype(np.float64) @ WT.T, 0)
+        return (np.allclose(out, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-4)
+                and acc == pytest.approx(float((x.astype(np.float64) ** 2).sum()), rel=1e-6)
+                and np.allclose(R, Zs_dense.astype(np.float64) @ WT, rtol=1e-5, atol=1e-4)
+                and np.allclose(dZ, dZ_expected, rtol=1e-5, atol=1e-4))
+
+    return emulated_kernels.runs_wrong(exe, answers_right)
 
 
 def test_the_unmodified_kernels_pass_the_planted_bugs_check(tmp_path):
-    source = cuda_kernels.kernel_source_path(products.SOURCE_NAME)
-    assert not runs_wrong(harness.build(tmp_path, source, products.KERNEL_NAMES))
+    assert not runs_wrong(emulated_kernels.build(tmp_path, products))
 
 
 @pytest.mark.parametrize("what, old, new", PLANTED, ids=[p[0] for p in PLANTED])
 def test_planted_bugs_are_caught(tmp_path, what, old, new):
-    source = cuda_kernels.kernel_source(products.SOURCE_NAME)
-    assert old in source, what
-    bad = tmp_path / "bad.cu"
-    bad.write_text(source.replace(old, new, 1))
-    assert runs_wrong(harness.build(tmp_path, bad, products.KERNEL_NAMES)), f"{what}: not caught"
+    assert runs_wrong(emulated_kernels.build(tmp_path, products, planted=(old, new))), f"{what}: not caught"
 
 SMALL_GPU = cuda_kernels.DeviceLimits(sm_count=1, shared_optin=227 * 1024)  # few blocks: the grid-stride loops loop
 H100 = cuda_kernels.DeviceLimits(sm_count=132, shared_optin=227 * 1024)

@@ -7,31 +7,22 @@ shared memory), from generators with and without a buffered 32-bit half.
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.gpu import cuda_kernels, shuffle
 
-sys.path.insert(0, str(Path(__file__).parent / "cuda_host"))
-import harness  # noqa: E402
+import emulated_kernels
+from emulated_kernels import harness
 
-pytestmark = pytest.mark.skipif(harness.compiler() is None, reason="no C++ compiler (g++ or clang++) to build the harness")
+pytestmark = emulated_kernels.needs_compiler
 
 H100 = cuda_kernels.DeviceLimits(sm_count=132, shared_optin=227 * 1024)
 SMALL = cuda_kernels.DeviceLimits(sm_count=8, shared_optin=48 * 1024)  # 60,000 rows do not fit: global memory
 
 
-@pytest.fixture(scope="module")
-def driver(tmp_path_factory):
-    exe = harness.build(tmp_path_factory.mktemp("shuffle"), cuda_kernels.kernel_source_path(shuffle.SOURCE_NAME),
-                        shuffle.KERNEL_NAMES)
-    d = harness.Driver(exe)
-    yield d
-    d.close()
+driver = emulated_kernels.driver_fixture(shuffle)
 
 
 def generator(seed: int, odd: bool):
@@ -66,21 +57,11 @@ def test_the_state_words_round_trip_and_refuse_other_generators():
 
 
 def test_a_missing_barrier_is_caught(tmp_path):
-    source = cuda_kernels.kernel_source(shuffle.SOURCE_NAME)
-    line = "__syncthreads();  // the shuffle is done"
-    assert line in source
-    bad = tmp_path / "bad.cu"
-    bad.write_text(source.replace(line, ""))
-    d = harness.Driver(harness.build(tmp_path, bad, shuffle.KERNEL_NAMES))
-    wrong = False
-    try:
-        for schedule in harness.SCHEDULES:
-            rng = generator(1, False)
-            words, order = shuffle.state_words(rng.bit_generator.state), np.zeros(500, dtype=np.int64)
-            d.run(shuffle.plan_permutation(order, words, H100), schedule=schedule)
-            wrong = wrong or not np.array_equal(order, rng.permutation(500))
-    except harness.HarnessError:
-        wrong = True
-    finally:
-        d.close()
-    assert wrong
+    def answers_right(d, schedule) -> bool:
+        rng = generator(1, False)
+        words, order = shuffle.state_words(rng.bit_generator.state), np.zeros(500, dtype=np.int64)
+        d.run(shuffle.plan_permutation(order, words, H100), schedule=schedule)
+        return np.array_equal(order, rng.permutation(500))
+
+    bad = emulated_kernels.build(tmp_path, shuffle, planted=("__syncthreads();  // the shuffle is done", ""))
+    assert emulated_kernels.runs_wrong(bad, answers_right)

@@ -13,14 +13,11 @@ from ksae_cupy.datasets.synthetic import make_sparse_signals
 from ksae_cupy.training.checkpoint import load_checkpoint
 from ksae_cupy.training.estimator import KSparseAutoencoder
 from ksae_cupy.training.trainer import TrainConfig, Trainer
+from resumecheck import params_of, stop_at
 
 X_nd, _, _ = make_sparse_signals(600, D=16, H=32, k=3, seed=1)
 SETTINGS = dict(n_hidden=40, k=3, k_start=12, epochs=4, batch_size=50, device="cpu", seed=7, aux_k=6, aux_coef=0.5,
                 dead_window=100)
-
-
-def params_of(model_):
-    return {name: np.array(value) for name, value in model_.trainer_.params.items()}
 
 
 def test_auxk_stopped_mid_epoch_then_resumed_equals_uninterrupted(tmp_path, cpu_path):
@@ -28,12 +25,7 @@ def test_auxk_stopped_mid_epoch_then_resumed_equals_uninterrupted(tmp_path, cpu_
     uninterrupted = KSparseAutoencoder(**SETTINGS).fit(X_nd, on_epoch=reports.append)
     assert all(r.aux_loss > 0 for r in reports[1:])  # units were dead, and the loss trained them
     stopped = KSparseAutoencoder(**SETTINGS)
-
-    def stop_in_epoch_three(done, total):
-        if stopped.trainer_.epoch == 2 and done == 5:
-            stopped.trainer_.stop_requested = True
-
-    stopped.fit(X_nd, on_batch=stop_in_epoch_three, checkpoint_path=tmp_path / "c.h5")
+    stopped.fit(X_nd, on_batch=stop_at(stopped, epoch=2, batch=5), checkpoint_path=tmp_path / "c.h5")
     assert (stopped.trainer_.epoch, stopped.trainer_.batch_in_epoch) == (2, 5)
     saved = load_checkpoint(tmp_path / "c.h5").units["since_kept_h"]
     np.testing.assert_array_equal(saved, stopped.trainer_.since_kept_h)

@@ -14,13 +14,10 @@ from ksae_cupy.datasets.synthetic import make_sparse_signals
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.training.estimator import KSparseAutoencoder
 from heldrun import held_train, wait_until_held
+from resumecheck import params_of, stop_at
 
 X_nd, _, _ = make_sparse_signals(600, D=16, H=32, k=3, seed=1)
 SETTINGS = dict(n_hidden=24, k=3, k_start=12, epochs=4, batch_size=50, device="cpu", seed=7)
-
-
-def params_of(model):
-    return {name: np.array(value) for name, value in model.trainer_.params.items()}
 
 
 def test_round_trip_keeps_every_array_and_attribute(tmp_path):
@@ -42,12 +39,7 @@ def test_stopped_mid_epoch_then_resumed_equals_uninterrupted(tmp_path):
     uninterrupted = KSparseAutoencoder(**SETTINGS).fit(X_nd)
 
     stopped = KSparseAutoencoder(**SETTINGS)
-
-    def stop_in_epoch_two(done, total):
-        if stopped.trainer_.epoch == 1 and done == 5:
-            stopped.trainer_.stop_requested = True
-
-    stopped.fit(X_nd, on_batch=stop_in_epoch_two, checkpoint_path=tmp_path / "c.h5")
+    stopped.fit(X_nd, on_batch=stop_at(stopped, epoch=1, batch=5), checkpoint_path=tmp_path / "c.h5")
     assert (stopped.trainer_.epoch, stopped.trainer_.batch_in_epoch) == (1, 5)
     resumed = KSparseAutoencoder.load(tmp_path / "c.h5", device="cpu").fit(X_nd)
     for name, value in params_of(uninterrupted).items():

@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from clicheck import assert_one_line_error
+from resumecheck import stop_at
 from ksae_cupy.cli.evaluate import eval_command
 from ksae_cupy.cli.train import train_command
 from ksae_cupy.datasets.synthetic import make_sparse_signals
@@ -25,13 +26,8 @@ def checkpoint_path(tmp_path):
     """A checkpoint saved mid-epoch, so that it holds every group: params, optim, rng (with the
     epoch's order), preprocess."""
     model = KSparseAutoencoder(n_hidden=20, k=3, k_start=6, epochs=3, batch_size=40, device="cpu", seed=1)
-
-    def stop_mid_epoch(done, total):
-        if model.trainer_.epoch == 1 and done == 3:
-            model.trainer_.stop_requested = True
-
     model.preprocess_ = {"mean_d": np.linspace(0, 1, 12, dtype=np.float32)}
-    model.fit(X_nd, on_batch=stop_mid_epoch)
+    model.fit(X_nd, on_batch=stop_at(model, epoch=1, batch=3))
     path = tmp_path / "c.h5"
     model.save(path)
     return path

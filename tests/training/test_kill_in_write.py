@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -21,19 +22,16 @@ ENV = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), PYTH
            **{name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
 
 
-def test_kill_9_inside_a_checkpoint_write_resumes_from_the_previous_checkpoint(tmp_path):
-    np.save(tmp_path / "x.npy", make_sparse_signals(400, D=16, H=32, k=3, seed=1)[0])
-    common = [str(tmp_path / "x.npy"), "--hidden", "24", "--k", "3", "--no-k-schedule", "--epochs", "4",
-              "--batch-size", "20", "--device", "cpu", "--checkpoint-every", "1", "--threads", "1"]
-    run = tmp_path / "killed"
-    proc = subprocess.Popen(held_in_checkpoint_write(2) + common + ["--run-dir", str(run)], stdin=subprocess.PIPE,
+@contextmanager
+def killed_in_second_write(command: str, arguments: list[str]):
+    """A run of ``ksae-<command> <arguments>`` held halfway through writing its second checkpoint, for
+    the block; leaving it, the run gets a SIGKILL there (no handler, no cleanup runs) and must die of it."""
+    proc = subprocess.Popen(held_in_checkpoint_write(2, command=command) + arguments, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     try:
-        assert wait_until_held_in_write(proc) == 2  # epoch 2's checkpoint: half its bytes are on the disk
-        good = (run / "checkpoint.h5").read_bytes()
-        half = (run / "checkpoint.h5.tmp").read_bytes()
-        assert 0 < len(half) and load_checkpoint(run / "checkpoint.h5").epoch == 1
-        proc.send_signal(signal.SIGKILL)  # inside the write: no handler, no cleanup runs
+        assert wait_until_held_in_write(proc) == 2
+        yield
+        proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
@@ -41,6 +39,17 @@ def test_kill_9_inside_a_checkpoint_write_resumes_from_the_previous_checkpoint(t
         proc.stdout.close()
         proc.stderr.close()
     assert proc.returncode == -signal.SIGKILL
+
+
+def test_kill_9_inside_a_checkpoint_write_resumes_from_the_previous_checkpoint(tmp_path):
+    np.save(tmp_path / "x.npy", make_sparse_signals(400, D=16, H=32, k=3, seed=1)[0])
+    common = [str(tmp_path / "x.npy"), "--hidden", "24", "--k", "3", "--no-k-schedule", "--epochs", "4",
+              "--batch-size", "20", "--device", "cpu", "--checkpoint-every", "1", "--threads", "1"]
+    run = tmp_path / "killed"
+    with killed_in_second_write("train", common + ["--run-dir", str(run)]):  # epoch 2's: half its bytes on the disk
+        good = (run / "checkpoint.h5").read_bytes()
+        half = (run / "checkpoint.h5.tmp").read_bytes()
+        assert 0 < len(half) and load_checkpoint(run / "checkpoint.h5").epoch == 1
     # What the kill left: the previous checkpoint whole, and the half-written temporary beside it.
     assert (run / "checkpoint.h5").read_bytes() == good
     assert (run / "checkpoint.h5.tmp").read_bytes() == half
@@ -74,19 +83,8 @@ def test_kill_9_inside_a_finetune_checkpoint_write_resumes_from_the_previous_one
               "--batch-size", "500", "--checkpoint-every", "1", "--device", "cpu", "--lr-start", "0.1", "--lr-end",
               "0.01", "--threads", "1"]
     run = tmp_path / "killed"
-    proc = subprocess.Popen(held_in_checkpoint_write(2, command="finetune") + common + ["--run-dir", str(run)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-    try:
-        assert wait_until_held_in_write(proc) == 2
+    with killed_in_second_write("finetune", common + ["--run-dir", str(run)]):
         good = (run / "checkpoint.h5").read_bytes()
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.stdout.close()
-        proc.stderr.close()
-    assert proc.returncode == -signal.SIGKILL
     assert (run / "checkpoint.h5").read_bytes() == good and (run / "checkpoint.h5.tmp").exists()
     assert load_finetune_checkpoint(run / "checkpoint.h5")["epoch"] == 1
 

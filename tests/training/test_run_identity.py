@@ -67,12 +67,19 @@ def test_another_runs_checkpoint_copied_in_is_refused_by_resume_eval_and_finetun
     assert not (tmp_path / "ft").exists()
 
 
+def legacy_copy(run, tmp_path):
+    """``(copy, its config)``: a copy of ``run`` whose config.json is as written before run ids (no
+    run_id, no kind)."""
+    copy = tmp_path / "legacy"
+    shutil.copytree(run, copy)
+    legacy = {key: value for key, value in config(run).items() if key not in ("run_id", "kind")}
+    (copy / "config.json").write_text(json.dumps(legacy))
+    return copy, legacy
+
+
 def test_a_legacy_folder_without_ids_still_loads_and_gets_an_id_when_resumed(two_runs, tmp_path):
     a, _ = two_runs
-    run = tmp_path / "legacy"
-    shutil.copytree(a, run)
-    legacy = {key: value for key, value in config(a).items() if key not in ("run_id", "kind")}
-    (run / "config.json").write_text(json.dumps(legacy))
+    run, _ = legacy_copy(a, tmp_path)
     with h5py.File(run / "checkpoint.h5", "a") as f:  # as written before identities: no run_id
         del f.attrs["run_id"]
         from ksae_cupy.training import checksums
@@ -87,10 +94,7 @@ def test_a_legacy_folder_without_ids_still_loads_and_gets_an_id_when_resumed(two
 def test_a_legacy_checkpoint_of_another_shape_is_refused_by_its_options(two_runs, tmp_path):
     """Without ids the options that shape the model tell runs apart: config.json is not rewritten."""
     a, b = two_runs
-    run = tmp_path / "legacy"
-    shutil.copytree(a, run)
-    legacy = {key: value for key, value in config(a).items() if key not in ("run_id", "kind")}
-    (run / "config.json").write_text(json.dumps(legacy))
+    run, legacy = legacy_copy(a, tmp_path)
     shutil.copy(b / "checkpoint.h5", run / "checkpoint.h5")  # seed 1, the folder's run has seed 0
     assert_one_line_error(invoke(train_command, "--resume", run, "--epochs", "2"),
                           "is not the run config.json describes: seed 1 (config.json: 0)", status=2)

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 import ksae_cupy.training.checkpoint as checkpoint
 from clicheck import assert_one_line_error
+from resumecheck import stop_at
 from ksae_cupy.cli.evaluate import eval_command
 from ksae_cupy.cli.train import train_command
 from ksae_cupy.datasets.synthetic import make_sparse_signals
@@ -61,7 +62,9 @@ def test_a_cut_line_is_not_called_an_epoch_that_runs_again(tmp_path):
 
 # -- a failed checkpoint write: resume only where a checkpoint is ------------------------------------
 
-def test_a_first_checkpoint_that_cannot_be_written_does_not_advise_resume(tmp_path, monkeypatch):
+def fill_the_disk(monkeypatch):
+    """From now on every checkpoint write fails as on a full disk (ENOSPC), before its first byte; the
+    real writer, to put back."""
     real_writer = checkpoint.write_hdf5_atomically
 
     def disk_full(path, write_fn, verify_fn):
@@ -70,6 +73,11 @@ def test_a_first_checkpoint_that_cannot_be_written_does_not_advise_resume(tmp_pa
         return real_writer(path, enospc, verify_fn)
 
     monkeypatch.setattr(checkpoint, "write_hdf5_atomically", disk_full)
+    return real_writer
+
+
+def test_a_first_checkpoint_that_cannot_be_written_does_not_advise_resume(tmp_path, monkeypatch):
+    real_writer = fill_the_disk(monkeypatch)
     run, x = tmp_path / "run", data(tmp_path)
     args = [x, *QUICK, "--epochs", "2", "--checkpoint-every", "1", "--run-dir", run]
     result = invoke(train_command, *args)
@@ -83,14 +91,7 @@ def test_a_first_checkpoint_that_cannot_be_written_does_not_advise_resume(tmp_pa
 def test_the_api_save_does_not_advise_a_command_line_option(tmp_path, monkeypatch):
     model = KSparseAutoencoder(n_hidden=16, k=2, k_start=None, epochs=1, device="cpu").fit(
         make_sparse_signals(100, D=8, H=16, k=2, seed=0)[0])
-    real_writer = checkpoint.write_hdf5_atomically
-
-    def disk_full(path, write_fn, verify_fn):
-        def enospc(f):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path) + ".tmp")
-        return real_writer(path, enospc, verify_fn)
-
-    monkeypatch.setattr(checkpoint, "write_hdf5_atomically", disk_full)
+    fill_the_disk(monkeypatch)
     try:
         model.save(tmp_path / "model.h5")
         raise AssertionError("no error")
@@ -143,12 +144,7 @@ def test_an_epoch_resumed_midway_logs_the_loss_of_all_its_batches(tmp_path):
     KSparseAutoencoder(**settings).fit(X, on_epoch=whole.append)
 
     stopped, before = KSparseAutoencoder(**settings), []
-
-    def stop_in_epoch_two(done, total):
-        if stopped.trainer_.epoch == 1 and done == 4:
-            stopped.trainer_.stop_requested = True
-
-    stopped.fit(X, on_epoch=before.append, on_batch=stop_in_epoch_two)
+    stopped.fit(X, on_epoch=before.append, on_batch=stop_at(stopped, epoch=1, batch=4))
     assert [r.epoch for r in before] == [1] and stopped.trainer_.batch_in_epoch == 4
     stopped.save(tmp_path / "mid.h5")
     after = []
