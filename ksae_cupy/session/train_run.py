@@ -2,7 +2,9 @@
 ready on the data (:func:`~ksae_cupy.training.prepare.prepare`, as the estimator's) before anything is
 written, or a resumed run's, from its checkpoint with the options given applied or refused
 (:mod:`ksae_cupy.session.resuming`, as :mod:`ksae_cupy.session.fields` declares them). The command
-builds its trainer here directly, not through the scikit-learn estimator."""
+builds its trainer here directly, not through the scikit-learn estimator, and so does each run of a pack
+(:mod:`ksae_cupy.session.packed_runs`): a new one by :func:`new_job`, a resumed one by :func:`resumed_trainer`
+and :meth:`TrainJob.resumed`."""
 from __future__ import annotations
 
 import sys
@@ -102,10 +104,11 @@ def same(name: str, value, saved: dict):
     return None
 
 
-def resumed_job(folder, backend, values: dict, given: set):
-    """The run's trainer from its checkpoint, the refused options given checked, the applied ones
-    (--epochs, --topk, --step) applied; returns it, the run's preprocessing (:meth:`TrainJob.resumed` takes
-    both, with the data) and what changed."""
+def resumed_trainer(folder, backend):
+    """The trainer of the run in ``folder`` (a :class:`~ksae_cupy.session.runs.RunFolder`) from its checkpoint,
+    on ``backend``, checked to be that folder's run (not a copy); returns it and the run's preprocessing
+    (:meth:`TrainJob.resumed` takes both, with the data). ksae-train's resume and a packed run's both load
+    their run here."""
     from ksae_cupy.training.checkpoint import load_checkpoint
     from ksae_cupy.training.config import TrainConfig
     from ksae_cupy.training.trainer import Trainer
@@ -113,9 +116,17 @@ def resumed_job(folder, backend, values: dict, given: set):
     ckpt = load_checkpoint(folder.checkpoint)
     trainer = Trainer(TrainConfig.from_dict(ckpt.config), backend, D=ckpt.params["W_dh"].shape[0], checkpoint=ckpt)
     folder.check_checkpoint(ckpt.run_id, trainer.config.to_dict())  # this folder's run, not a copy
+    return trainer, dict(ckpt.preprocess)
+
+
+def resumed_job(folder, backend, values: dict, given: set):
+    """The run's trainer from its checkpoint (:func:`resumed_trainer`), the refused options given checked, the
+    applied ones (--epochs, --topk, --step) applied; returns it, the run's preprocessing (:meth:`TrainJob.resumed`
+    takes both, with the data) and what changed."""
+    trainer, preprocess = resumed_trainer(folder, backend)
     resuming.check_refused(named(TRAIN, REFUSED), given, values, trainer.config.to_dict(), same)
     changes = resuming.apply([n for n in named(TRAIN, APPLIED) if n in IN_CHECKPOINT], given, values, trainer)
-    return trainer, dict(ckpt.preprocess), changes
+    return trainer, preprocess, changes
 
 
 class TrainJob(RunJob):
@@ -150,18 +161,24 @@ class TrainJob(RunJob):
 
         trainer, checkpoint = self.learner, self.run.folder.checkpoint
         trainer.config.check(name=cli_name)  # validated again only if --resume changed it
-        X_dev, X_valid_dev = self._on_device(self.X_nd), self._on_device(self.X_valid_nd)
+        X_dev, X_valid_dev = self.on_device(self.X_nd), self.on_device(self.X_valid_nd)
         step_before = trainer.step
         try:
             with trainer.backend.use():
                 trainer.fit(X_dev, X_valid_dev, on_epoch, on_batch, self.run.policy.after_epoch, checkpoint=self.save)
         except TrainingDiverged as exc:
-            raise prepare.retold(exc, self.X_nd, checkpoint, self.saved_at, trainer.config.sigma, cli_name) from None
+            raise self.retold(exc) from None
         # A finished run resumed again trains nothing: leave its checkpoint file untouched.
         if trainer.step != step_before or not checkpoint.exists():
             self.save()
 
-    def _on_device(self, X_nd):
+    def retold(self, exc):
+        """The divergence ``exc`` retold for the user: what the run folder keeps, and a rate that trains its rows."""
+        return prepare.retold(exc, self.X_nd, self.run.folder.checkpoint, self.saved_at, self.learner.config.sigma,
+                              cli_name)
+
+    def on_device(self, X_nd):
+        """Host rows ``X_nd`` (None: none) on the trainer's device, in its dtype."""
         return None if X_nd is None else self.learner.backend.asarray(X_nd, dtype=self.learner.dtype)
 
     def save(self) -> None:
