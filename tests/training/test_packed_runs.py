@@ -208,3 +208,47 @@ def test_a_stacked_pack_stopped_mid_epoch_and_resumed_from_checkpoints_ends_as_o
             for name, value in getattr(cb, part).items():
                 np.testing.assert_array_equal(getattr(ca, part)[name], value, err_msg=f"{part} {name}")
     assert reports == straight_reports
+
+
+def test_a_packed_run_is_built_by_ksae_trains_own_functions(data, tmp_path, monkeypatch):
+    """Every run of a pack is made by the functions that make ksae-train's (session/train_run.py): a new one by
+    new_job, a resumed one by resumed_trainer. With --lr auto, --center-input and a k schedule too short to
+    reach k (dropped, and said), the packed run says ksae-train's lines and writes its config.json, checkpoint
+    (the centring mean with it) and metrics, new and then resumed, as the same run alone."""
+    from ksae_cupy.session import train_run
+
+    built = []
+    for name in ("new_job", "resumed_trainer"):
+        def spy(*args, _name=name, _real=getattr(train_run, name)):
+            built.append(_name)
+            return _real(*args)
+        monkeypatch.setattr(train_run, name, spy)
+    options = dict(hidden=40, k=4, batch_size=100, lr="auto", seed=4, center_input=True, k_start=20)
+    said = []
+    packed, alone = tmp_path / "packed", tmp_path / "alone"
+    for epochs in (1, 2):  # 1: a new run; 2: the same folder resumed, its epochs raised
+        maker = ["new_job" if epochs == 1 else "resumed_trainer"]
+        asked = options if epochs == 1 else {**options, "k_start": None}  # resumed: the schedule as it was dropped
+        built.clear()
+        train_packed([TrainConfig(**asked, epochs=epochs)], data, CPU, [packed],
+                     settings={"threads": 1, "device": "cpu"}, log=said.append)
+        assert built == maker
+        args = ["synthetic", "--hidden", "40", "--k", "4", "--epochs", "1", "--batch-size", "100", "--lr", "auto",
+                "--seed", "4", "--center-input", "--k-start", "20", "--threads", "1", "--device", "cpu",
+                "--run-dir", str(alone)] if epochs == 1 else ["--resume", str(alone), "--epochs", "2"]
+        built.clear()
+        result = CliRunner().invoke(train_command, args, catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        assert built == maker  # ksae-train alone made its run by the same function
+        assert_same_run(packed, alone)
+        if epochs == 1:
+            lone_lines = [line for line in result.output.splitlines() if line.startswith(("note: ", "--lr auto: "))]
+            assert len(lone_lines) == 2 and [f"{packed}: {line}" for line in lone_lines] == said[:2]
+    assert load_checkpoint(packed / "checkpoint.h5").preprocess["input_mean"].tolist() == \
+        load_checkpoint(alone / "checkpoint.h5").preprocess["input_mean"].tolist()
+    records = [json.loads((folder / "config.json").read_text()) for folder in (packed, alone)]
+    for record in records:
+        for key in ("run_dir", "run_id", "provenance"):
+            record.pop(key)
+    assert records[0] == records[1]
+    assert records[0]["train"]["lr_auto"] and records[0]["train"]["k_start"] is None
