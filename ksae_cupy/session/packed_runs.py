@@ -205,7 +205,8 @@ def _open_member(config, data, backend, path: Path, record: dict, settings: dict
             return _Member(run, train_run.new_job(config, data, backend, say), data)
         trainer, preprocess = train_run.resumed_trainer(run.folder, backend)
         saved = trainer.config.to_dict()
-        differing = [f"{name} {saved[name]} (asked: {value})" for name, value in config.to_dict().items()
+        asked = {**config.to_dict(), "k_start": train_run.asked_k_start(config.k_start, saved)}  # as ksae-train's
+        differing = [f"{name} {saved[name]} (asked: {value})" for name, value in asked.items()
                      if name not in NOT_COMPARED and saved.get(name) != value]
         if config.lr != "auto" and config.lr != trainer.config.lr:
             differing.append(f"lr {trainer.config.lr} (asked: {config.lr})")

@@ -47,14 +47,32 @@ def new_config(values: dict, lr):
     return config
 
 
+def kept_k_start(k_start, k: int, epochs: int):
+    """The k-start a run of ``epochs`` epochs trains with when ``k_start`` is asked: ``k_start`` if its k
+    schedule reaches ``k`` in those epochs, else None (a new run drops such a schedule, :func:`before_prepare`)."""
+    from ksae_cupy.schedules import schedule_reaches_k
+
+    return k_start if k_start is None or schedule_reaches_k(epochs, k, k_start) else None
+
+
+def asked_k_start(k_start, saved: dict):
+    """The k-start asking ``k_start`` of the run whose configuration is ``saved`` amounts to: the run's own, or
+    :func:`kept_k_start` over the epochs the run's schedule was planned over (its k_schedule_epochs, else its
+    epochs), as the run's own was decided when it was made. So the options that made a run whose schedule
+    was dropped (k_start None) name that run. (Once such a run's epochs are raised, the epochs it was made
+    with are no longer known: it is judged over its new ones.)"""
+    if k_start == saved["k_start"]:
+        return k_start
+    return kept_k_start(k_start, saved["k"], saved.get("k_schedule_epochs") or saved["epochs"])
+
+
 def before_prepare(config, data, say):
     """What a new run does before its trainer is prepared, for ksae-train and the packed runs alike: the
-    schedule kept only if it reaches k (else dropped, and said), the batch size checked against the rows;
-    returns the ``on_config`` that says which rate --lr auto chose."""
-    from ksae_cupy.schedules import schedule_reaches_k
+    schedule kept only if it reaches k (:func:`kept_k_start`; else dropped, and said), the batch size checked
+    against the rows; returns the ``on_config`` that says which rate --lr auto chose."""
     from ksae_cupy.training.options import check_batch_size
 
-    if config.k_start is not None and not schedule_reaches_k(config.epochs, config.k, config.k_start):
+    if kept_k_start(config.k_start, config.k, config.epochs) != config.k_start:
         say(f"note: in {config.epochs} epoch the k schedule would stay at k-start {config.k_start} and never "
             f"reach k {config.k}; training with k {config.k} from the start (as --no-k-schedule)")
         config.drop_schedule()
@@ -93,6 +111,9 @@ def valid_rows(data, preprocess: dict):
 def same(name: str, value, saved: dict):
     """Where a refused option given on --resume is judged otherwise than by ``==`` (see
     :func:`~ksae_cupy.session.resuming.check_refused`)."""
+    if name == "k_start":  # a schedule the run dropped when it was made, asked again: the run's own
+        return (asked_k_start(value, saved) == saved["k_start"]
+                or f"--k-start {value} (the run has {saved['k_start']})")
     if name == "no_k_schedule":
         has_schedule = saved["k_start"] is not None
         return not (value and has_schedule) or f"--no-k-schedule (the run has k-start {saved['k_start']})"

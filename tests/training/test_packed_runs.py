@@ -172,6 +172,32 @@ def test_refusals_name_the_bad_value(data, tmp_path):
         Pack([Trainer(TrainConfig(**{**CONFIGS[0], "hidden": h}), CPU, D=32) for h in (40, 50)], stacked=True)
 
 
+def test_a_pack_given_again_finds_its_runs_though_their_k_schedule_was_dropped(data, tmp_path):
+    """A one-epoch run whose k schedule never reaches k is made without it (k_start None, as ksae-train makes
+    it); the same pack again is the same runs (done: nothing trained), and so is it with more epochs (trained
+    on). Another k or seed in the same folder is still another run, refused in one line."""
+    options = dict(hidden=40, k=4, batch_size=100, lr=0.01, seed=1, k_start=40)  # k-start auto at hidden 40
+    folders = [tmp_path / "a", tmp_path / "b"]
+
+    def asked(epochs):  # made anew for each call: a new run drops the schedule of the configuration it is given
+        return [TrainConfig(**options, epochs=epochs), TrainConfig(**{**options, "k": 5, "seed": 2}, epochs=epochs)]
+
+    first = train_packed(asked(1), data, CPU, folders, settings={"threads": 1}, log=lambda line: None)
+    assert [o.job.trainer().config.k_start for o in first] == [None, None]
+    again = train_packed(asked(1), data, CPU, folders, settings={"threads": 1}, log=lambda line: None)
+    assert [o.report for o in again] == [None, None]  # nothing left to train
+    assert [(o.job.trainer().epoch, o.job.trainer().step) for o in again] == [(1, 12), (1, 12)]
+    for changed, said in (({"k": 6}, "k 4 (asked: 6)"), ({"seed": 9}, "seed 1 (asked: 9)")):
+        with pytest.raises(KsaeError) as refused:
+            train_packed([TrainConfig(**{**options, **changed}, epochs=1)], data, CPU, folders[:1],
+                         settings={"threads": 1}, log=lambda line: None)
+        assert str(refused.value) == (f"run folder {folders[0]} holds another run: {said}; give the run another "
+                                      f"folder, or remove that one")
+    longer = train_packed(asked(2), data, CPU, folders, settings={"threads": 1}, log=lambda line: None)
+    assert [o.report.epoch for o in longer] == [2, 2]
+    assert [o.job.trainer().config.k_start for o in longer] == [None, None]
+
+
 def test_a_stacked_pack_stopped_mid_epoch_and_resumed_from_checkpoints_ends_as_one_never_stopped(data):
     """The GPU's way (here on NumPy, deterministic): stopped after the first epoch of the runs of 12 batches
     (the run of 15 batches mid-epoch), each run rebuilt from its checkpoint alone and stacked again: every
@@ -228,9 +254,8 @@ def test_a_packed_run_is_built_by_ksae_trains_own_functions(data, tmp_path, monk
     packed, alone = tmp_path / "packed", tmp_path / "alone"
     for epochs in (1, 2):  # 1: a new run; 2: the same folder resumed, its epochs raised
         maker = ["new_job" if epochs == 1 else "resumed_trainer"]
-        asked = options if epochs == 1 else {**options, "k_start": None}  # resumed: the schedule as it was dropped
         built.clear()
-        train_packed([TrainConfig(**asked, epochs=epochs)], data, CPU, [packed],
+        train_packed([TrainConfig(**options, epochs=epochs)], data, CPU, [packed],
                      settings={"threads": 1, "device": "cpu"}, log=said.append)
         assert built == maker
         args = ["synthetic", "--hidden", "40", "--k", "4", "--epochs", "1", "--batch-size", "100", "--lr", "auto",
