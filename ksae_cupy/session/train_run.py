@@ -59,8 +59,8 @@ def asked_k_start(k_start, saved: dict):
     """The k-start asking ``k_start`` of the run whose configuration is ``saved`` amounts to: the run's own, or
     :func:`kept_k_start` over the epochs the run's schedule was planned over (its k_schedule_epochs, else its
     epochs), as the run's own was decided when it was made. So the options that made a run whose schedule
-    was dropped (k_start None) name that run. (Once such a run's epochs are raised, the epochs it was made
-    with are no longer known: it is judged over its new ones.)"""
+    was dropped (k_start None; its k_schedule_epochs the epochs it was asked over) name that run, its
+    epochs raised or not."""
     if k_start == saved["k_start"]:
         return k_start
     return kept_k_start(k_start, saved["k"], saved.get("k_schedule_epochs") or saved["epochs"])

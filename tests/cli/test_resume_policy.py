@@ -228,8 +228,8 @@ def test_a_new_run_in_a_folder_holding_one_is_offered_resume_and_overwrite(name,
 
 def test_a_resume_given_the_options_that_made_a_run_whose_k_schedule_was_dropped_is_that_run(tmp_path):
     """One epoch with --k-start 16 never reaches k 4: the run is made without the schedule (k_start None).
-    --resume with the same options is that run (nothing left to train; with --epochs 2, trained on); another
-    --k is still refused in one line, naming it."""
+    --resume with the same options is that run (nothing left to train; with --epochs 2, trained on, and after
+    that too); another --k is still refused in one line, naming it."""
     from clicheck import assert_one_line_error
 
     run = tmp_path / "run"
@@ -245,3 +245,5 @@ def test_a_resume_given_the_options_that_made_a_run_whose_k_schedule_was_dropped
     longer = invoke(train_command, ["--resume", run, *options, "--epochs", "2"])
     assert "epochs 1 -> 2" in longer.output
     assert [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    again = invoke(train_command, ["--resume", run, *options, "--epochs", "2"])
+    assert "nothing to train: the run had already trained all its 2 epochs" in again.output

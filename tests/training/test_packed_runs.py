@@ -175,7 +175,7 @@ def test_refusals_name_the_bad_value(data, tmp_path):
 def test_a_pack_given_again_finds_its_runs_though_their_k_schedule_was_dropped(data, tmp_path):
     """A one-epoch run whose k schedule never reaches k is made without it (k_start None, as ksae-train makes
     it); the same pack again is the same runs (done: nothing trained), and so is it with more epochs (trained
-    on). Another k or seed in the same folder is still another run, refused in one line."""
+    on), and that again. Another k or seed in the same folder is still another run, refused in one line."""
     options = dict(hidden=40, k=4, batch_size=100, lr=0.01, seed=1, k_start=40)  # k-start auto at hidden 40
     folders = [tmp_path / "a", tmp_path / "b"]
 
@@ -196,6 +196,9 @@ def test_a_pack_given_again_finds_its_runs_though_their_k_schedule_was_dropped(d
     longer = train_packed(asked(2), data, CPU, folders, settings={"threads": 1}, log=lambda line: None)
     assert [o.report.epoch for o in longer] == [2, 2]
     assert [o.job.trainer().config.k_start for o in longer] == [None, None]
+    again = train_packed(asked(2), data, CPU, folders, settings={"threads": 1}, log=lambda line: None)
+    assert [o.report for o in again] == [None, None]
+    assert [(o.job.trainer().epoch, o.job.trainer().step) for o in again] == [(2, 24), (2, 24)]
 
 
 def test_a_stacked_pack_stopped_mid_epoch_and_resumed_from_checkpoints_ends_as_one_never_stopped(data):
