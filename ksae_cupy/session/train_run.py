@@ -66,16 +66,23 @@ def asked_k_start(k_start, saved: dict):
     return kept_k_start(k_start, saved["k"], saved.get("k_schedule_epochs") or saved["epochs"])
 
 
-def before_prepare(config, data, say):
-    """What a new run does before its trainer is prepared, for ksae-train and the packed runs alike: the
-    schedule kept only if it reaches k (:func:`kept_k_start`; else dropped, and said), the batch size checked
-    against the rows; returns the ``on_config`` that says which rate --lr auto chose."""
-    from ksae_cupy.training.options import check_batch_size
-
+def drop_unreached_schedule(config, say) -> None:
+    """A new run's k schedule kept only if it reaches k in the run's epochs (:func:`kept_k_start`); else
+    dropped (:meth:`~ksae_cupy.training.config.TrainConfig.drop_schedule`, which keeps the epochs it was asked
+    over) and said. The one rule for ksae-train, the packed runs and the MPI trainer."""
     if kept_k_start(config.k_start, config.k, config.epochs) != config.k_start:
         say(f"note: in {config.epochs} epoch the k schedule would stay at k-start {config.k_start} and never "
             f"reach k {config.k}; training with k {config.k} from the start (as --no-k-schedule)")
         config.drop_schedule()
+
+
+def before_prepare(config, data, say):
+    """What a new run does before its trainer is prepared, for ksae-train and the packed runs alike: the
+    schedule kept only if it reaches k (:func:`drop_unreached_schedule`), the batch size checked against the
+    rows; returns the ``on_config`` that says which rate --lr auto chose."""
+    from ksae_cupy.training.options import check_batch_size
+
+    drop_unreached_schedule(config, say)
     check_batch_size("--batch-size", config.batch_size, len(data.X_train))
 
     def said(resolved, scale):  # the scale of what fit trains on (--center-input: the rows minus their mean)
