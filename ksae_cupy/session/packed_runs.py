@@ -19,6 +19,7 @@ A first Ctrl-C, SIGTERM or SIGHUP stops every run after the current step, each s
 """
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +53,8 @@ class PackedOutcome:
 
 def train_packed(configs: list, data, backend, folders: list, *, dataset=None, settings: dict | None = None,
                  stacked: bool | None = None, restart_unstarted: bool = False, log=print) -> list[PackedOutcome]:
-    """Train ``configs`` (:class:`~ksae_cupy.training.config.TrainConfig`, ``lr`` a number or ``"auto"``) on
+    """Train ``configs`` (:class:`~ksae_cupy.training.config.TrainConfig`, ``lr`` a number or ``"auto"``;
+    each run trains a copy, the caller's left as given) on
     ``data`` (a loaded :class:`~ksae_cupy.datasets.Dataset`) on ``backend``, run ``i`` in ``folders[i]``
     (new, or resumed where it holds a checkpoint); one outcome per run, in order.
 
@@ -78,6 +80,9 @@ def train_packed(configs: list, data, backend, folders: list, *, dataset=None, s
     if repeated:
         raise KsaeError(f"run folder {repeated[0]} is given to more than one run; give each run its own folder")
     settings = {**DEFAULT_SETTINGS, **(settings or {})}
+    # Each run's own copy (validated or not, as given): a new run drops a schedule that never reaches k and
+    # resolves --lr auto in its configuration; the caller's configurations stay as they were given.
+    configs = [copy.copy(config) for config in configs]
     record = _data_record(dataset if dataset is not None else data.name)
     members = []
     try:

@@ -179,7 +179,7 @@ def test_a_pack_given_again_finds_its_runs_though_their_k_schedule_was_dropped(d
     options = dict(hidden=40, k=4, batch_size=100, lr=0.01, seed=1, k_start=40)  # k-start auto at hidden 40
     folders = [tmp_path / "a", tmp_path / "b"]
 
-    def asked(epochs):  # made anew for each call: a new run drops the schedule of the configuration it is given
+    def asked(epochs):
         return [TrainConfig(**options, epochs=epochs), TrainConfig(**{**options, "k": 5, "seed": 2}, epochs=epochs)]
 
     first = train_packed(asked(1), data, CPU, folders, settings={"threads": 1}, log=lambda line: None)
@@ -200,6 +200,22 @@ def test_a_pack_given_again_finds_its_runs_though_their_k_schedule_was_dropped(d
     assert [o.report for o in again] == [None, None]
     assert [(o.job.trainer().epoch, o.job.trainer().step) for o in again] == [(2, 24), (2, 24)]
 
+
+def test_a_pack_leaves_the_callers_configurations_as_given(data, tmp_path):
+    """A pack trains copies: a new run that drops its k schedule (one epoch never reaches k) and resolves --lr auto
+    does so in its own configuration; the caller's are as given, and the same list given again is the same runs."""
+    given = [TrainConfig(hidden=40, k=4, epochs=1, batch_size=100, lr="auto", seed=1, k_start=40),
+             TrainConfig(hidden=40, k=5, epochs=1, batch_size=100, lr=0.01, seed=2, k_start=None)]
+    before = [config.to_dict() for config in given]
+    folders = [tmp_path / "a", tmp_path / "b"]
+    first = train_packed(given, data, CPU, folders, settings={"threads": 1}, log=lambda line: None)
+    trained = first[0].job.trainer().config
+    assert (trained.k_start, trained.k_schedule_epochs, trained.lr_auto) == (None, 1, True)  # the run's own
+    assert [config.to_dict() for config in given] == before
+    assert (given[0].k_start, given[0].k_schedule_epochs, given[0].lr) == (40, None, "auto")
+    again = train_packed(given, data, CPU, folders, settings={"threads": 1}, log=lambda line: None)
+    assert [o.report for o in again] == [None, None]  # nothing left to train
+    assert [config.to_dict() for config in given] == before
 
 def test_a_stacked_pack_stopped_mid_epoch_and_resumed_from_checkpoints_ends_as_one_never_stopped(data):
     """The GPU's way (here on NumPy, deterministic): stopped after the first epoch of the runs of 12 batches
