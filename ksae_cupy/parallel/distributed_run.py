@@ -85,8 +85,8 @@ def _train(comm, run: "RankLifecycle", config, spec, fail_at_step):
 
     from ksae_cupy.parallel.comm import make_allreducer
     from ksae_cupy.parallel.data_parallel import DataParallelTrainer, _host_allreducer
-    from ksae_cupy.schedules import schedule_reaches_k
     from ksae_cupy.session.runs import data_record, default_run_dir
+    from ksae_cupy.session.train_run import drop_unreached_schedule
 
     rank, size, say = comm.rank, comm.size, run.say
     signals = run.signals = _StopSignals(comm, say)  # from the start: a signal during the checks stops it before any work
@@ -133,10 +133,8 @@ def _train(comm, run: "RankLifecycle", config, spec, fail_at_step):
     backend, data = first if rank == 0 else rest
     say(f"{backend.description}; {size} ranks, {'hidden units' if settings['shard_hidden'] else 'data'} sharded, "
         f"comm {settings['comm']}")
-    if ckpt is None and config.k_start is not None and not schedule_reaches_k(config.epochs, config.k, config.k_start):
-        say(f"note: in {config.epochs} epoch the k schedule would stay at k-start {config.k_start} and never reach "
-            f"k {config.k}; training with k {config.k} from the start (as --no-k-schedule)")
-        config.k_start = None  # as ksae-train does; every rank decides alike
+    if ckpt is None:  # ksae-train's rule, so that the same options name the run on --resume; every rank alike
+        drop_unreached_schedule(config, say)
 
     allreduce = make_allreducer(comm, settings["comm"])  # NCCL's set-up is collective: not inside agree
     if settings["comm"] == "mpi":

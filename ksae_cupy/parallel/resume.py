@@ -45,10 +45,11 @@ def resumed(values: dict, given: set, ckpt):
     config = TrainConfig.from_dict(ckpt.config)
     sharded = bool(ckpt.config.get("shard_hidden", False))
 
-    def same(name, value, saved):  # --no-k-schedule as ksae-train judges it; --shard-hidden by the checkpoint's
+    def same(name, value, saved):  # the k schedule as ksae-train judges it; --shard-hidden by the checkpoint's
         if name == "shard_hidden":
             return value == sharded or "--shard-hidden (the run shards its data, not its hidden units)"
-        return train_run.same(name, value, saved) if name == "no_k_schedule" else None
+        # --k-start: a schedule the run dropped when it was made, asked again, is the run's own
+        return train_run.same(name, value, saved) if name in ("k_start", "no_k_schedule") else None
 
     resuming.check_refused(REFUSED, given, values, config.to_dict(), same)
     if "topk_dist" in given and not sharded:

@@ -156,13 +156,12 @@ def run_packed(specs: list[dict], dataset: str, out: Path, *, device: str = "aut
     seconds = time.perf_counter() - started
     rows = []
     for spec, outcome in zip(specs, outcomes):
-        trainer = outcome.model.trainer_
+        trainer = outcome.job.trainer()
         config = trainer.config
         last = _last_metrics(outcome.folder)
         options = {**{key: value for key, value in spec.items() if key != "alphas"}, "k_start": config.k_start,
                    "lr": config.lr, "run_dir": str(outcome.folder)}
-        X_valid = None if outcome.diverged else trainer.backend.asarray(
-            outcome.model._centred(*outcome.model._check_X(data.X_valid, reset=False)), dtype=trainer.dtype)
+        X_valid = None if outcome.diverged else outcome.job.on_device(outcome.job.X_valid_nd)
         for alpha in spec["alphas"]:
             kept = model.alpha_k(config.k, alpha, config.hidden)
             row = {**options, "alpha": alpha, "kept": kept, "train_seconds": seconds}

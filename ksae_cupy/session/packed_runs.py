@@ -4,7 +4,9 @@
 
 Every configuration is one run in its folder, opened, locked and written by a ``ksae-train`` run's own
 lifecycle (:class:`~ksae_cupy.session.lifecycle.RunLifecycle`, one per run: config.json, metrics.jsonl, the
-checkpoint policy; checkpoint.h5 saved by the estimator), so each one is an ordinary run afterwards: ``ksae-train --resume FOLDER`` continues it
+checkpoint policy), its trainer built and its checkpoint.h5 saved by a ``ksae-train`` run's own job
+(:mod:`ksae_cupy.session.train_run`: ``new_job`` for a new run, ``resumed_trainer`` and ``TrainJob.resumed``
+for a resumed one), so each one is an ordinary run afterwards: ``ksae-train --resume FOLDER`` continues it
 alone, ``ksae-eval FOLDER`` scores it. A folder that already holds a checkpoint is resumed (its
 configuration must be the one asked, the epochs aside, which apply as ``--epochs`` does on
 ``--resume``); a finished one trains nothing. The runs then train together (:class:`~ksae_cupy.training.packed.Pack`):
@@ -17,11 +19,13 @@ A first Ctrl-C, SIGTERM or SIGHUP stops every run after the current step, each s
 """
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ksae_cupy.errors import KsaeError, TrainingDiverged, cli_name
+from ksae_cupy.datasets.preprocess import INPUT_MEAN
+from ksae_cupy.errors import KsaeError, TrainingDiverged
 from ksae_cupy.session.fields import RUN_LEVEL, TRAIN as TRAIN_OPTIONS
 from ksae_cupy.session.lifecycle import RunLifecycle
 from ksae_cupy.training.packed import Pack, stack_key
@@ -37,18 +41,20 @@ NOT_COMPARED = ("epochs", "k_schedule_epochs", "lr_auto", "lr")
 
 @dataclass
 class PackedOutcome:
-    """One run of a pack: its folder, its estimator (trained), its last epoch's report (None when it trained
-    no epoch in this launch), and why it stopped early (a divergence; None when it did not)."""
+    """One run of a pack: its folder, its job (ksae-train's :class:`~ksae_cupy.session.train_run.TrainJob`,
+    trained: ``job.trainer()``, its validation rows ``job.X_valid_nd``), its last epoch's report (None when it
+    trained no epoch in this launch), and why it stopped early (a divergence; None when it did not)."""
 
     folder: Path
-    model: object
+    job: object
     report: object = None
     diverged: str | None = None
 
 
 def train_packed(configs: list, data, backend, folders: list, *, dataset=None, settings: dict | None = None,
                  stacked: bool | None = None, restart_unstarted: bool = False, log=print) -> list[PackedOutcome]:
-    """Train ``configs`` (:class:`~ksae_cupy.training.config.TrainConfig`, ``lr`` a number or ``"auto"``) on
+    """Train ``configs`` (:class:`~ksae_cupy.training.config.TrainConfig`, ``lr`` a number or ``"auto"``;
+    each run trains a copy, the caller's left as given) on
     ``data`` (a loaded :class:`~ksae_cupy.datasets.Dataset`) on ``backend``, run ``i`` in ``folders[i]``
     (new, or resumed where it holds a checkpoint); one outcome per run, in order.
 
@@ -63,8 +69,10 @@ def train_packed(configs: list, data, backend, folders: list, *, dataset=None, s
 
     Each run's folder goes through its own :class:`~ksae_cupy.session.lifecycle.RunLifecycle`, as a
     ``ksae-train`` run's: opened (a resume: checked, locked, its data checked against the run's), then made,
-    locked and its config.json written; its checkpoint policy and metrics. The device, the CPU threads and the
-    stop signals are the pack's, once for all its runs."""
+    locked and its config.json written; its checkpoint policy and metrics. Its trainer is a ``ksae-train``
+    run's job (:class:`~ksae_cupy.session.train_run.TrainJob`), built, checkpointed and its divergence retold by
+    the functions ``ksae-train`` calls. The device, the CPU threads and the stop signals are the pack's, once
+    for all its runs."""
     if len(configs) != len(folders):
         raise KsaeError(f"{len(configs)} configurations for {len(folders)} run folders; give one folder per run")
     paths = [Path(folder) for folder in folders]
@@ -72,13 +80,16 @@ def train_packed(configs: list, data, backend, folders: list, *, dataset=None, s
     if repeated:
         raise KsaeError(f"run folder {repeated[0]} is given to more than one run; give each run its own folder")
     settings = {**DEFAULT_SETTINGS, **(settings or {})}
+    # Each run's own copy (validated or not, as given): a new run drops a schedule that never reaches k and
+    # resolves --lr auto in its configuration; the caller's configurations stay as they were given.
+    configs = [copy.copy(config) for config in configs]
     record = _data_record(dataset if dataset is not None else data.name)
     members = []
     try:
         # Everything checked and every model built before any folder is written.
         for config, path in zip(configs, paths):
             members.append(_open_member(config, data, backend, path, record, settings, restart_unstarted, log))
-        outcomes = [PackedOutcome(member.run.folder.path, member.model) for member in members]
+        outcomes = [PackedOutcome(member.run.folder.path, member.job) for member in members]
         # The CPU threads of every run (BLAS's products differ in their last bits on another count: a run
         # resumed alone keeps the count recorded here).
         with estimator_threads(settings["threads"]) as (count, _):
@@ -149,36 +160,39 @@ def _schedule_line(policy) -> str:
 
 
 class _Member:
-    """One run of the pack: its lifecycle (folder, settings, checkpoint policy), estimator, and the rows it
-    trains on (host, after its preprocessing)."""
+    """One run of the pack: its lifecycle (folder, settings, checkpoint policy), its job (ksae-train's
+    :class:`~ksae_cupy.session.train_run.TrainJob`: trainer, host rows, checkpoints) and the data it was
+    given (whose rows its job holds, centred as the run's are)."""
 
-    def __init__(self, run: RunLifecycle, model, data):
-        self.run, self.model, self.data = run, model, data
-        self.step_before = model.trainer_.step
+    def __init__(self, run: RunLifecycle, job, data):
+        self.run, self.job, self.data = run, job, data
+        self.step_before = job.trainer().step
 
     @property
     def trainer(self):
-        return self.model.trainer_
+        return self.job.trainer()
 
     def begin(self, record: dict, backend, threads: int) -> None:
         """The run's folder made and locked, config.json written, as ``ksae-train`` does (the pack's device
-        and thread count)."""
+        and thread count); its job then saves into it, the folder's identity in every checkpoint."""
         self.run.started(backend, threads)
         self.run.begin({**record, "train": self.trainer.config.to_dict()}, "train",
                        self.trainer if self.run.resuming else None)
-        self.model.run_id_ = self.run.folder.run_id
+        self.job.into(self.run, True, None)  # no progress: the pack says one line per run's epoch
 
     def save(self) -> None:
-        self.model.save(self.run.folder.checkpoint)
+        self.job.save()
 
 
 def _open_member(config, data, backend, path: Path, record: dict, settings: dict, restart_unstarted: bool,
                  log) -> _Member:
-    """The run in ``path`` opened by its lifecycle as ``ksae-train`` opens one: resumed from its checkpoint
-    (its data the pack's, its configuration checked against ``config``), or new (its model prepared as
-    ``ksae-train`` prepares one: --lr auto resolved, the checks)."""
-    from ksae_cupy.session import resuming
-    from ksae_cupy.training.estimator import KSparseAutoencoder
+    """The run in ``path`` opened by its lifecycle as ``ksae-train`` opens one, its job built by ksae-train's
+    own functions (:mod:`ksae_cupy.session.train_run`): resumed from its checkpoint
+    (:func:`~ksae_cupy.session.train_run.resumed_trainer`; its data the pack's, its configuration checked
+    against ``config``, ``config``'s epochs applied as ``--epochs`` on ``--resume``), or new
+    (:func:`~ksae_cupy.session.train_run.new_job`: the schedule and batch checks, --lr auto resolved and
+    said, the checks before training)."""
+    from ksae_cupy.session import resuming, train_run
 
     say = lambda line, err=False: log(f"{path}: {line}")  # noqa: E731
     folder = RunFolder(path, kind=TRAIN)
@@ -193,42 +207,25 @@ def _open_member(config, data, backend, path: Path, record: dict, settings: dict
         if restart:
             say("its run stopped before its first checkpoint; starting it again, its files replaced")
         if not resume:
-            return _Member(run, _new_model(config, data, backend, say), data)
-        model = KSparseAutoencoder.load(run.folder.checkpoint, device=backend.name)
-        saved = model.trainer_.config
-        run.folder.check_checkpoint(model.run_id_, saved.to_dict())
-        asked = config.to_dict()
-        differing = [f"{name} {saved.to_dict()[name]} (asked: {value})" for name, value in asked.items()
-                     if name not in NOT_COMPARED and saved.to_dict().get(name) != value]
-        if config.lr != "auto" and config.lr != saved.lr:
-            differing.append(f"lr {saved.lr} (asked: {config.lr})")
+            return _Member(run, train_run.new_job(config, data, backend, say), data)
+        trainer, preprocess = train_run.resumed_trainer(run.folder, backend)
+        saved = trainer.config.to_dict()
+        asked = {**config.to_dict(), "k_start": train_run.asked_k_start(config.k_start, saved)}  # as ksae-train's
+        differing = [f"{name} {saved[name]} (asked: {value})" for name, value in asked.items()
+                     if name not in NOT_COMPARED and saved.get(name) != value]
+        if config.lr != "auto" and config.lr != trainer.config.lr:
+            differing.append(f"lr {trainer.config.lr} (asked: {config.lr})")
         if differing:
             raise KsaeError(f"run folder {path} holds another run: {', '.join(differing)}; give the run another "
                             f"folder, or remove that one")
-        if model.trainer_.params["W_dh"].shape[0] != data.dim:
-            raise KsaeError(f"run folder {path}: its model takes {model.trainer_.params['W_dh'].shape[0]} "
+        if trainer.params["W_dh"].shape[0] != data.dim:
+            raise KsaeError(f"run folder {path}: its model takes {trainer.params['W_dh'].shape[0]} "
                             f"dimensions, the data has {data.dim}")
+        resuming.apply(["epochs"], {"epochs"}, {"epochs": config.epochs}, trainer)
     except BaseException:
         run.release()  # a resumed folder is locked from open on
         raise
-    resuming.apply(["epochs"], {"epochs"}, {"epochs": config.epochs}, model.trainer_)
-    model.epochs = model.trainer_.config.epochs
-    return _Member(run, model, data)
-
-
-def _new_model(config, data, backend, say):
-    """The estimator of a new run on ``data``, prepared (:meth:`KSparseAutoencoder.prepare`) with ``config``
-    as ``ksae-train`` prepares its trainer (:func:`~ksae_cupy.session.train_run.before_prepare`, then --lr auto
-    resolved and the checks before training); the pack steps its trainer."""
-    from ksae_cupy.session.train_run import before_prepare
-    from ksae_cupy.training.estimator import KSparseAutoencoder
-
-    said = before_prepare(config, data, say)
-    params = {name: getattr(config, name) for name in config.to_dict() if name not in ("hidden", "k_schedule_epochs",
-                                                                                           "lr_auto")}
-    model = KSparseAutoencoder(n_hidden=config.hidden, device=backend.name, **params)
-    model.preprocess_ = dict(data.preprocess)  # before prepare, which adds the mean --center-input subtracts
-    return model.prepare(data.X_train, config=config, option_names=cli_name, on_config=said)
+    return _Member(run, train_run.TrainJob.resumed(trainer, preprocess, data), data)
 
 
 def _train_pack(members: list, outcomes: list, stacked, log, running: dict) -> None:
@@ -258,29 +255,27 @@ def _train_pack(members: list, outcomes: list, stacked, log, running: dict) -> N
             except TrainingDiverged as exc:
                 pack.failed[i] = exc
         if i in pack.failed:
-            host_rows = member.model._centred(*member.model._check_X(member.data.X_train, reset=False))
-            outcomes[i].diverged = str(member.model._diverged(pack.failed[i], host_rows, member.run.folder.checkpoint,
-                                                              cli_name))
+            outcomes[i].diverged = str(member.job.retold(pack.failed[i]))  # as ksae-train retells it
             log(f"{member.run.folder.path.name}: diverged: {outcomes[i].diverged}")
     how = "as one stacked model" if pack.stacked else "one after another"
     log(f"pack of {len(members)} run(s), {how}: {time.perf_counter() - started:.1f} s")
 
 
 def _device_rows(members: list) -> list:
-    """Each member's training and validation rows on the device, as its estimator's fit makes them
-    (``center_input`` subtracts the run's mean); members with the same rows share one device copy."""
+    """Each member's training and validation rows on the device, as its job's fit puts them there (its host
+    rows, centred as the run's are); members whose rows are the same data's, centred by the same mean, in
+    the same dtype, share one device copy."""
     copies, rows = {}, []
     for member in members:
-        model = member.model
+        job, mean = member.job, member.job.preprocess.get(INPUT_MEAN)
         pair = []
-        for X in (member.data.X_train, member.data.X_valid):
-            if X is None:
+        for source, X_nd in ((member.data.X_train, job.X_nd), (member.data.X_valid, job.X_valid_nd)):
+            if X_nd is None:
                 pair.append(None)
                 continue
-            X_nd = model._centred(*model._check_X(X, reset=False))
-            key = (id(X), model.input_scale, tuple(sorted(model.preprocess_)), model.trainer_.dtype.str)
+            key = (id(source), None if mean is None else mean.tobytes(), member.trainer.dtype.str)
             if key not in copies:
-                copies[key] = model._to_device(X_nd)
+                copies[key] = job.on_device(X_nd)
             pair.append(copies[key])
         rows.append(tuple(pair))
     return rows

@@ -2,7 +2,9 @@
 ready on the data (:func:`~ksae_cupy.training.prepare.prepare`, as the estimator's) before anything is
 written, or a resumed run's, from its checkpoint with the options given applied or refused
 (:mod:`ksae_cupy.session.resuming`, as :mod:`ksae_cupy.session.fields` declares them). The command
-builds its trainer here directly, not through the scikit-learn estimator."""
+builds its trainer here directly, not through the scikit-learn estimator, and so does each run of a pack
+(:mod:`ksae_cupy.session.packed_runs`): a new one by :func:`new_job`, a resumed one by :func:`resumed_trainer`
+and :meth:`TrainJob.resumed`."""
 from __future__ import annotations
 
 import sys
@@ -45,17 +47,42 @@ def new_config(values: dict, lr):
     return config
 
 
-def before_prepare(config, data, say):
-    """What a new run does before its trainer is prepared, for ksae-train and the packed runs alike: the
-    schedule kept only if it reaches k (else dropped, and said), the batch size checked against the rows;
-    returns the ``on_config`` that says which rate --lr auto chose."""
+def kept_k_start(k_start, k: int, epochs: int):
+    """The k-start a run of ``epochs`` epochs trains with when ``k_start`` is asked: ``k_start`` if its k
+    schedule reaches ``k`` in those epochs, else None (a new run drops such a schedule, :func:`before_prepare`)."""
     from ksae_cupy.schedules import schedule_reaches_k
-    from ksae_cupy.training.options import check_batch_size
 
-    if config.k_start is not None and not schedule_reaches_k(config.epochs, config.k, config.k_start):
+    return k_start if k_start is None or schedule_reaches_k(epochs, k, k_start) else None
+
+
+def asked_k_start(k_start, saved: dict):
+    """The k-start asking ``k_start`` of the run whose configuration is ``saved`` amounts to: the run's own, or
+    :func:`kept_k_start` over the epochs the run's schedule was planned over (its k_schedule_epochs, else its
+    epochs), as the run's own was decided when it was made. So the options that made a run whose schedule
+    was dropped (k_start None; its k_schedule_epochs the epochs it was asked over) name that run, its
+    epochs raised or not."""
+    if k_start == saved["k_start"]:
+        return k_start
+    return kept_k_start(k_start, saved["k"], saved.get("k_schedule_epochs") or saved["epochs"])
+
+
+def drop_unreached_schedule(config, say) -> None:
+    """A new run's k schedule kept only if it reaches k in the run's epochs (:func:`kept_k_start`); else
+    dropped (:meth:`~ksae_cupy.training.config.TrainConfig.drop_schedule`, which keeps the epochs it was asked
+    over) and said. The one rule for ksae-train, the packed runs and the MPI trainer."""
+    if kept_k_start(config.k_start, config.k, config.epochs) != config.k_start:
         say(f"note: in {config.epochs} epoch the k schedule would stay at k-start {config.k_start} and never "
             f"reach k {config.k}; training with k {config.k} from the start (as --no-k-schedule)")
         config.drop_schedule()
+
+
+def before_prepare(config, data, say):
+    """What a new run does before its trainer is prepared, for ksae-train and the packed runs alike: the
+    schedule kept only if it reaches k (:func:`drop_unreached_schedule`), the batch size checked against the
+    rows; returns the ``on_config`` that says which rate --lr auto chose."""
+    from ksae_cupy.training.options import check_batch_size
+
+    drop_unreached_schedule(config, say)
     check_batch_size("--batch-size", config.batch_size, len(data.X_train))
 
     def said(resolved, scale):  # the scale of what fit trains on (--center-input: the rows minus their mean)
@@ -91,6 +118,9 @@ def valid_rows(data, preprocess: dict):
 def same(name: str, value, saved: dict):
     """Where a refused option given on --resume is judged otherwise than by ``==`` (see
     :func:`~ksae_cupy.session.resuming.check_refused`)."""
+    if name == "k_start":  # a schedule the run dropped when it was made, asked again: the run's own
+        return (asked_k_start(value, saved) == saved["k_start"]
+                or f"--k-start {value} (the run has {saved['k_start']})")
     if name == "no_k_schedule":
         has_schedule = saved["k_start"] is not None
         return not (value and has_schedule) or f"--no-k-schedule (the run has k-start {saved['k_start']})"
@@ -102,10 +132,11 @@ def same(name: str, value, saved: dict):
     return None
 
 
-def resumed_job(folder, backend, values: dict, given: set):
-    """The run's trainer from its checkpoint, the refused options given checked, the applied ones
-    (--epochs, --topk, --step) applied; returns it, the run's preprocessing (:meth:`TrainJob.resumed` takes
-    both, with the data) and what changed."""
+def resumed_trainer(folder, backend):
+    """The trainer of the run in ``folder`` (a :class:`~ksae_cupy.session.runs.RunFolder`) from its checkpoint,
+    on ``backend``, checked to be that folder's run (not a copy); returns it and the run's preprocessing
+    (:meth:`TrainJob.resumed` takes both, with the data). ksae-train's resume and a packed run's both load
+    their run here."""
     from ksae_cupy.training.checkpoint import load_checkpoint
     from ksae_cupy.training.config import TrainConfig
     from ksae_cupy.training.trainer import Trainer
@@ -113,9 +144,17 @@ def resumed_job(folder, backend, values: dict, given: set):
     ckpt = load_checkpoint(folder.checkpoint)
     trainer = Trainer(TrainConfig.from_dict(ckpt.config), backend, D=ckpt.params["W_dh"].shape[0], checkpoint=ckpt)
     folder.check_checkpoint(ckpt.run_id, trainer.config.to_dict())  # this folder's run, not a copy
+    return trainer, dict(ckpt.preprocess)
+
+
+def resumed_job(folder, backend, values: dict, given: set):
+    """The run's trainer from its checkpoint (:func:`resumed_trainer`), the refused options given checked, the
+    applied ones (--epochs, --topk, --step) applied; returns it, the run's preprocessing (:meth:`TrainJob.resumed`
+    takes both, with the data) and what changed."""
+    trainer, preprocess = resumed_trainer(folder, backend)
     resuming.check_refused(named(TRAIN, REFUSED), given, values, trainer.config.to_dict(), same)
     changes = resuming.apply([n for n in named(TRAIN, APPLIED) if n in IN_CHECKPOINT], given, values, trainer)
-    return trainer, dict(ckpt.preprocess), changes
+    return trainer, preprocess, changes
 
 
 class TrainJob(RunJob):
@@ -150,18 +189,24 @@ class TrainJob(RunJob):
 
         trainer, checkpoint = self.learner, self.run.folder.checkpoint
         trainer.config.check(name=cli_name)  # validated again only if --resume changed it
-        X_dev, X_valid_dev = self._on_device(self.X_nd), self._on_device(self.X_valid_nd)
+        X_dev, X_valid_dev = self.on_device(self.X_nd), self.on_device(self.X_valid_nd)
         step_before = trainer.step
         try:
             with trainer.backend.use():
                 trainer.fit(X_dev, X_valid_dev, on_epoch, on_batch, self.run.policy.after_epoch, checkpoint=self.save)
         except TrainingDiverged as exc:
-            raise prepare.retold(exc, self.X_nd, checkpoint, self.saved_at, trainer.config.sigma, cli_name) from None
+            raise self.retold(exc) from None
         # A finished run resumed again trains nothing: leave its checkpoint file untouched.
         if trainer.step != step_before or not checkpoint.exists():
             self.save()
 
-    def _on_device(self, X_nd):
+    def retold(self, exc):
+        """The divergence ``exc`` retold for the user: what the run folder keeps, and a rate that trains its rows."""
+        return prepare.retold(exc, self.X_nd, self.run.folder.checkpoint, self.saved_at, self.learner.config.sigma,
+                              cli_name)
+
+    def on_device(self, X_nd):
+        """Host rows ``X_nd`` (None: none) on the trainer's device, in its dtype."""
         return None if X_nd is None else self.learner.backend.asarray(X_nd, dtype=self.learner.dtype)
 
     def save(self) -> None:

@@ -135,7 +135,8 @@ class TrainConfig(DictConfig, ValidatedOnce):
     dtype: str = "float32"
     activation: str = "linear"  # the paper's linear units; "relu" is an investigated variant
     # Epochs the k schedule spans (None: all of them). Set when a resumed run changes its
-    # epochs, so that k goes on as it was scheduled instead of jumping back up.
+    # epochs, so that k goes on as it was scheduled instead of jumping back up; and when a new
+    # run drops a schedule that never reaches k (k_start None), to the epochs it was asked over.
     k_schedule_epochs: int | None = None
     # dense, sparse or auto (by k / H): the same math, so a checkpoint without it loads as auto.
     step: str = "auto"
@@ -226,5 +227,7 @@ class TrainConfig(DictConfig, ValidatedOnce):
 
     def drop_schedule(self) -> None:
         """Train with ``k`` from the first epoch (``k_start`` None, which :meth:`validate` allows with any
-        other values): a validated configuration stays validated."""
-        self.changed_validly(k_start=None)
+        other values): a validated configuration stays validated. The epochs the schedule was asked over
+        are kept (k_schedule_epochs): once the run's epochs are raised, the options that made it are still
+        judged over them, and name it."""
+        self.changed_validly(k_start=None, k_schedule_epochs=self.k_schedule_epochs or self.epochs)

@@ -224,3 +224,26 @@ def test_a_new_run_in_a_folder_holding_one_is_offered_resume_and_overwrite(name,
     assert_one_line_error(refused, "already holds a run", f"continue it with {name} --resume {run}",
                           "discard it with --overwrite", status=2)
     invoke(command, [*start, "--device", "cpu", "--run-dir", run, "--overwrite"])  # as the line says
+
+
+def test_a_resume_given_the_options_that_made_a_run_whose_k_schedule_was_dropped_is_that_run(tmp_path):
+    """One epoch with --k-start 16 never reaches k 4: the run is made without the schedule (k_start None).
+    --resume with the same options is that run (nothing left to train; with --epochs 2, trained on, and after
+    that too); another --k is still refused in one line, naming it."""
+    from clicheck import assert_one_line_error
+
+    run = tmp_path / "run"
+    options = ["--hidden", "16", "--k", "4", "--k-start", "16", "--seed", "3", *FIXED]
+    made = invoke(train_command, ["synthetic", *options, "--epochs", "1", "--run-dir", run])
+    assert "never reach k 4" in made.output
+    assert json.loads((run / "config.json").read_text())["train"]["k_start"] is None
+    again = invoke(train_command, ["--resume", run, *options, "--epochs", "1"])
+    assert "nothing to train: the run had already trained all its 1 epochs" in again.output
+    refused = CliRunner().invoke(train_command, ["--resume", str(run), "--k", "3", "--k-start", "16"])
+    assert_one_line_error(refused, "options contradict the checkpoint", "--k 3 (the run has 4)", status=2)
+    assert "--k-start" not in refused.stderr
+    longer = invoke(train_command, ["--resume", run, *options, "--epochs", "2"])
+    assert "epochs 1 -> 2" in longer.output
+    assert [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    again = invoke(train_command, ["--resume", run, *options, "--epochs", "2"])
+    assert "nothing to train: the run had already trained all its 2 epochs" in again.output

@@ -66,3 +66,24 @@ def test_a_check_added_to_the_lifecycle_refuses_an_mpi_run_new_or_resumed(folder
     assert line == "error: run folder forbidden-old is forbidden by a guarantee of the lifecycle"
     assert (folder / "forbidden-old" / "config.json").read_bytes() == before
     assert job("x.npy", *SMALL, "--epochs", "1", "--run-dir", "allowed", "--quiet").returncode == 0
+
+
+def test_a_resume_given_the_options_that_made_a_run_whose_k_schedule_was_dropped_is_that_run(folder):
+    """ksae-train's rule (tests/cli/test_resume_policy.py), on two ranks: one epoch with --k-start 16 never
+    reaches k 2, so the run is made without its schedule; --resume with the same options is that run (nothing
+    left to train; with --epochs 2, trained on, and that again); another --k is refused in one line, naming it."""
+    options = [*SMALL, "--k-start", "16"]
+    made = dist_train(2, ["x.npy", *options, "--epochs", "1", "--run-dir", "run"], cwd=folder)
+    assert "never reach k 2; training with k 2 from the start" in made.stdout
+    train = json.loads((folder / "run" / "config.json").read_text())["train"]
+    assert (train["k_start"], train["k_schedule_epochs"]) == (None, 1)  # the epochs it was asked over, kept
+    again = dist_train(2, ["--resume", "run", *options, "--epochs", "1"], cwd=folder)
+    assert "nothing to train: the run had already trained all its 1 epochs" in again.stdout
+    refused = dist_train(2, ["--resume", "run", "--k", "3", "--k-start", "16"], cwd=folder, check=False)
+    assert one_error_line(refused) == ("error: --resume: options contradict the checkpoint (they shape the model or "
+                                       "the batches): --k 3 (the run has 2)")
+    longer = dist_train(2, ["--resume", "run", *options, "--epochs", "2"], cwd=folder)
+    assert "epochs 1 -> 2" in longer.stdout
+    assert [json.loads(line)["epoch"] for line in (folder / "run" / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    again = dist_train(2, ["--resume", "run", *options, "--epochs", "2"], cwd=folder)
+    assert "nothing to train: the run had already trained all its 2 epochs" in again.stdout

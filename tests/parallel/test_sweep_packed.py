@@ -56,6 +56,20 @@ def test_a_packed_sweep_gives_the_rows_of_each_run_alone_and_resumes(data_file, 
     assert [without_time(row) for row in newer] == [without_time(row) for row in rows]
 
 
+def test_a_packed_sweep_of_one_epoch_given_again_finds_its_runs_done(data_file, tmp_path):
+    """In one epoch the k schedule (k-start auto: 24) never reaches k, so each run is made without it; the same
+    sweep again finds those runs finished (not "another run" for the k-start it asks)."""
+    out, one_epoch = tmp_path / "out", [*GRID[:-4], "--epochs", "1", "--batch-size", "50"]
+    output = sweep([data_file, *one_epoch, "--pack", "--out", out])
+    assert output.count("never reach k") == 4
+    rows = json.loads((out / "results.json").read_text())
+    assert {row["k_start"] for row in rows} == {None}
+    again = sweep([data_file, *one_epoch, "--pack", "--out", out])
+    assert "epoch 1/1" not in again
+    newer = json.loads((out / "results.json").read_text())
+    assert [without_time(row) for row in newer] == [without_time(row) for row in rows]
+
+
 def without_time(row: dict) -> dict:
     return {key: value for key, value in row.items() if key != "train_seconds"}
 

@@ -172,6 +172,51 @@ def test_refusals_name_the_bad_value(data, tmp_path):
         Pack([Trainer(TrainConfig(**{**CONFIGS[0], "hidden": h}), CPU, D=32) for h in (40, 50)], stacked=True)
 
 
+def test_a_pack_given_again_finds_its_runs_though_their_k_schedule_was_dropped(data, tmp_path):
+    """A one-epoch run whose k schedule never reaches k is made without it (k_start None, as ksae-train makes
+    it); the same pack again is the same runs (done: nothing trained), and so is it with more epochs (trained
+    on), and that again. Another k or seed in the same folder is still another run, refused in one line."""
+    options = dict(hidden=40, k=4, batch_size=100, lr=0.01, seed=1, k_start=40)  # k-start auto at hidden 40
+    folders = [tmp_path / "a", tmp_path / "b"]
+
+    def asked(epochs):
+        return [TrainConfig(**options, epochs=epochs), TrainConfig(**{**options, "k": 5, "seed": 2}, epochs=epochs)]
+
+    first = train_packed(asked(1), data, CPU, folders, settings={"threads": 1}, log=lambda line: None)
+    assert [o.job.trainer().config.k_start for o in first] == [None, None]
+    again = train_packed(asked(1), data, CPU, folders, settings={"threads": 1}, log=lambda line: None)
+    assert [o.report for o in again] == [None, None]  # nothing left to train
+    assert [(o.job.trainer().epoch, o.job.trainer().step) for o in again] == [(1, 12), (1, 12)]
+    for changed, said in (({"k": 6}, "k 4 (asked: 6)"), ({"seed": 9}, "seed 1 (asked: 9)")):
+        with pytest.raises(KsaeError) as refused:
+            train_packed([TrainConfig(**{**options, **changed}, epochs=1)], data, CPU, folders[:1],
+                         settings={"threads": 1}, log=lambda line: None)
+        assert str(refused.value) == (f"run folder {folders[0]} holds another run: {said}; give the run another "
+                                      f"folder, or remove that one")
+    longer = train_packed(asked(2), data, CPU, folders, settings={"threads": 1}, log=lambda line: None)
+    assert [o.report.epoch for o in longer] == [2, 2]
+    assert [o.job.trainer().config.k_start for o in longer] == [None, None]
+    again = train_packed(asked(2), data, CPU, folders, settings={"threads": 1}, log=lambda line: None)
+    assert [o.report for o in again] == [None, None]
+    assert [(o.job.trainer().epoch, o.job.trainer().step) for o in again] == [(2, 24), (2, 24)]
+
+
+def test_a_pack_leaves_the_callers_configurations_as_given(data, tmp_path):
+    """A pack trains copies: a new run that drops its k schedule (one epoch never reaches k) and resolves --lr auto
+    does so in its own configuration; the caller's are as given, and the same list given again is the same runs."""
+    given = [TrainConfig(hidden=40, k=4, epochs=1, batch_size=100, lr="auto", seed=1, k_start=40),
+             TrainConfig(hidden=40, k=5, epochs=1, batch_size=100, lr=0.01, seed=2, k_start=None)]
+    before = [config.to_dict() for config in given]
+    folders = [tmp_path / "a", tmp_path / "b"]
+    first = train_packed(given, data, CPU, folders, settings={"threads": 1}, log=lambda line: None)
+    trained = first[0].job.trainer().config
+    assert (trained.k_start, trained.k_schedule_epochs, trained.lr_auto) == (None, 1, True)  # the run's own
+    assert [config.to_dict() for config in given] == before
+    assert (given[0].k_start, given[0].k_schedule_epochs, given[0].lr) == (40, None, "auto")
+    again = train_packed(given, data, CPU, folders, settings={"threads": 1}, log=lambda line: None)
+    assert [o.report for o in again] == [None, None]  # nothing left to train
+    assert [config.to_dict() for config in given] == before
+
 def test_a_stacked_pack_stopped_mid_epoch_and_resumed_from_checkpoints_ends_as_one_never_stopped(data):
     """The GPU's way (here on NumPy, deterministic): stopped after the first epoch of the runs of 12 batches
     (the run of 15 batches mid-epoch), each run rebuilt from its checkpoint alone and stacked again: every
@@ -208,3 +253,46 @@ def test_a_stacked_pack_stopped_mid_epoch_and_resumed_from_checkpoints_ends_as_o
             for name, value in getattr(cb, part).items():
                 np.testing.assert_array_equal(getattr(ca, part)[name], value, err_msg=f"{part} {name}")
     assert reports == straight_reports
+
+
+def test_a_packed_run_is_built_by_ksae_trains_own_functions(data, tmp_path, monkeypatch):
+    """Every run of a pack is made by the functions that make ksae-train's (session/train_run.py): a new one by
+    new_job, a resumed one by resumed_trainer. With --lr auto, --center-input and a k schedule too short to
+    reach k (dropped, and said), the packed run says ksae-train's lines and writes its config.json, checkpoint
+    (the centring mean with it) and metrics, new and then resumed, as the same run alone."""
+    from ksae_cupy.session import train_run
+
+    built = []
+    for name in ("new_job", "resumed_trainer"):
+        def spy(*args, _name=name, _real=getattr(train_run, name)):
+            built.append(_name)
+            return _real(*args)
+        monkeypatch.setattr(train_run, name, spy)
+    options = dict(hidden=40, k=4, batch_size=100, lr="auto", seed=4, center_input=True, k_start=20)
+    said = []
+    packed, alone = tmp_path / "packed", tmp_path / "alone"
+    for epochs in (1, 2):  # 1: a new run; 2: the same folder resumed, its epochs raised
+        maker = ["new_job" if epochs == 1 else "resumed_trainer"]
+        built.clear()
+        train_packed([TrainConfig(**options, epochs=epochs)], data, CPU, [packed],
+                     settings={"threads": 1, "device": "cpu"}, log=said.append)
+        assert built == maker
+        args = ["synthetic", "--hidden", "40", "--k", "4", "--epochs", "1", "--batch-size", "100", "--lr", "auto",
+                "--seed", "4", "--center-input", "--k-start", "20", "--threads", "1", "--device", "cpu",
+                "--run-dir", str(alone)] if epochs == 1 else ["--resume", str(alone), "--epochs", "2"]
+        built.clear()
+        result = CliRunner().invoke(train_command, args, catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        assert built == maker  # ksae-train alone made its run by the same function
+        assert_same_run(packed, alone)
+        if epochs == 1:
+            lone_lines = [line for line in result.output.splitlines() if line.startswith(("note: ", "--lr auto: "))]
+            assert len(lone_lines) == 2 and [f"{packed}: {line}" for line in lone_lines] == said[:2]
+    assert load_checkpoint(packed / "checkpoint.h5").preprocess["input_mean"].tolist() == \
+        load_checkpoint(alone / "checkpoint.h5").preprocess["input_mean"].tolist()
+    records = [json.loads((folder / "config.json").read_text()) for folder in (packed, alone)]
+    for record in records:
+        for key in ("run_dir", "run_id", "provenance"):
+            record.pop(key)
+    assert records[0] == records[1]
+    assert records[0]["train"]["lr_auto"] and records[0]["train"]["k_start"] is None
