@@ -589,16 +589,16 @@ def _balanced_bounds(start_h, units_per_block, fixed_per_unit, bounds):
     total = (start_h[H] - start_h[0]) + fixed_per_unit * H
     bounds[0] = 0
     block = 0
+    before = total - total  # the work of the blocks before ``block``
     for lane in range(1, lanes):
         share = total * lane / lanes
         # move on while the next boundary is nearer the share than this one
         while block < blocks:
-            before = _work_before(start_h, block, units_per_block, fixed_per_unit)
             after = _work_before(start_h, block + 1, units_per_block, fixed_per_unit)
-            if abs(after - share) < abs(before - share):
-                block += 1
-            else:
+            if not abs(after - share) < abs(before - share):
                 break
+            block += 1
+            before = after
         bounds[lane] = block
     bounds[lanes] = blocks
 

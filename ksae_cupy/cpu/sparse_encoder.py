@@ -230,7 +230,7 @@ def _add_pass(indices_z, values_z, row_ids, indptr_n, Wt_dt, sums_bt, next_b, gr
         acc_t = register_block(sums_t[0])
         for t in range(TILE):
             acc_t[t] = sums_t[t]
-        # Unsigned positions: NumPy's negative-index wraparound is then no instruction of this innermost loop.
+        # Unsigned positions: Numba's negative-index wraparound is then no instruction of this innermost loop.
         q = np.uint64(p)
         q_stop = np.uint64(stop)
         while q < q_stop and indices_z[q] < d_stop:
