@@ -14,6 +14,8 @@ the same update fused into one pass, and for the sparse step's weight gradient r
 """
 from __future__ import annotations
 
+import numpy as np
+
 
 class MomentumSGD:
     """In-place momentum SGD over a dict of named parameter arrays.
@@ -33,7 +35,23 @@ class MomentumSGD:
 
 
 def momentum_update(theta, v, grad, momentum: float, lr: float) -> None:
-    """``v <- m v - lr grad; theta <- theta + v`` in place, in ``theta``'s float type."""
+    """``v <- m v - lr grad; theta <- theta + v`` in place, in ``theta``'s float type, with the denormals of
+    ``v`` and ``theta`` flushed to zero (:func:`flush_denormals`)."""
     v *= theta.dtype.type(momentum)
     v -= theta.dtype.type(lr) * grad
+    flush_denormals(v)
     theta += v
+    flush_denormals(theta)
+
+
+def flush_denormals(a) -> None:
+    """Set to +0, in place, every entry of ``a`` whose magnitude is below the smallest normal number of its
+    float type: the denormals (and -0). NaN and infinities stay.
+
+    A unit that no example keeps gets a zero gradient, so its velocity decays by the momentum each step; 0.9
+    times the smallest denormals rounds back to themselves, so without the flush the velocity would never
+    reach 0, and arithmetic on denormals is many times slower on x86 CPUs. The CPU kernels flush each value
+    as they write it (:mod:`ksae_cupy.cpu.numba_kernels`), the same rule, so both updates stay bit for bit
+    equal."""
+    tiny = a.dtype.type(np.finfo(a.dtype).tiny)
+    a[abs(a) < tiny] = 0

@@ -23,6 +23,7 @@ import numpy as np
 
 from ksae_cupy.backend import array_module, to_host
 from ksae_cupy.model import select_units
+from ksae_cupy.optim import flush_denormals
 from ksae_cupy.topk import scatter_rows
 
 
@@ -69,11 +70,13 @@ def kept_counts(idx_mnk, H: int):
 def stacked_momentum_update(theta_m, v_m, grad_m, momentum_m, lr_m) -> None:
     """``v <- mu v - lr grad; theta <- theta + v`` in place for every model, each with its own ``momentum_m[i]``
     and ``lr_m[i]`` (device arrays of the parameters' float type, one value per model): per element the very
-    operations of :func:`ksae_cupy.optim.momentum_update`."""
+    operations of :func:`ksae_cupy.optim.momentum_update`, the denormals flushed as there."""
     shape = (-1,) + (1,) * (theta_m.ndim - 1)
     v_m *= momentum_m.reshape(shape)
     v_m -= lr_m.reshape(shape) * grad_m
+    flush_denormals(v_m)
     theta_m += v_m
+    flush_denormals(theta_m)
 
 
 def host_losses(sq_error_m, n: int) -> list[float]:

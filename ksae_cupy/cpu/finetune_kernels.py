@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ksae_cupy.cpu.numba_kernels import _UNITS_PER_BLOCK, _compiled, _helper, _kernel, _pairs_by_unit
+from ksae_cupy.cpu import numba_kernels  # its _flushed, read as compiled when a kernel here is
+from ksae_cupy.cpu.numba_kernels import _UNITS_PER_BLOCK, _compiled, _helper, _kernel, _pairs_by_unit, smallest_normal
 
 prange = range  # numba.prange once the first kernel here is compiled (set by _compiled)
 
@@ -110,13 +111,13 @@ def _sparse_rows_gradient_row(g, i, coef_nk, idx_nt, val_nt, start_i, pair_n, pa
 
 
 @_helper
-def _momentum_row(w, v, g, momentum, lr):
-    """``v <- m v - lr g; w <- w + v`` on one row."""
+def _momentum_row(w, v, g, momentum, lr, tiny):
+    """``v <- m v - lr g; w <- w + v`` on one row, denormals flushed to zero (``numba_kernels._flushed``)."""
     for m in range(w.shape[0]):
         step = v[m] * momentum
-        step = step - lr * g[m]
+        step = numba_kernels._flushed(step - lr * g[m], tiny)
         v[m] = step
-        w[m] += step
+        w[m] = numba_kernels._flushed(w[m] + step, tiny)
 
 
 @_kernel(fastmath={"contract"})
@@ -136,23 +137,23 @@ def _sparse_rows_gradient(coef_nk, idx_nt, val_nt, start_i, pair_n, pair_j, dW_i
 
 
 @_kernel(fastmath={"contract"})
-def _momentum_update_dense_rows(W_im, V_im, coef_nk, B_nm, start_i, pair_n, pair_j, momentum, lr):
+def _momentum_update_dense_rows(W_im, V_im, coef_nk, B_nm, start_i, pair_n, pair_j, momentum, lr, tiny):
     rows, M = W_im.shape
     for block in prange((rows + _UNITS_PER_BLOCK - 1) // _UNITS_PER_BLOCK):
         g = np.empty(M, dtype=W_im.dtype)  # this thread's gradient row, kept in cache
         for i in range(block * _UNITS_PER_BLOCK, min(rows, (block + 1) * _UNITS_PER_BLOCK)):
             _dense_rows_gradient_row(g, i, coef_nk, B_nm, start_i, pair_n, pair_j)
-            _momentum_row(W_im[i], V_im[i], g, momentum, lr)
+            _momentum_row(W_im[i], V_im[i], g, momentum, lr, tiny)
 
 
 @_kernel(fastmath={"contract"})
-def _momentum_update_sparse_rows(W_im, V_im, coef_nk, idx_nt, val_nt, start_i, pair_n, pair_j, momentum, lr):
+def _momentum_update_sparse_rows(W_im, V_im, coef_nk, idx_nt, val_nt, start_i, pair_n, pair_j, momentum, lr, tiny):
     rows, M = W_im.shape
     for block in prange((rows + _UNITS_PER_BLOCK - 1) // _UNITS_PER_BLOCK):
         g = np.empty(M, dtype=W_im.dtype)
         for i in range(block * _UNITS_PER_BLOCK, min(rows, (block + 1) * _UNITS_PER_BLOCK)):
             _sparse_rows_gradient_row(g, i, coef_nk, idx_nt, val_nt, start_i, pair_n, pair_j)
-            _momentum_row(W_im[i], V_im[i], g, momentum, lr)
+            _momentum_row(W_im[i], V_im[i], g, momentum, lr, tiny)
 
 
 def dense_rows_gradient(idx_nk, coef_nk, B_nm, rows: int):
@@ -182,7 +183,7 @@ def momentum_update_dense_rows(W_im, V_im, idx_nk, coef_nk, B_nm, momentum: floa
     scalar = W_im.dtype.type
     start_i, pair_n, pair_j = _compiled(_pairs_by_unit)(idx_nk, W_im.shape[0])
     _compiled(_momentum_update_dense_rows)(W_im, V_im, coef_nk, np.ascontiguousarray(B_nm), start_i, pair_n, pair_j,
-                                           scalar(momentum), scalar(lr))
+                                           scalar(momentum), scalar(lr), smallest_normal(W_im.dtype))
 
 
 def momentum_update_sparse_rows(W_im, V_im, idx_nk, coef_nk, idx_nt, val_nt, momentum: float, lr: float) -> None:
@@ -190,4 +191,4 @@ def momentum_update_sparse_rows(W_im, V_im, idx_nk, coef_nk, idx_nt, val_nt, mom
     scalar = W_im.dtype.type
     start_i, pair_n, pair_j = _compiled(_pairs_by_unit)(idx_nk, W_im.shape[0])
     _compiled(_momentum_update_sparse_rows)(W_im, V_im, coef_nk, idx_nt, val_nt, start_i, pair_n, pair_j,
-                                            scalar(momentum), scalar(lr))
+                                            scalar(momentum), scalar(lr), smallest_normal(W_im.dtype))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ksae_cupy.cpu import numba_kernels as kernels
-from ksae_cupy.optim import momentum_update
+from ksae_cupy.optim import flush_denormals, momentum_update
 
 
 def fused_step(optimizer, params, grads, lr: float) -> None:
@@ -31,23 +31,43 @@ def rows_step(optimizer, params, grads, lr: float) -> None:
     applied row by row (``W_dh`` and its velocity stored in Fortran order, as the trainer stores them)."""
     for name, value in params.items():
         if name == "W_dh":
-            update_weight_rows(value, optimizer.velocities[name], grads[name], optimizer.momentum, lr)
+            velocity = optimizer.velocities[name]
+            update_weight_rows(value, velocity, grads[name], optimizer.momentum, lr, still_units(optimizer, velocity))
         else:
             _fused(value, optimizer.velocities[name], grads[name], optimizer.momentum, lr)
 
 
-def update_weight_rows(W_dh, V_dh, grad, momentum: float, lr: float) -> None:
+def still_units(optimizer, V_dh):
+    """The flags ``still_h`` of :func:`kernels.momentum_update_rows` for the velocity ``V_dh``: True where its
+    row of units is all zero, so an update that keeps no example there can skip the unit (a dead unit costs
+    nothing once its velocity has decayed to 0). Kept on the optimizer beside its velocities, and made anew,
+    all False (nothing skipped before the kernel has seen the row), for a velocity array it has not seen: a
+    restored or shared one."""
+    held = optimizer.__dict__.setdefault("still_units", {})  # id -> (the velocity array, its flags)
+    velocity_and_flags = held.get(id(V_dh))
+    if velocity_and_flags is None or velocity_and_flags[0] is not V_dh:
+        held.clear()  # one velocity of W per optimizer: a new array replaces the old
+        velocity_and_flags = held[id(V_dh)] = (V_dh, np.zeros(V_dh.shape[1], dtype=np.bool_))
+    return velocity_and_flags[1]
+
+
+def update_weight_rows(W_dh, V_dh, grad, momentum: float, lr: float, still_h=None) -> None:
     """``V <- m V - lr dW; W <- W + V`` in place, ``dW`` kept in parts (a ``RowScatterGradient``): the main
-    loss's rows scattered unit by unit, then the dense rows of the AuxK dead units, when it carries them."""
+    loss's rows scattered unit by unit, then the dense rows of the AuxK dead units, when it carries them.
+    ``still_h``: as :func:`kernels.momentum_update_rows` (None: no unit skipped)."""
     if not (W_dh.flags.f_contiguous and V_dh.flags.f_contiguous and W_dh.dtype == V_dh.dtype == grad.dtype):
         raise ValueError("the row-by-row update needs W_dh and its velocity in Fortran order, of the gradient's dtype")
     kernels.momentum_update_rows(W_dh.T, V_dh.T, grad.X_nd, grad.R_nd, grad.idx_nk, grad.dZ_nk, grad.val_nk,
-                                 momentum, lr, grad.lanes)
+                                 momentum, lr, grad.lanes, still_h)
     if grad.dead_m is not None:
         # -lr dWd on both: the same as one update by the summed gradient, up to rounding (auxk_step.py)
         step_md = W_dh.dtype.type(lr) * grad.dWd_md
-        W_dh.T[grad.dead_m] -= step_md
-        V_dh.T[grad.dead_m] -= step_md
+        W_md, V_md = W_dh.T[grad.dead_m] - step_md, V_dh.T[grad.dead_m] - step_md
+        flush_denormals(W_md)
+        flush_denormals(V_md)
+        W_dh.T[grad.dead_m], V_dh.T[grad.dead_m] = W_md, V_md
+        if still_h is not None:
+            still_h[grad.dead_m] = False  # their velocity moved outside the kernel
 
 
 def parts_step(optimizer, params, grads, lr: float) -> None:

@@ -89,6 +89,7 @@ class GraphStep:
         self.B, self.k, self.topk_method, self.counters, self.stream = batch_size, k, topk_method, counters, stream
         dtype = W_dh.dtype
         self.lr, self.momentum = dtype.type(lr), dtype.type(momentum)  # the parameters' float type, as MomentumSGD
+        self.smallest_normal = dtype.type(np.finfo(dtype).tiny)  # below it: denormals, flushed by the update
         (D, H), B = W_dh.shape, batch_size
         empty = cupy.empty
         self.rows_b = cupy.zeros(B, dtype=np.int64)  # the batch's rows of X_train_nd, set before each replay
@@ -258,14 +259,25 @@ class GraphStep:
         self.cupy.sum(self.R_bd, axis=0, out=self.grads["c_d"])
 
     def _momentum_update(self):
-        """``v <- m v - lr g; theta <- theta + v`` for every parameter (``lr g`` into ``g``, a scratch)."""
+        """``v <- m v - lr g; theta <- theta + v`` for every parameter (``lr g`` into ``g``, a scratch), the
+        denormals of ``v`` and ``theta`` flushed to zero as :func:`ksae_cupy.optim.momentum_update` does."""
         cp = self.cupy
         for name, theta in self.params.items():
             v, grad = self.velocities[name], self.grads[name]
             cp.multiply(v, self.momentum, out=v)
             cp.multiply(grad, self.lr, out=grad)
             cp.subtract(v, grad, out=v)
+            self._flush_denormals(v, grad)
             cp.add(theta, v, out=theta)
+            self._flush_denormals(theta, grad)
+
+    def _flush_denormals(self, a, scratch):
+        """``a`` times (``|a| >= tiny``), in place, through ``scratch`` (no allocation, so it can be captured):
+        a denormal becomes a zero (of its sign; the CPU's flush gives +0)."""
+        cp = self.cupy
+        cp.absolute(a, out=scratch)
+        cp.greater_equal(scratch, self.smallest_normal, out=scratch)
+        cp.multiply(a, scratch, out=a)
 
     def _count_kept(self):
         """Dead units: the mask kernel on ones marks the units each example kept; summed per unit, added to

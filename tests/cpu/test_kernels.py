@@ -302,18 +302,25 @@ def test_an_error_in_a_lane_reaches_the_caller_after_every_lane_finished():
 
 def test_the_update_lanes_share_the_blocks_by_their_work():
     """Lanes of the W update take contiguous blocks of units, cut where the kept pairs (plus a fixed cost a
-    unit) reach an even share, not at an even count of blocks."""
+    unit the update visits) reach an even share, not at an even count of blocks; a still unit that no example
+    kept (skipped by the update) costs nothing."""
     units_per_block = kernels._UNITS_PER_BLOCK
     H, blocks = 100, -(-100 // kernels._UNITS_PER_BLOCK)
     pairs_h = np.zeros(H, dtype=np.int64)
     pairs_h[:20] = 30  # the first units hold most of the kept pairs
     start_h = np.concatenate([[0], np.cumsum(pairs_h)])
+    none_still_h = np.zeros(H, dtype=np.bool_)
     for lanes in (1, 2, 3):
-        bounds = kernels._blocks_balanced_by_work(start_h, lanes)
+        bounds = kernels._blocks_balanced_by_work(start_h, none_still_h, lanes)
         assert bounds[0] == 0 and bounds[-1] == blocks and len(bounds) == lanes + 1
         assert all(a <= b for a, b in zip(bounds, bounds[1:]))
         work_h = pairs_h + kernels._FIXED_WORK_PER_UNIT
         work = [work_h[a * units_per_block:b * units_per_block].sum() for a, b in zip(bounds, bounds[1:])]
         biggest_block = max(work_h[b * units_per_block:(b + 1) * units_per_block].sum() for b in range(blocks))
         assert max(work) - min(work) <= biggest_block  # even within one block's work
-    assert kernels._blocks_balanced_by_work(start_h, 2)[1] < blocks // 2  # not the even count's cut
+    # Units 20-99 hold no pair: when the first half of them is still, the even cut moves up past them.
+    still_h = np.zeros(H, dtype=np.bool_)
+    still_h[20:60] = True
+    all_moving = kernels._blocks_balanced_by_work(start_h, none_still_h, 2)[1]
+    assert kernels._blocks_balanced_by_work(start_h, still_h, 2)[1] > all_moving
+    assert kernels._blocks_balanced_by_work(start_h, none_still_h, 2)[1] < blocks // 2  # not the even count's cut

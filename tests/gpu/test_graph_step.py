@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ksae_cupy.backend import resolve_device
+from ksae_cupy.backend import resolve_device, to_host
 
 import graph_training
 from graph_training import D, StepGraphTrainer, config, device_data, host
@@ -111,3 +111,21 @@ def test_a_checkpoint_taken_mid_epoch_without_stopping_resumes_to_the_uninterrup
     resumed.fit(X, V, on_epoch=reports.append)
     # The resumed epoch's report counts the three batches before the checkpoint too.
     assert_resumed_to(resumed, reports, whole, whole_reports[1:])
+
+
+@pytest.mark.parametrize("cls", [graph_training.Trainer, graph_training.StepGraphTrainer])
+def test_the_captured_update_flushes_planted_denormals_to_zero(cls):
+    """Velocities planted at the smallest denormal (a dead unit's, decayed) hold no denormal after one more
+    epoch of the GPU step (one graph per epoch, and step graphs), as on the CPU (tests/cpu/test_denormals...)."""
+    cfg = config(dtype="float32", epochs=2, hidden=400)  # 50 rows keep at most 200 of the 400 units an epoch
+    backend, X, V = device_data("gpu", cfg)
+    trainer = cls(cfg, backend, D=D)
+    trainer.run_epoch(X, V)
+    smallest = np.nextafter(np.float32(0), np.float32(1))
+    for velocity in trainer.optimizer.velocities.values():
+        velocity[...] = backend.asarray(np.full(velocity.shape, smallest, dtype=np.float32))
+    trainer.run_epoch(X, V)
+    for group in (trainer.params, trainer.optimizer.velocities):
+        for name, value in group.items():
+            a = to_host(value)
+            assert not np.any((a != 0) & (np.abs(a) < np.finfo(np.float32).tiny)), name
