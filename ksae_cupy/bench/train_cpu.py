@@ -162,8 +162,11 @@ def _encoder_setting(encoder: str | None):
 
 
 def time_epoch(backend, D: int, H: int, k: int, batch_size: int, topk_method: str, n_train: int = 50_000,
-               n_valid: int = 10_000, log=print, inputs=None, encoders=(None,), repeats: int = 1) -> dict:
+               n_valid: int = 10_000, log=print, inputs=None, encoders=(None,), repeats: int = 1, start=None) -> dict:
     """One training epoch as ``ksae-train`` runs it, on MNIST (:func:`mnist_inputs`), with its parts.
+
+    ``start`` (:class:`ksae_cupy.bench.trained.TrainedStart`): the epochs continue that trained model at its
+    own rate; None: a fresh model (at the paper's rate on MNIST; at 1e-3 on random rows, which diverge at it).
 
     The trainer's own part timings (shuffle, batch gathering, steps, updates, validation pass), then
     what the command adds per epoch: a metrics line, and a checkpoint (every 10 epochs by default).
@@ -185,11 +188,15 @@ def time_epoch(backend, D: int, H: int, k: int, batch_size: int, topk_method: st
     trainers, seconds, reports = {}, {encoder: [] for encoder in encoders}, {}
     for encoder in encoders:
         with _encoder_setting(encoder):
-            # A small rate keeps random data from diverging; the rate does not change a step's work.
-            trainer = Trainer(TrainConfig(hidden=H, k=k, k_start=None, epochs=repeats + 1, batch_size=batch_size,
-                                          topk=topk_method, lr=1e-3), backend, D)
+            if start is None:
+                lr = paper.LR if what.startswith("MNIST") else 1e-3
+                trainer = Trainer(TrainConfig(hidden=H, k=k, k_start=None, epochs=repeats + 1, batch_size=batch_size,
+                                              topk=topk_method, lr=lr), backend, D)
+            else:
+                trainer = start.trainer(backend, D, k, repeats + 1)
+            first_epoch = trainer.epoch
             trainer.run_epoch(X_train[:4 * batch_size], X_valid[:batch_size])  # compiles the kernels; not timed
-            trainer.epoch = 0
+            trainer.epoch = first_epoch
             # The sets' spread (the FVE's denominators), once per run as Trainer.fit computes it: run_epoch
             # called alone computes it again every epoch (0.19 s of a 50,000-image epoch, measured).
             trainer._spread = {"train": total_variance(X_train), "valid": total_variance(X_valid)}
@@ -223,10 +230,12 @@ def time_epoch(backend, D: int, H: int, k: int, batch_size: int, topk_method: st
         t2 = time.perf_counter()
     parts = dict(report.parts, metrics_line=round(t1 - t0, 4), checkpoint=round(t2 - t1, 4))
     result = {"k": k, "n_train": n_train, "n_valid": n_valid, "inputs": what, "encoder": first or "process setting",
+              "model": "fresh" if start is None else start.made, "lr": float(trainer.config.lr),
+              "dead_fraction": report.dead_fraction,
               "epoch_s": round(total, 3),
               "epoch_with_checkpoint_every_10_s": round(total + parts["metrics_line"] + parts["checkpoint"] / 10, 3),
               "steps_s": round(report.parts["steps"] + report.parts["updates"], 3), "parts_s": parts}
-    log(f"epoch at k={k}: {total:.2f} s (steps and updates {result['steps_s']:.2f} s); parts: "
+    log(f"epoch at k={k}, {result['model']} model: {total:.2f} s (steps and updates {result['steps_s']:.2f} s); parts: "
         + ", ".join(f"{name} {value:.3f}" for name, value in parts.items()))
     if len(encoders) > 1:
         result["by_encoder"] = by_encoder
@@ -529,11 +538,15 @@ def _in_lanes(kernel, lanes: int, size: int, *args):
 
 
 def step_parts(D: int, H: int, k: int, batch_size: int, topk_method: str, threads: int, steps: int = 300,
-               log=print, inputs=None) -> dict:
+               log=print, inputs=None, start=None) -> dict:
     """The sparse CPU step as the trainer runs it (``threads`` lanes, BLAS on one thread beside them),
     timed part by part over ``steps`` steps (medians, ms), beside the floors it is measured against:
     ``X W`` alone (BLAS on ``threads`` threads), one streaming pass over ``W`` and ``V``, and the
     sparse parts' ``4 N k D`` multiply-adds on contiguous cached rows.
+
+    ``start`` (:class:`ksae_cupy.bench.trained.TrainedStart`): the step from that trained model's parameters
+    and velocities, the update at its rate and momentum (dead units skipped as the trainer skips them); None: a
+    fresh model at the paper's rate.
 
     ``inputs`` (:func:`mnist_inputs`): batches of its training rows, ``X W`` from their non-zero inputs where
     the trainer would take that encoder (``KSAE_ENCODER``, the density); else random batches with MNIST's
@@ -544,9 +557,17 @@ def step_parts(D: int, H: int, k: int, batch_size: int, topk_method: str, thread
         return {}
     lanes = max(1, threads or 1)
     rng = np.random.default_rng(0)
-    params = model.init_params(D, H, 0.01, rng, np.float32)
-    params["W_dh"] = sparse_layout(params["W_dh"])
-    velocities = {name: np.zeros_like(value) for name, value in params.items()}
+    if start is None:
+        params = model.init_params(D, H, paper.SIGMA, rng, np.float32)
+        velocities = {name: np.zeros_like(value) for name, value in params.items()}
+        lr, momentum = paper.LR, paper.MOMENTUM
+    else:
+        params = {name: np.array(value, dtype=np.float32) for name, value in start.checkpoint.params.items()}
+        velocities = {name: np.array(value, dtype=np.float32) for name, value in start.checkpoint.velocities.items()}
+        config = start.config(k, 1)
+        lr, momentum = float(config.lr), float(config.momentum)
+    params["W_dh"], velocities["W_dh"] = sparse_layout(params["W_dh"]), sparse_layout(velocities["W_dh"])
+    still_h = np.zeros(H, dtype=np.bool_)  # the update's skip of dead units, as the trainer's optimizer keeps it
     batches = [(rng.random((batch_size, D), dtype=np.float32) * (rng.random((batch_size, D)) < 0.19))
                .astype(np.float32) for _ in range(8)]
     rows = [None] * 8
@@ -571,11 +592,12 @@ def step_parts(D: int, H: int, k: int, batch_size: int, topk_method: str, thread
             _, idx_nk, val_nk, R_nd, dZ_nk = cpu_kernels.select_decode_and_backprop(
                 Z_nh, k, descending, W_hd, params["c_d"], X_nd, False, lanes)
             t2 = clock()
-            cpu_kernels.momentum_update_rows(W_hd, V_hd, X_nd, R_nd, idx_nk, dZ_nk, val_nk, 0.9, 0.0, lanes)
+            cpu_kernels.momentum_update_rows(W_hd, V_hd, X_nd, R_nd, idx_nk, dZ_nk, val_nk, momentum, lr, lanes,
+                                             still_h)
             t3 = clock()
             db_h = np.bincount(idx_nk.ravel(), weights=dZ_nk.ravel(), minlength=H).astype(np.float32)
-            cpu_kernels.momentum_update(params["b_h"], velocities["b_h"], db_h, 0.9, 0.0)
-            cpu_kernels.momentum_update(params["c_d"], velocities["c_d"], R_nd.sum(axis=0), 0.9, 0.0)
+            cpu_kernels.momentum_update(params["b_h"], velocities["b_h"], db_h, momentum, lr)
+            cpu_kernels.momentum_update(params["c_d"], velocities["c_d"], R_nd.sum(axis=0), momentum, lr)
             np.bincount(idx_nk.ravel(), minlength=H)  # the trainer's kept count
             t4 = clock()
             if i >= 20:
@@ -611,11 +633,13 @@ def step_parts(D: int, H: int, k: int, batch_size: int, topk_method: str, thread
               "sparse_arithmetic_4NkD": 1e3 * floor_arithmetic}
     floor_ms = floors["XW_alone_blas"] + floors["stream_W_and_V"] + floors["sparse_arithmetic_4NkD"]
     result = {"threads": lanes, "inputs": "random, 19% non-zero" if inputs is None else inputs[2],
+              "model": "fresh" if start is None else start.made, "lr": lr,
+              "units_skipped_by_the_update_at_the_end": int(still_h.sum()),
               "encoder": "blas" if rows[0] is None else "sparse",
               "parts_ms": ms, "step_ms": step_ms, "floors_ms": floors, "floor_sum_ms": floor_ms,
               "XW_from_nonzero_pixels_csr_ms": 1e3 * input_sparse,
               "step_over_XW": step_ms / floors["XW_alone_blas"], "step_over_floor_sum": step_ms / floor_ms}
-    log(f"parts at {lanes} thread(s), k={k}, {result['encoder']} encoder: " + ", ".join(f"{name} {value:.3f}" for name, value in ms.items())
+    log(f"parts at {lanes} thread(s), k={k}, {result['model']} model, {result['encoder']} encoder: " + ", ".join(f"{name} {value:.3f}" for name, value in ms.items())
         + f" = {step_ms:.3f} ms | floors: " + ", ".join(f"{name} {value:.3f}" for name, value in floors.items())
         + f" | step / X W {result['step_over_XW']:.2f}, step / floors {result['step_over_floor_sum']:.2f}"
         + f" | X W from non-zero pixels (SciPy CSR) {result['XW_from_nonzero_pixels_csr_ms']:.3f}")
@@ -633,11 +657,16 @@ ENCODER_CHOICES = ("both", *sparse_encoder.ENCODERS)
 
 def bench_train_step(backend, D=784, H=paper.HIDDEN, k=paper.K, batch_size=paper.BATCH_SIZE, topk_method="sort", repeats=7, steps=50,
                      threads: int | None = 1, k_sweep=(), with_torch: bool = True, epoch_ks=(), log=print,
-                     encoder: str = "both", epoch_repeats: int = 3) -> dict:
+                     encoder: str = "both", epoch_repeats: int = 3, trained_epochs: int = 10,
+                     from_run=None) -> dict:
     """Dense step, sparse step, PyTorch and ``X W`` alone at ``k`` (and each k of ``k_sweep``); on the CPU
     kernels, the sparse step with each encoder side by side (:func:`compare_encoders`; ``encoder`` ``both``:
     BLAS's and the sparse one); then, for each k of ``epoch_ks``, a whole MNIST epoch and its parts
-    (:func:`time_epoch`), with each encoder, interleaved ``epoch_repeats`` times."""
+    (:func:`time_epoch`), with each encoder, interleaved ``epoch_repeats`` times.
+
+    On the CPU kernels the epochs and the step's parts are timed twice, side by side: on a fresh model and on a
+    trained one (:mod:`ksae_cupy.bench.trained`): ``from_run`` (a ``TrainedStart``, a run folder's checkpoint),
+    else a model trained here for ``trained_epochs`` epochs (0: the fresh model only)."""
     if encoder not in ENCODER_CHOICES:
         raise KsaeError(f"--encoder {encoder!r} is not allowed; use one of {', '.join(ENCODER_CHOICES)}")
     # The sparse encoder first: the epoch reported at the top of the result (epoch_s, parts_s) is then the one
@@ -658,11 +687,24 @@ def bench_train_step(backend, D=784, H=paper.HIDDEN, k=paper.K, batch_size=paper
             if encoder != "dense":
                 comparison["density_sweep"] = encoder_density_sweep(D, H, batch_size, threads if limited else 1,
                                                                     repeats, steps, log=log)
+        start = _trained_start(backend, inputs, H, k, batch_size, topk_method, trained_epochs, from_run, log) \
+            if kernels else None
         epochs = [time_epoch(backend, D, H, kk, batch_size, topk_method, log=log, inputs=inputs,
                              encoders=encoders if kernels else (None,), repeats=epoch_repeats)
                   for kk in epoch_ks]
+        trained_epochs_timed = [time_epoch(backend, D, H, kk, batch_size, topk_method, log=log, inputs=inputs,
+                                           encoders=encoders, repeats=epoch_repeats, start=start)
+                                for kk in epoch_ks] if start is not None else []
     parts = ({} if backend.is_gpu else
              step_parts(D, H, k, batch_size, topk_method, threads if limited else 1, log=log, inputs=inputs))
+    trained_parts = step_parts(D, H, k, batch_size, topk_method, threads if limited else 1, log=log, inputs=inputs,
+                               start=start) if start is not None else {}
+    for fresh, trained in zip(epochs, trained_epochs_timed):
+        log(f"epoch at k={fresh['k']}, fresh against trained ({start.made}): {fresh['epoch_s']:.2f} s against "
+            f"{trained['epoch_s']:.2f} s (steps and updates {fresh['steps_s']:.2f} against {trained['steps_s']:.2f})")
+    if trained_parts:
+        log(f"step + update / X W, fresh against trained: {parts['step_over_XW']:.2f} against "
+            f"{trained_parts['step_over_XW']:.2f}")
     result = {
         "benchmark": "train-step",
         "shape": {"N": batch_size, "D": D, "H": H, "k": k},
@@ -677,6 +719,9 @@ def bench_train_step(backend, D=784, H=paper.HIDDEN, k=paper.K, batch_size=paper
         "epochs": epochs,
         "paper_schedule_estimate_h": _schedule_estimate_h(epochs, k),
         "step_parts": parts,
+        "trained_model": None if start is None else {"made": start.made, "epoch": start.epoch},
+        "trained_epochs": trained_epochs_timed,
+        "trained_step_parts": trained_parts,
         "encoder": encoder,
         "encoder_comparison": comparison,
         "repeats": repeats, "steps_per_repeat": steps,
@@ -687,6 +732,20 @@ def bench_train_step(backend, D=784, H=paper.HIDDEN, k=paper.K, batch_size=paper
     if result["paper_schedule_estimate_h"] is not None:
         log(f"the paper's 5000-epoch schedule (k 100 -> {k}): about {result['paper_schedule_estimate_h']:.2f} h here")
     return result
+
+
+def _trained_start(backend, inputs, H: int, k: int, batch_size: int, topk_method: str, trained_epochs: int, from_run,
+                   log):
+    """The trained model the bench times beside the fresh one (:mod:`ksae_cupy.bench.trained`), or None."""
+    from ksae_cupy.bench import trained
+
+    if from_run is not None:
+        return from_run
+    if trained_epochs <= 0:
+        return None
+    X_train, X_valid, what = inputs
+    lr = paper.LR if what.startswith("MNIST") else 1e-3  # as time_epoch's fresh model
+    return trained.trained_here(backend, X_train, X_valid, H, k, batch_size, topk_method, trained_epochs, lr, log)
 
 
 def _schedule_estimate_h(epochs: list, k: int, k_start: int = 100, total: int = 5000) -> float | None:

@@ -46,12 +46,18 @@ def bench_command():
                    "inputs (sparse), chosen by density (auto), or dense and sparse side by side (both).")
 @click.option("--epoch-repeats", type=int, default=3, show_default=True,
               help="Epochs timed per encoder and k of --epoch-k, interleaved; the median is reported.")
+@click.option("--trained-epochs", type=click.IntRange(min=0), default=10, show_default=True,
+              help="Time a model trained this many epochs here (paper's rate, k fixed) beside the fresh one (CPU); "
+                   "0: the fresh model only.")
+@click.option("--from-run", type=click.Path(path_type=Path), default=None,
+              help="Time the trained model of this run folder (its checkpoint.h5) instead of training one here.")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Results folder. [default: results/benchmarks]")
 @report_errors
 def bench_train(device, hidden, dim, k, batch_size, topk, repeats, steps, threads, k_sweep, no_torch, epoch_k, encoder,
-                epoch_repeats, out):
+                epoch_repeats, trained_epochs, from_run, out):
     """Dense step, sparse step, PyTorch and the encoder product X W alone, on MNIST shapes."""
     from ksae_cupy.backend import resolve_device
+    from ksae_cupy.bench import trained
     from ksae_cupy.bench.train_cpu import bench_train_step
     from ksae_cupy.bench.metadata import RESULTS_DIR, write_results
     from ksae_cupy.paths import check_writable_folder
@@ -67,6 +73,7 @@ def bench_train(device, hidden, dim, k, batch_size, topk, repeats, steps, thread
         if not 1 <= kk <= hidden:
             raise KsaeError(f"k {kk} is not allowed; use 1 <= k <= hidden ({hidden})")
     check_writable_folder(out or RESULTS_DIR, "--out")
+    start = trained.from_run(from_run, dim, hidden) if from_run is not None else None
     backend = resolve_device(device)
     check_training_memory(backend, dim, hidden, batch_size, "float64")  # the validation runs in float64
     click.echo(backend.description)
@@ -79,7 +86,7 @@ def bench_train(device, hidden, dim, k, batch_size, topk, repeats, steps, thread
     result = bench_train_step(backend, D=dim, H=hidden, k=k, batch_size=batch_size, topk_method=topk,
                               repeats=repeats, steps=steps, threads=threads, k_sweep=sweep,
                               with_torch=not no_torch, epoch_ks=epoch_ks, log=click.echo, encoder=encoder,
-                              epoch_repeats=epoch_repeats)
+                              epoch_repeats=epoch_repeats, trained_epochs=trained_epochs, from_run=start)
     path = write_results(f"train-{backend.name.replace(':', '')}", result, out)
     click.echo(f"results: {path}")
 

@@ -109,3 +109,47 @@ def test_mnist_inputs_come_from_the_mnist_loader(monkeypatch):
     np.testing.assert_array_equal(X_train, images[:3])
     np.testing.assert_array_equal(X_valid, images[4:6])
     assert what.startswith("MNIST (3 training, 2 validation")
+
+
+def test_bench_train_times_a_trained_model_beside_the_fresh_one(tmp_path):
+    """By default the epochs and the step's parts are timed on a fresh model and on one trained in the bench,
+    side by side; the trained one's step runs at the run's rate from its trained parameters and velocities."""
+    result = CliRunner().invoke(bench_command, ["train", "--device", "cpu", "--hidden", "40", "--dim", "30",
+                                                "--k", "4", "--batch-size", "64", "--repeats", "1", "--steps", "1",
+                                                "--no-torch", "--epoch-k", "4", "--epoch-repeats", "1",
+                                                "--trained-epochs", "2", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(next(tmp_path.glob("train-cpu-*.json")).read_text())
+    if not cpu_kernels.enabled():
+        assert data["trained_model"] is None and data["trained_epochs"] == []
+        return
+    assert data["trained_model"] == {"made": data["trained_model"]["made"], "epoch": 2}
+    assert data["trained_model"]["made"].startswith("trained here: 2 epochs at lr 0.001")  # random rows: 1e-3
+    (fresh,), (trained,) = data["epochs"], data["trained_epochs"]
+    assert fresh["model"] == "fresh" and trained["model"] == data["trained_model"]["made"]
+    assert trained["k"] == 4 and trained["epoch_s"] > 0 and trained["lr"] == 0.001
+    parts = data["trained_step_parts"]
+    assert parts["model"] == trained["model"] and parts["lr"] == 0.001 and parts["step_over_XW"] > 0
+    assert "fresh against trained" in result.output
+
+
+def test_bench_train_from_a_run_folder_times_its_checkpoint(tmp_path):
+    from ksae_cupy.bench.trained import from_run
+    from ksae_cupy.cli.train import train_command
+
+    data = tmp_path / "x.npy"
+    np.save(data, np.random.default_rng(0).random((200, 30)).astype(np.float32))
+    made = CliRunner().invoke(train_command, [str(data), "--hidden", "40", "--k", "4", "--epochs", "2", "--lr", "0.001",
+                                              "--device", "cpu", "--run-dir", str(tmp_path / "run")])
+    assert made.exit_code == 0, made.output
+    start = from_run(tmp_path / "run", 30, 40)
+    assert start.epoch == 2 and start.made.endswith("at epoch 2")
+    assert start.config(4, 3).epochs == 5 and start.config(4, 3).lr == 0.001
+    result = CliRunner().invoke(bench_command, ["train", "--device", "cpu", "--hidden", "50", "--dim", "30",
+                                                "--k", "4", "--from-run", str(tmp_path / "run"), "--no-torch",
+                                                "--out", str(tmp_path)])
+    assert_one_line_error(result, "its W is 30 x 40")
+    result = CliRunner().invoke(bench_command, ["train", "--device", "cpu", "--hidden", "40", "--dim", "30",
+                                                "--k", "4", "--from-run", str(tmp_path), "--no-torch",
+                                                "--out", str(tmp_path)])
+    assert_one_line_error(result, "holds no checkpoint.h5")
