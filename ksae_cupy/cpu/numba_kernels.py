@@ -630,8 +630,8 @@ def _balanced_bounds(start_h, still_h, units_per_block, fixed_per_unit, bounds):
     block = 0
     for lane in range(1, lanes):
         share = total * lane / lanes
-        # move on while the next boundary is nearer the share than this one
-        while block < blocks and abs(work_before_b[block + 1] - share) < abs(work_before_b[block] - share):
+        # move on while the next boundary is no farther from the share than this one (past blocks of no work)
+        while block < blocks and abs(work_before_b[block + 1] - share) <= abs(work_before_b[block] - share):
             block += 1
         bounds[lane] = block
     bounds[lanes] = blocks

@@ -318,9 +318,11 @@ def test_the_update_lanes_share_the_blocks_by_their_work():
         work = [work_h[a * units_per_block:b * units_per_block].sum() for a, b in zip(bounds, bounds[1:])]
         biggest_block = max(work_h[b * units_per_block:(b + 1) * units_per_block].sum() for b in range(blocks))
         assert max(work) - min(work) <= biggest_block  # even within one block's work
-    # Units 20-99 hold no pair: when the first half of them is still, the even cut moves up past them.
-    still_h = np.zeros(H, dtype=np.bool_)
-    still_h[20:60] = True
-    all_moving = kernels._blocks_balanced_by_work(start_h, none_still_h, 2)[1]
-    assert kernels._blocks_balanced_by_work(start_h, still_h, 2)[1] > all_moving
     assert kernels._blocks_balanced_by_work(start_h, none_still_h, 2)[1] < blocks // 2  # not the even count's cut
+    # Units 0-49 hold no pair, 50-99 two each: an even share of the work is at unit 64 (block 8) when every unit
+    # is visited, at unit 75 when units 0-49 are still (skipped, no work): the cut moves up to block 9.
+    pairs_h = np.where(np.arange(H) < 50, 0, 2)
+    start_h = np.concatenate([[0], np.cumsum(pairs_h)])
+    still_h = np.arange(H) < 50
+    assert kernels._blocks_balanced_by_work(start_h, none_still_h, 2)[1] == 8
+    assert kernels._blocks_balanced_by_work(start_h, still_h, 2)[1] == 9
