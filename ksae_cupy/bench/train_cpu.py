@@ -162,10 +162,10 @@ def _encoder_setting(encoder: str | None):
 
 
 def time_epoch(backend, D: int, H: int, k: int, batch_size: int, topk_method: str, n_train: int = 50_000,
-               n_valid: int = 10_000, log=print, inputs=None, encoders=(None,), repeats: int = 1, start=None) -> dict:
+               n_valid: int = 10_000, log=print, inputs=None, encoders=(None,), repeats: int = 1, trained=None) -> dict:
     """One training epoch as ``ksae-train`` runs it, on MNIST (:func:`mnist_inputs`), with its parts.
 
-    ``start`` (:class:`ksae_cupy.bench.trained.TrainedStart`): the epochs continue that trained model at its
+    ``trained`` (:class:`ksae_cupy.bench.trained.TrainedStart`): the epochs continue that trained model at its
     own rate; None: a fresh model (at the paper's rate on MNIST; at 1e-3 on random rows, which diverge at it).
 
     The trainer's own part timings (shuffle, batch gathering, steps, updates, validation pass), then
@@ -188,12 +188,12 @@ def time_epoch(backend, D: int, H: int, k: int, batch_size: int, topk_method: st
     trainers, seconds, reports = {}, {encoder: [] for encoder in encoders}, {}
     for encoder in encoders:
         with _encoder_setting(encoder):
-            if start is None:
+            if trained is None:
                 lr = paper.LR if what.startswith("MNIST") else 1e-3
                 trainer = Trainer(TrainConfig(hidden=H, k=k, k_start=None, epochs=repeats + 1, batch_size=batch_size,
                                               topk=topk_method, lr=lr), backend, D)
             else:
-                trainer = start.trainer(backend, D, k, repeats + 1)
+                trainer = trained.trainer(backend, D, k, repeats + 1)
             first_epoch = trainer.epoch
             trainer.run_epoch(X_train[:4 * batch_size], X_valid[:batch_size])  # compiles the kernels; not timed
             trainer.epoch = first_epoch
@@ -230,7 +230,7 @@ def time_epoch(backend, D: int, H: int, k: int, batch_size: int, topk_method: st
         t2 = time.perf_counter()
     parts = dict(report.parts, metrics_line=round(t1 - t0, 4), checkpoint=round(t2 - t1, 4))
     result = {"k": k, "n_train": n_train, "n_valid": n_valid, "inputs": what, "encoder": first or "process setting",
-              "model": "fresh" if start is None else start.made, "lr": float(trainer.config.lr),
+              "model": "fresh" if trained is None else trained.made, "lr": float(trainer.config.lr),
               "dead_fraction": report.dead_fraction,
               "epoch_s": round(total, 3),
               "epoch_with_checkpoint_every_10_s": round(total + parts["metrics_line"] + parts["checkpoint"] / 10, 3),
@@ -693,7 +693,7 @@ def bench_train_step(backend, D=784, H=paper.HIDDEN, k=paper.K, batch_size=paper
                              encoders=encoders if kernels else (None,), repeats=epoch_repeats)
                   for kk in epoch_ks]
         trained_epochs_timed = [time_epoch(backend, D, H, kk, batch_size, topk_method, log=log, inputs=inputs,
-                                           encoders=encoders, repeats=epoch_repeats, start=start)
+                                           encoders=encoders, repeats=epoch_repeats, trained=start)
                                 for kk in epoch_ks] if start is not None else []
     parts = ({} if backend.is_gpu else
              step_parts(D, H, k, batch_size, topk_method, threads if limited else 1, log=log, inputs=inputs))
