@@ -25,10 +25,15 @@ PyTorch runs where ours does: ``cuda:N`` for ``gpu:N``, the CPU (eager only) for
 a torch without CUDA is recorded absent. Both of its variants run one function (:meth:`TorchStep.train_step`),
 so its eager step validated on the CPU checks the arithmetic of the captured one too.
 
-Protocol: (1) validate: from the initial state, every variant trains ``2 x validate_steps`` steps (the
+Where every variant starts (``start``): by default a trained model, as users run it (a run spends 4,990 of
+its 5,000 epochs on one): the state, parameters and velocities, after :attr:`StepSetup.trained_epochs` epochs
+of our trainer at the same rate from the initial weights (:class:`ModelState`); ``fresh``: the initial weights
+with zero velocities. Every variant is reset to that very state.
+
+Protocol: (1) validate: from the starting state, every variant trains ``2 x validate_steps`` steps (the
 first ``validate_steps`` batches, twice); its losses must equal a NumPy float64 run of the same steps to
 :data:`VALIDATE_RTOL` (the trainer's two epoch means against the reference's); a variant that does not is
-not timed. (2) time: back to the initial state, one warm-up epoch (compilation, capture), then
+not timed. (2) time: back to the starting state, one warm-up epoch (compilation, capture), then
 ``epochs`` timed epochs (at least 5; host clock around each, which ends with the loss's read-back); the
 median is reported. Every epoch's mean loss must be finite and at most the untrained model's loss, or the
 variant's time is refused.
@@ -53,6 +58,7 @@ from ksae_cupy.bench.metadata import run_metadata, torch_meta, write_results
 
 VALIDATE_RTOL = 1e-3  # float32 against float64 over 16 steps differs by about 1e-6; a wrong rate by percents
 MIN_TIMED_EPOCHS = 5
+STARTS = ("trained", "fresh")
 OUR_METHODS = ("sort", "threshold")
 TORCH_GRAPH_ON_CPU = "a CPU run: a CUDA graph needs a CUDA device"
 
@@ -71,9 +77,45 @@ class StepSetup:
     seed: int = 0
     validate_steps: int = 8
     epochs: int = MIN_TIMED_EPOCHS
+    trained_epochs: int = 10  # the trained start: epochs of our trainer from the initial weights
 
 
-TINY = dict(D=16, H=32, k=4, batch=8, validate_steps=3, lr=0.05)  # lr: so that a few tiny epochs learn visibly
+@dataclass
+class ModelState:
+    """Where every variant starts: float32 host arrays, ``params`` (``W_dh`` C-contiguous, ``b_h``, ``c_d``) and
+    their ``velocities`` (same names); ``made``: how (said in the results)."""
+
+    params: dict
+    velocities: dict
+    made: str
+
+    @classmethod
+    def fresh(cls, setup: "StepSetup") -> "ModelState":
+        """The initial weights (:func:`ksae_cupy.model.init_params` from ``default_rng(seed)``, as the trainer
+        draws them) and zero velocities."""
+        from ksae_cupy.model import init_params
+
+        params = {name: np.ascontiguousarray(value, dtype=np.float32)
+                  for name, value in init_params(setup.D, setup.H, setup.sigma, np.random.default_rng(setup.seed)).items()}
+        return cls(params, {name: np.zeros_like(value) for name, value in params.items()}, "fresh: the initial weights")
+
+    @classmethod
+    def trained(cls, backend, setup: "StepSetup", X_nd) -> "ModelState":
+        """The state of our trainer after ``setup.trained_epochs`` epochs on ``X_nd`` from the initial weights, at
+        the setup's rate and momentum, k fixed."""
+        from ksae_cupy.backend import to_host
+
+        trainer = OursTrainer(backend, setup, X_nd).trainer
+        X_device = backend.asarray(X_nd)
+        for _ in range(setup.trained_epochs):
+            trainer.run_epoch(X_device)
+        host = {group: {name: np.ascontiguousarray(to_host(value), dtype=np.float32) for name, value in arrays.items()}
+                for group, arrays in (("params", trainer.params), ("velocities", trainer.optimizer.velocities))}
+        return cls(host["params"], host["velocities"],
+                   f"trained: {setup.trained_epochs} epochs of our trainer from the initial weights at lr {setup.lr}")
+
+
+TINY = dict(D=16, H=32, k=4, batch=8, validate_steps=3, lr=0.05, trained_epochs=2)  # lr: so that a few tiny epochs learn visibly
 TINY_ROWS = 64
 
 
@@ -103,13 +145,15 @@ def training_rows(tiny: bool, data_dir: Path | None, D: int, seed: int) -> tuple
     return mnist_like(TINY_ROWS, D, seed), "synthetic MNIST-like (19% non-zero, uniform (0, 1]), tiny"
 
 
-def reference_losses(setup: StepSetup, W0_dh, X_nd, batches) -> list[float]:
-    """Each step's loss of the same steps in NumPy float64 (the model's own functions)."""
+def reference_losses(setup: StepSetup, state: ModelState, X_nd, batches) -> list[float]:
+    """Each step's loss of the same steps from ``state`` in NumPy float64 (the model's own functions)."""
     from ksae_cupy.model import loss_and_grads
     from ksae_cupy.optim import MomentumSGD
 
-    params = {"W_dh": W0_dh.astype(np.float64), "b_h": np.zeros(setup.H), "c_d": np.zeros(setup.D)}
+    params = {name: value.astype(np.float64) for name, value in state.params.items()}
     optimizer = MomentumSGD(params, setup.momentum, np)
+    for name, value in state.velocities.items():
+        optimizer.velocities[name][...] = value
     losses = []
     for rows in batches:
         loss, grads, _ = loss_and_grads(params, X_nd[rows].astype(np.float64), setup.k, "sort")
@@ -146,7 +190,7 @@ def refusal(epoch_losses, initial_loss: float) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------------
-# The variants. Each: reset() (back to the initial state, in place: a captured graph holds addresses),
+# The variants. Each: reset() (back to the starting state, in place: a captured graph holds addresses),
 # steps(order, batches) -> per-step losses (validation), epoch(order) -> the epoch's mean loss.
 
 class _BatchedVariant:
@@ -173,15 +217,15 @@ class _BatchedVariant:
 class OursStepGraphs(_BatchedVariant):
     """Our captured step (:class:`~ksae_cupy.gpu.graph_step.GraphStep`) on the batches of ``order``."""
 
-    def __init__(self, cupy, setup: StepSetup, W0_dh, X_nd, method: str):
+    def __init__(self, cupy, setup: StepSetup, state: ModelState, X_nd, method: str):
         from ksae_cupy.gpu.graph_step import EpochCounters, GraphStep
 
         super().__init__(setup, X_nd.shape[0])
         self.cupy, self.name = cupy, f"ours_step_graphs_{method}"
-        self.W0_dh = cupy.asarray(W0_dh)
-        self.params = {"W_dh": self.W0_dh.copy(), "b_h": cupy.zeros(setup.H, dtype=np.float32),
-                       "c_d": cupy.zeros(setup.D, dtype=np.float32)}
-        self.velocities = {name: cupy.zeros_like(value) for name, value in self.params.items()}
+        self.state = {group: {name: cupy.asarray(value) for name, value in arrays.items()}
+                      for group, arrays in (("params", state.params), ("velocities", state.velocities))}
+        self.params = {name: value.copy() for name, value in self.state["params"].items()}
+        self.velocities = {name: value.copy() for name, value in self.state["velocities"].items()}
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.counters = EpochCounters.zeros(cupy, setup.H, cupy.zeros(setup.H, dtype=np.int64))
         self.step = GraphStep(cupy, self.params, self.velocities, cupy.asarray(X_nd), setup.batch, setup.k, method,
@@ -196,9 +240,9 @@ class OursStepGraphs(_BatchedVariant):
 
     def reset(self):
         with self.stream:
-            self.params["W_dh"][...] = self.W0_dh
-            for array in (self.params["b_h"], self.params["c_d"], *self.velocities.values()):
-                array.fill(0)
+            for group, arrays in (("params", self.params), ("velocities", self.velocities)):
+                for name, array in arrays.items():
+                    array[...] = self.state[group][name]
 
     def start(self):
         with self.stream:
@@ -236,7 +280,7 @@ class TorchStep(_BatchedVariant):
 
     WARMUP_STEPS = 3  # before capture: autograd's and cuBLAS's lazy set-up happens outside it
 
-    def __init__(self, torch, setup: StepSetup, W0_dh, X_nd, device: str, captured: bool):
+    def __init__(self, torch, setup: StepSetup, state: ModelState, X_nd, device: str, captured: bool):
         super().__init__(setup, X_nd.shape[0])
         self.torch, self.name = torch, "torch_graph" if captured else "torch_eager"
         self.device = torch.device(device)
@@ -245,12 +289,13 @@ class TorchStep(_BatchedVariant):
         # float32 given everywhere: a caller's torch.set_default_dtype must not turn a bias into float64
         f32, dev = torch.float32, self.device
         self.X = torch.as_tensor(X_nd, dtype=f32, device=dev)  # only read (on the CPU: X_nd's own memory)
-        self.W0 = torch.tensor(W0_dh, dtype=f32, device=dev)  # a copy: reset() restores W from it
-        self.W = self.W0.clone().requires_grad_(True)
-        self.b = torch.zeros(setup.H, dtype=f32, device=dev, requires_grad=True)
-        self.c = torch.zeros(setup.D, dtype=f32, device=dev, requires_grad=True)
+        names = ("W_dh", "b_h", "c_d")
+        # copies: reset() restores the parameters and velocities from them, in place
+        self.start_params = tuple(torch.tensor(state.params[name], dtype=f32, device=dev) for name in names)
+        self.start_velocities = tuple(torch.tensor(state.velocities[name], dtype=f32, device=dev) for name in names)
+        self.W, self.b, self.c = (p.clone().requires_grad_(True) for p in self.start_params)
         self.params = (self.W, self.b, self.c)
-        self.velocities = tuple(torch.zeros_like(p) for p in self.params)  # before capture: its addresses
+        self.velocities = tuple(v.clone() for v in self.start_velocities)  # before capture: its addresses
         self.rows = torch.zeros(setup.batch, dtype=torch.int64, device=dev)  # the batch's rows, copied in place
         self.total = torch.zeros((), dtype=torch.float64, device=dev)  # the losses' sum, read once per epoch
         self.graph = None
@@ -288,7 +333,7 @@ class TorchStep(_BatchedVariant):
     def _capture(self):
         """PyTorch's recipe for capturing a whole training step (its CUDA Graphs notes): warm-up on a side
         stream that waits for what the current stream queued, then capture on that same stream; the
-        warm-up trained, so back to the initial state, in place (the graph holds the addresses)."""
+        warm-up trained, so back to the starting state, in place (the graph holds the addresses)."""
         torch = self.torch
         side = torch.cuda.Stream(device=self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
@@ -303,9 +348,8 @@ class TorchStep(_BatchedVariant):
 
     def reset(self):
         with self.torch.no_grad(), self._on_device():
-            self.W.copy_(self.W0)
-            for t in (self.b, self.c, *self.velocities):
-                t.zero_()
+            for t, start in zip((*self.params, *self.velocities), (*self.start_params, *self.start_velocities)):
+                t.copy_(start)
 
     def steps(self, order, n_steps: int) -> list[float]:
         with self._on_device():
@@ -335,8 +379,8 @@ class OursTrainer:
 
     name = "ours_trainer"
 
-    def __init__(self, backend, setup: StepSetup, X_nd):
-        self.backend, self.setup, self.X_nd = backend, setup, backend.asarray(X_nd)
+    def __init__(self, backend, setup: StepSetup, X_nd, state: ModelState | None = None):
+        self.backend, self.setup, self.X_nd, self.state = backend, setup, backend.asarray(X_nd), state
         self.device_order = np.asarray
         self.reset()
 
@@ -347,6 +391,11 @@ class OursTrainer:
         config = TrainConfig(hidden=s.H, k=s.k, k_start=None, epochs=10 ** 6, batch_size=s.batch, lr=s.lr,
                              momentum=s.momentum, sigma=s.sigma, seed=s.seed)
         self.trainer = Trainer(config, self.backend, D=s.D)  # the same initial weights: default_rng(seed)
+        if self.state is not None:  # then the starting state, in place (before any step: nothing holds old values)
+            for arrays, values in ((self.trainer.params, self.state.params),
+                                   (self.trainer.optimizer.velocities, self.state.velocities)):
+                for name, value in values.items():
+                    arrays[name][...] = self.backend.asarray(value)
         captured = getattr(self.trainer, "_captured", None)
         self.path = "generic step" if captured is None else \
             f"{type(captured).__module__}.{type(captured).__qualname__}"
@@ -378,20 +427,21 @@ def _import_torch():
     return torch, None
 
 
-def _variants(backend, torch, setup: StepSetup, W0_dh, X_nd) -> tuple[list, dict]:
-    """``(variants, absent)``: every variant that could be built; each that could not, with why."""
+def _variants(backend, torch, setup: StepSetup, state: ModelState, X_nd) -> tuple[list, dict]:
+    """``(variants, absent)``: every variant that could be built, each starting from ``state``; each that could
+    not, with why."""
     variants, absent = [], {}
-    builders = [(f"ours_step_graphs_{m}", lambda m=m: OursStepGraphs(backend.xp, setup, W0_dh, X_nd, m))
+    builders = [(f"ours_step_graphs_{m}", lambda m=m: OursStepGraphs(backend.xp, setup, state, X_nd, m))
                 for m in OUR_METHODS] if backend.is_gpu else []
-    builders.append(("ours_trainer", lambda: OursTrainer(backend, setup, X_nd)))
+    builders.append(("ours_trainer", lambda: OursTrainer(backend, setup, X_nd, state)))
     if torch is not None:
         device, why = torch_device(torch, backend)
         if device is None:
             absent["torch_eager"] = absent["torch_graph"] = why
         else:
-            builders.append(("torch_eager", lambda: TorchStep(torch, setup, W0_dh, X_nd, device, captured=False)))
+            builders.append(("torch_eager", lambda: TorchStep(torch, setup, state, X_nd, device, captured=False)))
             if device.startswith("cuda"):
-                builders.append(("torch_graph", lambda: TorchStep(torch, setup, W0_dh, X_nd, device, captured=True)))
+                builders.append(("torch_graph", lambda: TorchStep(torch, setup, state, X_nd, device, captured=True)))
             else:
                 absent["torch_graph"] = TORCH_GRAPH_ON_CPU
     if not backend.is_gpu:
@@ -444,13 +494,17 @@ def _validate_and_time(variant, setup: StepSetup, validation_order, reference, o
 
 def compare_steps(device: str = "gpu", *, tiny: bool = False, data_dir: Path | None = None,
                   epochs: int = MIN_TIMED_EPOCHS, include_torch: bool = True, out_dir: Path | None = None,
-                  write: bool = True, validate_only: bool = False) -> dict:
+                  write: bool = True, validate_only: bool = False, start: str = "trained") -> dict:
     """Validate, then time, every variant on one device; returns the result (``"path"``: the JSON written).
     ``device``: ``gpu[:N]`` (or ``cpu``: the trainer and PyTorch eager only, a check of the code paths).
-    ``validate_only``: the validation alone, no epoch timed (on the CPU, MNIST's epochs take minutes)."""
+    ``validate_only``: the validation alone, no epoch timed (on the CPU, MNIST's epochs take minutes).
+    ``start``: ``trained`` (every variant from the state after ``setup.trained_epochs`` epochs of our trainer)
+    or ``fresh`` (from the initial weights)."""
     from ksae_cupy.backend import resolve_device
     from ksae_cupy.model import init_params
 
+    if start not in STARTS:
+        raise ValueError(f"start {start!r} is not allowed; use one of {', '.join(STARTS)}")
     if epochs < MIN_TIMED_EPOCHS:
         raise ValueError(f"epochs {epochs} is not allowed; use at least {MIN_TIMED_EPOCHS} (a median of fewer says little)")
     setup = StepSetup(epochs=epochs, **(TINY if tiny else {}))
@@ -459,16 +513,17 @@ def compare_steps(device: str = "gpu", *, tiny: bool = False, data_dir: Path | N
     X_host, data = training_rows(tiny, data_dir, setup.D, setup.seed)
     X_nd = np.ascontiguousarray(X_host[:(len(X_host) // setup.batch) * setup.batch], dtype=np.float32)
     W0_dh = init_params(setup.D, setup.H, setup.sigma, np.random.default_rng(setup.seed))["W_dh"]
+    state = ModelState.trained(backend, setup, X_nd) if start == "trained" else ModelState.fresh(setup)
     rng = np.random.default_rng(setup.seed + 1)
     orders = [rng.permutation(len(X_nd)) for _ in range(1 + setup.epochs)]  # warm-up, then the timed epochs
     validation_order = orders[0]
     V = setup.validate_steps
     first_rows = [validation_order[b * setup.batch:(b + 1) * setup.batch] for b in range(V)]
-    reference = reference_losses(setup, W0_dh, X_nd, first_rows * 2)
+    reference = reference_losses(setup, state, X_nd, first_rows * 2)
     initial_loss = untrained_loss(setup, W0_dh, X_nd)
     t0 = time.perf_counter()
     with backend.use():
-        variants, absent = _variants(backend, torch, setup, W0_dh, X_nd)
+        variants, absent = _variants(backend, torch, setup, state, X_nd)
         if torch is None:
             absent["torch"] = torch_absent
         results = {v.name: _validate_and_time(v, setup, validation_order, reference, orders, initial_loss,
@@ -479,7 +534,7 @@ def compare_steps(device: str = "gpu", *, tiny: bool = False, data_dir: Path | N
         "meta": {**run_metadata(backend), **torch_meta()},
         "setup": {**asdict(setup), "rows": len(X_nd), "batches_per_epoch": len(X_nd) // setup.batch, "data": data,
                   "dtype": "float32", "validate_rtol": VALIDATE_RTOL, "reference": "NumPy float64, the same steps",
-                  "validate_only": validate_only},
+                  "validate_only": validate_only, "start": state.made},
         "reference_losses": reference,
         "untrained_loss": initial_loss,
         "results": results,
@@ -505,9 +560,12 @@ def main(argv=None) -> int:
     ap.add_argument("--data-dir", type=Path, default=None, help="data root holding mnist/ (default $KSAE_DATA_DIR)")
     ap.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
     ap.add_argument("--validate-only", action="store_true", help="validate every variant, time none")
+    ap.add_argument("--start", choices=STARTS, default="trained",
+                    help="every variant from a trained model (default; what users run) or the initial weights")
     args = ap.parse_args(argv)
     result = compare_steps(args.device, tiny=args.tiny, data_dir=args.data_dir, epochs=args.epochs,
-                           include_torch=not args.no_torch, out_dir=args.out, validate_only=args.validate_only)
+                           include_torch=not args.no_torch, out_dir=args.out, validate_only=args.validate_only,
+                           start=args.start)
     for name, why in result["absent"].items():
         print(f"step {name}: absent: {why}", flush=True)
     for name, r in result["results"].items():

@@ -11,7 +11,6 @@ import pytest
 
 from ksae_cupy.bench import step_compare
 from ksae_cupy.bench.step_compare import StepSetup, refusal
-from ksae_cupy.model import init_params
 
 
 @pytest.mark.parametrize("losses, fragment", [
@@ -119,7 +118,17 @@ def test_on_the_cpu_the_trainer_is_validated_then_timed(tmp_path):
     data = json.loads(open(out["path"]).read())
     assert data["meta"]["device"] == "cpu" and "ours_trainer" in data["results"]
     assert "not a GPU" in data["absent"]["ours_step_graphs"]
+    assert data["setup"]["start"].startswith("trained: 2 epochs")  # the default start: a trained model
     _check_common(data)
+
+
+def test_the_trained_start_is_not_the_fresh_one_and_a_bad_start_is_refused():
+    trained = step_compare.compare_steps("cpu", tiny=True, write=False, validate_only=True)
+    fresh = step_compare.compare_steps("cpu", tiny=True, write=False, validate_only=True, start="fresh")
+    assert fresh["setup"]["start"].startswith("fresh")
+    assert trained["reference_losses"][0] < fresh["reference_losses"][0]  # two epochs in: a lower loss
+    with pytest.raises(ValueError, match="start 'half' is not allowed; use one of trained, fresh"):
+        step_compare.compare_steps("cpu", tiny=True, write=False, start="half")
 
 
 def test_validate_only_validates_every_variant_and_times_none():
@@ -147,32 +156,36 @@ def test_a_variant_at_another_rate_than_the_references_is_refused(tmp_path, monk
     assert trainer["refused"].startswith("validation: losses differ") and "seconds_per_epoch" not in trainer
 
 
-@pytest.mark.parametrize("shape", [step_compare.TINY, dict(D=784, H=1000, k=25, batch=32, validate_steps=4)],
+@pytest.mark.parametrize("start", ["fresh", "trained"])
+@pytest.mark.parametrize("shape", [step_compare.TINY, dict(D=784, H=1000, k=25, batch=32, validate_steps=4,
+                                                           trained_epochs=1)],
                          ids=["tiny", "mnist-like"])
-def test_pytorchs_step_takes_the_reference_steps_on_the_cpu(shape):
-    """PyTorch's step (the very function its CUDA graph captures) against NumPy float64, step by step, where
-    torch imports; where it does not, its absence is what the comparison records, and our trainer's steps
-    are checked alone."""
+def test_pytorchs_step_takes_the_reference_steps_on_the_cpu(shape, start):
+    """PyTorch's step (the very function its CUDA graph captures) against NumPy float64, step by step, from the
+    initial weights and from a trained model, where torch imports; where it does not, its absence is what the
+    comparison records, and our trainer's steps are checked alone (they are in either case)."""
+    from ksae_cupy.backend import resolve_device
+
     setup = StepSetup(**shape)
     X_nd = step_compare.mnist_like(8 * setup.batch, setup.D, seed=0)
-    W0_dh = init_params(setup.D, setup.H, setup.sigma, np.random.default_rng(0))["W_dh"]
+    state = step_compare.ModelState.fresh(setup) if start == "fresh" else \
+        step_compare.ModelState.trained(resolve_device("cpu"), setup, X_nd)
+    assert (np.count_nonzero(state.velocities["W_dh"]) > 0) == (start == "trained")
     order = np.random.default_rng(1).permutation(len(X_nd))
     V, B = setup.validate_steps, setup.batch
-    reference = step_compare.reference_losses(setup, W0_dh, X_nd, [order[b * B:(b + 1) * B] for b in range(V)] * 2)
+    reference = step_compare.reference_losses(setup, state, X_nd, [order[b * B:(b + 1) * B] for b in range(V)] * 2)
     assert sum(reference[V:]) < sum(reference[:V])  # it learns: the same batches cost less the second time
+    ours = step_compare.OursTrainer(resolve_device("cpu"), setup, X_nd, state).steps(order, V)
+    np.testing.assert_allclose(ours, [np.mean(reference[:V]), np.mean(reference[V:])], rtol=1e-5)
     torch, why = step_compare._import_torch()
     if torch is None:
-        from ksae_cupy.backend import resolve_device
-
         assert why.startswith("torch does not import")
-        ours = step_compare.OursTrainer(resolve_device("cpu"), setup, X_nd).steps(order, V)
-        np.testing.assert_allclose(ours, [np.mean(reference[:V]), np.mean(reference[V:])], rtol=1e-5)
         return
-    step = step_compare.TorchStep(torch, setup, W0_dh, X_nd, "cpu", captured=False)
+    step = step_compare.TorchStep(torch, setup, state, X_nd, "cpu", captured=False)
     two_passes = step.device_order(np.concatenate([order[:V * B]] * 2))
     got = step.steps(two_passes, 2 * V)
     assert step_compare.worst_relative_difference(got, reference) < 1e-5  # float32 against float64: ~1e-7
     step.reset()  # back to the initial state in place: the same steps again
     assert step.steps(two_passes, 2 * V) == got
     with pytest.raises(ValueError, match="captured on device 'cpu' is not allowed; a CUDA graph needs a cuda device"):
-        step_compare.TorchStep(torch, setup, W0_dh, X_nd, "cpu", captured=True)
+        step_compare.TorchStep(torch, setup, state, X_nd, "cpu", captured=True)
