@@ -245,8 +245,12 @@ def time_epoch(backend, D: int, H: int, k: int, batch_size: int, topk_method: st
     return result
 
 
-def _torch_step(D: int, H: int, k: int, batch_size: int, threads: int | None, batches_np, params_np):
-    """A PyTorch eager step of the same math, validated; None when torch does not import."""
+def _torch_step(D: int, H: int, k: int, batch_size: int, threads: int | None, batches_np, params_np,
+                velocities_np=None, lr: float = 0.0, momentum: float = 0.9):
+    """A PyTorch eager step of the same math, validated; None when torch does not import. ``velocities_np``:
+    our velocities ``v`` of a trained model, given to ``torch.optim.SGD`` as its momentum buffers ``-v / lr``
+    (its ``buf <- m buf + g; p <- p - lr buf`` is our update with ``v = -lr buf``). Its timing runs with
+    denormals flushed (``torch.set_flush_denormal``, :func:`_torch_flushing`), as our updates flush them."""
     try:
         import torch
     except ImportError:
@@ -270,8 +274,11 @@ def _torch_step(D: int, H: int, k: int, batch_size: int, threads: int | None, ba
     grads_of(tp, torch.tensor(X64, dtype=torch.float32))
     error = _check("PyTorch step", _worst_error({n: p.grad.numpy() for n, p in zip(model.PARAM_NAMES, tp)}, grads64))
 
-    params = [torch.tensor(params_np[n], requires_grad=True) for n in model.PARAM_NAMES]
-    optimizer = torch.optim.SGD(params, lr=0.0, momentum=0.9)
+    params = [torch.tensor(np.ascontiguousarray(params_np[n]), requires_grad=True) for n in model.PARAM_NAMES]
+    optimizer = torch.optim.SGD(params, lr=lr, momentum=momentum)
+    if velocities_np is not None and lr > 0:
+        for p, n in zip(params, model.PARAM_NAMES):
+            optimizer.state[p]["momentum_buffer"] = torch.tensor(-np.asarray(velocities_np[n]) / np.float32(lr))
     batches = [torch.from_numpy(X) for X in batches_np]
 
     def step(i):
@@ -282,8 +289,27 @@ def _torch_step(D: int, H: int, k: int, batch_size: int, threads: int | None, ba
     return step, {"torch": torch.__version__, "torch_threads": torch.get_num_threads(), "validation": error}
 
 
-def _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, threads, with_torch: bool, log) -> dict:
-    """Validate then time every contender at one k; milliseconds per step."""
+@contextlib.contextmanager
+def _torch_flushing(info: dict):
+    """Denormals flushed to zero for torch inside the block (``torch.set_flush_denormal``: the FTZ and DAZ bits
+    of this thread), as our updates flush them; off again after, so nothing else in the process runs so."""
+    import torch
+
+    info["flush_denormal"] = bool(torch.set_flush_denormal(True))
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+
+
+def _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, threads, with_torch: bool, log,
+               start=None, inputs=None) -> dict:
+    """Validate then time every contender at one k; milliseconds per step.
+
+    ``start`` (:class:`ksae_cupy.bench.trained.TrainedStart`) and ``inputs`` (:func:`mnist_inputs`): every
+    contender steps from that trained model's parameters and velocities, on batches of those inputs, at its rate
+    (what a user's run does); else from initial weights on random batches at rate 0 (the update's arithmetic,
+    the weights kept)."""
     xp = backend.xp
     errors = {name: validate_step(backend, D, H, k, batch_size, topk_method, fn, f"{name} step")
               for name, fn in STEPS.items()}
@@ -292,9 +318,19 @@ def _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, thread
             errors["sparse_scipy"] = validate_step(backend, D, H, k, batch_size, topk_method, loss_and_grads_sparse,
                                                    "sparse step without the CPU kernels")
     rng = np.random.default_rng(0)
-    host_params = model.init_params(D, H, 0.01, rng, np.float32)
-    # Rotate through several batches so no cache holds the one batch.
-    host_batches = [rng.random((batch_size, D), dtype=np.float32) for _ in range(8)]
+    if start is None:
+        host_params = model.init_params(D, H, 0.01, rng, np.float32)
+        host_velocities, lr, momentum = None, 0.0, paper.MOMENTUM
+        # Rotate through several batches so no cache holds the one batch.
+        host_batches = [rng.random((batch_size, D), dtype=np.float32) for _ in range(8)]
+    else:
+        host_params = {n: np.asarray(v, dtype=np.float32) for n, v in start.checkpoint.params.items()}
+        host_velocities = {n: np.asarray(v, dtype=np.float32) for n, v in start.checkpoint.velocities.items()}
+        config = start.config(k, 1)
+        lr, momentum = float(config.lr), float(config.momentum)
+        X_train = inputs[0]
+        host_batches = [np.ascontiguousarray(X_train[rng.choice(len(X_train), batch_size, replace=False)],
+                                             dtype=np.float32) for _ in range(8)]
     batches = [backend.asarray(X) for X in host_batches]
     ms = {}
     # The sparse step as the trainer runs it: W in Fortran order, W's gradient handed to the
@@ -308,7 +344,9 @@ def _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, thread
         params = {n: backend.asarray(v.copy()) for n, v in host_params.items()}
         if fn is loss_and_grads_sparse:  # stored as the trainer stores it for the sparse step
             params["W_dh"] = sparse_layout(params["W_dh"])
-        optimizer = MomentumSGD(params, 0.9, xp)
+        optimizer = MomentumSGD(params, momentum, xp)
+        for n, v in (host_velocities or {}).items():
+            optimizer.velocities[n][...] = backend.asarray(v)
         # The update the trainer chooses (ksae_cupy.training.steps): on the CPU kernels fused, and for the
         # sparse step W's gradient applied row by row.
         kernels = not backend.is_gpu and kernels_setting != "0" and cpu_kernels.enabled()
@@ -317,9 +355,9 @@ def _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, thread
 
         def step(i, fn=fn, params=params, optimizer=optimizer, options=options, update=update):
             _, grads, _ = fn(params, batches[i % 8], k, topk_method, **options)
-            # lr = 0 does the update's arithmetic while keeping the weights (and the
-            # timing) from drifting over thousands of steps on random data.
-            update(optimizer, params, grads, 0.0)
+            # Fresh: lr = 0 does the update's arithmetic while keeping the weights (and the timing) from
+            # drifting over thousands of steps on random data. Trained: the run's rate, on its data.
+            update(optimizer, params, grads, lr)
 
         # The sparse step in lanes runs BLAS on one thread beside them, as the trainer does.
         blas = _blas_threads(1) if options.get("lanes", 1) > 1 else contextlib.nullcontext()
@@ -329,10 +367,12 @@ def _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, thread
     ms["encoder_XW"] = 1e3 * _median_seconds(lambda i: batches[i % 8] @ W, backend, repeats, steps)
     torch_info = None
     if with_torch:
-        torch_step, torch_info = _torch_step(D, H, k, batch_size, threads, host_batches, host_params)
+        torch_step, torch_info = _torch_step(D, H, k, batch_size, threads, host_batches, host_params,
+                                             host_velocities, lr, momentum)
         if torch_step is not None:
             errors["torch"] = torch_info.pop("validation")
-            ms["torch"] = 1e3 * _median_seconds(torch_step, backend, repeats, steps)
+            with _torch_flushing(torch_info):
+                ms["torch"] = 1e3 * _median_seconds(torch_step, backend, repeats, steps)
     ratios = {"dense_over_sparse": ms["dense"] / ms["sparse"],
               "sparse_over_encoder": ms["sparse"] / ms["encoder_XW"]}
     if "sparse_scipy" in ms:
@@ -340,8 +380,10 @@ def _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, thread
     if "torch" in ms:
         ratios["torch_over_sparse"] = ms["torch"] / ms["sparse"]
     line = "  ".join(f"{name} {value:.3f} ms" for name, value in ms.items())
-    log(f"k={k}: {line}  |  " + "  ".join(f"{name} {value:.2f}" for name, value in ratios.items()))
-    return {"k": k, "ms": ms, "ratios": ratios, "validation_max_rel_error": errors, "torch": torch_info}
+    model_made = "fresh" if start is None else start.made
+    log(f"k={k}, {model_made} model: {line}  |  " + "  ".join(f"{name} {value:.2f}" for name, value in ratios.items()))
+    return {"k": k, "model": model_made, "lr": lr, "ms": ms, "ratios": ratios, "validation_max_rel_error": errors,
+            "torch": torch_info}
 
 
 # ---- The encoder side by side: BLAS's X W and X W from the non-zero inputs (issue 52) ----
@@ -692,6 +734,8 @@ def bench_train_step(backend, D=784, H=paper.HIDDEN, k=paper.K, batch_size=paper
         epochs = [time_epoch(backend, D, H, kk, batch_size, topk_method, log=log, inputs=inputs,
                              encoders=encoders if kernels else (None,), repeats=epoch_repeats)
                   for kk in epoch_ks]
+        trained_steps = _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, threads, with_torch, log,
+                                   start, inputs) if start is not None else None
         trained_epochs_timed = [time_epoch(backend, D, H, kk, batch_size, topk_method, log=log, inputs=inputs,
                                            encoders=encoders, repeats=epoch_repeats, trained=start)
                                 for kk in epoch_ks] if start is not None else []
@@ -720,6 +764,7 @@ def bench_train_step(backend, D=784, H=paper.HIDDEN, k=paper.K, batch_size=paper
         "paper_schedule_estimate_h": _schedule_estimate_h(epochs, k),
         "step_parts": parts,
         "trained_model": None if start is None else {"made": start.made, "epoch": start.epoch},
+        "trained_steps": trained_steps,
         "trained_epochs": trained_epochs_timed,
         "trained_step_parts": trained_parts,
         "encoder": encoder,

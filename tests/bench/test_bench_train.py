@@ -153,3 +153,22 @@ def test_bench_train_from_a_run_folder_times_its_checkpoint(tmp_path):
                                                 "--k", "4", "--from-run", str(tmp_path), "--no-torch",
                                                 "--out", str(tmp_path)])
     assert_one_line_error(result, "holds no checkpoint.h5")
+
+
+def test_bench_train_steps_the_trained_model_at_its_rate_and_keeps_denormals_unflushed_outside_torch(tmp_path):
+    """The contenders' steps on the trained model run at the run's rate from its velocities; whatever torch
+    did, this process's arithmetic still sees denormals afterwards (torch's flush is scoped to its timing)."""
+    result = CliRunner().invoke(bench_command, ["train", "--device", "cpu", "--hidden", "40", "--dim", "30",
+                                                "--k", "4", "--batch-size", "16", "--repeats", "1", "--steps", "2",
+                                                "--trained-epochs", "1", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(next(tmp_path.glob("train-cpu-*.json")).read_text())
+    smallest = np.nextafter(np.float32(0), np.float32(1))
+    assert (np.array([smallest]) * np.float32(2))[0] > 0  # no DAZ/FTZ left on this thread: a denormal is not 0
+    if not cpu_kernels.enabled():
+        return
+    steps = data["trained_steps"]
+    assert steps["model"].startswith("trained here: 1 epochs") and steps["lr"] == 0.001
+    assert {"dense", "sparse", "encoder_XW"} <= set(steps["ms"]) and max(steps["validation_max_rel_error"].values()) < 1e-3
+    if steps["torch"] is not None:
+        assert steps["torch"]["flush_denormal"] is True and steps["ratios"]["torch_over_sparse"] > 0
