@@ -168,49 +168,49 @@ def threads() -> int:
 # 0.67 ms at k = 25, 2.0 against 2.2 ms at k = 100.
 
 @_helper
-def _select_row(z_h, bits_h, sign_bit, sign_shift, all_ones, descending, stride, rank, key_k, col_k):
+def _select_row(z_h, bits_h, sign_bit, sign_shift, all_ones, descending, spread_s, key_k, col_k):
     """The ``k = len(col_k)`` largest entries of ``z_h`` into ``col_k``: in descending order when
     ``descending`` (the sort method), else in ascending column order (the threshold method).
-    ``bits_h`` is ``z_h``'s bits as unsigned integers; ``key_k`` is scratch. Returns the pass that
-    sufficed: 1 the first threshold, 2 the second, 3 the whole row after both fell short.
+    ``bits_h`` is ``z_h``'s bits as unsigned integers; ``key_k`` is scratch. Returns how far the
+    candidates had to reach (:func:`selection_passes` counts it): 1 the first threshold sufficed, 2 a
+    lower one, 3 none did and the whole row was looked at, 0 the whole row from the start.
 
-    First the candidates: the entries at or above a threshold ``tau`` (one pass, no branches). When at
-    least k of them are, every one of the k largest is among them (an entry below tau is below each of
-    them, and NaN ranks lowest), so keeping the k best of the candidates, in column order, keeps the same
-    entries in the same order as a pass over the whole row: only fewer of them enter the kept list and are
-    pushed out again. ``tau`` only decides how many are looked at, never which are kept.
+    First the candidates: the entries at or above ``tau = mean + spread * std`` of the row (one pass, no
+    branches). When at least k of them are, every one of the k largest is among them (an entry below
+    tau is below each of them, and NaN ranks lowest), so keeping the k best of the candidates, in column
+    order, keeps the same entries in the same order as a pass over the whole row: only fewer of them
+    enter the kept list and are pushed out again. ``tau`` only decides how many are looked at.
 
-    ``tau`` is the ``rank``-th largest of every ``stride``-th entry (:func:`candidate_sample`): about
-    ``rank * stride`` (3k) entries lie at or above it whatever the shape of the row. A threshold from the
-    row's mean and standard deviation assumed a normal row; trained codes are skewed (a long tail of
-    negative units, a few large positive ones) and it let fewer than k through on 27-94% of MNIST rows,
-    which then scanned the whole row. Fewer than k (rare): the k-th largest of the sample, at or above
-    which lie at least k entries (the sample's own) unless the sample holds NaN or fewer than k entries;
-    then the whole row. ``stride`` 0: the whole row at once (k near H).
+    ``spread_s`` (:func:`candidate_spreads`) are the normal quantiles above which 2k, 4k, 8k, ... of H
+    entries would lie, tried in turn while fewer than k entries pass. Trained codes are not normal: a
+    long tail of negative units widens the std, so that on 27-94% of MNIST rows fewer than k passed the
+    first; each lower threshold costs one more branch-free pass, where a look at the whole row (the last
+    resort) costs 6-19x the kept list's work. An empty ``spread_s``: the whole row (2k >= H).
     """
     H = z_h.shape[0]
     k = col_k.shape[0]
     candidates_c = np.empty(H, dtype=np.int64)
     count = 0
-    passes = 1
-    if stride > 0:
-        # The rank largest of the sample, best first; -inf places stay when fewer are above -inf.
-        best_r = np.full(rank, -np.inf, dtype=z_h.dtype)
-        for h in range(0, H, stride):
-            z = z_h[h]
-            if z > best_r[rank - 1]:  # most of the sample fails here once the list holds large entries
-                i = rank - 1
-                while i > 0 and best_r[i - 1] < z:
-                    best_r[i] = best_r[i - 1]
-                    i -= 1
-                best_r[i] = z
-        count = _candidates_at_or_above(z_h, best_r[rank - 1], candidates_c)
-        if count < k:
-            passes = 2
-            sample_m = np.sort(z_h[::stride])  # NaN sorts last: a NaN here lets too few through, then the row
-            count = _candidates_at_or_above(z_h, sample_m[max(sample_m.shape[0] - k, 0)], candidates_c)
+    reach = 0
+    if spread_s.shape[0] > 0:
+        total = z_h[0] - z_h[0]
+        squares = total
+        for h in range(H):
+            total += z_h[h]
+            squares += z_h[h] * z_h[h]
+        mean = total / H
+        std = np.sqrt(max(squares / H - mean * mean, 0))
+        for s in range(spread_s.shape[0]):
+            tau = mean + spread_s[s] * std
+            count = 0
+            for h in range(H):
+                candidates_c[count] = h
+                count += z_h[h] >= tau
+            if count >= k:
+                reach = 1 if s == 0 else 2
+                break
     if count < k:
-        passes = 3 if stride > 0 else 1
+        reach = 3 if spread_s.shape[0] > 0 else 0
         for h in range(H):
             candidates_c[h] = h
         count = H
@@ -235,35 +235,21 @@ def _select_row(z_h, bits_h, sign_bit, sign_shift, all_ones, descending, stride,
         key_k[i], col_k[i] = key, h
     if not descending:
         col_k.sort()
-    return passes
-
-
-@_helper
-def _candidates_at_or_above(z_h, tau, candidates_c):
-    """The columns of the entries of ``z_h`` at or above ``tau`` into ``candidates_c``, in column order; their count."""
-    count = 0
-    for h in range(z_h.shape[0]):
-        candidates_c[count] = h
-        count += z_h[h] >= tau
-    return count
-
-
-CANDIDATE_RANK = 10  # the sample's rank that sets the first threshold (measured on MNIST codes: see candidate_sample)
+    return reach
 
 
 @functools.cache  # asked once per batch, for the same few (k, H)
-def candidate_sample(k: int, H: int) -> tuple[int, int]:
-    """``(stride, rank)`` of :func:`_select_row`'s first threshold: the ``rank``-th largest of every ``stride``-th
-    entry, with ``rank * stride`` about 3k, so that about 3k candidates are looked at; ``(0, 0)`` (every entry)
-    where 3k >= H.
+def candidate_spreads(k: int, H: int) -> tuple[float, ...]:
+    """``spread_s`` of :func:`_select_row`: the normal quantiles above which 2k, 4k, 8k, ... of H entries would
+    lie, while that is fewer than H; none (every entry at once) where 2k >= H."""
+    import statistics
 
-    ``rank`` is k up to 10, so that for k <= 10 the threshold lets at least k through (the sample's own). Above,
-    10: on the codes of trained MNIST models (k = 10-100, H = 1000) rank 10 let fewer than k through on at most
-    1 row in 5,000, rank 6 on up to 6%; a higher rank samples more entries for the same 3k."""
-    if 3 * k >= H:
-        return 0, 0
-    rank = min(k, CANDIDATE_RANK)
-    return max(1, 3 * k // rank), rank
+    spreads = []
+    multiple = 2
+    while multiple * k < H:
+        spreads.append(statistics.NormalDist().inv_cdf(1 - multiple * k / H))
+        multiple *= 2
+    return tuple(spreads)
 
 
 def _key_constants(dtype):
@@ -277,7 +263,7 @@ def _key_constants(dtype):
 # only the order of a sum within one row, i.e. float rounding, never which terms are added,
 # and the order is the same whatever the thread count.
 @_kernel(fastmath={"reassoc", "contract"})
-def _decode_and_backprop(select, Z_nh, bits_nh, sign_bit, sign_shift, all_ones, descending, stride, rank, W_hd, c_d, X_nd,
+def _decode_and_backprop(select, Z_nh, bits_nh, sign_bit, sign_shift, all_ones, descending, spread_s, W_hd, c_d, X_nd,
                          idx_nk, val_nk, relu, batch, R_nd, dZ_nk, row_error_n, passes_n, n_start, n_stop):
     k = idx_nk.shape[1]
     D = X_nd.shape[1]
@@ -285,7 +271,7 @@ def _decode_and_backprop(select, Z_nh, bits_nh, sign_bit, sign_shift, all_ones, 
     for n in prange(n_start, n_stop):  # examples are independent: one thread owns a row of R and of dZ
         if select:  # the top k of Z's row first, written to idx_nk and val_nk
             col_k = np.empty(k, dtype=np.int64)
-            passes_n[n] = _select_row(Z_nh[n], bits_nh[n], sign_bit, sign_shift, all_ones, descending, stride, rank,
+            passes_n[n] = _select_row(Z_nh[n], bits_nh[n], sign_bit, sign_shift, all_ones, descending, spread_s,
                                       np.empty(k, dtype=np.uint64), col_k)
             for j in range(k):
                 idx_nk[n, j] = col_k[j]
@@ -346,10 +332,10 @@ def _run_decoder(W_hd, c_d, X_nd, idx_nk, val_nk, relu, Z_nh=None, descending=Tr
     R_nd = np.empty((N, D) if gradients else (1, D), dtype=dtype)  # no (N, D) residual for an error alone
     dZ_nk = np.empty(idx_nk.shape if gradients else (1, 1), dtype=dtype)
     row_error_n = np.empty(N, dtype=dtype)
-    stride, rank = candidate_sample(idx_nk.shape[1], Z_nh.shape[1]) if select else (0, 0)
+    spread_s = np.array(candidate_spreads(idx_nk.shape[1], Z_nh.shape[1]) if select else (), dtype=Z_nh.dtype)
     if passes_n is None:
         passes_n = np.empty(N if select else 0, dtype=np.int8)
-    args = (select, Z_nh, bits_nh, sign_bit, sign_shift, all_ones, bool(descending), stride, rank, W_hd, c_d,
+    args = (select, Z_nh, bits_nh, sign_bit, sign_shift, all_ones, bool(descending), spread_s, W_hd, c_d,
             np.ascontiguousarray(X_nd), idx_nk, val_nk, bool(relu), dtype.type(N if gradients else 0), R_nd, dZ_nk,
             row_error_n, passes_n)
     if lanes == 1:
