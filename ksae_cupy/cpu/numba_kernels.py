@@ -241,12 +241,13 @@ def _select_row(z_h, bits_h, sign_bit, sign_shift, all_ones, descending, spread_
 @functools.cache  # asked once per batch, for the same few (k, H)
 def candidate_spreads(k: int, H: int) -> tuple[float, ...]:
     """``spread_s`` of :func:`_select_row`: the normal quantiles above which 2k, 4k, 8k, ... of H entries would
-    lie, while that is fewer than H; none (every entry at once) where 2k >= H."""
+    lie, the later ones while that is at most half the row (past it, a look at the whole row costs less than
+    picking the candidates first); none (every entry at once) where 2k >= H."""
     import statistics
 
     spreads = []
     multiple = 2
-    while multiple * k < H:
+    while multiple * k < H and (multiple == 2 or 2 * multiple * k <= H):
         spreads.append(statistics.NormalDist().inv_cdf(1 - multiple * k / H))
         multiple *= 2
     return tuple(spreads)
