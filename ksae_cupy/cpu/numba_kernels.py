@@ -393,7 +393,7 @@ def select_and_reconstruction_error(Z_nh, k: int, descending: bool, W_hd, c_d, X
 def selection_passes(Z_nh, k: int) -> dict:
     """How the kernels' top-k selection went on the rows of ``Z_nh``: ``{"rows": N, "beyond_first": rows whose
     first threshold let fewer than k entries through, "whole_row": rows that then scanned every entry}``
-    (``whole_row`` counts within ``beyond_first``; where 3k >= H every row is looked at whole from the start,
+    (``whole_row`` counts within ``beyond_first``; where 2k >= H every row is looked at whole from the start,
     and counts in neither). The selection is the one the step runs, on the same rows, with no decoder."""
     from ksae_cupy.topk import check_topk_args
 
