@@ -52,6 +52,9 @@ def check_output_file(path: Path, what: str) -> None:
         raise KsaeError(f"{what} {path} is a folder; give a file name")
     folder = Path(os.path.abspath(path)).parent
     if not folder.is_dir():
+        start = nearest_existing(folder)
+        if not start.is_dir():  # a file stands where the folder would be: "create it" could not be done
+            raise KsaeError(f"{what} {path}: {start} is a file, not a folder; name a file in a folder")
         raise KsaeError(f"{what} {path}: folder {folder} does not exist; create it first")
     if not writable(folder):
         raise KsaeError(f"{what} {path}: folder {folder} is not writable; choose a folder you may write to")

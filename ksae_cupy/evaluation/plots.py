@@ -108,15 +108,16 @@ def image_formats() -> list[str]:
     return sorted(FigureCanvasBase.get_supported_filetypes())
 
 
-def check_image_output(path, flag: str = "-o") -> None:
-    """Before any work: ``path`` can be written and names a format matplotlib writes."""
-    from ksae_cupy.paths import check_output_file
+def check_image_output(path, flag: str = "-o", runs=(), overwrite: bool = True) -> None:
+    """Before any work: ``path`` can be written and names a format matplotlib writes; it is no file of
+    ``runs`` and, without ``overwrite``, no existing file (:func:`~ksae_cupy.outputs.check_output`)."""
+    from ksae_cupy.outputs import check_output
 
     suffix = Path(path).suffix.lower().lstrip(".")
     if suffix not in image_formats():
         raise KsaeError(f"{flag} {path}: unknown image format {suffix or '(no suffix)'!r}; "
                         f"use one of {', '.join(image_formats())}")
-    check_output_file(path, flag)
+    check_output(path, flag, runs=runs, overwrite=overwrite)
 
 
 def save_filter_grid(W_dh, path, image_shape=None, channels: int = 1, layout: str = "hwc",
