@@ -240,9 +240,19 @@ def read_matrix(spec: str, defaults: tuple) -> tuple[np.ndarray, dict]:
     return _as_matrix(raw, spec), arrays
 
 
+MIN_ROWS = 2  # a mean, a variance, a validation split: training needs rows that can differ
+
+
+def check_matrix_shape(X, name: str) -> None:
+    """``X`` is N x D with N >= 2 and D >= 1: the one check of a training set's shape, with the one message
+    (``ksae-train``'s files and the estimator's ``fit``)."""
+    shape = tuple(X.shape)
+    if len(shape) != 2 or shape[0] < MIN_ROWS or shape[1] < 1:
+        raise KsaeError(f"{name}: array of shape {shape}; expected N x D with N >= {MIN_ROWS}")
+
+
 def _as_matrix(X, spec: str) -> np.ndarray:
-    if X.ndim != 2 or X.shape[0] < 2 or X.shape[1] < 1:
-        raise KsaeError(f"{spec}: array of shape {X.shape}; expected N x D with N >= 2")
+    check_matrix_shape(X, spec)
     if not np.issubdtype(X.dtype, np.number) or np.iscomplexobj(X):
         raise KsaeError(f"{spec}: array of dtype {X.dtype}; expected real numbers")
     check_float_input(X, name=spec)  # unscaled integers (pixels 0..255) would make training diverge

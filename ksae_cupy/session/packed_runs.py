@@ -76,9 +76,12 @@ def train_packed(configs: list, data, backend, folders: list, *, dataset=None, s
     if len(configs) != len(folders):
         raise KsaeError(f"{len(configs)} configurations for {len(folders)} run folders; give one folder per run")
     paths = [Path(folder) for folder in folders]
-    repeated = sorted({str(p) for p in paths if paths.count(p) > 1})
+    resolved = [p.resolve() for p in paths]  # one folder through a symlink or a relative path is one folder
+    repeated = [(a, b) for i, a in enumerate(paths) for j, b in enumerate(paths) if i < j and resolved[i] == resolved[j]]
     if repeated:
-        raise KsaeError(f"run folder {repeated[0]} is given to more than one run; give each run its own folder")
+        a, b = repeated[0]
+        same = "is given" if a == b else f"(given also as {b}) is given"
+        raise KsaeError(f"run folder {a} {same} to more than one run; give each run its own folder")
     settings = {**DEFAULT_SETTINGS, **(settings or {})}
     # Each run's own copy (validated or not, as given): a new run drops a schedule that never reaches k and
     # resolves --lr auto in its configuration; the caller's configurations stay as they were given.

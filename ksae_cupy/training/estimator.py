@@ -185,7 +185,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         elif resume:
             X_nd = self._centred(*self._check_X(X, reset=False))
         else:
-            X_nd, xp = self._fresh_rows(X)
+            X_nd, xp = self._fresh_rows(X, whole_set=True)
             self._trainer = self._new_trainer(X_nd, xp, option_names)
         trainer = self.trainer_
         trainer.config.epochs = self.epochs  # a warm fit may have been given more epochs
@@ -222,7 +222,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         ``lr="auto"`` chose, and from what).
         """
         check_parameters(self)
-        X_nd, xp = self._fresh_rows(X)
+        X_nd, xp = self._fresh_rows(X, whole_set=True)
         self._trainer = self._new_trainer(X_nd, xp, option_names, config, on_config)
         self._prepared = (X, X_nd, self.get_params())
         return self
@@ -326,11 +326,15 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
             X = X * X.dtype.type(self.input_scale)
         return X, xp
 
-    def _fresh_rows(self, X):
+    def _fresh_rows(self, X, whole_set: bool = False):
         """The rows a fresh fit trains on, and their array module: ``X`` checked (its width learned), then with
         ``center_input`` minus their mean, kept in ``preprocess_["input_mean"]`` (with the model, in its
         checkpoints; :func:`~ksae_cupy.training.prepare.centre_rows`)."""
         X_nd, xp = self._check_X(X, reset=True)
+        if whole_set:  # fit's training set, as ksae-train's file: at least two rows (partial_fit's batch may be one)
+            from ksae_cupy.datasets.user_files import check_matrix_shape
+
+            check_matrix_shape(X_nd, "X")
         X_nd, self.preprocess_ = preparation.centre_rows(X_nd, self.center_input, self.dtype, self.preprocess_)
         return X_nd, xp
 

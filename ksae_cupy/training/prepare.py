@@ -53,7 +53,7 @@ def prepare(X_nd, xp, config: TrainConfig, device, option_names, on_config=None)
     resolved here after the configuration's checks), after the checks that read them. ``config``'s ``"auto"`` rate is resolved in place from the rows' scale, then ``on_config(config,
     scale)`` is called (``ksae-train`` says there which rate it chose); ``option_names(field)`` spells the
     options in messages (flags for a command, parameters for the estimator)."""
-    check_data_varies(X_nd, xp)  # constant or all-zero rows would train to a loss of 0 that means nothing
+    check_data_varies(X_nd, xp, centred_by=option_names("center_input") if config.center_input else None)  # constant or all-zero rows would train to a loss of 0 that means nothing
     scale = scale_of(X_nd, xp)  # what the checks read of the rows, measured once
     if config.lr == "auto":
         config.resolve_lr(scale.auto_lr())
