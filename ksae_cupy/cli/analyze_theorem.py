@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ksae_cupy.outputs import OVERWRITE_HELP
+from ksae_cupy.session.outputs import OVERWRITE_HELP
 from ksae_cupy.cli.common import CONTEXT, RUN_DIR, GivenPath, report_errors, write_json
 from ksae_cupy.errors import KsaeError
 
@@ -31,7 +31,7 @@ def analyze_theorem(run_dir, dictionary, D, H, k, n, seed, output, overwrite):
     import numpy as np
 
     from ksae_cupy.evaluation.analysis import gaussian_dictionary, incoherent_dictionary, theorem_experiment
-    from ksae_cupy.outputs import check_output
+    from ksae_cupy.session.outputs import check_output
 
     if run_dir is not None and dictionary is not None:
         raise KsaeError(f"RUN_DIR {run_dir} and --dictionary {dictionary} both name the dictionary; give one")

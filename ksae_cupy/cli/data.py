@@ -11,7 +11,7 @@ from ksae_cupy.cli.common import GivenPath, report_errors
 from ksae_cupy.session.export import FORMATS
 from ksae_cupy.cli.version import version_option
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.outputs import OVERWRITE_HELP, check_output
+from ksae_cupy.session.outputs import OVERWRITE_HELP, check_output
 
 
 DATA_DIR = click.option("--data-dir", type=GivenPath(path_type=Path), default=None,

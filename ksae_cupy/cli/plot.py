@@ -12,7 +12,7 @@ from ksae_cupy.cli.common import (GivenPath, CONTEXT, DATA_DIR, QUIET, RUN_DIR,
 from ksae_cupy.cli.run_options import SPLITS
 from ksae_cupy.evaluation.plots import LAYOUTS
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.outputs import OVERWRITE_HELP
+from ksae_cupy.session.outputs import OVERWRITE_HELP
 
 # -o names a file the user chose: an existing one is replaced only with --overwrite (the default, the
 # command's own file in the run folder, is replaced as a plot made again)

@@ -29,7 +29,7 @@ QUIET = click.option("--quiet", is_flag=True, help="No progress lines on stderr.
 def check_run_outputs(run_dir: Path, *names: str) -> None:
     """Before minutes of work: the files a command will write into ``run_dir`` can be written
     (a missing folder is left to the command's own one-line error)."""
-    from ksae_cupy.outputs import check_output
+    from ksae_cupy.session.outputs import check_output
 
     if Path(run_dir).is_dir():
         for name in names:  # the command's own files in the run folder: replaced when it runs again

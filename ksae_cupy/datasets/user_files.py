@@ -247,7 +247,9 @@ def check_matrix_shape(X, name: str) -> None:
     """``X`` is N x D with N >= 2 and D >= 1: the one check of a training set's shape, with the one message
     (``ksae-train``'s files and the estimator's ``fit``)."""
     shape = tuple(X.shape)
-    if len(shape) != 2 or shape[0] < MIN_ROWS or shape[1] < 1:
+    if len(shape) == 2 and shape[0] < MIN_ROWS:
+        raise KsaeError(f"{name}: array of shape {shape} (n_samples={shape[0]}); expected N x D with N >= {MIN_ROWS}")
+    if len(shape) != 2 or shape[1] < 1:
         raise KsaeError(f"{name}: array of shape {shape}; expected N x D with N >= {MIN_ROWS}")
 
 

@@ -110,8 +110,8 @@ def image_formats() -> list[str]:
 
 def check_image_output(path, flag: str = "-o", runs=(), overwrite: bool = True) -> None:
     """Before any work: ``path`` can be written and names a format matplotlib writes; it is no file of
-    ``runs`` and, without ``overwrite``, no existing file (:func:`~ksae_cupy.outputs.check_output`)."""
-    from ksae_cupy.outputs import check_output
+    ``runs`` and, without ``overwrite``, no existing file (:func:`~ksae_cupy.session.outputs.check_output`)."""
+    from ksae_cupy.session.outputs import check_output
 
     suffix = Path(path).suffix.lower().lstrip(".")
     if suffix not in image_formats():

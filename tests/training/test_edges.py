@@ -35,10 +35,10 @@ def test_fit_refuses_one_row_as_the_command_line_does(tmp_path):
     X = np.random.default_rng(0).random((1, 16), dtype=np.float32)
     with pytest.raises(KsaeError) as caught:
         KSparseAutoencoder(n_hidden=8, k=2).fit(X)
-    assert str(caught.value) == "X: array of shape (1, 16); expected N x D with N >= 2"
+    assert str(caught.value) == "X: array of shape (1, 16) (n_samples=1); expected N x D with N >= 2"
     np.save(tmp_path / "one.npy", X)
     result = CliRunner().invoke(train_command, [str(tmp_path / "one.npy"), "--hidden", "8", "--k", "2"])
-    assert_one_line_error(result, "array of shape (1, 16); expected N x D with N >= 2", status=2)
+    assert_one_line_error(result, "array of shape (1, 16) (n_samples=1); expected N x D with N >= 2", status=2)
 
 
 def test_constant_rows_centred_are_not_called_zeros(tmp_path):
