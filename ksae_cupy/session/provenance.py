@@ -143,11 +143,20 @@ def codes_origin(path: Path, sha256: str) -> dict | None:
     codes came from, when ``ksae-data codes`` wrote it; None for any other file. A codes file whose
     bytes are not those its ``OUT.json`` names was replaced after it was written: refused."""
     sidecar = origin_file(path)
+    if not sidecar.exists():
+        return None
     try:
         record = json.loads(sidecar.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError) as exc:
+        record = exc
+    if not isinstance(record, dict):  # there, but not a record: said now, not found out at ksae-finetune
+        why = record.strerror if isinstance(record, OSError) and record.strerror else (
+            "not JSON" if isinstance(record, ValueError) else "not a JSON object")
+        note(f"{sidecar}, beside the data file {path}, cannot be read as the codes' origin ({why}); this run records "
+             f"no origin, so ksae-finetune cannot verify which layer 1 its codes came from; write the codes again "
+             f"with {CODES_WRITER} LAYER1_RUN {path} to record it")
         return None
-    if not isinstance(record, dict) or record.get("written_by") != CODES_WRITER or not record.get("codes_sha256"):
+    if record.get("written_by") != CODES_WRITER or not record.get("codes_sha256"):
         return None  # not ours (bin/reproduce-finetune wrote an info file there before origins were recorded)
     if record["codes_sha256"] != sha256:
         raise KsaeError(f"{path} changed since {CODES_WRITER} wrote it (SHA-256 now {short(sha256)}, {sidecar} "
