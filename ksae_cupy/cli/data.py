@@ -9,7 +9,7 @@ import click
 
 from ksae_cupy.cli.common import GivenPath, report_errors
 from ksae_cupy.session.export import FORMATS
-from ksae_cupy.cli.version import version_option
+from ksae_cupy.cli.version import VersionedGroup, version_option
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.session.outputs import OVERWRITE_HELP, check_output
 
@@ -18,7 +18,7 @@ DATA_DIR = click.option("--data-dir", type=GivenPath(path_type=Path), default=No
                         help="Data root. [default: $KSAE_DATA_DIR or ./data]")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=VersionedGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @version_option
 def data_command():
     """Fetch, verify and list the datasets under the data root ($KSAE_DATA_DIR or ./data)."""

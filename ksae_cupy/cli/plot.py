@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ksae_cupy.cli.version import version_option
+from ksae_cupy.cli.version import VersionedGroup, version_option
 from ksae_cupy.cli.common import (GivenPath, CONTEXT, DATA_DIR, QUIET, RUN_DIR,
                                    dataset_split, progress_printer, report_errors)
 from ksae_cupy.cli.run_options import SPLITS
@@ -21,7 +21,7 @@ OVERWRITE = click.option("--overwrite", is_flag=True, help=OVERWRITE_HELP)
 
 HIST_WIDTH = 800  # pixels: save_activity_histograms' default size
 
-@click.group(context_settings=CONTEXT)
+@click.group(cls=VersionedGroup, context_settings=CONTEXT)
 @version_option
 def plot_command():
     """Draw the paper's figures from trained runs (needs: pip install ksae-cupy[plot])."""
@@ -147,6 +147,8 @@ def plot_curves(run_dir, output, overwrite):
     from ksae_cupy.session.runs import RunFolder
 
     require_matplotlib()
+    if Path(run_dir).is_file():  # before its default output, run_dir/curves.png, is named as unwritable
+        raise KsaeError(f"{run_dir} is a file, not a run folder; give the folder that holds metrics.jsonl")
     check_image_output(output or Path(run_dir) / "curves.png", runs=[run_dir], overwrite=overwrite or output is None)
     output = output or Path(run_dir) / "curves.png"
     metrics = RunFolder(run_dir).read_metrics()

@@ -117,6 +117,9 @@ def repository_root(start: Path) -> Path:
 def select(root: Path, given: list[Path], everything: bool) -> list[KeptCheckpoint]:
     """The manifest's entries asked for: every one, or those of the given paths (a checkpoint, or the run
     folder holding one), relative to the current folder."""
+    if not (root / MANIFEST).is_file():  # deleted or moved: not a manifest that lists nothing
+        raise KsaeError(f"{root / MANIFEST} does not exist: the manifest of the kept checkpoints is missing from this "
+                        f"clone; restore it with git checkout -- {MANIFEST}")
     kept = read_manifest(root)
     if not kept:
         raise KsaeError(f"{root / MANIFEST} lists no checkpoint: nothing to restore")

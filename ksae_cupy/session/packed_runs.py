@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ksae_cupy.datasets.preprocess import INPUT_MEAN
 from ksae_cupy.errors import KsaeError, TrainingDiverged
 from ksae_cupy.session.fields import RUN_LEVEL, TRAIN as TRAIN_OPTIONS
@@ -248,9 +250,10 @@ def _train_pack(members: list, outcomes: list, stacked, log, running: dict) -> N
         log(f"{member.run.folder.path.name}: {epoch_line(report, member.trainer.config.epochs)}")
 
     started = time.perf_counter()
-    pack.fit([train for train, _ in rows], [valid for _, valid in rows], on_epoch,
-             should_checkpoint=lambda i, epoch: members[i].run.policy.after_epoch(epoch),
-             checkpoint=lambda i: members[i].save())
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # a divergence is said by its outcome
+        pack.fit([train for train, _ in rows], [valid for _, valid in rows], on_epoch,
+                 should_checkpoint=lambda i, epoch: members[i].run.policy.after_epoch(epoch),
+                 checkpoint=lambda i: members[i].save())
     for i, member in enumerate(members):
         if i not in pack.failed and member.run.needs_final_save(member.trainer, member.step_before):
             try:  # stopped mid-epoch, a stacked run's divergence may not have been seen yet: the save refuses it

@@ -299,7 +299,9 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
 
     def _diverged(self, exc: TrainingDiverged, X_nd, checkpoint_path, option_names) -> TrainingDiverged:
         """``exc`` retold for the caller: what was saved, and a rate that trains this data."""
-        return preparation.retold(exc, X_nd, checkpoint_path, self.__dict__.get("_saved_at"), self.sigma, option_names)
+        rate = self.trainer_.config.lr if self.trainer_ is not None else None
+        return preparation.retold(exc, X_nd, checkpoint_path, self.__dict__.get("_saved_at"), self.sigma, option_names,
+                                  rate=rate)
 
     def _check_X(self, X, reset: bool):
         """``X`` checked as scikit-learn does (2-D, non-empty, real, finite, right width), numeric

@@ -74,10 +74,14 @@ def prepare(X_nd, xp, config: TrainConfig, device, option_names, on_config=None)
     return trainer
 
 
-def retold(exc: TrainingDiverged, X_nd, checkpoint_path, saved_at, sigma, option_names) -> TrainingDiverged:
+def retold(exc: TrainingDiverged, X_nd, checkpoint_path, saved_at, sigma, option_names,
+           rate: float | None = None) -> TrainingDiverged:
     """``exc`` retold for the caller: what was saved (``saved_at``: the last save's ``(path, epoch, step)``,
-    or None), and a rate that trains the rows ``X_nd``."""
+    or None), and a rate that trains the rows ``X_nd``; ``rate``: the run's, where ``exc`` does not name it (an
+    epoch's health check)."""
     lr = option_names("lr")
+    if exc.lr is None and isinstance(rate, (int, float)):
+        exc.lr = rate
     if checkpoint_path is None:
         kept = "no checkpoint was asked for; fit again from the start"
     elif saved_at is not None and Path(saved_at[0]) == Path(checkpoint_path):
