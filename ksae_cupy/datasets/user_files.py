@@ -22,6 +22,7 @@ Every reader checks sizes against the file before it allocates, and every failur
 from __future__ import annotations
 
 import math
+import os
 import warnings
 import zipfile
 from dataclasses import dataclass, replace
@@ -121,6 +122,11 @@ class DataSpec:
         """The spec a config.json recorded (runs from before the options: the defaults)."""
         fields = {key: value for key, value in (record or {}).items()
                   if key in ("labels", "test", "test_labels", "valid_fraction", "test_fraction", "split_seed")}
+        recorded = [("labels", fields.get("labels")), ("test", fields.get("test")), ("test_labels", fields.get("test_labels"))]
+        if not isinstance(dataset, str) or is_user_file(dataset):  # a built-in dataset's name is no path
+            recorded.append(("dataset", dataset))
+        for key, text in recorded:
+            check_recorded_file(key, text)
         return cls(data=dataset, **fields)
 
     def for_run(self, **given) -> "DataSpec":
@@ -140,6 +146,21 @@ class DataSpec:
     def files(self) -> list[Path]:
         """Every file the spec reads."""
         return [split_member(spec)[0] for spec in (self.data, self.labels, self.test, self.test_labels) if spec]
+
+
+def check_recorded_file(key: str, text) -> None:
+    """A data path config.json records (not typed by the user) names a file, where there is anything at all:
+    never a folder, a device (``/dev/zero`` would be read forever) or a pipe. A missing file is the loader's
+    to name; a built-in dataset's name is not a path."""
+    if text is None:
+        return
+    if not isinstance(text, str) or not text.strip() or "\0" in text:
+        raise KsaeError(f"config.json records {key} {text!r}, which is not a file name; the run folder's config.json "
+                        f"was edited or damaged")
+    path = split_member(text)[0]
+    if os.path.lexists(path) and not path.is_file():
+        raise KsaeError(f"config.json records {key} {path}, which is not a regular file (a folder, a device or a "
+                        f"pipe); the run folder's config.json was edited or damaged")
 
 
 # -- loading -------------------------------------------------------------------------------
