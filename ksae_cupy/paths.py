@@ -60,6 +60,20 @@ def check_output_file(path: Path, what: str) -> None:
         raise KsaeError(f"{what} {path}: folder {folder} is not writable; choose a folder you may write to")
 
 
+def check_recorded_file(what: str, path) -> None:
+    """A file path a file records (a run's ``config.json``, not the user's typing) names a regular file where
+    anything is there: never a folder, a device (``/dev/zero`` would be read forever) or a pipe. A missing
+    file is left to its reader to name; None (nothing recorded) is nothing to check."""
+    if path is None:
+        return
+    if not isinstance(path, (str, Path)) or not str(path).strip() or "\0" in str(path):
+        raise KsaeError(f"config.json records {what} {path!r}, which is not a file name; the run folder's "
+                        f"config.json was edited or damaged")
+    if os.path.lexists(path) and not Path(path).is_file():
+        raise KsaeError(f"config.json records {what} {path}, which is not a regular file (a folder, a device or a "
+                        f"pipe); the run folder's config.json was edited or damaged")
+
+
 def file_sha256(path: Path) -> str:
     """The hex SHA-256 of the file's bytes, read a MiB at a time."""
     digest = hashlib.sha256()

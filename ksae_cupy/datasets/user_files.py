@@ -22,7 +22,6 @@ Every reader checks sizes against the file before it allocates, and every failur
 from __future__ import annotations
 
 import math
-import os
 import warnings
 import zipfile
 from dataclasses import dataclass, replace
@@ -31,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ksae_cupy.datasets.dataset import Dataset, check_finite, check_float_input, check_magnitude
+from ksae_cupy.paths import check_recorded_file
 from ksae_cupy.errors import KsaeError, OptionError, literal
 
 SUFFIXES = (".npy", ".npz", ".h5", ".hdf5")
@@ -125,8 +125,8 @@ class DataSpec:
         recorded = [("labels", fields.get("labels")), ("test", fields.get("test")), ("test_labels", fields.get("test_labels"))]
         if not isinstance(dataset, str) or is_user_file(dataset):  # a built-in dataset's name is no path
             recorded.append(("dataset", dataset))
-        for key, text in recorded:
-            check_recorded_file(key, text)
+        for key, text in recorded:  # never a folder, a device or a pipe (paths.check_recorded_file)
+            check_recorded_file(key, split_member(text)[0] if isinstance(text, str) and text.strip() else text)
         return cls(data=dataset, **fields)
 
     def for_run(self, **given) -> "DataSpec":
@@ -146,21 +146,6 @@ class DataSpec:
     def files(self) -> list[Path]:
         """Every file the spec reads."""
         return [split_member(spec)[0] for spec in (self.data, self.labels, self.test, self.test_labels) if spec]
-
-
-def check_recorded_file(key: str, text) -> None:
-    """A data path config.json records (not typed by the user) names a file, where there is anything at all:
-    never a folder, a device (``/dev/zero`` would be read forever) or a pipe. A missing file is the loader's
-    to name; a built-in dataset's name is not a path."""
-    if text is None:
-        return
-    if not isinstance(text, str) or not text.strip() or "\0" in text:
-        raise KsaeError(f"config.json records {key} {text!r}, which is not a file name; the run folder's config.json "
-                        f"was edited or damaged")
-    path = split_member(text)[0]
-    if os.path.lexists(path) and not path.is_file():
-        raise KsaeError(f"config.json records {key} {path}, which is not a regular file (a folder, a device or a "
-                        f"pipe); the run folder's config.json was edited or damaged")
 
 
 # -- loading -------------------------------------------------------------------------------

@@ -134,7 +134,8 @@ def check_new(values: dict, pretrained, given: set) -> None:
 
 def read_pretrained(pretrained, alpha: float | None = None) -> tuple[list, list, list, dict]:
     """``(encoders, ks, sources, network)`` of the pretrained run folders; ``alpha``: the fine-tuning's, checked
-    against the alpha layer 2's codes were written with (:func:`check_codes_alpha`)."""
+    against the alpha layer 2's codes were written with
+    (:func:`~ksae_cupy.session.provenance.check_codes_alpha`)."""
     from ksae_cupy.supervised.baseline_trainer import is_baseline_run
     from ksae_cupy.supervised.pretrain import encoder_of, load_pretrained_run
 
@@ -163,23 +164,10 @@ def read_pretrained(pretrained, alpha: float | None = None) -> tuple[list, list,
     if len(sources) == 2:  # layer 2 must have been trained on the codes of layer 1 as it is now
         provenance.check_chain(pretrained[0], sources[0]["run_id"], sources[0]["epochs_trained"], pretrained[1],
                                sources[1]["config"])
-        check_codes_alpha(alpha, pretrained, sources[1]["config"])
+        provenance.check_codes_alpha(alpha, pretrained, sources[1]["config"])
     for source in sources:
         del source["config"]  # config.json keeps what it records of each layer, not its whole config
     return encoders, ks, sources, network
-
-
-def check_codes_alpha(alpha: float | None, pretrained, layer2_config: dict) -> None:
-    """Refuse fine-tuning at an ``alpha`` other than the one layer 2's codes were written with (its config.json's
-    ``codes_origin``): layer 1 would feed layer 2 alpha*k units of another count than it was trained on. A layer 2
-    that does not record it is left to :func:`~ksae_cupy.session.provenance.check_chain`'s note."""
-    origin = layer2_config.get("codes_origin")
-    made_with = origin.get("alpha") if isinstance(origin, dict) else None
-    if alpha is None or not isinstance(made_with, (int, float)) or float(made_with) == float(alpha):
-        return
-    raise KsaeError(f"--alpha {alpha:g} differs from the alpha layer 2 {pretrained[1]} was trained with: its codes "
-                    f"were written with ksae-data codes --alpha {made_with:g} from {pretrained[0]}; give --alpha "
-                    f"{made_with:g}, or write the codes again with --alpha {alpha:g} and train layer 2 on them")
 
 
 def _provenance(run_config: dict, run_id: str | None) -> dict:
