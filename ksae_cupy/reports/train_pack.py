@@ -47,9 +47,13 @@ def parse_run(text: str) -> dict:
     return run
 
 
-def run_config(dataset: str, run: dict, hidden: int):
+DEFAULT_HIDDEN = 1000
+
+
+def run_config(dataset: str, run: dict, hidden: int | None):
     """The run's :class:`TrainConfig`: a folder with a checkpoint given ``dir`` alone keeps its own (its
-    config.json's ``train``, ``epochs`` applied when given); else ksae-train's for these options."""
+    config.json's ``train``, ``epochs`` applied when given; a ``--hidden`` given that is not its own is
+    refused, not ignored); else ksae-train's for these options (``hidden`` None: the default)."""
     from ksae_cupy.errors import OptionError
     from ksae_cupy.session.fields import TRAIN, default_lr
     from ksae_cupy.session.runs import RunFolder
@@ -59,6 +63,10 @@ def run_config(dataset: str, run: dict, hidden: int):
     folder = RunFolder(Path(run["dir"]))
     if folder.checkpoint.is_file() and set(run) <= {"dir", "epochs"}:
         config = TrainConfig.from_dict(folder.read_config()["train"])
+        if hidden is not None and hidden != config.hidden:
+            raise KsaeError(f"--hidden {hidden} has no effect on {run['dir']}, which holds a run of {config.hidden} "
+                            f"hidden units that is resumed as it was; leave --hidden out or give the run another "
+                            f"folder")
         if "epochs" in run:
             config.epochs = run["epochs"]
         return config
@@ -66,7 +74,7 @@ def run_config(dataset: str, run: dict, hidden: int):
     if missing:
         raise KsaeError(f"--run dir={run['dir']}: a new run needs {' and '.join(missing)} (e.g. k=25,epochs=5000)")
     values = {option.name: option.default for option in TRAIN}
-    values.update(hidden=hidden, k=run["k"], epochs=run["epochs"], seed=run.get("seed", 0), no_k_schedule=False)
+    values.update(hidden=DEFAULT_HIDDEN if hidden is None else hidden, k=run["k"], epochs=run["epochs"], seed=run.get("seed", 0), no_k_schedule=False)
     try:
         return new_config(values, run.get("lr", default_lr(dataset)))
     except OptionError as exc:  # a value checked against the others (k <= hidden): named as the --run key
@@ -78,7 +86,8 @@ def parse(argv=None):
     ap = argparse.ArgumentParser(prog="train-pack", description=__doc__.splitlines()[0])
     ap.add_argument("dataset", help="a built-in dataset (mnist, ...) or your file, as ksae-train takes it")
     ap.add_argument("--run", action="append", required=True, help="one run: dir=FOLDER,k=K,seed=S,epochs=E[,lr=LR]")
-    ap.add_argument("--hidden", type=int, default=1000, help="hidden units of every run [default: 1000]")
+    ap.add_argument("--hidden", type=int, default=None,
+                    help=f"hidden units of every new run [default: {DEFAULT_HIDDEN}; a resumed run keeps its own]")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads [default: as ksae-train chooses]")
     ap.add_argument("--device", default="auto", help="auto, cpu, gpu or gpu:N [default: auto]")
     ap.add_argument("--data-dir", default=None, help="data root [default: $KSAE_DATA_DIR or ./data]")

@@ -89,3 +89,13 @@ def test_the_sweeps_grid_parses_as_ksae_train(tmp_path, args, words):
     result = CliRunner().invoke(sweep_command, ["synthetic", "--hidden", "16", "--out", str(tmp_path / "s"), *args])
     assert_one_line_error(result, words, status=2)
     assert not (tmp_path / "s").exists()
+
+
+def test_a_hidden_size_a_resumed_pack_run_would_ignore_is_refused(tmp_path):
+    from runfolder import make_run
+
+    run = make_run(tmp_path / "run", np.ones((16, 8), np.float32), k=2)
+    assert run_config("synthetic", {"dir": str(run)}, hidden=None).hidden == 8
+    assert run_config("synthetic", {"dir": str(run)}, hidden=8).hidden == 8
+    with pytest.raises(KsaeError, match="--hidden 20 has no effect on .* 8 hidden units"):
+        run_config("synthetic", {"dir": str(run)}, hidden=20)
