@@ -39,18 +39,17 @@ def _values(text: str, what: str, field: str | None = None) -> list:
     from ksae_cupy.session.fields import TRAIN, parse_text
 
     parts = [part.strip() for part in text.split(",") if part.strip()]
+    example, words = ("1,2,3", "numbers") if field is None else ("5,10", "integers")
     if not parts:
-        example, words = ("1,2,3", "numbers") if field is None else ("5,10", "values")
         raise KsaeError(f"--{what} {text!r} is not allowed; use comma-separated {words} such as {example}")
     values = []
     for part in parts:
-        if field is None:
+        if field is None:  # an encoding multiple: its range (alpha*k within hidden) is check_specs's
             try:
                 value = float(part)
             except ValueError:
-                value = float("nan")
-            if not (value > 0 and value != float("inf")):
-                raise KsaeError(f"--{what} {part!r} is not allowed; use positive numbers such as 1,2,3")
+                raise KsaeError(f"--{what} {text!r} is not allowed; use comma-separated {words} such as "
+                                f"{example}") from None
         else:
             value = parse_text(next(option for option in TRAIN if option.name == field), part, f"--{what}")
         if value in values:

@@ -84,9 +84,10 @@ def test_one_folder_through_a_symlink_is_refused_before_anything_is_written(tmp_
                                          (["--lr", "nan"], "--lr nan is not allowed"),
                                          (["--epochs", "0"], "--epochs 0 is not allowed"),
                                          (["--alpha", "1,1"], "--alpha '1,1' gives 1 twice"),
+                                         (["--alpha", "nan"], "alpha=nan is not allowed"),
                                          (["--pack", "--workers", "2"], "--workers 2 has no effect with --pack")])
 def test_the_sweeps_grid_parses_as_ksae_train(tmp_path, args, words):
-    result = CliRunner().invoke(sweep_command, ["synthetic", "--hidden", "16", "--out", str(tmp_path / "s"), *args])
+    result = CliRunner().invoke(sweep_command, ["synthetic", "--hidden", "16", "--out", str(tmp_path / "s"), "--k", "2", *args])
     assert_one_line_error(result, words, status=2)
     assert not (tmp_path / "s").exists()
 
