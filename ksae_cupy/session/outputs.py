@@ -29,8 +29,9 @@ OVERWRITE_HELP = "Replace the output file if it exists (never a file of the run 
 
 def run_inputs(source) -> dict[str, Path]:
     """``{what: path}`` of the files that make the run ``source`` (a run folder, or a checkpoint file inside
-    one): its checkpoint, config.json and metrics, and the data files config.json records."""
-    from ksae_cupy.session.provenance import DATA_FILES, data_file
+    one): its checkpoint, config.json and metrics, the data files config.json records, and a layer 2's codes
+    origin (the ``OUT.json`` beside its codes)."""
+    from ksae_cupy.session.provenance import DATA_FILES, data_file, origin_file
     from ksae_cupy.session.runs import CHECKPOINT, CONFIG, METRICS
 
     source = Path(source)
@@ -47,6 +48,8 @@ def run_inputs(source) -> dict[str, Path]:
         return files
     if isinstance(config.get("dataset"), str) and config["dataset"]:
         files["data file"] = data_file(config["dataset"])
+        if isinstance(config.get("codes_origin"), dict):  # layer 2: its codes' origin beside them (OUT.json)
+            files["codes origin"] = origin_file(files["data file"])
     data = config.get("data")
     if isinstance(data, dict):
         from ksae_cupy.datasets.user_files import split_member
