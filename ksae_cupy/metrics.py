@@ -23,7 +23,10 @@ from ksae_cupy.topk import scatter_rows
 
 def fve_from_sums(squared_error: float, total_variance: float) -> float:
     """``1 - squared_error / total_variance``; a constant set of rows (no variance) scores 1 when it is
-    reconstructed exactly and 0 otherwise, as scikit-learn's ``r2_score`` does."""
+    reconstructed exactly and 0 otherwise, as scikit-learn's ``r2_score`` does. A NaN in either sum (a NaN in
+    the rows or their reconstructions) is NaN, never a confident 0 or 1."""
+    if np.isnan(squared_error) or np.isnan(total_variance):
+        return float("nan")
     if total_variance > 0:
         return 1.0 - float(squared_error) / float(total_variance)
     return 1.0 if squared_error == 0 else 0.0
@@ -36,8 +39,16 @@ def total_variance(X_nd, chunk: int = 8192) -> float:
 
 
 def fraction_of_variance_explained(X_nd, Xhat_nd) -> float:
-    """FVE of the reconstructions ``Xhat_nd`` of the rows ``X_nd`` (same shape)."""
+    """FVE of the reconstructions ``Xhat_nd`` of the rows ``X_nd`` (same shape); no rows: a one-line
+    ``ValueError`` (there is no variance to explain), a NaN in either: NaN."""
     xp = array_module(X_nd)
+    X_nd, Xhat_nd = xp.asarray(X_nd), xp.asarray(Xhat_nd)
+    if X_nd.shape != Xhat_nd.shape:
+        raise ValueError(f"X_nd {tuple(X_nd.shape)} and Xhat_nd {tuple(Xhat_nd.shape)} differ in shape; give the "
+                         f"reconstructions of the same rows")
+    if X_nd.size == 0:
+        raise ValueError(f"no rows (shape {tuple(X_nd.shape)}): the fraction of variance explained needs at "
+                         f"least one row")
     R_nd = xp.asarray(Xhat_nd, dtype=np.float64) - xp.asarray(X_nd, dtype=np.float64)
     return fve_from_sums(float(xp.vdot(R_nd, R_nd)), total_variance(X_nd))
 

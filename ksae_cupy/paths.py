@@ -52,9 +52,26 @@ def check_output_file(path: Path, what: str) -> None:
         raise KsaeError(f"{what} {path} is a folder; give a file name")
     folder = Path(os.path.abspath(path)).parent
     if not folder.is_dir():
+        start = nearest_existing(folder)
+        if not start.is_dir():  # a file stands where the folder would be: "create it" could not be done
+            raise KsaeError(f"{what} {path}: {start} is a file, not a folder; name a file in a folder")
         raise KsaeError(f"{what} {path}: folder {folder} does not exist; create it first")
     if not writable(folder):
         raise KsaeError(f"{what} {path}: folder {folder} is not writable; choose a folder you may write to")
+
+
+def check_recorded_file(what: str, path) -> None:
+    """A file path a file records (a run's ``config.json``, not the user's typing) names a regular file where
+    anything is there: never a folder, a device (``/dev/zero`` would be read forever) or a pipe. A missing
+    file is left to its reader to name; None (nothing recorded) is nothing to check."""
+    if path is None:
+        return
+    if not isinstance(path, (str, Path)) or not str(path).strip() or "\0" in str(path):
+        raise KsaeError(f"config.json records {what} {path!r}, which is not a file name; the run folder's "
+                        f"config.json was edited or damaged")
+    if os.path.lexists(path) and not Path(path).is_file():
+        raise KsaeError(f"config.json records {what} {path}, which is not a regular file (a folder, a device or a "
+                        f"pipe); the run folder's config.json was edited or damaged")
 
 
 def file_sha256(path: Path) -> str:

@@ -1,14 +1,17 @@
 """What code made a result: the package version, the commit, the libraries and the device.
 
     package_version()   "0.1.0": setup.cfg's ``version`` (the one place it is typed)
-    code_commit()       (commit, clean) of the checkout the package runs from; (None, None) elsewhere
+    code_commit()       (commit, clean) of the package's own checkout, else the one written at build time
+                        (``pip install .``), else (None, None)
     provenance(device)  all of it as one JSON-ready dict, recorded in every run folder's config.json
                         and in every checkpoint (:mod:`ksae_cupy.training.checkpoint`)
 
 The version comes from the source tree's setup.cfg when the package runs from one (a checkout,
 or an editable install, whose installed metadata may predate the last change to setup.cfg), else
 from the installed distribution's metadata. The commit comes from ``git`` run beside the package,
-with a timeout; no git, or a package that is not the checkout's own, gives None, never an error.
+with a timeout, when the checkout is the package's own (a setup.cfg that names ksae-cupy beside it);
+else from ``_build_commit.py``, which setup.py's build step writes into the package it builds; no git,
+or a package that is not the checkout's own and was not built from one, gives None, never an error.
 ``clean`` says whether the tracked files match the commit (untracked files are not counted).
 
 Library versions come from the imported module when it is loaded, else from the installed
@@ -40,12 +43,11 @@ LIBRARIES = {
 def package_version() -> str:
     """The package's version: setup.cfg's when it runs from a source tree, else the installed metadata's."""
     setup_cfg = PACKAGE_DIR.parent / "setup.cfg"
-    if setup_cfg.is_file():
+    if setup_cfg.is_file() and names_this_package(setup_cfg):
         parser = configparser.ConfigParser(interpolation=None)
         try:
             parser.read(setup_cfg)
-            if parser.get("metadata", "name", fallback=None) == DISTRIBUTION:
-                return parser.get("metadata", "version")
+            return parser.get("metadata", "version")
         except (configparser.Error, OSError, UnicodeDecodeError):
             pass
     from importlib import metadata
@@ -66,20 +68,56 @@ def _git(*args: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-@functools.lru_cache(maxsize=None)
-def code_commit() -> tuple[str | None, bool | None]:
-    """``(commit, clean)`` of the git checkout the package runs from, or ``(None, None)``.
+BUILD_COMMIT_MODULE = "_build_commit"  # ksae_cupy/_build_commit.py: written by setup.py's build step, git-ignored
 
-    The checkout must be the package's own (its top folder holds this package): an installed copy
-    inside some other repository (a virtualenv in a project) is not that project's commit."""
+
+def names_this_package(setup_cfg: Path) -> bool:
+    """Whether ``setup_cfg`` is this package's own (its ``[metadata] name`` is ksae-cupy)."""
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read(setup_cfg)
+        return parser.get("metadata", "name", fallback=None) == DISTRIBUTION
+    except (configparser.Error, OSError, UnicodeDecodeError):
+        return False
+
+
+def checkout_commit() -> tuple[str | None, bool | None]:
+    """``(commit, clean)`` of the git checkout the package runs from, when that checkout is this package's
+    own: its top folder holds this package and a setup.cfg that names ksae-cupy. An installed copy inside
+    some other repository (a virtualenv in a project), or the package copied to the root of another
+    repository, is not that repository's commit: ``(None, None)``."""
     top = _git("rev-parse", "--show-toplevel")
-    if top is None or Path(top).resolve() != PACKAGE_DIR.parent:
+    if top is None or Path(top).resolve() != PACKAGE_DIR.parent or not names_this_package(Path(top) / "setup.cfg"):
         return None, None
     commit = _git("rev-parse", "HEAD")
     if commit is None:
         return None, None
     changes = _git("status", "--porcelain", "--untracked-files=no")
     return commit, (None if changes is None else changes == "")
+
+
+def built_commit() -> tuple[str | None, bool | None]:
+    """``(commit, clean)`` written into the package when it was built from its checkout (``pip install .``:
+    setup.py's build step writes ``ksae_cupy/_build_commit.py``), or ``(None, None)``."""
+    import importlib
+
+    try:
+        built = importlib.import_module(f"{__package__}.{BUILD_COMMIT_MODULE}")
+    except ImportError:
+        return None, None
+    commit, clean = getattr(built, "COMMIT", None), getattr(built, "CLEAN", None)
+    if not (isinstance(commit, str) and len(commit) == 40 and all(c in "0123456789abcdef" for c in commit)):
+        return None, None
+    return commit, clean if isinstance(clean, bool) else None
+
+
+@functools.lru_cache(maxsize=None)
+def code_commit() -> tuple[str | None, bool | None]:
+    """``(commit, clean)`` of the code that runs: the package's own checkout's (:func:`checkout_commit`), else
+    the one written at build time (:func:`built_commit`), else ``(None, None)``: ours or none, never another
+    repository's."""
+    commit = checkout_commit()
+    return commit if commit[0] is not None else built_commit()
 
 
 def library_version(module: str) -> str | None:

@@ -29,10 +29,10 @@ def test_version_is_setup_cfgs():
 
 def test_every_command_answers_version_with_the_commit(tmp_path):
     commit, clean = provenance.code_commit()
-    if provenance.PACKAGE_DIR.parent == REPO:  # run from this checkout: its commit (CI runs an installed copy: none)
+    if provenance.PACKAGE_DIR.parent == REPO:  # run from this checkout: its commit
         assert commit is not None and len(commit) == 40
-    else:
-        assert commit is None
+    else:  # an installed copy (CI's): the commit its build wrote into it, if it was built from a checkout
+        assert (commit, clean) == provenance.built_commit()
     said = f"ksae-cupy {ksae_cupy.__version__}" + (
         "" if commit is None else f" (commit {commit[:12]}, {'clean' if clean else 'uncommitted changes'})")
     scripts = setup_cfg()["options.entry_points"]["console_scripts"].split("\n")

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import click
 
-from ksae_cupy.cli.version import version_option
+from ksae_cupy.cli.version import VersionedGroup, version_option
 from ksae_cupy.cli.common import (CONTEXT, DATA_DIR, DEVICE, QUIET, RUN_DIR, check_run_outputs, run_data_options,
                                    data_overrides, dataset_split, progress_printer, report_errors, write_json)
 from ksae_cupy.cli.run_options import SPLITS
 from ksae_cupy.errors import KsaeError
 
 
-@click.group(context_settings=CONTEXT)
+@click.group(cls=VersionedGroup, context_settings=CONTEXT)
 @version_option
 def analyze_command():
     """Section 3 of the paper on trained runs: coherence, ITI sparse recovery, Theorem 3.1."""

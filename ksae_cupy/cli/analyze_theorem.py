@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from ksae_cupy.session.outputs import OVERWRITE_HELP
 from ksae_cupy.cli.common import CONTEXT, RUN_DIR, GivenPath, report_errors, write_json
 from ksae_cupy.errors import KsaeError
 
@@ -21,21 +22,22 @@ from ksae_cupy.errors import KsaeError
 @click.option("--n", "n", type=int, default=1000, help="Codes drawn per case.")
 @click.option("--seed", type=int, default=0, help="Seed of the drawn codes (and of a gaussian dictionary).")
 @click.option("-o", "--output", type=GivenPath(path_type=Path), default=None, help="Also write the report as JSON.")
+@click.option("--overwrite", is_flag=True, help=OVERWRITE_HELP)
 @report_errors
-def analyze_theorem(run_dir, dictionary, D, H, k, n, seed, output):
+def analyze_theorem(run_dir, dictionary, D, H, k, n, seed, output, overwrite):
     """Theorem 3.1: x = W z with k-sparse z drawn to satisfy and to violate k mu <= z_k / (2 z_1);
     how often supp_k(W^T x) finds the support of z in each case: on a run's trained W (RUN_DIR)
     or on a synthetic dictionary (--dictionary)."""
     import numpy as np
 
     from ksae_cupy.evaluation.analysis import gaussian_dictionary, incoherent_dictionary, theorem_experiment
-    from ksae_cupy.paths import check_output_file
+    from ksae_cupy.session.outputs import check_output
 
     if run_dir is not None and dictionary is not None:
         raise KsaeError(f"RUN_DIR {run_dir} and --dictionary {dictionary} both name the dictionary; give one")
     dictionary = str(run_dir) if run_dir is not None else dictionary or "incoherent"
     if output:
-        check_output_file(output, "-o")  # before the experiment, not after it
+        check_output(output, "-o", runs=[run_dir], overwrite=overwrite)  # before the experiment, not after it
     if n < 1 or D < 1 or H < 1:
         raise KsaeError("--n, --dim and --atoms must be positive")
     from ksae_cupy.training.options import check_seed

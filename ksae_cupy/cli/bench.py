@@ -10,14 +10,14 @@ from pathlib import Path
 import click
 
 from ksae_cupy import paper
-from ksae_cupy.cli.version import version_option
+from ksae_cupy.cli.version import VersionedGroup, version_option
 from ksae_cupy.cli.common import positive_ints, report_errors
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.bench.train_cpu import ENCODER_CHOICES
 from ksae_cupy.topk import TOPK_METHODS
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=VersionedGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @version_option
 def bench_command():
     """Benchmarks; each validates before it times and writes JSON under results/benchmarks/."""

@@ -9,15 +9,16 @@ import click
 
 from ksae_cupy.cli.common import GivenPath, report_errors
 from ksae_cupy.session.export import FORMATS
-from ksae_cupy.cli.version import version_option
+from ksae_cupy.cli.version import VersionedGroup, version_option
 from ksae_cupy.errors import KsaeError
+from ksae_cupy.session.outputs import OVERWRITE_HELP, check_output
 
 
 DATA_DIR = click.option("--data-dir", type=GivenPath(path_type=Path), default=None,
                         help="Data root. [default: $KSAE_DATA_DIR or ./data]")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=VersionedGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @version_option
 def data_command():
     """Fetch, verify and list the datasets under the data root ($KSAE_DATA_DIR or ./data)."""
@@ -78,8 +79,9 @@ def data_list(data_dir):
               help="A ksae-train run's codes keep alpha*k units (the fine-tuned net's; 1: the plain k-sparse "
                    "codes). A ksae-baseline run's features are every sigmoid unit.")
 @DATA_DIR
+@click.option("--overwrite", is_flag=True, help=OVERWRITE_HELP)
 @report_errors
-def data_codes(run_dir, out, alpha, data_dir):
+def data_codes(run_dir, out, alpha, data_dir, overwrite):
     """Write RUN_DIR's codes of its training rows to OUT (.npy): layer 2's dataset (section 4.6).
 
     RUN_DIR is a ksae-train run (its alpha*k-sparse codes) or a ksae-baseline run (every sigmoid unit of
@@ -94,6 +96,8 @@ def data_codes(run_dir, out, alpha, data_dir):
         raise KsaeError(f"--alpha {alpha} is not allowed; use a positive number (the paper's 3, or 1)")
     if out.suffix != ".npy":
         raise KsaeError(f"OUT {out} is not allowed; name an .npy file (ksae-train and ksae-baseline read it)")
+    for path in (out, origin_file(out)):  # the codes and their origin, OUT.json
+        check_output(path, "OUT", runs=[run_dir], overwrite=overwrite)
     from ksae_cupy.supervised.baseline_trainer import is_baseline_run
 
     if is_baseline_run(run_dir) and click.get_current_context().get_parameter_source("alpha").name != "DEFAULT":
@@ -136,8 +140,9 @@ def data_restore_checkpoint(paths, everything):
 @click.option("--alpha", type=float, default=3.0, show_default=True,
               help="Recorded with the weights: features keep the alpha*k largest units (the paper's 3; 1: the "
                    "k-sparse codes).")
+@click.option("--overwrite", is_flag=True, help=OVERWRITE_HELP)
 @report_errors
-def data_export(run_dir, fmt, out, alpha):
+def data_export(run_dir, fmt, out, alpha, overwrite):
     """Write RUN_DIR's autoencoder as two nn.Linear layers' weights (docs/guide/export.md).
 
     RUN_DIR is a ksae-train run folder or a checkpoint file. The file holds encoder.weight (H x D),
@@ -153,6 +158,7 @@ def data_export(run_dir, fmt, out, alpha):
 
     if not 1 <= alpha < float("inf"):
         raise KsaeError(f"--alpha {alpha} is not allowed; use a finite alpha >= 1 (the paper's 3, or 1)")
+    check_output(out, "--out", runs=[run_dir], overwrite=overwrite)
     info = export(run_dir, out, format=fmt, alpha=alpha)
     click.echo(f"wrote {out}: encoder {info['n_hidden']} x {info['n_inputs']} and decoder {info['n_inputs']} x "
                f"{info['n_hidden']} {info['dtype']}, k {info['k']}, alpha*k {info['alpha_k']}, {info['activation']} "

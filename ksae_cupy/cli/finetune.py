@@ -78,7 +78,7 @@ def finetune_command(ctx, pretrained, **values):
         ft.check_new(values, pretrained, given)
         run.open()
         run.start()  # the threads before the pretraining, which runs here too
-        read = ft.read_pretrained(pretrained)
+        read = ft.read_pretrained(pretrained, values["alpha"])
         ft.check_alpha_applies(given, values, read[1])
         spec = ft.data_of(dataset, read[2], values)
         dataset = spec.data

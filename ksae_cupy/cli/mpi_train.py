@@ -18,6 +18,7 @@ import click
 from ksae_cupy.cli import resume as resuming
 from ksae_cupy.cli.common import GivenPath, data_options, data_spec, flag_of, refuse_empty
 from ksae_cupy.cli.options import declared
+from ksae_cupy.cli.version import VersionedGroup, version_option
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.parallel.agree import abort_on_error, agree
 from ksae_cupy.parallel.comm import COMMS
@@ -29,7 +30,8 @@ from ksae_cupy.training.options import check_in_dtype
 
 OPTIONS = {option.name: option for option in TRAIN}  # declared once, with ksae-train's
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=VersionedGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@version_option
 def main():
     """Multi-process training (run under mpiexec, one process per rank)."""
 

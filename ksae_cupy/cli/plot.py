@@ -6,17 +6,22 @@ from pathlib import Path
 
 import click
 
-from ksae_cupy.cli.version import version_option
+from ksae_cupy.cli.version import VersionedGroup, version_option
 from ksae_cupy.cli.common import (GivenPath, CONTEXT, DATA_DIR, QUIET, RUN_DIR,
                                    dataset_split, progress_printer, report_errors)
 from ksae_cupy.cli.run_options import SPLITS
 from ksae_cupy.evaluation.plots import LAYOUTS
 from ksae_cupy.errors import KsaeError
+from ksae_cupy.session.outputs import OVERWRITE_HELP
+
+# -o names a file the user chose: an existing one is replaced only with --overwrite (the default, the
+# command's own file in the run folder, is replaced as a plot made again)
+OVERWRITE = click.option("--overwrite", is_flag=True, help=OVERWRITE_HELP)
 
 
 HIST_WIDTH = 800  # pixels: save_activity_histograms' default size
 
-@click.group(context_settings=CONTEXT)
+@click.group(cls=VersionedGroup, context_settings=CONTEXT)
 @version_option
 def plot_command():
     """Draw the paper's figures from trained runs (needs: pip install ksae-cupy[plot])."""
@@ -38,8 +43,10 @@ def plot_command():
 @click.option("--scale", type=int, default=2, help="Pixels per filter pixel.")
 @DATA_DIR
 @QUIET
+@OVERWRITE
 @report_errors
-def plot_filters(run_dir, output, n_filters, skip_dead, cols, shape, channels, layout, scale, data_dir, quiet):
+def plot_filters(run_dir, output, n_filters, skip_dead, cols, shape, channels, layout, scale, data_dir, quiet,
+                 overwrite):
     """Each column of W as an image, in a grid (the paper's Figures 1-3: MNIST, NORB, CIFAR-10 patches)."""
     from ksae_cupy.evaluation.features import open_run
     from ksae_cupy.evaluation.plots import (check_image_output, filters_drawn, parse_image_shape, require_matplotlib,
@@ -47,8 +54,8 @@ def plot_filters(run_dir, output, n_filters, skip_dead, cols, shape, channels, l
 
     require_matplotlib()
     run = open_run(run_dir)
+    check_image_output(output or run.path / "filters.png", runs=[run_dir], overwrite=overwrite or output is None)
     output = output or run.path / "filters.png"
-    check_image_output(output)
     image_shape, channels = parse_image_shape(shape), None if channels is None else int(channels)
     if image_shape is None and channels is None:  # draw the run's dataset as it is laid out
         from ksae_cupy.datasets.registry import DATASETS
@@ -92,8 +99,9 @@ def _live_filters(run, data_dir, say):
 @click.option("--bins", type=int, default=100, help="Histogram bins.")
 @DATA_DIR
 @QUIET
+@OVERWRITE
 @report_errors
-def plot_hist(run_dirs, output, n_samples, split, alpha, bins, data_dir, quiet):
+def plot_hist(run_dirs, output, n_samples, split, alpha, bins, data_dir, quiet, overwrite):
     """Histogram of hidden activities for one or more runs (the paper's Figure 4).
 
     Compare sparsity levels by passing several runs, e.g. k=70, k=15 and a dense linear
@@ -104,8 +112,9 @@ def plot_hist(run_dirs, output, n_samples, split, alpha, bins, data_dir, quiet):
     from ksae_cupy.evaluation.plots import check_image_output, require_matplotlib, save_activity_histograms
 
     require_matplotlib()
+    check_image_output(output or Path(run_dirs[0]) / "activity-histogram.png", runs=run_dirs,
+                       overwrite=overwrite or output is None)
     output = output or Path(run_dirs[0]) / "activity-histogram.png"  # into the run folder, as the other plots
-    check_image_output(output)
     if n_samples < 1 or bins < 1:
         raise KsaeError("--n-samples and --bins must be positive")
     if bins > HIST_WIDTH:  # more bins than pixels draws nothing more (and 10^9 of them fill the memory)
@@ -129,16 +138,19 @@ def plot_hist(run_dirs, output, n_samples, split, alpha, bins, data_dir, quiet):
 @click.argument("run_dir", type=RUN_DIR)
 @click.option("-o", "--output", type=GivenPath(path_type=Path), default=None,
               help="Image file; its suffix picks the format. [default: RUN_DIR/curves.png]")
+@OVERWRITE
 @report_errors
-def plot_curves(run_dir, output):
+def plot_curves(run_dir, output, overwrite):
     """Training and validation loss and k over the epochs of a run (from its metrics.jsonl)."""
     from ksae_cupy.evaluation.plots import (check_image_output, check_training_records, require_matplotlib,
                                             save_training_curves)
     from ksae_cupy.session.runs import RunFolder
 
     require_matplotlib()
+    if Path(run_dir).is_file():  # before its default output, run_dir/curves.png, is named as unwritable
+        raise KsaeError(f"{run_dir} is a file, not a run folder; give the folder that holds metrics.jsonl")
+    check_image_output(output or Path(run_dir) / "curves.png", runs=[run_dir], overwrite=overwrite or output is None)
     output = output or Path(run_dir) / "curves.png"
-    check_image_output(output)
     metrics = RunFolder(run_dir).read_metrics()
     check_training_records(metrics, Path(run_dir) / "metrics.jsonl")
     last = metrics[-1] if metrics else None

@@ -29,11 +29,11 @@ QUIET = click.option("--quiet", is_flag=True, help="No progress lines on stderr.
 def check_run_outputs(run_dir: Path, *names: str) -> None:
     """Before minutes of work: the files a command will write into ``run_dir`` can be written
     (a missing folder is left to the command's own one-line error)."""
-    from ksae_cupy.paths import check_output_file
+    from ksae_cupy.session.outputs import check_output
 
     if Path(run_dir).is_dir():
-        for name in names:
-            check_output_file(Path(run_dir) / name, "RUN_DIR output")
+        for name in names:  # the command's own files in the run folder: replaced when it runs again
+            check_output(Path(run_dir) / name, "RUN_DIR output", runs=[run_dir], overwrite=True)
 
 
 def write_json(path: Path, payload: dict) -> None:

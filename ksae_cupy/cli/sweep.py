@@ -18,22 +18,43 @@ from pathlib import Path
 import click
 
 from ksae_cupy.cli.version import version_option
-from ksae_cupy.cli.common import GivenPath, STOP_SIGNALS, parse_lr, report_errors, signals_interrupt
+from ksae_cupy.cli.common import GivenPath, STOP_SIGNALS, report_errors, signals_interrupt
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.parallel.sweep import check_data, check_specs, grid, run_packed, run_sweep, write_results
 from ksae_cupy.paths import check_writable_folder
 from ksae_cupy.session.fields import PAPER  # the paper's defaults, typed once (TrainConfig)
 
 
-def _values(text: str, what: str, kind=int) -> list:
-    """A comma-separated list of ``kind`` values, or a one-line error naming ``--what``."""
-    try:
-        values = [kind(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values:
-        example, words = ("5,10", "integers") if kind is int else ("1,2,3", "numbers")
+def _declared(field: str, text: str):
+    """One value of ksae-train's option ``field`` given as text, parsed and checked as ksae-train does."""
+    from ksae_cupy.session.fields import TRAIN, parse_text
+
+    return parse_text(next(option for option in TRAIN if option.name == field), text)
+
+
+def _values(text: str, what: str, field: str | None = None) -> list:
+    """A comma-separated list for ``--what``, each value parsed and checked by ksae-train's declaration of the
+    option ``field`` (:func:`~ksae_cupy.session.fields.parse_text`; None: a positive number, as --alpha); a value
+    given twice, or none, is a one-line error naming ``--what``."""
+    from ksae_cupy.session.fields import TRAIN, parse_text
+
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    example, words = ("1,2,3", "numbers") if field is None else ("5,10", "integers")
+    if not parts:
         raise KsaeError(f"--{what} {text!r} is not allowed; use comma-separated {words} such as {example}")
+    values = []
+    for part in parts:
+        if field is None:  # an encoding multiple: its range (alpha*k within hidden) is check_specs's
+            try:
+                value = float(part)
+            except ValueError:
+                raise KsaeError(f"--{what} {text!r} is not allowed; use comma-separated {words} such as "
+                                f"{example}") from None
+        else:
+            value = parse_text(next(option for option in TRAIN if option.name == field), part, f"--{what}")
+        if value in values:
+            raise KsaeError(f"--{what} {text!r} gives {part} twice; give each value once (each trains a model)")
+        values.append(value)
     return values
 
 
@@ -82,12 +103,15 @@ def sweep_command(dataset, ks, alphas, hiddens, seeds, epochs, batch_size, lr, t
     if scheduler is not None and click.get_current_context().get_parameter_source("workers").name != "DEFAULT":
         raise KsaeError(f"--workers {workers} has no effect with --scheduler {scheduler}: it sizes the LocalCluster "
                         f"started without one, and that cluster's own workers run the trainings; leave it out")
+    if pack and click.get_current_context().get_parameter_source("workers").name != "DEFAULT":
+        raise KsaeError(f"--workers {workers} has no effect with --pack, which trains the grid in this process "
+                        f"(no Dask workers); leave it out")
     if threads <= 0:
         raise KsaeError(f"--threads {threads} is not allowed; use a positive number of threads per training")
-    base = {"batch_size": batch_size, "lr": parse_lr(lr, PAPER.lr), "threads": threads,
-            "k_start": None if no_k_schedule else "auto"}
-    specs = grid(_values(ks, "k"), _values(alphas, "alpha", float), _values(hiddens, "hidden"),
-                 _values(seeds, "seeds"), _values(epochs, "epochs"), base)
+    base = {"batch_size": batch_size, "lr": _declared("lr", lr),
+            "threads": threads, "k_start": None if no_k_schedule else "auto"}
+    specs = grid(_values(ks, "k", "k"), _values(alphas, "alpha"), _values(hiddens, "hidden", "hidden"),
+                 _values(seeds, "seeds", "seed"), _values(epochs, "epochs", "epochs"), base)
     check_specs(specs)  # here, in one line, not on a worker after a remote traceback
     check_writable_folder(out, "--out")  # before the trainings, not after them
     if pack:

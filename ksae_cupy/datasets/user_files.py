@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ksae_cupy.datasets.dataset import Dataset, check_finite, check_float_input, check_magnitude
+from ksae_cupy.paths import check_recorded_file
 from ksae_cupy.errors import KsaeError, OptionError, literal
 
 SUFFIXES = (".npy", ".npz", ".h5", ".hdf5")
@@ -121,6 +122,11 @@ class DataSpec:
         """The spec a config.json recorded (runs from before the options: the defaults)."""
         fields = {key: value for key, value in (record or {}).items()
                   if key in ("labels", "test", "test_labels", "valid_fraction", "test_fraction", "split_seed")}
+        recorded = [("labels", fields.get("labels")), ("test", fields.get("test")), ("test_labels", fields.get("test_labels"))]
+        if not isinstance(dataset, str) or is_user_file(dataset):  # a built-in dataset's name is no path
+            recorded.append(("dataset", dataset))
+        for key, text in recorded:  # never a folder, a device or a pipe (paths.check_recorded_file)
+            check_recorded_file(key, split_member(text)[0] if isinstance(text, str) and text.strip() else text)
         return cls(data=dataset, **fields)
 
     def for_run(self, **given) -> "DataSpec":
@@ -240,9 +246,21 @@ def read_matrix(spec: str, defaults: tuple) -> tuple[np.ndarray, dict]:
     return _as_matrix(raw, spec), arrays
 
 
+MIN_ROWS = 2  # a mean, a variance, a validation split: training needs rows that can differ
+
+
+def check_matrix_shape(X, name: str) -> None:
+    """``X`` is N x D with N >= 2 and D >= 1: the one check of a training set's shape, with the one message
+    (``ksae-train``'s files and the estimator's ``fit``)."""
+    shape = tuple(X.shape)
+    if len(shape) == 2 and shape[0] < MIN_ROWS:
+        raise KsaeError(f"{name}: array of shape {shape} (n_samples={shape[0]}); expected N x D with N >= {MIN_ROWS}")
+    if len(shape) != 2 or shape[1] < 1:
+        raise KsaeError(f"{name}: array of shape {shape}; expected N x D with N >= {MIN_ROWS}")
+
+
 def _as_matrix(X, spec: str) -> np.ndarray:
-    if X.ndim != 2 or X.shape[0] < 2 or X.shape[1] < 1:
-        raise KsaeError(f"{spec}: array of shape {X.shape}; expected N x D with N >= 2")
+    check_matrix_shape(X, spec)
     if not np.issubdtype(X.dtype, np.number) or np.iscomplexobj(X):
         raise KsaeError(f"{spec}: array of dtype {X.dtype}; expected real numbers")
     check_float_input(X, name=spec)  # unscaled integers (pixels 0..255) would make training diverge

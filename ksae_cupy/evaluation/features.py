@@ -506,6 +506,9 @@ def open_run(run_dir) -> Run:
     from ksae_cupy.session.runs import RunFolder
 
     path = Path(run_dir)
+    if path.exists() and not path.is_dir():  # a file (a data file, a checkpoint) where a folder is asked for
+        raise KsaeError(f"{path} is a file, not a run folder; give the folder that holds checkpoint.h5 and "
+                        f"config.json")
     if not path.is_dir():
         raise KsaeError(f"run folder {path} does not exist")
     folder = RunFolder(path)

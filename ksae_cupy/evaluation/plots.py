@@ -21,8 +21,34 @@ LAYOUTS = ("hwc", "chw")
 MAX_PIXELS = 100_000_000
 
 
+def matplotlib_config_dir() -> None:
+    """Give matplotlib a writable folder for its settings and font cache when its own is not (a read-only or
+    missing HOME): without one it prints two warnings and builds its font cache in a temporary folder anyway.
+    Nothing changes where ``MPLCONFIGDIR`` is set, matplotlib is loaded, or its folder can be made."""
+    import os
+    import sys
+
+    if "MPLCONFIGDIR" in os.environ or "matplotlib" in sys.modules:
+        return
+    from ksae_cupy.paths import nearest_existing, writable
+
+    home = os.path.expanduser("~")
+    config = Path(os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")) / "matplotlib"
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")) / "matplotlib"
+    if all(nearest_existing(folder).is_dir() and writable(nearest_existing(folder)) for folder in (config, cache)):
+        return
+    import atexit
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="ksae-matplotlib-")
+    atexit.register(shutil.rmtree, folder, True)
+    os.environ["MPLCONFIGDIR"] = folder
+
+
 def require_matplotlib():
     """Import matplotlib or fail with the install hint."""
+    matplotlib_config_dir()
     try:
         import matplotlib
     except ImportError:
@@ -108,15 +134,16 @@ def image_formats() -> list[str]:
     return sorted(FigureCanvasBase.get_supported_filetypes())
 
 
-def check_image_output(path, flag: str = "-o") -> None:
-    """Before any work: ``path`` can be written and names a format matplotlib writes."""
-    from ksae_cupy.paths import check_output_file
+def check_image_output(path, flag: str = "-o", runs=(), overwrite: bool = True) -> None:
+    """Before any work: ``path`` can be written and names a format matplotlib writes; it is no file of
+    ``runs`` and, without ``overwrite``, no existing file (:func:`~ksae_cupy.session.outputs.check_output`)."""
+    from ksae_cupy.session.outputs import check_output
 
     suffix = Path(path).suffix.lower().lstrip(".")
     if suffix not in image_formats():
         raise KsaeError(f"{flag} {path}: unknown image format {suffix or '(no suffix)'!r}; "
                         f"use one of {', '.join(image_formats())}")
-    check_output_file(path, flag)
+    check_output(path, flag, runs=runs, overwrite=overwrite)
 
 
 def save_filter_grid(W_dh, path, image_shape=None, channels: int = 1, layout: str = "hwc",

@@ -46,9 +46,40 @@ def read_manifest(root: Path) -> list[KeptCheckpoint]:
     if not path.is_file():
         return []
     try:
-        return [KeptCheckpoint(**entry) for entry in json.loads(path.read_text())["checkpoints"]]
+        kept = [KeptCheckpoint(**entry) for entry in json.loads(path.read_text())["checkpoints"]]
     except (ValueError, KeyError, TypeError) as exc:
         raise KsaeError(f"{path} is not a checkpoint manifest ({exc}); restore it with git checkout") from None
+    for entry in kept:
+        check_entry(root, entry, path)
+    return kept
+
+
+HEX = frozenset("0123456789abcdef")
+
+
+def check_entry(root: Path, entry: KeptCheckpoint, manifest: Path) -> None:
+    """An entry stays where it belongs: a checkpoint.h5 under the clone's results/ (a relative path, no ``..``,
+    no link out), a 40-digit commit (nothing git could read as an option), a 64-digit SHA-256, a size."""
+    def refuse(why: str):
+        raise KsaeError(f"{manifest}: entry {entry.path!r} {why}; restore the manifest with git checkout -- "
+                        f"{MANIFEST}")
+
+    if not isinstance(entry.path, str) or not entry.path or "\\" in entry.path or "\0" in entry.path:
+        refuse("is not a path")
+    parts = Path(entry.path).parts
+    if Path(entry.path).is_absolute() or ".." in parts or parts[:1] != ("results",) or parts[-1] != "checkpoint.h5":
+        refuse("is not a checkpoint.h5 under results/ (paths are relative to the clone, without ..)")
+    results = (Path(root) / "results").resolve()
+    try:
+        (Path(root) / entry.path).resolve().relative_to(results)
+    except ValueError:
+        refuse(f"leads out of {results} (through a link)")
+    if not (isinstance(entry.commit, str) and len(entry.commit) == 40 and set(entry.commit) <= HEX):
+        refuse(f"names commit {entry.commit!r}, not 40 hex digits")
+    if not (isinstance(entry.sha256, str) and len(entry.sha256) == 64 and set(entry.sha256) <= HEX):
+        refuse(f"names SHA-256 {entry.sha256!r}, not 64 hex digits")
+    if isinstance(entry.bytes, bool) or not isinstance(entry.bytes, int) or entry.bytes < 0:
+        refuse(f"names a size of {entry.bytes!r} bytes")
 
 
 def write_manifest(root: Path, kept: list[KeptCheckpoint]) -> None:
@@ -117,6 +148,9 @@ def repository_root(start: Path) -> Path:
 def select(root: Path, given: list[Path], everything: bool) -> list[KeptCheckpoint]:
     """The manifest's entries asked for: every one, or those of the given paths (a checkpoint, or the run
     folder holding one), relative to the current folder."""
+    if not (root / MANIFEST).is_file():  # deleted or moved: not a manifest that lists nothing
+        raise KsaeError(f"{root / MANIFEST} does not exist: the manifest of the kept checkpoints is missing from this "
+                        f"clone; restore it with git checkout -- {MANIFEST}")
     kept = read_manifest(root)
     if not kept:
         raise KsaeError(f"{root / MANIFEST} lists no checkpoint: nothing to restore")

@@ -22,11 +22,16 @@ from pathlib import Path
 
 from ksae_cupy.errors import KsaeError
 
-RUN_KEYS = {"dir": str, "k": int, "seed": int, "epochs": int, "lr": float}
+RUN_KEYS = ("dir", "k", "seed", "epochs", "lr")  # dir: the folder; the others: ksae-train's options of that name
 
 
 def parse_run(text: str) -> dict:
-    """``dir=FOLDER,k=25,seed=0,epochs=5000`` as a dict; a one-line error naming what is wrong."""
+    """``dir=FOLDER,k=25,seed=0,epochs=5000`` as a dict; a one-line error naming what is wrong. Each value is
+    parsed and checked by ksae-train's declaration of its option (:func:`~ksae_cupy.session.fields.parse_text`:
+    the same types, ``lr=auto``, ranges and messages); a key given twice is refused."""
+    from ksae_cupy.session.fields import TRAIN, parse_text
+
+    declared = {option.name: option for option in TRAIN}
     run = {}
     for part in text.split(","):
         key, _, value = part.partition("=")
@@ -34,20 +39,23 @@ def parse_run(text: str) -> dict:
         if key not in RUN_KEYS or not value.strip():
             raise KsaeError(f"--run {text!r}: {part!r} is not allowed; use key=value pairs, keys from "
                             f"{', '.join(RUN_KEYS)} (e.g. dir=runs/k25,k=25,seed=0,epochs=5000)")
-        try:
-            run[key] = RUN_KEYS[key](value.strip())
-        except ValueError:
-            kind = {int: "a whole number", float: "a number"}[RUN_KEYS[key]]
-            raise KsaeError(f"--run {text!r}: {key} {value.strip()!r} is not allowed; use {kind}") from None
+        if key in run:
+            raise KsaeError(f"--run {text!r}: {key} is given twice; give each key once")
+        run[key] = value.strip() if key == "dir" else parse_text(declared[key], value, f"--run {text!r}: {key}")
     if "dir" not in run:
         raise KsaeError(f"--run {text!r} names no folder; add dir=FOLDER")
     return run
 
 
-def run_config(dataset: str, run: dict, hidden: int):
+DEFAULT_HIDDEN = 1000
+
+
+def run_config(dataset: str, run: dict, hidden: int | None):
     """The run's :class:`TrainConfig`: a folder with a checkpoint given ``dir`` alone keeps its own (its
-    config.json's ``train``, ``epochs`` applied when given); else ksae-train's for these options."""
-    from ksae_cupy.session.fields import TRAIN, default_lr, parse_lr
+    config.json's ``train``, ``epochs`` applied when given; a ``--hidden`` given that is not its own is
+    refused, not ignored); else ksae-train's for these options (``hidden`` None: the default)."""
+    from ksae_cupy.errors import OptionError
+    from ksae_cupy.session.fields import TRAIN, default_lr
     from ksae_cupy.session.runs import RunFolder
     from ksae_cupy.session.train_run import new_config
     from ksae_cupy.training.config import TrainConfig
@@ -55,6 +63,10 @@ def run_config(dataset: str, run: dict, hidden: int):
     folder = RunFolder(Path(run["dir"]))
     if folder.checkpoint.is_file() and set(run) <= {"dir", "epochs"}:
         config = TrainConfig.from_dict(folder.read_config()["train"])
+        if hidden is not None and hidden != config.hidden:
+            raise KsaeError(f"--hidden {hidden} has no effect on {run['dir']}, which holds a run of {config.hidden} "
+                            f"hidden units that is resumed as it was; leave --hidden out or give the run another "
+                            f"folder")
         if "epochs" in run:
             config.epochs = run["epochs"]
         return config
@@ -62,15 +74,20 @@ def run_config(dataset: str, run: dict, hidden: int):
     if missing:
         raise KsaeError(f"--run dir={run['dir']}: a new run needs {' and '.join(missing)} (e.g. k=25,epochs=5000)")
     values = {option.name: option.default for option in TRAIN}
-    values.update(hidden=hidden, k=run["k"], epochs=run["epochs"], seed=run.get("seed", 0), no_k_schedule=False)
-    return new_config(values, parse_lr(run.get("lr", values["lr"]), default=default_lr(dataset)))
+    values.update(hidden=DEFAULT_HIDDEN if hidden is None else hidden, k=run["k"], epochs=run["epochs"], seed=run.get("seed", 0), no_k_schedule=False)
+    try:
+        return new_config(values, run.get("lr", default_lr(dataset)))
+    except OptionError as exc:  # a value checked against the others (k <= hidden): named as the --run key
+        flag = "--hidden" if exc.field == "hidden" else f"--run dir={run['dir']}: {exc.field}"
+        raise KsaeError(exc.spelled(flag)) from None
 
 
 def parse(argv=None):
     ap = argparse.ArgumentParser(prog="train-pack", description=__doc__.splitlines()[0])
     ap.add_argument("dataset", help="a built-in dataset (mnist, ...) or your file, as ksae-train takes it")
     ap.add_argument("--run", action="append", required=True, help="one run: dir=FOLDER,k=K,seed=S,epochs=E[,lr=LR]")
-    ap.add_argument("--hidden", type=int, default=1000, help="hidden units of every run [default: 1000]")
+    ap.add_argument("--hidden", type=int, default=None,
+                    help=f"hidden units of every new run [default: {DEFAULT_HIDDEN}; a resumed run keeps its own]")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads [default: as ksae-train chooses]")
     ap.add_argument("--device", default="auto", help="auto, cpu, gpu or gpu:N [default: auto]")
     ap.add_argument("--data-dir", default=None, help="data root [default: $KSAE_DATA_DIR or ./data]")

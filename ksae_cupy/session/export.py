@@ -217,13 +217,24 @@ def read_safetensors(path) -> tuple[dict, dict]:
         header = json.loads(blob[8:8 + size])
     except ValueError:
         raise KsaeError(f"{path} is not a safetensors file (its header is not JSON)") from None
+    if not isinstance(header, dict):
+        raise KsaeError(f"{path} is not a safetensors file (its header is not a JSON object)")
     metadata = header.pop(METADATA_KEY, {}) or {}
     by_code = {code: np.dtype(name).newbyteorder("<") for name, code in SAFETENSORS_DTYPES.items()}
+    data_bytes = len(blob) - 8 - size
     tensors = {}
     for name, entry in header.items():
-        start, end = entry["data_offsets"]
-        tensors[name] = np.frombuffer(blob[8 + size + start:8 + size + end], dtype=by_code[entry["dtype"]]
-                                      ).reshape(entry["shape"]).copy()
+        # each tensor's bytes stay inside the file's data section, and are as many as its shape and dtype ask
+        try:
+            start, end = (int(offset) for offset in entry["data_offsets"])
+            dtype, shape = by_code[entry["dtype"]], tuple(int(n) for n in entry["shape"])
+        except (KeyError, TypeError, ValueError):
+            raise KsaeError(f"{path}: tensor {name!r} has no valid dtype, shape and data_offsets") from None
+        if not 0 <= start <= end <= data_bytes or end - start != dtype.itemsize * int(np.prod(shape, dtype=np.int64)) \
+                or min(shape, default=0) < 0:
+            raise KsaeError(f"{path}: tensor {name!r} names bytes {start}..{end} for shape {list(shape)}, outside its "
+                            f"{data_bytes} bytes of data or not that shape's size; the file is damaged or not an export")
+        tensors[name] = np.frombuffer(blob[8 + size + start:8 + size + end], dtype=dtype).reshape(shape).copy()
     return tensors, metadata
 
 

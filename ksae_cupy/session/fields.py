@@ -158,12 +158,54 @@ def parse_lr(text: str | None, default):
 
     if text is None:
         return default
+    if not isinstance(text, str):  # a number already (the Python API, a parsed grid)
+        text = repr(text)
     if text.strip().lower() == "auto":
         return "auto"
     try:
         return float(text)
     except ValueError:
         raise KsaeError(f"--lr {text!r} is not allowed; use a positive learning rate or auto") from None
+
+
+def parse_text(option: Option, text: str, spelled: str | None = None):
+    """The value of the declared ``option`` given as text outside a command line (a pack's ``--run k=25``,
+    a sweep's grid ``--k 10,25``): converted as ``ksae-train``'s option converts it (``auto`` where ``--lr``
+    takes it) and checked by the field's rule (:data:`~ksae_cupy.training.config.RULES`), with the messages
+    ``ksae-train`` gives; ``spelled``: how they name the value (default: the option's flag)."""
+    from ksae_cupy.errors import KsaeError, OptionError
+    from ksae_cupy.training.config import RULES, check_by_rule
+    from ksae_cupy.training.options import check_seed
+
+    spelled = spelled or option.spelled
+    text = str(text).strip()
+    if option.name == "lr" and text.lower() == "auto":
+        return "auto"
+    if option.type is int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise KsaeError(f"{spelled} {text!r} is not allowed; use a whole number") from None
+    elif option.type is float or option.name == "lr":
+        try:
+            value = float(text)
+        except ValueError:
+            what = "a positive learning rate or auto" if option.name == "lr" else "a number"
+            raise KsaeError(f"{spelled} {text!r} is not allowed; use {what}") from None
+    elif isinstance(option.type, (tuple, dict)):
+        if text not in tuple(option.type):
+            raise KsaeError(f"{spelled} {text!r} is not allowed; use one of {', '.join(option.type)}")
+        value = text
+    else:
+        value = text
+    if option.name == "seed":
+        check_seed(spelled, value)
+    elif option.name in RULES and RULES[option.name].check is not None:
+        try:
+            check_by_rule(option.name, value)
+        except OptionError as exc:
+            raise KsaeError(exc.spelled(spelled)) from None
+    return value
 
 
 def policies(options: list[Option]) -> dict[str, str]:

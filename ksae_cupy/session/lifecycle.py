@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from ksae_cupy.errors import KsaeError, note
 from ksae_cupy.session import resuming
 from ksae_cupy.training.checkpoint import CheckpointWriteError
@@ -207,7 +209,10 @@ class RunLifecycle:
         self.policy.restart()  # the minutes count from the first step, not from loading
         try:
             try:
-                job.fit(epoch, batch)
+                # A step that overflows makes NumPy warn, then the loss is non-finite and the trainer says so
+                # in one line (TrainingDiverged): the warning before it would only repeat it, worse.
+                with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                    job.fit(epoch, batch)
             finally:
                 self.stop.restore()
                 job.on_end()

@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ksae_cupy.datasets.preprocess import INPUT_MEAN
 from ksae_cupy.errors import KsaeError, TrainingDiverged
 from ksae_cupy.session.fields import RUN_LEVEL, TRAIN as TRAIN_OPTIONS
@@ -76,9 +78,12 @@ def train_packed(configs: list, data, backend, folders: list, *, dataset=None, s
     if len(configs) != len(folders):
         raise KsaeError(f"{len(configs)} configurations for {len(folders)} run folders; give one folder per run")
     paths = [Path(folder) for folder in folders]
-    repeated = sorted({str(p) for p in paths if paths.count(p) > 1})
+    resolved = [p.resolve() for p in paths]  # one folder through a symlink or a relative path is one folder
+    repeated = [(a, b) for i, a in enumerate(paths) for j, b in enumerate(paths) if i < j and resolved[i] == resolved[j]]
     if repeated:
-        raise KsaeError(f"run folder {repeated[0]} is given to more than one run; give each run its own folder")
+        a, b = repeated[0]
+        same = "is given" if a == b else f"(given also as {b}) is given"
+        raise KsaeError(f"run folder {a} {same} to more than one run; give each run its own folder")
     settings = {**DEFAULT_SETTINGS, **(settings or {})}
     # Each run's own copy (validated or not, as given): a new run drops a schedule that never reaches k and
     # resolves --lr auto in its configuration; the caller's configurations stay as they were given.
@@ -245,9 +250,10 @@ def _train_pack(members: list, outcomes: list, stacked, log, running: dict) -> N
         log(f"{member.run.folder.path.name}: {epoch_line(report, member.trainer.config.epochs)}")
 
     started = time.perf_counter()
-    pack.fit([train for train, _ in rows], [valid for _, valid in rows], on_epoch,
-             should_checkpoint=lambda i, epoch: members[i].run.policy.after_epoch(epoch),
-             checkpoint=lambda i: members[i].save())
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # a divergence is said by its outcome
+        pack.fit([train for train, _ in rows], [valid for _, valid in rows], on_epoch,
+                 should_checkpoint=lambda i, epoch: members[i].run.policy.after_epoch(epoch),
+                 checkpoint=lambda i: members[i].save())
     for i, member in enumerate(members):
         if i not in pack.failed and member.run.needs_final_save(member.trainer, member.step_before):
             try:  # stopped mid-epoch, a stacked run's divergence may not have been seen yet: the save refuses it

@@ -19,7 +19,8 @@ Four records, each checked by every command that reads it:
   ``OUT.json`` names is refused.
 * **The chain of a deep network.** ``ksae-finetune LAYER1 LAYER2`` compares LAYER2's
   ``codes_origin`` with LAYER1 as it is now (:func:`check_chain`): another run's layer, or a layer 1
-  resumed or changed after its codes were written, is refused. Folders written before these
+  resumed or changed after its codes were written, is refused, and so is a fine-tuning --alpha other
+  than the one the codes were written with (:func:`check_codes_alpha`). Folders written before these
   records existed get a one-line note that the chain cannot be verified, and are read as before.
 
 Hashes are shown by their first 12 hex digits.
@@ -143,11 +144,20 @@ def codes_origin(path: Path, sha256: str) -> dict | None:
     codes came from, when ``ksae-data codes`` wrote it; None for any other file. A codes file whose
     bytes are not those its ``OUT.json`` names was replaced after it was written: refused."""
     sidecar = origin_file(path)
+    if not sidecar.exists():
+        return None
     try:
         record = json.loads(sidecar.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError) as exc:
+        record = exc
+    if not isinstance(record, dict):  # there, but not a record: said now, not found out at ksae-finetune
+        why = record.strerror if isinstance(record, OSError) and record.strerror else (
+            "not JSON" if isinstance(record, ValueError) else "not a JSON object")
+        note(f"{sidecar}, beside the data file {path}, cannot be read as the codes' origin ({why}); this run records "
+             f"no origin, so ksae-finetune cannot verify which layer 1 its codes came from; write the codes again "
+             f"with {CODES_WRITER} LAYER1_RUN {path} to record it")
         return None
-    if not isinstance(record, dict) or record.get("written_by") != CODES_WRITER or not record.get("codes_sha256"):
+    if record.get("written_by") != CODES_WRITER or not record.get("codes_sha256"):
         return None  # not ours (bin/reproduce-finetune wrote an info file there before origins were recorded)
     if record["codes_sha256"] != sha256:
         raise KsaeError(f"{path} changed since {CODES_WRITER} wrote it (SHA-256 now {short(sha256)}, {sidecar} "
@@ -186,3 +196,16 @@ def check_chain(layer1_dir, layer1_run_id: str | None, layer1_epoch: int, layer2
         what = (f"layer 1 {layer1_dir}'s checkpoint changed since the codes layer 2 {layer2_dir} was trained on were "
                 f"written (SHA-256 now {short(found)}, then {short(layer['checkpoint_sha256'])})")
     raise KsaeError(f"{what}; {retrain}")
+
+
+def check_codes_alpha(alpha: float | None, pretrained, layer2_config: dict) -> None:
+    """Refuse fine-tuning at an ``alpha`` other than the one layer 2's codes were written with (its config.json's
+    ``codes_origin``): layer 1 would feed layer 2 alpha*k units of another count than it was trained on. A layer 2
+    that does not record it is left to :func:`~ksae_cupy.session.provenance.check_chain`'s note."""
+    origin = layer2_config.get("codes_origin")
+    made_with = origin.get("alpha") if isinstance(origin, dict) else None
+    if alpha is None or not isinstance(made_with, (int, float)) or float(made_with) == float(alpha):
+        return
+    raise KsaeError(f"--alpha {alpha:g} differs from the alpha layer 2 {pretrained[1]} was trained with: its codes "
+                    f"were written with ksae-data codes --alpha {made_with:g} from {pretrained[0]}; give --alpha "
+                    f"{made_with:g}, or write the codes again with --alpha {alpha:g} and train layer 2 on them")

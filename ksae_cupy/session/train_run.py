@@ -203,7 +203,7 @@ class TrainJob(RunJob):
     def retold(self, exc):
         """The divergence ``exc`` retold for the user: what the run folder keeps, and a rate that trains its rows."""
         return prepare.retold(exc, self.X_nd, self.run.folder.checkpoint, self.saved_at, self.learner.config.sigma,
-                              cli_name)
+                              cli_name, rate=self.learner.config.lr)
 
     def on_device(self, X_nd):
         """Host rows ``X_nd`` (None: none) on the trainer's device, in its dtype."""

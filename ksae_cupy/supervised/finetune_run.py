@@ -132,8 +132,10 @@ def check_new(values: dict, pretrained, given: set) -> None:
                         f"sigmoid layers; use --step dense or auto")
 
 
-def read_pretrained(pretrained) -> tuple[list, list, list, dict]:
-    """``(encoders, ks, sources, network)`` of the pretrained run folders."""
+def read_pretrained(pretrained, alpha: float | None = None) -> tuple[list, list, list, dict]:
+    """``(encoders, ks, sources, network)`` of the pretrained run folders; ``alpha``: the fine-tuning's, checked
+    against the alpha layer 2's codes were written with
+    (:func:`~ksae_cupy.session.provenance.check_codes_alpha`)."""
     from ksae_cupy.supervised.baseline_trainer import is_baseline_run
     from ksae_cupy.supervised.pretrain import encoder_of, load_pretrained_run
 
@@ -162,6 +164,7 @@ def read_pretrained(pretrained) -> tuple[list, list, list, dict]:
     if len(sources) == 2:  # layer 2 must have been trained on the codes of layer 1 as it is now
         provenance.check_chain(pretrained[0], sources[0]["run_id"], sources[0]["epochs_trained"], pretrained[1],
                                sources[1]["config"])
+        provenance.check_codes_alpha(alpha, pretrained, sources[1]["config"])
     for source in sources:
         del source["config"]  # config.json keeps what it records of each layer, not its whole config
     return encoders, ks, sources, network

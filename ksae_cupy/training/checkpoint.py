@@ -177,9 +177,35 @@ def read_hdf5_checked(path: Path, what: str, fmt: str, version: int, read_fn, un
         cause = _system_cause(exc)
         if cause is not None:  # the file could not be read at all: say why, not that it is damaged
             raise KsaeError(one_line(f"cannot read {what} {path}: {cause}")) from None
+        other = _other_format(path)
+        if other is not None:  # an intact file of another kind (a data file given as a run): not damaged
+            raise KsaeError(f"{path} is {other}, not a {what} (an HDF5 file); give a run folder or its "
+                            f"checkpoint.h5") from None
         raise KsaeError(one_line(f"{path} is corrupt or truncated ({type(exc).__name__}: {exc})")) from None
     except (KeyError, ValueError, TypeError) as exc:
         raise KsaeError(one_line(f"{path} is corrupt or truncated ({type(exc).__name__}: {exc})")) from None
+
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+OTHER_FORMATS = ((b"\x93NUMPY", "a NumPy .npy file"), (b"PK\x03\x04", "a zip archive (a NumPy .npz file?)"),
+                 (b"{", "a JSON file"), (b"\x80", "a Python pickle (a PyTorch file?)"))
+
+
+def _other_format(path) -> str | None:
+    """What ``path`` is when its first bytes say it is a known kind of file other than HDF5 (whose signature
+    may also sit at 512, 1024, ... bytes: a file that holds it anywhere there is HDF5, damaged or not)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if head.startswith(HDF5_SIGNATURE):
+                return None
+            for offset in (512, 1024, 2048):
+                f.seek(offset)
+                if f.read(8) == HDF5_SIGNATURE:
+                    return None
+    except OSError:
+        return None
+    return next((kind for magic, kind in OTHER_FORMATS if head.startswith(magic)), None)
 
 
 def _system_cause(exc: OSError) -> str | None:

@@ -185,7 +185,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         elif resume:
             X_nd = self._centred(*self._check_X(X, reset=False))
         else:
-            X_nd, xp = self._fresh_rows(X)
+            X_nd, xp = self._fresh_rows(X, whole_set=True)
             self._trainer = self._new_trainer(X_nd, xp, option_names)
         trainer = self.trainer_
         trainer.config.epochs = self.epochs  # a warm fit may have been given more epochs
@@ -222,7 +222,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         ``lr="auto"`` chose, and from what).
         """
         check_parameters(self)
-        X_nd, xp = self._fresh_rows(X)
+        X_nd, xp = self._fresh_rows(X, whole_set=True)
         self._trainer = self._new_trainer(X_nd, xp, option_names, config, on_config)
         self._prepared = (X, X_nd, self.get_params())
         return self
@@ -299,7 +299,9 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
 
     def _diverged(self, exc: TrainingDiverged, X_nd, checkpoint_path, option_names) -> TrainingDiverged:
         """``exc`` retold for the caller: what was saved, and a rate that trains this data."""
-        return preparation.retold(exc, X_nd, checkpoint_path, self.__dict__.get("_saved_at"), self.sigma, option_names)
+        rate = self.trainer_.config.lr if self.trainer_ is not None else None
+        return preparation.retold(exc, X_nd, checkpoint_path, self.__dict__.get("_saved_at"), self.sigma, option_names,
+                                  rate=rate)
 
     def _check_X(self, X, reset: bool):
         """``X`` checked as scikit-learn does (2-D, non-empty, real, finite, right width), numeric
@@ -326,11 +328,15 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
             X = X * X.dtype.type(self.input_scale)
         return X, xp
 
-    def _fresh_rows(self, X):
+    def _fresh_rows(self, X, whole_set: bool = False):
         """The rows a fresh fit trains on, and their array module: ``X`` checked (its width learned), then with
         ``center_input`` minus their mean, kept in ``preprocess_["input_mean"]`` (with the model, in its
         checkpoints; :func:`~ksae_cupy.training.prepare.centre_rows`)."""
         X_nd, xp = self._check_X(X, reset=True)
+        if whole_set:  # fit's training set, as ksae-train's file: at least two rows (partial_fit's batch may be one)
+            from ksae_cupy.datasets.user_files import check_matrix_shape
+
+            check_matrix_shape(X_nd, "X")
         X_nd, self.preprocess_ = preparation.centre_rows(X_nd, self.center_input, self.dtype, self.preprocess_)
         return X_nd, xp
 

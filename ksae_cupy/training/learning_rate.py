@@ -146,10 +146,11 @@ def check_rate_moves_weights(trainer, X_nd, flag: str = "lr") -> None:
                         f"smallest rate that moves a weight here is about {moving:g}")
 
 
-def check_data_varies(X_nd, xp, name: str = "X", chunk: int = 8192) -> None:
+def check_data_varies(X_nd, xp, name: str = "X", chunk: int = 8192, centred_by: str | None = None) -> None:
     """Refuse rows that are all the same (constant or all-zero data): the model learns to output that one
     row, its loss falls to 0, and the run (or the rate derived "for this data") says nothing of any other
-    data. One pass, ``chunk`` rows at a time; a single row is left alone (``partial_fit`` may see one)."""
+    data. One pass, ``chunk`` rows at a time; a single row is left alone (``partial_fit`` may see one).
+    ``centred_by``: the option that centred the rows (their values are then the data's minus its mean)."""
     from ksae_cupy.errors import KsaeError
 
     if X_nd.shape[0] < 2:
@@ -160,6 +161,8 @@ def check_data_varies(X_nd, xp, name: str = "X", chunk: int = 8192) -> None:
             return
     values = np.unique(np.asarray(first.get() if hasattr(first, "get") else first))
     shown = f"every value {values[0]:g}" if values.size == 1 else f"{values.size} distinct values, the same in each row"
+    if centred_by is not None:  # the rows seen here are centred: their zeros are the mean's doing, not the data's
+        shown = f"identical rows before {centred_by} subtracted their mean, which leaves every value 0"
     raise KsaeError(f"{name} has no variance: its {X_nd.shape[0]} rows are all the same ({shown}); a model trained on "
                     f"it only learns that one row and its loss of 0 says nothing; give data whose rows differ")
 

@@ -53,7 +53,7 @@ def prepare(X_nd, xp, config: TrainConfig, device, option_names, on_config=None)
     resolved here after the configuration's checks), after the checks that read them. ``config``'s ``"auto"`` rate is resolved in place from the rows' scale, then ``on_config(config,
     scale)`` is called (``ksae-train`` says there which rate it chose); ``option_names(field)`` spells the
     options in messages (flags for a command, parameters for the estimator)."""
-    check_data_varies(X_nd, xp)  # constant or all-zero rows would train to a loss of 0 that means nothing
+    check_data_varies(X_nd, xp, centred_by=option_names("center_input") if config.center_input else None)  # constant or all-zero rows would train to a loss of 0 that means nothing
     scale = scale_of(X_nd, xp)  # what the checks read of the rows, measured once
     if config.lr == "auto":
         config.resolve_lr(scale.auto_lr())
@@ -74,10 +74,14 @@ def prepare(X_nd, xp, config: TrainConfig, device, option_names, on_config=None)
     return trainer
 
 
-def retold(exc: TrainingDiverged, X_nd, checkpoint_path, saved_at, sigma, option_names) -> TrainingDiverged:
+def retold(exc: TrainingDiverged, X_nd, checkpoint_path, saved_at, sigma, option_names,
+           rate: float | None = None) -> TrainingDiverged:
     """``exc`` retold for the caller: what was saved (``saved_at``: the last save's ``(path, epoch, step)``,
-    or None), and a rate that trains the rows ``X_nd``."""
+    or None), and a rate that trains the rows ``X_nd``; ``rate``: the run's, where ``exc`` does not name it (an
+    epoch's health check)."""
     lr = option_names("lr")
+    if exc.lr is None and isinstance(rate, (int, float)):
+        exc.lr = rate
     if checkpoint_path is None:
         kept = "no checkpoint was asked for; fit again from the start"
     elif saved_at is not None and Path(saved_at[0]) == Path(checkpoint_path):
