@@ -29,7 +29,7 @@ The Python API, importable from here (each loaded on first use, so ``import ksae
 stays light):
 
     KSparseAutoencoder   the estimator (training/estimator.py): fit, transform, save, load
-    load(path)           a saved model or a ksae-train run's checkpoint.h5, as an estimator
+    load(path)           a ksae-train run folder, its checkpoint.h5 or a saved model, as an estimator
     load_dataset(spec)   a built-in dataset or your own file, with labels and splits
     Dataset, KsaeError   what load_dataset returns; the one error a user sees
     export(model, path)  a model's weights as safetensors, .npz or a PyTorch state dict (session/export.py)
@@ -48,8 +48,9 @@ __all__ = [*_API, "load", "__version__"]
 
 
 def load(path, device: str = "auto"):
-    """A :class:`KSparseAutoencoder` from a checkpoint: one ``save`` wrote, or the
-    ``checkpoint.h5`` of a ``ksae-train`` run folder (see ``KSparseAutoencoder.load``)."""
+    """A :class:`KSparseAutoencoder` from a ``ksae-train`` run folder, its ``checkpoint.h5``, or a file
+    ``save`` wrote (see ``KSparseAutoencoder.load``): ``load("runs/quick").transform(X, sparse=True)``
+    gives the run's codes, alpha chosen by the package's one rule (:mod:`ksae_cupy.session.chosen_alpha`)."""
     from ksae_cupy.training.estimator import KSparseAutoencoder
 
     return KSparseAutoencoder.load(path, device=device)

@@ -75,8 +75,23 @@ def train_command(ctx, dataset, **values):
     job.into(run, values["quiet"], click.echo)  # every checkpoint carries the folder's identity
     run.fit(job)
     trainer = job.trainer()
-    dead = (run.folder.read_metrics() or [{}])[-1].get("dead_fraction")  # the last epoch's figure
-    note = dead_units_note(dead, trainer.config.hidden)
+    n_dead = final_dead_count(run, trainer, job, data)
+    config = trainer.config
+    note = dead_units_note(n_dead, config.hidden, config.aux_k, config.center_input)
     if note and trainer.finished and not run.finished_before:  # said just before the done line
         click.echo(note)
-    run.end(trainer, "done: {epochs} in {seconds:.1f} s" + done_dead(dead) + "; checkpoint {checkpoint}")
+    run.end(trainer, "done: {epochs} in {seconds:.1f} s" + done_dead(n_dead, config.hidden).replace("{", "{{")
+            .replace("}", "}}") + "; checkpoint {checkpoint}")
+
+
+def final_dead_count(run, trainer, job, data) -> int | None:
+    """The dead units of the final weights on the training rows, kept in ``RUN_DIR/units.json`` with every unit's
+    firing count (what ksae-eval, ksae-plot and the export report); None where the trainer holds a block of the
+    units only (MPI)."""
+    from ksae_cupy.session.unit_counts import measure, write_unit_counts
+
+    if not trainer.finished or not getattr(trainer, "tracks_dead_units", True):
+        return None
+    counts = measure(trainer, job.preprocess, data.X_train)
+    write_unit_counts(run.folder.path, counts)
+    return counts["n_dead"]
