@@ -131,7 +131,7 @@ def reconstruction_metrics(params, X_nd, k: int, alpha: float = 1.0, topk_method
     rows = int(X_nd.shape[0])
     return {"rows": rows, "fve": fve_from_sums(squared_error, variance.m2), "l0": nonzero_k / max(rows, 1),
             "alpha": float(alpha), "l0_alpha_k": nonzero_alpha / max(rows, 1),
-            "dead_fraction": float((kept_h == 0).mean())}
+            "dead_fraction": float((kept_h == 0).mean()), "n_dead": int((kept_h == 0).sum())}
 
 
 def _decode_kept(params, idx_nk, val_nk, backend):

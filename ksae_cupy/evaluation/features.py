@@ -672,13 +672,19 @@ def reconstruction_table(splits: dict | None, k: int) -> list[str]:
     alpha = next(iter(splits.values()))["alpha"]
     lines = ["", f"The autoencoder on each split: FVE, the fraction of variance explained by the reconstruction through "
                  f"the k = {k} largest units (1 is perfect, 0 is the split's mean); L0, the non-zero units per example "
-                 f"of that k-code and of the alpha*k features (alpha {_fmt_alpha(alpha)}); dead, the units no "
-                 f"example of the split kept.", "",
+                 f"of that k-code and of the alpha*k features (alpha {_fmt_alpha(alpha)}); dead, the units non-zero "
+                 f"in the k-code of no example of the split (the train row: the run's dead count, as the end of "
+                 f"ksae-train, ksae-plot and the export give it).", "",
              "| split | examples | FVE | L0 (k) | L0 (alpha*k) | dead units |", "|---|---|---|---|---|---|"]
     for name, m in ((name, splits[name]) for name in SPLITS if name in splits):
         lines.append(f"| {name} | {m['rows']:,} | {m['fve']:.4f} | {m['l0']:.2f} | {m['l0_alpha_k']:.2f} | "
-                     f"{_pct(m['dead_fraction'])} |")
+                     f"{_dead_cell(m)} |")
     return lines
+
+
+def _dead_cell(m: dict) -> str:
+    """``529 (52.90%)``; the percentage alone for a report written before the count."""
+    return _pct(m["dead_fraction"]) if m.get("n_dead") is None else f"{m['n_dead']:,} ({_pct(m['dead_fraction'])})"
 
 
 def trials_table(blocks, alpha: bool = True) -> list[str]:

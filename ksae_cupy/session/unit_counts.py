@@ -14,15 +14,17 @@ import numpy as np
 UNITS_FILE = "units.json"
 
 
-def measure(trainer, preprocess: dict, X_nd) -> dict:
-    """The counts of ``trainer``'s final weights on the training rows ``X_nd`` (as the dataset gives them)."""
+def measure(trainer, preprocess: dict, X_nd, centred: bool = False) -> dict:
+    """The counts of ``trainer``'s final weights on the training rows ``X_nd`` (as the dataset gives them; with
+    ``centred``, already less a --center-input run's mean, as the trainer saw them)."""
     from ksae_cupy.backend import to_host
     from ksae_cupy.datasets.preprocess import raw_input_params
     from ksae_cupy.metrics import DEAD_DEFINITION, firing_counts
 
     config = trainer.config
     params = {name: to_host(value) for name, value in trainer.params.items()}
-    params = raw_input_params(params, {name: to_host(v) for name, v in (preprocess or {}).items()})
+    if not centred:
+        params = raw_input_params(params, {name: to_host(v) for name, v in (preprocess or {}).items()})
     with trainer.backend.use():
         counts_h = firing_counts(params, np.asarray(X_nd, dtype=params["W_dh"].dtype), config.k, config.activation,
                                  trainer.backend)

@@ -78,7 +78,9 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     Fitted attributes: ``components_`` (the dictionary ``W_dh`` transposed, H x D, as in
     scikit-learn's decomposition estimators), ``n_features_in_``, ``trainer_`` (the
     :class:`Trainer` holding parameters, velocities and random state; ``None`` before fit),
-    ``preprocess_`` (the data's preprocessing statistics, saved with the checkpoint).
+    ``preprocess_`` (the data's preprocessing statistics, saved with the checkpoint), ``unit_counts_`` (after
+    ``fit``: each unit's firing count on the training rows and the dead count, :mod:`ksae_cupy.session.unit_counts`;
+    the export carries them).
     """
 
     # Every parameter's type and range, checked when fit starts (scikit-learn's convention and
@@ -205,6 +207,10 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         # A finished run resumed again trains nothing: leave its checkpoint file untouched.
         if checkpoint_path is not None and (trainer.step != step_before or not Path(checkpoint_path).exists()):
             self.save(checkpoint_path)
+        from ksae_cupy.session.unit_counts import measure
+
+        # every unit's firing count on the rows fit trained on (the dead units, as every command counts them)
+        self.unit_counts_ = measure(trainer, self.preprocess_, to_host(X_nd), centred=True)
         return self
 
     def prepare(self, X, *, config: TrainConfig | None = None, option_names=parameter_name, on_config=None):

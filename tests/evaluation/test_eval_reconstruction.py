@@ -25,7 +25,8 @@ def test_eval_reports_fve_l0_and_dead_units_per_split(tmp_path):
         assert 0.5 < saved[split]["fve"] <= 1  # k-sparse signals of this very dictionary: mostly explained
     md = (run / "eval.md").read_text()
     train = saved["train"]
-    assert (f"| train | 600 | {train['fve']:.4f} | 5.00 | 10.00 | {100 * train['dead_fraction']:.2f}% |" in md)
+    assert (f"| train | 600 | {train['fve']:.4f} | 5.00 | 10.00 | {train['n_dead']} ({100 * train['dead_fraction']:.2f}%) |" in md)
+    assert train["n_dead"] == round(128 * train["dead_fraction"]) >= 13
     assert "| split | examples | FVE | L0 (k) | L0 (alpha*k) | dead units |" in md
     rows = [line.split(" |")[0] for line in md.splitlines() if line.startswith(("| train |", "| valid |", "| test |"))]
     assert rows == ["| train", "| valid", "| test"]
