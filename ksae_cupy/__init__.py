@@ -50,7 +50,7 @@ __all__ = [*_API, "load", "__version__"]
 def load(path, device: str = "auto"):
     """A :class:`KSparseAutoencoder` from a ``ksae-train`` run folder, its ``checkpoint.h5``, or a file
     ``save`` wrote (see ``KSparseAutoencoder.load``): ``load("runs/quick").transform(X, sparse=True)``
-    gives the run's codes, alpha chosen by the package's one rule (:mod:`ksae_cupy.session.chosen_alpha`)."""
+    gives the run's codes, alpha chosen by the package's one rule (:mod:`ksae_cupy.training.chosen_alpha`)."""
     from ksae_cupy.training.estimator import KSparseAutoencoder
 
     return KSparseAutoencoder.load(path, device=device)

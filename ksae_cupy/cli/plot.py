@@ -83,7 +83,7 @@ def run_firing_counts(run, data_dir, say):
     """``(counts_h, rows)``: each unit's firing count on the run's training rows: the run's units.json when it
     belongs to the checkpoint, else measured here from the run's dataset (the same function)."""
     from ksae_cupy.metrics import firing_counts
-    from ksae_cupy.session.unit_counts import read_unit_counts
+    from ksae_cupy.training.unit_counts import read_unit_counts
 
     kept = read_unit_counts(run.path, run.ckpt.step)
     if kept is not None:

@@ -36,9 +36,9 @@ SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_N
 
 def grid(ks, alphas, hiddens, seeds, epochs, base: dict | None = None) -> list[dict]:
     """One dict of TrainConfig options per trained model (alpha is scored, not trained). ``alphas`` None: each
-    model's by the package's one rule without an evaluation (:func:`~ksae_cupy.session.chosen_alpha.fallback_alpha`:
+    model's by the package's one rule without an evaluation (:func:`~ksae_cupy.training.chosen_alpha.fallback_alpha`:
     3, or ``hidden / k`` on a layer too small for it)."""
-    from ksae_cupy.session.chosen_alpha import fallback_alpha
+    from ksae_cupy.training.chosen_alpha import fallback_alpha
 
     rows = []
     for k, hidden, seed, ep in itertools.product(ks, hiddens, seeds, epochs):

@@ -18,7 +18,7 @@ The layout (docs/guide/export.md), that of two ``torch.nn.Linear`` layers, in th
 A ``--center-input`` model's training mean is folded into the biases (as ``ksae-eval`` reads it:
 :func:`~ksae_cupy.datasets.preprocess.raw_input_params`), so the layers act on the rows as the
 dataset gives them; ``input.mean`` says what was folded. The metadata (:func:`export_metadata`) says ``k``,
-``alpha`` (by :mod:`ksae_cupy.session.chosen_alpha`'s rule unless given) and where it came from, ``alpha_k``,
+``alpha`` (by :mod:`ksae_cupy.training.chosen_alpha`'s rule unless given) and where it came from, ``alpha_k``,
 ``activation``, ``input_scale`` (what the dataset multiplied the raw inputs by: 1/255 for MNIST's pixels) and
 what made the model. Codes: keep each row's ``k`` (reconstruction) or ``alpha_k`` (features) largest values
 of ``encoder(x)``, zero the rest (ReLU models: and the negative ones).
@@ -106,7 +106,7 @@ def export(source, path=None, format: str | None = None, alpha: float | None = N
 
     ``source`` is a fitted :class:`~ksae_cupy.training.estimator.KSparseAutoencoder`, a ``ksae-train`` run
     folder or a checkpoint file (one ``save`` wrote, or a run's ``checkpoint.h5``). ``alpha`` (features keep
-    ``alpha*k`` units) defaults by the package's one rule (:mod:`ksae_cupy.session.chosen_alpha`): the
+    ``alpha*k`` units) defaults by the package's one rule (:mod:`ksae_cupy.training.chosen_alpha`): the
     estimator's ``alpha``, else the run's evaluated choice, else 3. ``path`` defaults to :func:`default_path`.
     ``layout``: one of :data:`LAYOUTS` (``saelens`` and ``sparsify`` write a folder: ``path`` names it).
     The file is written whole or not at all (a temporary name, then a rename)."""
@@ -132,7 +132,8 @@ def export(source, path=None, format: str | None = None, alpha: float | None = N
     if layout != "linear":
         from ksae_cupy.session.export_layouts import write_layout
 
-        write_layout(layout, path, tensors, metadata, {key: _text(key, value) for key, value in metadata.items()})
+        write_layout(layout, path, tensors, metadata, {key: _text(key, value) for key, value in metadata.items()},
+                     safetensors_bytes)
         return metadata
     tmp = path.with_name(path.name + ".tmp")
     try:
@@ -158,8 +159,8 @@ def _model_of(source, alpha: float | None) -> dict:
 
     from ksae_cupy.training.estimator import KSparseAutoencoder
 
-    from ksae_cupy.session.chosen_alpha import default_alpha, run_folder_of
-    from ksae_cupy.session.unit_counts import read_unit_counts
+    from ksae_cupy.training.chosen_alpha import default_alpha, run_folder_of
+    from ksae_cupy.training.unit_counts import read_unit_counts
 
     input_scale, counts = None, None
     if isinstance(source, KSparseAutoencoder):

@@ -53,11 +53,9 @@ def layout_config(layout: str, metadata: dict) -> dict:
     return {**config, "ksae_cupy": metadata}
 
 
-def write_layout(layout: str, folder, tensors: dict, metadata: dict, text_metadata: dict) -> Path:
+def write_layout(layout: str, folder, tensors: dict, metadata: dict, text_metadata: dict, safetensors_bytes) -> Path:
     """The folder ``folder`` (new, or refused) holding the library's weights and ``cfg.json``, written whole: a
-    temporary folder beside it, then a rename."""
-    from ksae_cupy.session.export import safetensors_bytes
-
+    temporary folder beside it, then a rename. ``safetensors_bytes(tensors, text_metadata)``: the file's bytes."""
     folder = Path(folder)
     if folder.exists():
         raise KsaeError(f"{folder} already exists; give another --out (an export folder is written new)")

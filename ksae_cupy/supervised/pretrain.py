@@ -101,7 +101,7 @@ def write_codes(run_dir, out_path, alpha: float | None = None, data_dir=None, de
     reads it as its rows), the default for a ``ksae-train`` run; ``topk``, an ``.npz`` of ``indices`` and
     ``values`` (N x alpha*k: each row's kept columns, non-zero ones first, and their values) and ``n_hidden``;
     ``dense``, an N x H ``.npy`` (the default for a ``ksae-baseline`` run, whose features are all non-zero).
-    ``alpha`` defaults by the package's one rule (:mod:`ksae_cupy.session.chosen_alpha`).
+    ``alpha`` defaults by the package's one rule (:mod:`ksae_cupy.training.chosen_alpha`).
 
     A ``ksae-train`` run gives its ``alpha*k``-sparse codes (:meth:`KSparseAutoencoder.transform`);
     a ``ksae-baseline`` run every sigmoid unit of the uncorrupted input (:func:`baselines.encode`,
@@ -133,7 +133,7 @@ def write_codes(run_dir, out_path, alpha: float | None = None, data_dir=None, de
     else:
         model, config = load_pretrained_run(run_dir, device=device, what="RUN_DIR", advice=CODES_ADVICE)
         if alpha is None:
-            from ksae_cupy.session.chosen_alpha import default_alpha
+            from ksae_cupy.training.chosen_alpha import default_alpha
 
             alpha = model.alpha_ if model.alpha is not None else default_alpha(
                 model.trainer_.config.k, model.trainer_.config.hidden)[0]

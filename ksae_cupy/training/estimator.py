@@ -61,7 +61,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     when k > 100, never above ``n_hidden``; ``None`` turns the schedule off; ``device`` is
     ``auto``, ``cpu`` or ``gpu[:N]``; ``batch_size`` larger than the data is cut to the data,
     as scikit-learn's MLP does; ``alpha`` is the default of :meth:`transform`'s (a parameter, so
-    a grid search can tune it; ``None``: the package's one rule, :mod:`ksae_cupy.session.chosen_alpha`:
+    a grid search can tune it; ``None``: the package's one rule, :mod:`ksae_cupy.training.chosen_alpha`:
     the alpha the run's ``ksae-eval`` chose, else 3, the paper's); ``warm_start=True`` makes ``fit`` go on from the current state;
     ``input_scale``, when given, multiplies every input (integer input is converted to float,
     as scikit-learn does; ``fit`` refuses data whose scale would diverge at a fixed ``lr``, and
@@ -79,7 +79,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     scikit-learn's decomposition estimators), ``n_features_in_``, ``trainer_`` (the
     :class:`Trainer` holding parameters, velocities and random state; ``None`` before fit),
     ``preprocess_`` (the data's preprocessing statistics, saved with the checkpoint), ``unit_counts_`` (after
-    ``fit``: each unit's firing count on the training rows and the dead count, :mod:`ksae_cupy.session.unit_counts`;
+    ``fit``: each unit's firing count on the training rows and the dead count, :mod:`ksae_cupy.training.unit_counts`;
     the export carries them).
     """
 
@@ -207,7 +207,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         # A finished run resumed again trains nothing: leave its checkpoint file untouched.
         if checkpoint_path is not None and (trainer.step != step_before or not Path(checkpoint_path).exists()):
             self.save(checkpoint_path)
-        from ksae_cupy.session.unit_counts import measure
+        from ksae_cupy.training.unit_counts import measure
 
         # every unit's firing count on the rows fit trained on (the dead units, as every command counts them)
         self.unit_counts_ = measure(trainer, self.preprocess_, to_host(X_nd), centred=True)
@@ -368,10 +368,10 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     @property
     def alpha_(self) -> float:
         """The alpha :meth:`transform` uses when given none: the ``alpha`` parameter, or by the package's one
-        rule (:func:`~ksae_cupy.session.chosen_alpha.default_alpha`): the run's evaluated choice, else 3."""
+        rule (:func:`~ksae_cupy.training.chosen_alpha.default_alpha`): the run's evaluated choice, else 3."""
         if self.alpha is not None:
             return float(self.alpha)
-        from ksae_cupy.session.chosen_alpha import fallback_alpha
+        from ksae_cupy.training.chosen_alpha import fallback_alpha
 
         config = self.trainer_.config if self.trainer_ is not None else None
         return fallback_alpha(config.k if config else self.k, config.hidden if config else self.n_hidden)
@@ -464,7 +464,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         ``load_dataset`` gives (scaled as the run's dataset is; a ``--center-input`` run's mean is subtracted
         here). From a run folder that ``ksae-eval`` evaluated, ``alpha`` is the alpha it chose. The parameters come back as the checkpoint has them
         (``lr`` is the rate the run trained with, resolved if it was ``auto``)."""
-        from ksae_cupy.session.chosen_alpha import evaluated_alpha, run_folder_of
+        from ksae_cupy.training.chosen_alpha import evaluated_alpha, run_folder_of
 
         path = Path(path)
         if path.is_dir():

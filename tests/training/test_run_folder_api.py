@@ -13,7 +13,7 @@ from ksae_cupy import KSparseAutoencoder
 from ksae_cupy.cli.data import data_command
 from ksae_cupy.cli.train import train_command
 from ksae_cupy.datasets import load_dataset
-from ksae_cupy.session.chosen_alpha import default_alpha, fallback_alpha
+from ksae_cupy.training.chosen_alpha import default_alpha, fallback_alpha
 
 
 @pytest.fixture(scope="module")
