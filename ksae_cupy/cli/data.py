@@ -80,8 +80,8 @@ def data_list(data_dir):
                    "the paper's]")
 @click.option("--layout", type=click.Choice(("csr", "topk", "dense")), default=None,
               help="csr: a SciPy CSR matrix (.npz, scipy.sparse.load_npz reads it, and ksae-train); topk: an .npz "
-                   "of indices and values (N x alpha*k each); dense: an N x H .npy. [default: csr, and dense for "
-                   "a ksae-baseline run, whose features are all non-zero]")
+                   "of indices and values (N x alpha*k each); dense: an N x H .npy. [default: by OUT's suffix, csr "
+                   "for .npz, dense for .npy; dense for a ksae-baseline run, whose features are all non-zero]")
 @DATA_DIR
 @report_errors
 def data_codes(run_dir, out, alpha, layout, data_dir):
@@ -94,7 +94,7 @@ def data_codes(run_dir, out, alpha, layout, data_dir):
     codes.json), records where the codes came from (RUN_DIR's checkpoint SHA-256 and epoch): the next
     layer records it, and ksae-finetune checks it.
     """
-    from ksae_cupy.supervised.pretrain import CODE_LAYOUTS, write_codes
+    from ksae_cupy.supervised.pretrain import CODE_LAYOUTS, layout_of, write_codes
     from ksae_cupy.session.provenance import origin_file
 
     if alpha is not None and (alpha <= 0 or alpha != alpha):
@@ -102,7 +102,7 @@ def data_codes(run_dir, out, alpha, layout, data_dir):
     from ksae_cupy.supervised.baseline_trainer import is_baseline_run
 
     baseline = is_baseline_run(run_dir)
-    layout = layout or ("dense" if baseline else "csr")
+    layout = layout or ("dense" if baseline else layout_of(out))
     if out.suffix != CODE_LAYOUTS[layout]:
         raise KsaeError(f"OUT {out} is not allowed with --layout {layout}; name an {CODE_LAYOUTS[layout]} file "
                         f"(ksae-train reads it)")

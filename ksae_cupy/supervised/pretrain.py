@@ -93,6 +93,11 @@ CODES_ADVICE = ("ksae-data codes reads the layers a stack is built from: ksae-tr
 CODE_LAYOUTS = {"csr": ".npz", "topk": ".npz", "dense": ".npy"}  # ksae-data codes --layout, and its file's suffix
 
 
+def layout_of(out_path) -> str:
+    """The codes' layout a file's suffix asks for: ``.npy`` dense, anything else CSR (an ``.npz``)."""
+    return "dense" if Path(out_path).suffix == ".npy" else "csr"
+
+
 def write_codes(run_dir, out_path, alpha: float | None = None, data_dir=None, device: str = "cpu",
                 layout: str | None = None) -> dict:
     """Write the features of a pretrained run's training rows to ``out_path``, for the next layer.
@@ -100,7 +105,8 @@ def write_codes(run_dir, out_path, alpha: float | None = None, data_dir=None, de
     ``layout`` (:data:`CODE_LAYOUTS`): ``csr``, a SciPy CSR matrix (``scipy.sparse.save_npz``; ``ksae-train``
     reads it as its rows), the default for a ``ksae-train`` run; ``topk``, an ``.npz`` of ``indices`` and
     ``values`` (N x alpha*k: each row's kept columns, non-zero ones first, and their values) and ``n_hidden``;
-    ``dense``, an N x H ``.npy`` (the default for a ``ksae-baseline`` run, whose features are all non-zero).
+    ``dense``, an N x H ``.npy`` (always for a ``ksae-baseline`` run, whose features are all non-zero).
+    ``layout`` None: :func:`layout_of` the file's name (``.npz``: csr, ``.npy``: dense).
     ``alpha`` defaults by the package's one rule (:mod:`ksae_cupy.training.chosen_alpha`).
 
     A ``ksae-train`` run gives its ``alpha*k``-sparse codes (:meth:`KSparseAutoencoder.transform`);
@@ -137,7 +143,8 @@ def write_codes(run_dir, out_path, alpha: float | None = None, data_dir=None, de
 
             alpha = model.alpha_ if model.alpha is not None else default_alpha(
                 model.trainer_.config.k, model.trainer_.config.hidden)[0]
-        sparse = {"csr": True, "topk": "topk"}.get(layout or "csr", False)
+        layout = layout or layout_of(out_path)
+        sparse = {"csr": True, "topk": "topk"}.get(layout, False)
         features, epochs = (lambda X: model.transform(X.astype(np.float32), alpha=alpha, dtype=np.float64,
                                                       sparse=sparse)), model.trainer_.epoch
         layer = provenance.layer_record(run_dir, config.get("run_id") or model.run_id_, epochs, model.trainer_.step)
@@ -171,7 +178,7 @@ def write_codes(run_dir, out_path, alpha: float | None = None, data_dir=None, de
         tmp.unlink(missing_ok=True)
         raise KsaeError(f"could not write {out_path} ({exc.strerror or exc})") from None
     info = {"run_dir": str(run_dir), "dataset": config["dataset"], "epochs_trained": epochs,
-            "alpha": alpha, "shape": shape, "layout": "dense" if shape and out_path.suffix == ".npy" else layout or "csr",
+            "alpha": alpha, "shape": shape, "layout": layout or "dense",
             "seconds": time.perf_counter() - start}
     try:  # OUT.json: where the codes came from, which a layer 2 trained on them records
         return provenance.write_codes_origin(out_path, layer, info)
