@@ -47,13 +47,14 @@ _API = {
 __all__ = [*_API, "load", "__version__"]
 
 
-def load(path, device: str = "auto"):
+def load(path, device: str = "auto", raw_inputs: bool = False):
     """A :class:`KSparseAutoencoder` from a ``ksae-train`` run folder, its ``checkpoint.h5``, or a file
     ``save`` wrote (see ``KSparseAutoencoder.load``): ``load("runs/quick").transform(X, sparse=True)``
-    gives the run's codes, alpha chosen by the package's one rule (:mod:`ksae_cupy.training.chosen_alpha`)."""
+    gives the run's codes, alpha chosen by the package's one rule (:mod:`ksae_cupy.training.chosen_alpha`);
+    ``raw_inputs=True`` takes raw values (MNIST's 0..255 pixels) and applies the dataset's scale."""
     from ksae_cupy.training.estimator import KSparseAutoencoder
 
-    return KSparseAutoencoder.load(path, device=device)
+    return KSparseAutoencoder.load(path, device=device, raw_inputs=raw_inputs)
 
 
 def __getattr__(name: str):

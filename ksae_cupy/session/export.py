@@ -159,7 +159,7 @@ def _model_of(source, alpha: float | None) -> dict:
 
     from ksae_cupy.training.estimator import KSparseAutoencoder
 
-    from ksae_cupy.training.chosen_alpha import default_alpha, run_folder_of
+    from ksae_cupy.training.chosen_alpha import dataset_input_scale, default_alpha, run_folder_of
     from ksae_cupy.training.unit_counts import read_unit_counts
 
     input_scale, counts = None, None
@@ -199,19 +199,6 @@ def _model_of(source, alpha: float | None) -> dict:
             "unit_counts": counts,
             "preprocess": {name: np.asarray(value) for name, value in (ckpt.preprocess or {}).items()
                            if name != INPUT_MEAN}}
-
-
-def dataset_input_scale(run_dir) -> float | None:
-    """What the run's dataset multiplied its raw values by (1/255: the built-in pixel datasets); None for a
-    user's file (taken as given) or a run folder without its config."""
-    try:
-        dataset = json.loads((Path(run_dir) / "config.json").read_text()).get("dataset")
-    except (OSError, ValueError):
-        return None
-    from ksae_cupy.datasets.registry import DATASETS
-
-    entry = DATASETS.get(dataset) if isinstance(dataset, str) else None
-    return None if entry is None else getattr(entry, "input_scale", None)
 
 
 def _checkpoint_path(source: Path) -> Path:

@@ -4,6 +4,8 @@
     2. else 3, the paper's choice on MNIST (section 5), cut to ``n_hidden / k`` on a layer too small for it.
 
 ``load``, ``transform``, ``ksae-data codes``, ``ksae-data export`` and ``ksae-sweep`` all default by it.
+Beside it, the other thing a run folder says about encoding its inputs: the scale its dataset applies
+(:func:`dataset_input_scale`), which ``load(raw_inputs=True)`` applies and the export records.
 """
 from __future__ import annotations
 
@@ -51,3 +53,16 @@ def run_folder_of(path) -> Path | None:
     if path.name == "checkpoint.h5" and (path.parent / "config.json").is_file():
         return path.parent
     return None
+
+
+def dataset_input_scale(run_dir) -> float | None:
+    """What the run's dataset multiplied its raw values by (1/255: the built-in pixel datasets); None for a
+    user's file (taken as given) or a run folder without its config."""
+    try:
+        dataset = json.loads((Path(run_dir) / "config.json").read_text()).get("dataset")
+    except (OSError, ValueError):
+        return None
+    from ksae_cupy.datasets.registry import DATASETS
+
+    entry = DATASETS.get(dataset) if isinstance(dataset, str) else None
+    return None if entry is None else getattr(entry, "input_scale", None)

@@ -455,14 +455,16 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         self._saved_at = preparation.save_state(self.trainer_, path, self.preprocess_, self.run_id_)
 
     @classmethod
-    def load(cls, path, device: str = "auto") -> "KSparseAutoencoder":
+    def load(cls, path, device: str = "auto", raw_inputs: bool = False) -> "KSparseAutoencoder":
         """An estimator restored from a checkpoint, ready to transform or to go on training
         (``warm_start=True``, so ``fit`` resumes it).
 
         ``path`` is a file :meth:`save` wrote, a ``ksae-train`` run folder or its ``checkpoint.h5``
         (the same format): ``load("runs/RUN").transform(X)`` gives that run's features of the rows
         ``load_dataset`` gives (scaled as the run's dataset is; a ``--center-input`` run's mean is subtracted
-        here). From a run folder that ``ksae-eval`` evaluated, ``alpha`` is the alpha it chose. The parameters come back as the checkpoint has them
+        here). From a run folder that ``ksae-eval`` evaluated, ``alpha`` is the alpha it chose.
+        ``raw_inputs=True`` (a run folder of a built-in dataset that only scales its values, as MNIST's pixels
+        / 255): ``input_scale`` is set to that factor, so ``transform`` takes the raw values. The parameters come back as the checkpoint has them
         (``lr`` is the rate the run trained with, resolved if it was ``auto``)."""
         from ksae_cupy.training.chosen_alpha import evaluated_alpha, run_folder_of
 
@@ -477,6 +479,8 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         alpha = evaluated_alpha(run_dir, ckpt.epoch) if run_dir is not None else None
         est = cls(**{parameter_name(field): getattr(config, field) for field in RULES}, device=device, warm_start=True,
                   alpha=alpha)
+        if raw_inputs:
+            est.input_scale = _dataset_scale(run_dir)
         est._restore(ckpt, resolve_device(device))
         est.preprocess_ = dict(ckpt.preprocess)
         est.run_id_ = ckpt.run_id
@@ -537,3 +541,15 @@ def joined_sparse(chunks: list, sparse):
     from scipy import sparse as scipy_sparse
 
     return scipy_sparse.vstack(chunks, format="csr")
+
+
+def _dataset_scale(run_dir) -> float:
+    """The factor a run's built-in dataset multiplies its raw values by; one line where there is none to apply."""
+    from ksae_cupy.training.chosen_alpha import dataset_input_scale
+
+    scale = dataset_input_scale(run_dir) if run_dir is not None else None
+    if scale is None:
+        raise KsaeError(f"raw_inputs=True needs a run folder of a built-in dataset whose only preprocessing is a "
+                        f"scale (mnist, fashion-mnist, synthetic); {run_dir or 'this file'} has none: give the rows "
+                        f"as load_dataset gives them, and leave raw_inputs out")
+    return scale

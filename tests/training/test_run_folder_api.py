@@ -116,3 +116,19 @@ def test_the_next_layer_trains_on_the_csr_codes(run_dir, tmp_path):
     assert CliRunner().invoke(data_command, ["codes", str(run_dir), str(out)]).exit_code == 0
     X = load_dataset(DataSpec.from_record(str(out), None)).X_train
     assert X.dtype == np.float32 and X.shape[1] == 64
+
+
+def test_raw_inputs_applies_the_datasets_scale(run_dir, tmp_path):
+    mnist_like = tmp_path / "mnist-like"
+    mnist_like.mkdir()
+    (mnist_like / "checkpoint.h5").write_bytes((run_dir / "checkpoint.h5").read_bytes())
+    config = json.loads((run_dir / "config.json").read_text())
+    (mnist_like / "config.json").write_text(json.dumps({**config, "dataset": "mnist"}))
+    model = ksae_cupy.load(mnist_like, raw_inputs=True)
+    assert model.input_scale == 1 / 255
+    X = rows()
+    np.testing.assert_allclose(model.transform(X * np.float32(255)), ksae_cupy.load(mnist_like).transform(X),
+                               rtol=1e-4, atol=1e-5)
+    (mnist_like / "config.json").write_text(json.dumps({**config, "dataset": "norb"}))  # standardised: no one scale
+    with pytest.raises(ksae_cupy.KsaeError, match="raw_inputs=True needs a run folder of a built-in dataset"):
+        ksae_cupy.load(mnist_like, raw_inputs=True)
