@@ -132,3 +132,24 @@ def test_raw_inputs_applies_the_datasets_scale(run_dir, tmp_path):
     (mnist_like / "config.json").write_text(json.dumps({**config, "dataset": "norb"}))  # standardised: no one scale
     with pytest.raises(ksae_cupy.KsaeError, match="raw_inputs=True needs a run folder of a built-in dataset"):
         ksae_cupy.load(mnist_like, raw_inputs=True)
+
+
+@pytest.mark.gpu
+def test_sparse_codes_and_unit_counts_on_the_gpu(gpu_cupy):
+    cupy = gpu_cupy  # CuPy on a GPU, else the stand-in (tests/cupy_standin)
+    X = rows()
+    model = KSparseAutoencoder(n_hidden=32, k=3, k_start=None, epochs=2, batch_size=50, device="gpu").fit(X)
+    on_cpu = pickle_round_trip(model)
+    from ksae_cupy.metrics import firing_counts
+
+    host = {name: np.asarray(value) for name, value in on_cpu.params_.items()}
+    assert model.unit_counts_["firing_counts"] == firing_counts(host, X, 3).tolist()  # measured on the device
+    csr = model.transform(cupy.asarray(X), sparse=True)  # CuPy in: codes come back on the host as CSR
+    assert scipy.sparse.isspmatrix_csr(csr)
+    np.testing.assert_allclose(csr.toarray(), on_cpu.transform(X), rtol=1e-5, atol=1e-6)
+
+
+def pickle_round_trip(model):
+    import pickle
+
+    return pickle.loads(pickle.dumps(model))
