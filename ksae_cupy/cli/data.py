@@ -88,7 +88,7 @@ def data_codes(run_dir, out, alpha, layout, data_dir):
     """Write RUN_DIR's codes of its training rows to OUT: layer 2's dataset (section 4.6).
 
     RUN_DIR is a ksae-train run (its alpha*k-sparse codes) or a ksae-baseline run (every sigmoid unit of
-    the uncorrupted input). OUT is an .npz (--layout csr or topk) or an .npy (--layout dense). Then:
+    the uncorrupted input). OUT is an .npz (--layout csr or topk) or an .npy (--layout dense). Then (csr or dense):
     ksae-train OUT (or ksae-baseline OUT --model ...) trains the next layer, and ksae-finetune RUN_DIR
     LAYER2_RUN fine-tunes both. A JSON file beside OUT, named as OUT with the suffix .json (codes.npz:
     codes.json), records where the codes came from (RUN_DIR's checkpoint SHA-256 and epoch): the next
