@@ -124,7 +124,7 @@ def test_own_data_without_a_test_set_runs_as_written(tmp_path):
     np.savez(tmp_path / "mytest.npz", X=X[1200:], y=y[1200:])
     code, subs = block_with("ksae-train notest.npz", "bash")
     result = run_bash(shortened(code, subs), tmp_path)
-    assert result.stderr.count("note: notest.npz has no test set") == 1  # the second training, not the first
+    assert result.stdout.count("note: notest.npz has no test set") == 1  # the second training, not the first
     for run in ("held-out", "no-test"):
         evaluation = json.loads((tmp_path / "runs" / run / "eval.json").read_text())
         assert 0 <= evaluation["features"]["test_error"] < 0.75

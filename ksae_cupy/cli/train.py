@@ -64,8 +64,8 @@ def train_command(ctx, dataset, **values):
     say(run.threads_line)
     data = run.load(spec)
     say(data.summary() + (f"; labels: {data.n_classes} classes" if data.y_train is not None else ""))
-    if spec.is_user_file and data.X_test is None and not run.resuming:
-        click.echo(no_test_set_note(dataset), err=True)
+    if spec.is_user_file and data.y_train is not None and data.X_test is None and not run.resuming:
+        say(no_test_set_note(dataset))  # labelled rows without a test set: ksae-eval will ask for one
     if trainer is None:
         job = train_run.new_job(config, data, backend, say)
     elif trainer.params["W_dh"].shape[0] != data.dim:
