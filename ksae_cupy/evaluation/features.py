@@ -604,6 +604,9 @@ def evaluate_run(run_dir, alphas=DEFAULT_ALPHAS, l2_grid=DEFAULT_L2, refit: str 
     # Read from the fits' encoding of each split (the test set's too, kept after its error was measured).
     result["reconstruction"] = reconstruction_splits(params, dataset, k, result["features"]["selected"]["alpha"],
                                                      topk_method, activation, backend, tops=encode.top)
+    from ksae_cupy.metrics import DEAD_DEFINITION
+
+    result["dead_definition"] = DEAD_DEFINITION  # the train row's n_dead: the run's one dead count
     encode.forget(dataset.X_test)
     result["seconds"] = round(time.perf_counter() - start, 1)
     if (dataset.name, H) == (DATASET, HIDDEN):  # the paper's setting: its figure (None for a k it lacks)

@@ -15,7 +15,9 @@ def test_eval_reports_fve_l0_and_dead_units_per_split(tmp_path):
     b_h[:13] = -1e3  # 13 of 128 units no example keeps
     run = make_run(tmp_path / "run", W_dh, k=5, b_h=b_h)
     result = evaluate.evaluate_run(run, alphas=[2], l2_grid=[1e-3], dataset=data, log=lambda *_: None)
-    saved = json.loads((run / "eval.json").read_text())["reconstruction"]
+    report = json.loads((run / "eval.json").read_text())
+    saved = report["reconstruction"]
+    assert report["dead_definition"] == metrics.DEAD_DEFINITION  # named where the count is
     assert saved == result["reconstruction"] and set(saved) == {"train", "valid", "test"}
     params = {"W_dh": W_dh.astype(np.float32), "b_h": b_h, "c_d": np.zeros(W_dh.shape[0], np.float32)}
     for split, X in (("train", data.X_train), ("valid", data.X_valid), ("test", data.X_test)):
