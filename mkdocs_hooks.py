@@ -10,11 +10,15 @@ text, not rendered as pages.
 After the build, every relative link of the built HTML must resolve to a file of the site
 (``.ci/site_links.py``): a link MkDocs leaves as it is (a folder) would otherwise reach the site dead.
 Each dead link is a warning, so ``mkdocs build --strict`` fails on it, with ``--quiet`` too (on_config).
+
+The docstrings' Sphinx roles (``:class:`X```), which mkdocstrings leaves as they are, become code links
+(on_page_content).
 """
 from __future__ import annotations
 
 import importlib.util
 import logging
+import re
 from pathlib import Path
 
 from mkdocs.structure.files import File, InclusionLevel
@@ -50,6 +54,24 @@ def on_files(files, config):
                                       use_directory_urls=config.use_directory_urls,
                                       dest_uri=f"{SITE_FOLDER}/{inside}", inclusion=InclusionLevel.INCLUDED))
     return files
+
+
+# A Sphinx role of a docstring as Markdown renders it: :class:`~ksae_cupy.x.Y` -> :class:<code>~ksae_cupy.x.Y</code>
+SPHINX_ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|data|attr|exc|obj|const):<code>(~?)([\w.]+)(?:\(\))?</code>")
+
+
+def on_page_content(html, page, config, files):
+    """The docstrings' Sphinx roles (mkdocstrings shows them raw) as code: a link where the page documents the
+    target (its anchor is the dotted path), the name alone otherwise (``~`` keeps the last part, as Sphinx does)."""
+    anchors = set(re.findall(r'id="([\w.]+)"', html))
+
+    def link(match):
+        short, target = match.group(1), match.group(2)
+        shown = target.rsplit(".", 1)[-1] if short else target
+        found = target if target in anchors else next((a for a in anchors if a.endswith("." + target)), None)
+        return f'<a href="#{found}"><code>{shown}</code></a>' if found else f"<code>{shown}</code>"
+
+    return SPHINX_ROLE.sub(link, html)
 
 
 def on_post_build(config):

@@ -29,7 +29,7 @@ The Python API, importable from here (each loaded on first use, so ``import ksae
 stays light):
 
     KSparseAutoencoder   the estimator (training/estimator.py): fit, transform, save, load
-    load(path)           a saved model or a ksae-train run's checkpoint.h5, as an estimator
+    load(path)           a ksae-train run folder, its checkpoint.h5 or a saved model, as an estimator
     load_dataset(spec)   a built-in dataset or your own file, with labels and splits
     Dataset, KsaeError   what load_dataset returns; the one error a user sees
     export(model, path)  a model's weights as safetensors, .npz or a PyTorch state dict (session/export.py)
@@ -47,12 +47,14 @@ _API = {
 __all__ = [*_API, "load", "__version__"]
 
 
-def load(path, device: str = "auto"):
-    """A :class:`KSparseAutoencoder` from a checkpoint: one ``save`` wrote, or the
-    ``checkpoint.h5`` of a ``ksae-train`` run folder (see ``KSparseAutoencoder.load``)."""
+def load(path, device: str = "auto", raw_inputs: bool = False):
+    """A :class:`KSparseAutoencoder` from a ``ksae-train`` run folder, its ``checkpoint.h5``, or a file
+    ``save`` wrote (see ``KSparseAutoencoder.load``): ``load("runs/quick").transform(X, sparse=True)``
+    gives the run's codes, alpha chosen by the package's one rule (:mod:`ksae_cupy.training.chosen_alpha`);
+    ``raw_inputs=True`` takes raw values (MNIST's 0..255 pixels) and applies the dataset's scale."""
     from ksae_cupy.training.estimator import KSparseAutoencoder
 
-    return KSparseAutoencoder.load(path, device=device)
+    return KSparseAutoencoder.load(path, device=device, raw_inputs=raw_inputs)
 
 
 def __getattr__(name: str):

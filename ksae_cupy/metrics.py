@@ -142,7 +142,7 @@ def reconstruction_metrics(params, X_nd, k: int, alpha: float = 1.0, topk_method
     rows = int(X_nd.shape[0])
     return {"rows": rows, "fve": fve_from_sums(squared_error, variance.m2), "l0": nonzero_k / max(rows, 1),
             "alpha": float(alpha), "l0_alpha_k": nonzero_alpha / max(rows, 1),
-            "dead_fraction": float((kept_h == 0).mean())}
+            "dead_fraction": float((kept_h == 0).mean()), "n_dead": int((kept_h == 0).sum())}
 
 
 def _decode_kept(params, idx_nk, val_nk, backend):
@@ -156,3 +156,24 @@ def _decode_kept(params, idx_nk, val_nk, backend):
     N, k = idx_nk.shape
     Zs_nh = sp.csr_matrix((val_nk.ravel(), idx_nk.ravel(), np.arange(0, N * k + 1, k)), shape=(N, H))
     return np.asarray(Zs_nh @ params["W_dh"].T) + params["c_d"]
+
+
+# The one meaning of "dead" every command prints (the end of ksae-train, ksae-eval's train row, ksae-plot,
+# the export): measured with the final weights on the training rows, as DEAD_DEFINITION says.
+DEAD_DEFINITION = "non-zero in the k-code (top k, final weights) of no training row"
+
+
+def firing_counts(params, X_nd, k: int, activation: str = "linear", backend=CPU, chunk: int = 4096) -> np.ndarray:
+    """Per unit, how many rows of ``X_nd`` hold it non-zero in their k-code (the units the reconstruction
+    keeps): an int64 host array of H. A unit with a count of 0 is dead (:data:`DEAD_DEFINITION`).
+    ``params`` act on the rows as given (a centred run's: :func:`~ksae_cupy.datasets.preprocess.raw_input_params`)."""
+    W_dh = backend.asarray(params["W_dh"])
+    dev = {name: backend.asarray(value, dtype=W_dh.dtype) for name, value in params.items()}
+    xp = backend.xp
+    H = W_dh.shape[1]
+    counts_h = np.zeros(H, dtype=np.int64)
+    for start in range(0, X_nd.shape[0], chunk):
+        X_cd = backend.asarray(X_nd[start:start + chunk], dtype=W_dh.dtype)
+        idx_ck, val_ck = select_units(hidden_preactivations(dev, X_cd), k, "sort", activation)
+        counts_h += to_host(xp.bincount(idx_ck[val_ck != 0].ravel(), minlength=H))
+    return counts_h

@@ -70,9 +70,9 @@ def shape(line: str) -> str:
 
 
 def printed_last() -> list[str]:
-    """The lines of the README's "What the two commands print last" block."""
+    """The lines of the README's "What the first two commands print last" block."""
     text = (ROOT / "README.md").read_text()
-    return text[text.index("What the two commands print last"):].split("```\n", 2)[1].splitlines()
+    return text[text.index("What the first two commands print last"):].split("```\n", 2)[1].splitlines()
 
 
 def test_the_quick_start_installs_the_common_path_in_one_extra():
@@ -102,8 +102,9 @@ def test_quick_start_runs_as_written_and_ends_in_a_test_error(tmp_path):
     printed = result.stdout.splitlines()
     trained = [line for line in printed if line.startswith(("epoch ", "done: "))][-2:]
     assert [shape(epoch), shape(done)] == [shape(line) for line in trained], trained
-    shown = re.search(r"  dead (\d+\.\d)%  ", epoch)[1]  # the README's three lines tell one figure
-    assert dead == dead_units_note(float(shown) / 100, 1000) and f"(dead {shown}%: " in done
+    n_dead = int(re.search(r"\(dead (\d+) of 1000, ", done)[1])  # the note and the done line tell one count
+    assert dead == dead_units_note(n_dead, 1000) and f"(dead {n_dead} of 1000, {n_dead / 10:.1f}%: " in done
+    assert (tmp_path / "runs" / "quick" / "filters.png").is_file()  # the quick start ends with the picture
     last = r"test error \d+\.\d\d% \(alpha=\d+, l2=[\de.+-]+, refit on train\+valid; \d+ s\)"
     assert gap == "..." and re.fullmatch(last, test_error)
     assert re.fullmatch(last, result.stderr.splitlines()[-1]), result.stderr.splitlines()[-3:]  # ksae-eval's last line
@@ -115,6 +116,18 @@ def test_your_own_data_commands_run_as_written(tmp_path):
     run_bash(shortened(code, subs), tmp_path)
     evaluation = json.loads((tmp_path / "runs" / "mydata" / "eval.json").read_text())
     assert 0 <= evaluation["features"]["test_error"] < 0.75
+
+
+def test_own_data_without_a_test_set_runs_as_written(tmp_path):
+    X, y, _ = make_sparse_signals(1500, n_classes=4, seed=3)
+    np.savez(tmp_path / "notest.npz", X=X[:1200], y=y[:1200])
+    np.savez(tmp_path / "mytest.npz", X=X[1200:], y=y[1200:])
+    code, subs = block_with("ksae-train notest.npz", "bash")
+    result = run_bash(shortened(code, subs), tmp_path)
+    assert result.stdout.count("note: notest.npz has no test set") == 1  # the second training, not the first
+    for run in ("held-out", "no-test"):
+        evaluation = json.loads((tmp_path / "runs" / run / "eval.json").read_text())
+        assert 0 <= evaluation["features"]["test_error"] < 0.75
 
 
 @pytest.mark.parametrize("test_set, split", [(True, "test"), (False, "valid")])
@@ -138,6 +151,7 @@ def test_every_marked_block_is_run_here():
     assert [(lang, code.split("\n", 1)[0]) for lang, code, _ in marked_blocks()] == [
         ("bash", "python3 -m venv .venv && . .venv/bin/activate      # every command below runs in this environment"),
         ("bash", "ksae-train mydata.npz --k 25 --epochs 20 --run-dir runs/mydata   # --lr auto is the default for your files"),
+        ("bash", "ksae-train notest.npz --k 25 --epochs 20 --test-fraction 0.1 --run-dir runs/held-out && ksae-eval runs/held-out"),
         ("python", "import ksae_cupy"),
     ]
 

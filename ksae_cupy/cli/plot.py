@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+import numpy as np
 
 from ksae_cupy.cli.version import VersionedGroup, version_option
 from ksae_cupy.cli.common import (GivenPath, CONTEXT, DATA_DIR, QUIET, RUN_DIR,
@@ -32,8 +33,8 @@ def plot_command():
 @click.option("-o", "--output", type=GivenPath(path_type=Path), default=None, help="Image file; its suffix picks the format (png, pdf, svg, jpg, ...). [default: RUN_DIR/filters.png]")
 @click.option("--n", "n_filters", type=int, default=None, help="Draw the first N filters. [default: all]")
 @click.option("--skip-dead", is_flag=True,
-              help="Leave out the dead units (kept in no training example's top k: their filters are noise); "
-                   "reads the run's dataset.")
+              help="Leave out the dead units (non-zero in no training example's k-code: their filters are "
+                   "noise); reads the run's units.json, else its dataset.")
 @click.option("--cols", type=int, default=None, help="Filters per row. [default: square grid]")
 @click.option("--shape", default=None,
               help="Filter image shape HxW. [default: the run's dataset's, else square, sqrt(D / channels)]")
@@ -75,18 +76,59 @@ def plot_filters(run_dir, output, n_filters, skip_dead, cols, shape, channels, l
 
 
 def _live_filters(run, data_dir, say):
-    """``(W_dh of the live units, "; N dead left out" words)``: dead as training counts it, a unit
-    no training example keeps in its top k (here, under the final model)."""
-    from ksae_cupy.evaluation.analysis import dead_units
+    """``(W_dh of the live units, "; N dead left out" words)``: dead as every command counts it
+    (:data:`~ksae_cupy.metrics.DEAD_DEFINITION`; the run's units.json, else measured on its training rows)."""
+    counts_h = run_firing_counts(run, data_dir, say)[0]
+    dead_h = counts_h == 0
+    n_dead = int(dead_h.sum())
+    if n_dead == run.H:
+        raise KsaeError(f"all {run.H} units are dead (kept by no training example): no filter to draw")
+    return run.params["W_dh"][:, ~dead_h], f"; {n_dead} dead left out: non-zero in no training example's k-code"
+
+
+def run_firing_counts(run, data_dir, say):
+    """``(counts_h, rows)``: each unit's firing count on the run's training rows: the run's units.json when it
+    belongs to the checkpoint, else measured here from the run's dataset (the same function)."""
+    from ksae_cupy.metrics import firing_counts
+    from ksae_cupy.training.unit_counts import read_unit_counts
+
+    kept = read_unit_counts(run.path, run.ckpt.step)
+    if kept is not None:
+        return np.asarray(kept["firing_counts"]), int(kept["rows"])
     from ksae_cupy.evaluation.features import load_run_dataset
 
     X_nd = load_run_dataset(run, data_dir, say).X_train
     params = run.params
-    dead_h = dead_units(params, X_nd.astype(params["W_dh"].dtype), run.k)
-    n_dead = int(dead_h.sum())
-    if n_dead == run.H:
-        raise KsaeError(f"all {run.H} units are dead (kept by no training example): no filter to draw")
-    return params["W_dh"][:, ~dead_h], f"; {n_dead} dead left out: kept by no training example"
+    counts_h = firing_counts(params, X_nd.astype(params["W_dh"].dtype), run.k,
+                             run.ckpt.config.get("activation", "linear"))
+    return counts_h, int(X_nd.shape[0])
+
+
+@plot_command.command("firing", context_settings=CONTEXT)
+@click.argument("run_dir", type=RUN_DIR)
+@click.option("-o", "--output", type=GivenPath(path_type=Path), default=None,
+              help="Image file; its suffix picks the format. [default: RUN_DIR/firing.png]")
+@DATA_DIR
+@QUIET
+@OVERWRITE
+@report_errors
+def plot_firing(run_dir, output, data_dir, quiet, overwrite):
+    """Histogram (density) of log10 firing frequency per unit: how often each unit is non-zero in the
+    training rows' k-codes; dead units (never) are counted in the legend. Reads RUN_DIR/units.json (written at
+    the end of ksae-train), else the run's dataset."""
+    from ksae_cupy.evaluation.features import open_run
+    from ksae_cupy.evaluation.plots import check_image_output, require_matplotlib, save_firing_histogram
+
+    require_matplotlib()
+    check_image_output(output or Path(run_dir) / "firing.png", runs=[run_dir], overwrite=overwrite or output is None)
+    output = output or Path(run_dir) / "firing.png"
+    run = open_run(run_dir)
+    counts_h, rows = run_firing_counts(run, data_dir, progress_printer(quiet))
+    n_dead = int((counts_h == 0).sum())
+    width, height = save_firing_histogram(counts_h, rows, output,
+                                          title=f"{run.path.name}: k {run.k}, {run.H} units, {n_dead} dead")
+    click.echo(f"wrote {output} ({width}x{height} pixels, {run.H} units, {n_dead} dead: non-zero in no training "
+               f"example's k-code)")
 
 
 @plot_command.command("hist", context_settings=CONTEXT)
@@ -141,7 +183,7 @@ def plot_hist(run_dirs, output, n_samples, split, alpha, bins, data_dir, quiet, 
 @OVERWRITE
 @report_errors
 def plot_curves(run_dir, output, overwrite):
-    """Training and validation loss and k over the epochs of a run (from its metrics.jsonl)."""
+    """Training and validation loss and k, FVE and dead units over the epochs of a run (from its metrics.jsonl)."""
     from ksae_cupy.evaluation.plots import (check_image_output, check_training_records, require_matplotlib,
                                             save_training_curves)
     from ksae_cupy.session.runs import RunFolder

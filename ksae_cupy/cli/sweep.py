@@ -62,7 +62,9 @@ def _values(text: str, what: str, field: str | None = None) -> list:
 @version_option
 @click.argument("dataset")
 @click.option("--k", "ks", default=str(PAPER.k), help="Comma-separated k values.")
-@click.option("--alpha", "alphas", default="1", help="Comma-separated encoding multiples of k (scored per model).")
+@click.option("--alpha", "alphas", default=None,
+              help="Comma-separated encoding multiples of k (scored per model). [default: 3, the paper's (hidden/k "
+                   "where 3k exceeds the layer), the rule every command follows without an evaluation]")
 @click.option("--hidden", "hiddens", default=str(PAPER.hidden), help="Comma-separated hidden sizes.")
 @click.option("--seeds", default="0", help="Comma-separated seeds.")
 @click.option("--epochs", "epochs", default="50", help="Comma-separated epoch counts.")
@@ -110,8 +112,9 @@ def sweep_command(dataset, ks, alphas, hiddens, seeds, epochs, batch_size, lr, t
         raise KsaeError(f"--threads {threads} is not allowed; use a positive number of threads per training")
     base = {"batch_size": batch_size, "lr": _declared("lr", lr),
             "threads": threads, "k_start": None if no_k_schedule else "auto"}
-    specs = grid(_values(ks, "k", "k"), _values(alphas, "alpha"), _values(hiddens, "hidden", "hidden"),
-                 _values(seeds, "seeds", "seed"), _values(epochs, "epochs", "epochs"), base)
+    specs = grid(_values(ks, "k", "k"), None if alphas is None else _values(alphas, "alpha"),
+                 _values(hiddens, "hidden", "hidden"), _values(seeds, "seeds", "seed"),
+                 _values(epochs, "epochs", "epochs"), base)
     check_specs(specs)  # here, in one line, not on a worker after a remote traceback
     check_writable_folder(out, "--out")  # before the trainings, not after them
     if pack:

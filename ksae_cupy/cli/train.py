@@ -64,6 +64,8 @@ def train_command(ctx, dataset, **values):
     say(run.threads_line)
     data = run.load(spec)
     say(data.summary() + (f"; labels: {data.n_classes} classes" if data.y_train is not None else ""))
+    if spec.is_user_file and data.y_train is not None and data.X_test is None and not run.resuming:
+        say(no_test_set_note(dataset))  # labelled rows without a test set: ksae-eval will ask for one
     if trainer is None:
         job = train_run.new_job(config, data, backend, say)
     elif trainer.params["W_dh"].shape[0] != data.dim:
@@ -75,8 +77,30 @@ def train_command(ctx, dataset, **values):
     job.into(run, values["quiet"], click.echo)  # every checkpoint carries the folder's identity
     run.fit(job)
     trainer = job.trainer()
-    dead = (run.folder.read_metrics() or [{}])[-1].get("dead_fraction")  # the last epoch's figure
-    note = dead_units_note(dead, trainer.config.hidden)
+    n_dead = final_dead_count(run, trainer, job, data)
+    config = trainer.config
+    note = dead_units_note(n_dead, config.hidden, config.aux_k, config.center_input)
     if note and trainer.finished and not run.finished_before:  # said just before the done line
         click.echo(note)
-    run.end(trainer, "done: {epochs} in {seconds:.1f} s" + done_dead(dead) + "; checkpoint {checkpoint}")
+    run.end(trainer, "done: {epochs} in {seconds:.1f} s" + done_dead(n_dead, config.hidden).replace("{", "{{")
+            .replace("}", "}}") + "; checkpoint {checkpoint}")
+
+
+def no_test_set_note(dataset) -> str:
+    """What a run of the user's file without a test set says at its start: ksae-eval will need one, and how."""
+    return (f"note: {dataset} has no test set (no X_test, --test or --test-fraction): ksae-eval will need one. "
+            f"Give it later as ksae-eval RUN_DIR --test FILE [--test-labels FILE], or hold rows out now: stop and "
+            f"train again with --test-fraction 0.1 (rows the autoencoder trained on would not test it fairly)")
+
+
+def final_dead_count(run, trainer, job, data) -> int | None:
+    """The dead units of the final weights on the training rows, kept in ``RUN_DIR/units.json`` with every unit's
+    firing count (what ksae-eval, ksae-plot and the export report); None where the trainer holds a block of the
+    units only (MPI)."""
+    from ksae_cupy.training.unit_counts import measure, write_unit_counts
+
+    if not trainer.finished or not getattr(trainer, "tracks_dead_units", True):
+        return None
+    counts = measure(trainer, job.preprocess, data.X_train)
+    write_unit_counts(run.folder.path, counts)
+    return counts["n_dead"]

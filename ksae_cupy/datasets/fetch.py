@@ -242,12 +242,31 @@ def ensure_files(folder: Path, specs: list[FileSpec], sources: list, dataset: st
             missing.append(spec)
     if missing:
         check_writable_folder(folder, f"{dataset} data folder")
+        created = [parent for parent in (folder, *folder.parents) if not parent.exists()]
         folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=".fetch-", dir=folder) as scratch:
-            cache = {"scratch": scratch}
-            for spec in missing:
-                paths[spec.name] = _fetch_one(folder, spec, sources, dataset, cache, log)
+        try:
+            with tempfile.TemporaryDirectory(prefix=".fetch-", dir=folder) as scratch:
+                cache = {"scratch": scratch}
+                for number, spec in enumerate(missing):
+                    try:
+                        paths[spec.name] = _fetch_one(folder, spec, sources, dataset, cache, log)
+                    except KsaeError as failed:
+                        raise _not_fetched(missing[number:], failed, folder, dataset) from None
+        except BaseException:
+            for parent in created:  # the folders made for this fetch, when nothing else lies in them
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
+            raise
     return paths
+
+
+def _not_fetched(specs: list[FileSpec], failed: KsaeError, folder: Path, dataset: str) -> KsaeError:
+    """One line naming every file still missing (the first one's sources failed: the rest are not tried)."""
+    names = ", ".join(spec.name for spec in specs)
+    return KsaeError(f"{failed} Still missing in {folder}: {len(specs)} file(s) of {dataset}: {names} "
+                     f"(each, or its .gz, is accepted by hand once it passes its check)")
 
 
 def _verified_elsewhere(spec: FileSpec, search: tuple, log) -> Path | None:
@@ -262,12 +281,15 @@ def _verified_elsewhere(spec: FileSpec, search: tuple, log) -> Path | None:
 
 
 def _fetch_one(folder: Path, spec: FileSpec, sources: list, dataset: str, cache: dict, log) -> Path:
-    """One line on success (where the file came from); the sources that failed before are
-    named only when every source failed (a mirror that is down is routine, not news)."""
+    """A line naming the source before each try (the first, and each fallback with why the one before
+    failed) and one on success; every source's failure when all failed."""
     final = folder / spec.name
     failures: list[str] = []
-    for source in sources:
+    for number, source in enumerate(sources):
         tmp = folder / f".{spec.name}.part"
+        if number == 0 or failures:  # the source is named before the wait; a fallback says why
+            log(f"fetching {spec.name} from {source.describe()}" if not failures else
+                f"falling back: {failures[-1]}; fetching {spec.name} from {source.describe()}")
         try:
             source.fetch(spec, tmp, cache)
             problem = check_content(tmp, spec, decompress=False)
@@ -284,4 +306,4 @@ def _fetch_one(folder: Path, spec: FileSpec, sources: list, dataset: str, cache:
             tmp.unlink(missing_ok=True)
     raise KsaeError(f"could not fetch {spec.name} for {dataset}; tried: " + "; ".join(failures)
                     + f". Put the file (or {spec.name}.gz) in {folder} by hand; it is accepted once it "
-                    f"passes its check ({spec.describe()})")
+                    f"passes its check ({spec.describe()}).")

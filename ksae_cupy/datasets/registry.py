@@ -32,7 +32,8 @@ class DatasetEntry:
     ``files``, ``sources``: the :class:`~ksae_cupy.datasets.fetch.FileSpec` s and where to fetch them;
     ``search``: folders outside the data root a system package may have put the files in (read in place);
     ``no_files``: why there is nothing to fetch; ``auto_lr``: ``ksae-train`` derives its rate from the data by
-    default (the paper's rate is MNIST's); ``labelled``: it has labels, so ``ksae-finetune`` can train on it."""
+    default (the paper's rate is MNIST's); ``labelled``: it has labels, so ``ksae-finetune`` can train on it;
+    ``input_scale``: the factor its raw values are multiplied by (exports record it)."""
 
     name: str
     description: str
@@ -45,6 +46,7 @@ class DatasetEntry:
     no_files: str = ""
     auto_lr: bool = False
     labelled: bool = True
+    input_scale: float | None = None  # what the raw values are multiplied by (1/255: 8-bit pixels); None: other steps
 
 
 def _mnist_shaped(name: str, arrays) -> Dataset:
@@ -96,12 +98,12 @@ register = DATASETS.register  # add one entry (a name already there is refused i
 
 for _entry in (
     DatasetEntry("mnist", "MNIST digits, 28x28, 50k/10k/10k, 10 classes", load_mnist, (28, 28), "mnist",
-                 tuple(mnist.FILES), tuple(mnist.SOURCES)),
+                 tuple(mnist.FILES), tuple(mnist.SOURCES), input_scale=1 / 255),
     DatasetEntry("fashion-mnist", "Fashion-MNIST clothing, 28x28, 50k/10k/10k, 10 classes", load_fashion_mnist,
                  (28, 28), "fashion-mnist", tuple(fashion_mnist.FILES), tuple(fashion_mnist.SOURCES),
-                 fashion_mnist.SEARCH, auto_lr=True),
+                 fashion_mnist.SEARCH, auto_lr=True, input_scale=1 / 255),
     DatasetEntry("synthetic", "sparse combinations of 8x8 atoms, 10k/1k/1k", load_synthetic, (8, 8),
-                 no_files="generated on the fly"),
+                 no_files="generated on the fly", input_scale=1.0),
     DatasetEntry("norb", "small NORB normalized-uniform, 2x32x32 = 2048 dims standardised, 20k/4.3k/24.3k, 5 classes",
                  load_norb, (32, 64), "norb", tuple(norb.FILES), tuple(norb.SOURCES)),  # two 32x32 channels side by side
     DatasetEntry("cifar-patches", "1M random 8x8x3 CIFAR-10 patches, LCN + ZCA, 95%/5% train/valid",

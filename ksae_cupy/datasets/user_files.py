@@ -7,6 +7,7 @@ arguments, and ``config.json`` records it so that a run's evaluation reloads the
 
     data.npz                   X (N x D), and when present y (N), X_test, y_test
     data.npz:name              one array of an .npz file
+    codes.npz                  a SciPy CSR matrix (scipy.sparse.save_npz, ksae-data codes' default), as X
     data.npy                   an N x D array
     data.h5  or  data.h5:name  an HDF5 dataset (the file's only one, or the one named)
 
@@ -291,6 +292,8 @@ def _read_npz(path: Path, member: str, defaults: tuple) -> tuple[np.ndarray, dic
             names = [n[:-4] for n in archive.namelist() if n.endswith(".npy")]
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
         raise KsaeError(f"{path}: not a readable .npz file ({type(exc).__name__}: {_first_line(exc)})") from None
+    if not member and CSR_ARRAYS <= set(names):  # scipy.sparse.save_npz's (ksae-data codes' default): rows as X
+        return _read_csr(path), {}
     if not member:
         found = [name for name in defaults if name in names] or (names if len(names) == 1 else [])
         if not found:
@@ -302,6 +305,20 @@ def _read_npz(path: Path, member: str, defaults: tuple) -> tuple[np.ndarray, dic
     others = {name: (lambda name=name: _read_npz_member(path, name)) for name in names if name != member}
     # The companions (y, X_test, y_test) belong to the file's X, not to an array picked by name.
     return _read_npz_member(path, member), others if member in defaults else {}
+
+
+CSR_ARRAYS = {"data", "indices", "indptr", "shape", "format"}  # what scipy.sparse.save_npz writes
+
+
+def _read_csr(path: Path) -> np.ndarray:
+    """The dense float32 rows of a SciPy CSR matrix saved by ``scipy.sparse.save_npz``."""
+    import scipy.sparse
+
+    try:
+        matrix = scipy.sparse.load_npz(path)
+    except (OSError, ValueError, KeyError) as exc:
+        raise KsaeError(f"{path}: not a readable sparse matrix ({type(exc).__name__}: {_first_line(exc)})") from None
+    return np.asarray(matrix.toarray(), dtype=np.float32)
 
 
 def _read_npz_member(path: Path, name: str) -> np.ndarray:

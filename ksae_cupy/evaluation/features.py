@@ -607,6 +607,9 @@ def evaluate_run(run_dir, alphas=DEFAULT_ALPHAS, l2_grid=DEFAULT_L2, refit: str 
     # Read from the fits' encoding of each split (the test set's too, kept after its error was measured).
     result["reconstruction"] = reconstruction_splits(params, dataset, k, result["features"]["selected"]["alpha"],
                                                      topk_method, activation, backend, tops=encode.top)
+    from ksae_cupy.metrics import DEAD_DEFINITION
+
+    result["dead_definition"] = DEAD_DEFINITION  # the train row's n_dead: the run's one dead count
     encode.forget(dataset.X_test)
     result["seconds"] = round(time.perf_counter() - start, 1)
     if (dataset.name, H) == (DATASET, HIDDEN):  # the paper's setting: its figure (None for a k it lacks)
@@ -675,13 +678,19 @@ def reconstruction_table(splits: dict | None, k: int) -> list[str]:
     alpha = next(iter(splits.values()))["alpha"]
     lines = ["", f"The autoencoder on each split: FVE, the fraction of variance explained by the reconstruction through "
                  f"the k = {k} largest units (1 is perfect, 0 is the split's mean); L0, the non-zero units per example "
-                 f"of that k-code and of the alpha*k features (alpha {_fmt_alpha(alpha)}); dead, the units no "
-                 f"example of the split kept.", "",
+                 f"of that k-code and of the alpha*k features (alpha {_fmt_alpha(alpha)}); dead, the units non-zero "
+                 f"in the k-code of no example of the split (the train row: the run's dead count, as the end of "
+                 f"ksae-train, ksae-plot and the export give it).", "",
              "| split | examples | FVE | L0 (k) | L0 (alpha*k) | dead units |", "|---|---|---|---|---|---|"]
     for name, m in ((name, splits[name]) for name in SPLITS if name in splits):
         lines.append(f"| {name} | {m['rows']:,} | {m['fve']:.4f} | {m['l0']:.2f} | {m['l0_alpha_k']:.2f} | "
-                     f"{_pct(m['dead_fraction'])} |")
+                     f"{_dead_cell(m)} |")
     return lines
+
+
+def _dead_cell(m: dict) -> str:
+    """``529 (52.90%)``; the percentage alone for a report written before the count."""
+    return _pct(m["dead_fraction"]) if m.get("n_dead") is None else f"{m['n_dead']:,} ({_pct(m['dead_fraction'])})"
 
 
 def trials_table(blocks, alpha: bool = True) -> list[str]:

@@ -210,7 +210,8 @@ def save_training_curves(metrics: list[dict], path, title: str = "", size=(900, 
 
 def training_curves_figure(metrics: list[dict], title: str = "", size=(900, 500), dpi: int = 100):
     """Training and validation loss (log scale, left axis) and k (right axis) over epochs, from a
-    run's ``metrics.jsonl`` records; below them the dead units: the fraction no example kept during
+    run's ``metrics.jsonl`` records; below them the fraction of variance explained (training and validation),
+    then the dead units: the fraction no example kept during
     each epoch, and (where logged) the fraction kept in none of the last ``dead_window`` examples at
     its end. Returns the matplotlib figure."""
     require_matplotlib()
@@ -222,7 +223,7 @@ def training_curves_figure(metrics: list[dict], title: str = "", size=(900, 500)
     epochs = [m["epoch"] for m in metrics]
     fig = Figure(figsize=(size[0] / dpi, size[1] / dpi), dpi=dpi)
     FigureCanvasAgg(fig)
-    grid = fig.add_gridspec(2, 1, height_ratios=(3, 1))
+    grid = fig.add_gridspec(3, 1, height_ratios=(3, 1, 1))
     ax = fig.add_subplot(grid[0])
     ax.plot(epochs, [m["train_loss"] for m in metrics], label="training loss", linewidth=1.2)
     valid = [(m["epoch"], m["valid_loss"]) for m in metrics if m.get("valid_loss") is not None]
@@ -238,7 +239,15 @@ def training_curves_figure(metrics: list[dict], title: str = "", size=(900, 500)
     more_lines, more_labels = k_axis.get_legend_handles_labels()
     ax.legend(lines + more_lines, labels + more_labels, fontsize="small", loc="upper right")
     ax.set_title(title or f"{len(epochs)} epochs")
-    dead_ax = fig.add_subplot(grid[1], sharex=ax)
+    fve_ax = fig.add_subplot(grid[1], sharex=ax)
+    for key, label in (("fve", "training FVE"), ("valid_fve", "validation FVE")):
+        points = [(m["epoch"], m[key]) for m in metrics if m.get(key) is not None]  # runs before FVE: none
+        if points:
+            fve_ax.plot(*zip(*points), linewidth=1, label=label)
+    fve_ax.set_ylabel("FVE")
+    if fve_ax.get_lines():
+        fve_ax.legend(fontsize="small", loc="lower right")
+    dead_ax = fig.add_subplot(grid[2], sharex=ax)
     for key, label in (("dead_fraction", "dead over the epoch"),
                        ("dead_window_fraction", "dead over the last dead_window examples")):
         points = [(m["epoch"], 100 * m[key]) for m in metrics if m.get(key) is not None]  # epochs that logged it
@@ -251,6 +260,35 @@ def training_curves_figure(metrics: list[dict], title: str = "", size=(900, 500)
         dead_ax.legend(fontsize="small", loc="upper right")
     fig.tight_layout()
     return fig
+
+
+def save_firing_histogram(counts_h, rows: int, path, title: str = "", bins: int = 50, size=(800, 500),
+                          dpi: int = 100) -> tuple[int, int]:
+    """The field's first dashboard plot: a histogram (density) of log10 of each unit's firing frequency, the
+    fraction of the ``rows`` training rows whose k-code holds it non-zero (``counts_h``); the dead units (count 0,
+    no logarithm) are named in the legend. Returns (width, height)."""
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    counts_h = np.asarray(counts_h)
+    live = counts_h[counts_h > 0]
+    fig = Figure(figsize=(size[0] / dpi, size[1] / dpi), dpi=dpi)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    n_dead = int((counts_h == 0).sum())
+    label = f"{live.size} live units; {n_dead} dead (firing on no training row)"
+    if live.size:
+        ax.hist(np.log10(live / rows), bins=bins, density=True, histtype="stepfilled", alpha=0.7, label=label)
+    else:
+        ax.plot([], [], label=label)
+    ax.set_xlabel(f"log10 firing frequency (fraction of the {rows:,} training rows whose k-code holds the unit)")
+    ax.set_ylabel("density")
+    ax.set_title(title or "Firing frequencies")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(str(path), dpi=dpi)
+    return size[0], size[1]
 
 
 def png_size(path) -> tuple[int, int]:

@@ -35,11 +35,16 @@ SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_N
 
 
 def grid(ks, alphas, hiddens, seeds, epochs, base: dict | None = None) -> list[dict]:
-    """One dict of TrainConfig options per trained model (alpha is scored, not trained)."""
+    """One dict of TrainConfig options per trained model (alpha is scored, not trained). ``alphas`` None: each
+    model's by the package's one rule without an evaluation (:func:`~ksae_cupy.training.chosen_alpha.fallback_alpha`:
+    3, or ``hidden / k`` on a layer too small for it)."""
+    from ksae_cupy.training.chosen_alpha import fallback_alpha
+
     rows = []
     for k, hidden, seed, ep in itertools.product(ks, hiddens, seeds, epochs):
         row = dict(base or {})
-        row.update(k=int(k), hidden=int(hidden), seed=int(seed), epochs=int(ep), alphas=[float(a) for a in alphas])
+        scored = [fallback_alpha(int(k), int(hidden))] if alphas is None else [float(a) for a in alphas]
+        row.update(k=int(k), hidden=int(hidden), seed=int(seed), epochs=int(ep), alphas=scored)
         rows.append(row)
     return rows
 

@@ -11,11 +11,22 @@ The layout (docs/guide/export.md), that of two ``torch.nn.Linear`` layers, in th
     decoder.bias     D       c_d
     preprocess.NAME          the dataset's preprocessing statistics, when the run has any (ZCA, std, ...)
 
+    input.mean       D       the training mean a --center-input model subtracts (zeros otherwise)
+    units.firing_count  H    how many training rows kept each unit in their k-code (when the source records it)
+    units.dead       H       1 where that count is 0: dead units, as every command counts them (uint8)
+
 A ``--center-input`` model's training mean is folded into the biases (as ``ksae-eval`` reads it:
 :func:`~ksae_cupy.datasets.preprocess.raw_input_params`), so the layers act on the rows as the
-dataset gives them. The metadata (:func:`export_metadata`) says ``k``, ``alpha``, ``alpha_k``,
-``activation`` and what made the model. Codes: keep each row's ``k`` (reconstruction) or ``alpha_k``
-(features) largest values of ``encoder(x)``, zero the rest (ReLU models: and the negative ones).
+dataset gives them; ``input.mean`` says what was folded. The metadata (:func:`export_metadata`) says ``k``,
+``alpha`` (by :mod:`ksae_cupy.training.chosen_alpha`'s rule unless given) and where it came from, ``alpha_k``,
+``activation``, ``input_scale`` (what the dataset multiplied the raw inputs by: 1/255 for MNIST's pixels) and
+what made the model. Codes: keep each row's ``k`` (reconstruction) or ``alpha_k`` (features) largest values
+of ``encoder(x)``, zero the rest (ReLU models: and the negative ones).
+
+``layout="saelens"`` or ``"sparsify"`` writes a folder the field's libraries load instead
+(:mod:`ksae_cupy.session.export_layouts`): SAELens' ``sae_weights.safetensors`` (``W_enc`` D x H, ``b_enc``,
+``W_dec`` H x D, ``b_dec``) or sparsify's ``sae.safetensors``, each with its ``cfg.json``; the tensors and
+metadata above ride along under the same names.
 
 safetensors is written here with NumPy and JSON (8-byte little-endian header length, a JSON header
 of dtype, shape and byte offsets per tensor and a ``__metadata__`` map of strings, then the raw
@@ -38,7 +49,7 @@ FORMATS = {"safetensors": (".safetensors",), "npz": (".npz",), "torch": (".pt", 
 EXPORT_FORMAT = "ksae-cupy export"
 EXPORT_VERSION = 1
 METADATA_KEY = "__metadata__"
-DEFAULT_ALPHA = 3.0  # the paper's features (section 2.2), as ksae-data codes; an estimator's own alpha otherwise
+LAYOUTS = ("linear", "saelens", "sparsify")  # two nn.Linear layers; the field's libraries' folders
 # safetensors' dtype names (its format's specification)
 SAFETENSORS_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "int64": "I64", "int32": "I32",
                       "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
@@ -72,26 +83,58 @@ def require_torch():
     return torch
 
 
-def export(source, path, format: str | None = None, alpha: float | None = None) -> dict:  # noqa: A002 (format: the CLI's word)
+def default_path(source, fmt: str | None = None, layout: str = "linear") -> Path:
+    """Where :func:`export` writes when given no path: in the current folder, named after the run (or the
+    checkpoint file, or ``model`` for an estimator in memory): ``RUN.safetensors`` (or ``.npz``, ``.pt``), or a
+    folder ``RUN-saelens`` / ``RUN-sparsify``."""
+    from ksae_cupy.training.estimator import KSparseAutoencoder
+
+    if isinstance(source, KSparseAutoencoder):
+        stem = "model"
+    else:
+        source = Path(source)
+        stem = source.name if source.is_dir() else (source.parent.name if source.name == "checkpoint.h5"
+                                                    and source.parent.name else source.stem)
+    if layout != "linear":
+        return Path(f"{stem}-{layout}")
+    return Path(stem + FORMATS[fmt or "safetensors"][0])
+
+
+def export(source, path=None, format: str | None = None, alpha: float | None = None,  # noqa: A002 (the CLI's word)
+           layout: str = "linear") -> dict:
     """Write the model ``source`` to ``path`` in ``format`` (default: from the suffix); returns the metadata.
 
     ``source`` is a fitted :class:`~ksae_cupy.training.estimator.KSparseAutoencoder`, a ``ksae-train`` run
     folder or a checkpoint file (one ``save`` wrote, or a run's ``checkpoint.h5``). ``alpha`` (features keep
-    ``alpha*k`` units) defaults to the estimator's ``alpha``, and for a folder or file to 3, the paper's.
+    ``alpha*k`` units) defaults by the package's one rule (:mod:`ksae_cupy.training.chosen_alpha`): the
+    estimator's ``alpha``, else the run's evaluated choice, else 3. ``path`` defaults to :func:`default_path`.
+    ``layout``: one of :data:`LAYOUTS` (``saelens`` and ``sparsify`` write a folder: ``path`` names it).
     The file is written whole or not at all (a temporary name, then a rename)."""
     from ksae_cupy.model import alpha_k
 
-    fmt = format_of(path, format)
+    if layout not in LAYOUTS:
+        raise OptionError("layout", f"{{name}} {literal(repr(layout))} is not allowed; use one of {', '.join(LAYOUTS)}")
+    if layout != "linear" and format not in (None, "safetensors"):
+        raise OptionError("format", f"{{name}} {format} does not go with layout {layout}, whose folder holds "
+                                    f"safetensors; leave it out")
+    path = default_path(source, format, layout) if path is None else Path(path)
+    fmt = "safetensors" if layout != "linear" else format_of(path, format)
     torch = require_torch() if fmt == "torch" else None
-    path = Path(path)
     from ksae_cupy.paths import check_output_file
 
-    check_output_file(path, "export file")
+    if layout == "linear":
+        check_output_file(path, "export file")
     model = _model_of(source, alpha)
     D, H = model["W_dh"].shape
     alpha_k(model["config"]["k"], model["alpha"], H)  # an alpha*k above H: refused before anything is written
     tensors = export_tensors(model)
     metadata = export_metadata(model)
+    if layout != "linear":
+        from ksae_cupy.session.export_layouts import write_layout
+
+        write_layout(layout, path, tensors, metadata, {key: _text(key, value) for key, value in metadata.items()},
+                     safetensors_bytes)
+        return metadata
     tmp = path.with_name(path.name + ".tmp")
     try:
         if fmt == "safetensors":
@@ -116,11 +159,18 @@ def _model_of(source, alpha: float | None) -> dict:
 
     from ksae_cupy.training.estimator import KSparseAutoencoder
 
+    from ksae_cupy.training.chosen_alpha import dataset_input_scale, default_alpha, run_folder_of
+    from ksae_cupy.training.unit_counts import read_unit_counts
+
+    input_scale, counts = None, None
     if isinstance(source, KSparseAutoencoder):
         source.params_  # noqa: B018 (not fitted: scikit-learn's NotFittedError, in its words)
         ckpt = source.trainer_.checkpoint(source.preprocess_)
         ckpt.run_id = source.__dict__.get("run_id_")
-        where, alpha = "an estimator in memory", source.alpha if alpha is None else alpha
+        where = "an estimator in memory"
+        alpha, alpha_from = (source.alpha_, "the estimator's alpha") if alpha is None else (alpha, "given")
+        counts = source.__dict__.get("unit_counts_")
+        input_scale = source.input_scale
     else:
         where = Path(source)
         ckpt = load_checkpoint(_checkpoint_path(where))
@@ -128,13 +178,25 @@ def _model_of(source, alpha: float | None) -> dict:
             from ksae_cupy.session.runs import RunFolder
 
             RunFolder(where).check_checkpoint(ckpt.run_id, ckpt.config)  # this folder's run, not a copy
-        alpha = DEFAULT_ALPHA if alpha is None else alpha
+        run_dir = run_folder_of(where)
+        if alpha is None:
+            alpha, alpha_from = default_alpha(int(ckpt.config["k"]), int(ckpt.params["W_dh"].shape[1]), run_dir,
+                                              ckpt.epoch)
+        else:
+            alpha_from = "given"
+        if run_dir is not None:
+            counts = read_unit_counts(run_dir, ckpt.step)
+            input_scale = dataset_input_scale(run_dir)
     from ksae_cupy.datasets.preprocess import INPUT_MEAN, raw_input_params
 
     params = {name: to_host(value) for name, value in raw_input_params(ckpt.params, ckpt.preprocess).items()}
-    return {**params, "config": ckpt.config, "alpha": float(alpha), "epoch": ckpt.epoch, "step": ckpt.step,
-            "run_id": ckpt.run_id, "source": str(where), "trained_by": ckpt.provenance,
-            "centred": INPUT_MEAN in (ckpt.preprocess or {}),
+    mean_d = (ckpt.preprocess or {}).get(INPUT_MEAN)
+    D = params["W_dh"].shape[0]
+    return {**params, "config": ckpt.config, "alpha": float(alpha), "alpha_from": alpha_from, "epoch": ckpt.epoch,
+            "step": ckpt.step, "run_id": ckpt.run_id, "source": str(where), "trained_by": ckpt.provenance,
+            "centred": mean_d is not None, "input_scale": input_scale,
+            "input_mean": np.zeros(D, params["W_dh"].dtype) if mean_d is None else np.asarray(to_host(mean_d)),
+            "unit_counts": counts,
             "preprocess": {name: np.asarray(value) for name, value in (ckpt.preprocess or {}).items()
                            if name != INPUT_MEAN}}
 
@@ -159,6 +221,11 @@ def export_tensors(model: dict) -> dict:
     W_dh = np.asarray(model["W_dh"])
     tensors = {"encoder.weight": np.ascontiguousarray(W_dh.T), "encoder.bias": np.asarray(model["b_h"]),
                "decoder.weight": np.ascontiguousarray(W_dh), "decoder.bias": np.asarray(model["c_d"])}
+    tensors["input.mean"] = np.asarray(model["input_mean"], dtype=W_dh.dtype)
+    counts = model.get("unit_counts")
+    if counts is not None:
+        tensors["units.firing_count"] = np.asarray(counts["firing_counts"], dtype=np.int64)
+        tensors["units.dead"] = (tensors["units.firing_count"] == 0).astype(np.uint8)
     tensors.update({f"preprocess.{name}": value for name, value in sorted(model["preprocess"].items())})
     return tensors
 
@@ -176,13 +243,18 @@ def export_metadata(model: dict) -> dict:
         "activation": config.get("activation", "linear"), "topk": config.get("topk", "sort"),
         "n_inputs": int(D), "n_hidden": int(H), "dtype": str(np.asarray(model["W_dh"]).dtype), "tied": True,
         "input_mean_folded": bool(model["centred"]), "preprocess": sorted(model["preprocess"]),
+        "alpha_from": model.get("alpha_from"), "input_scale": model.get("input_scale"),
+        "n_dead": None if model.get("unit_counts") is None else int(np.sum(np.asarray(
+            model["unit_counts"]["firing_counts"]) == 0)),
+        "dead_definition": None if model.get("unit_counts") is None else model["unit_counts"]["definition"],
+        "firing_rows": None if model.get("unit_counts") is None else int(model["unit_counts"]["rows"]),
         "epoch": int(model["epoch"]), "step": int(model["step"]), "run_id": model["run_id"],
         "source": model["source"], "trained_by": model["trained_by"], "exported_by": provenance(),
     }
 
 
 # The metadata's fields that are text: safetensors' string map holds them as they are, every other field as JSON.
-TEXT_FIELDS = ("format", "activation", "topk", "dtype", "run_id", "source")
+TEXT_FIELDS = ("format", "activation", "topk", "dtype", "run_id", "source", "alpha_from", "dead_definition")
 
 
 def _text(key: str, value) -> str:

@@ -115,8 +115,8 @@ TRAIN = [
     Option("epochs", f"Epochs (paper: {PAPER.epochs}).", PAPER.epochs, int, APPLIED),
     Option("batch_size", f"Minibatch size (authors' code: {PAPER.batch_size}).", PAPER.batch_size, int),
     Option("lr", f"Learning rate eta, or auto: derived from the data's scale ({PAPER.lr} on MNIST). [default: "
-           f"{PAPER.lr} (the paper's) for the built-in datasets but {spelled(dataset_names(auto_lr=True))}; auto for "
-           f"these and your files]", None,
+           f"auto for {spelled(dataset_names(auto_lr=True))} and for your own files; {PAPER.lr} (the paper's) for "
+           f"the other built-in datasets]", None,
            str),
     Option("momentum", f"Momentum m (paper: {PAPER.momentum}).", PAPER.momentum, float),
     Option("sigma", f"Std of the Gaussian initial weights (paper: {PAPER.sigma}).", PAPER.sigma, float),

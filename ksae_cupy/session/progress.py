@@ -33,6 +33,7 @@ class RunProgress:
         self.n_batches = -(-n_train // trainer.config.batch_size)
         self.clock, self.echo = clock, echo or _echo
         self.started, self.step_at_start = clock(), trainer.step
+        self.epoch_at_start = trainer.epoch  # above 0: a resumed run (made at the first batch of a session)
         self.last_draw = self.last_line = self.started
         self.drawn = 0  # characters of the bar now on the screen
         self.estimated = False
@@ -170,7 +171,8 @@ class RunProgress:
             text = f"  {self.status()}  [{'#' * filled}{'.' * (width - filled)}]"
             self.echo("\r" + text.ljust(self.drawn), nl=False, err=True)
             self.drawn = len(text)
-        elif not self.tty and now - self.last_line >= self.interval_s:
+        elif not self.tty and done < total and now - self.last_line >= self.interval_s:
+            # a line between epoch lines only: the epoch's last batch is told by its epoch line, just after
             self.last_line = now
             self.echo(f"  {self.status()}", err=True)
 
@@ -182,6 +184,7 @@ class RunProgress:
     def after_epoch(self, report) -> list[str]:
         """The lines to print after an epoch: its epoch line and, once, the estimate."""
         self.clear()
+        self.last_line = self.clock()  # the next progress line a full interval after this epoch line
         lines = [epoch_line(report, self.trainer.config.epochs, self.eta() if not self.trainer.finished else "")]
         per_step = self.seconds_per_step()
         if not self.estimated and per_step and not self.trainer.finished:
@@ -194,8 +197,13 @@ class RunProgress:
             if self._relative_cost(self.trainer.config.k) != 1.0:
                 at_k = (f" (k {report.k}; at k {self.trainer.config.k} "
                         f"{per_epoch * self._relative_cost(self.trainer.config.k) / self._relative_cost(report.k):.1f} s)")
-            lines.append(f"estimate: {epochs} epochs at {per_epoch:.1f} s each{at_k} take {format_duration(total)} "
-                         f"on this device; {epochs - self.trainer.epoch} left, {done_around(left)}")
+            remaining = epochs - self.trainer.epoch
+            if self.epoch_at_start > 0:  # a resumed run: what is left, not the whole run's time
+                lines.append(f"estimate: {remaining} of {epochs} epochs left at {per_epoch:.1f} s each{at_k}: "
+                             f"{format_duration(left)} on this device, {done_around(left)}")
+            else:
+                lines.append(f"estimate: {epochs} epochs at {per_epoch:.1f} s each{at_k} take {format_duration(total)} "
+                             f"on this device; {remaining} left, {done_around(left)}")
         return lines
 
 

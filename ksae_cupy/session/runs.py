@@ -48,8 +48,8 @@ PRETRAIN_LAYER = "pretrain-layer{}"
 # Model- and batch-shaping options a checkpoint and config.json's "train" must agree on when
 # either lacks a run_id (folders written before identities existed).
 SHAPING = ("hidden", "k", "batch_size", "seed", "dtype", "sigma", "momentum")
-RESULT_FILES = ("eval.json", "eval.md", "variants.json", "variants.md", "coherence.json", "iti.json",
-                "compare.json", "filters.png", "finetune.json")
+RESULT_FILES = ("units.json", "eval.json", "eval.md", "variants.json", "variants.md", "coherence.json", "iti.json",
+                "compare.json", "filters.png", "firing.png", "finetune.json")
 
 
 def default_run_dir(dataset: str, hidden: int, k: int, root: Path = Path("runs")) -> Path:

@@ -189,7 +189,7 @@ def check_stacking(pretrained, shapes) -> None:
                         f"{first} takes, so {second} is layer 1; give layer 1 first: ksae-finetune {second} {first}")
     raise KsaeError(f"layer 2 takes {D_2} inputs but layer 1 has {H_1} hidden units; the pretrained runs do not "
                     f"stack ({first}, then {second}); train layer 2 on layer 1's codes (ksae-data codes {first} "
-                    f"codes.npy, then ksae-train codes.npy)")
+                    f"codes.npz, then ksae-train codes.npz)")
 
 
 def check_alpha_applies(given: set, values: dict, ks: list) -> None:

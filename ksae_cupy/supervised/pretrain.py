@@ -90,8 +90,24 @@ CODES_ADVICE = ("ksae-data codes reads the layers a stack is built from: ksae-tr
                 "(a {kind} run is a fine-tuned network, not a layer)")
 
 
-def write_codes(run_dir, out_path, alpha: float = 3.0, data_dir=None, device: str = "cpu") -> dict:
-    """Write the features of a pretrained run's training rows to ``out_path`` (.npy), for the next layer.
+CODE_LAYOUTS = {"csr": ".npz", "topk": ".npz", "dense": ".npy"}  # ksae-data codes --layout, and its file's suffix
+
+
+def layout_of(out_path) -> str:
+    """The codes' layout a file's suffix asks for: ``.npy`` dense, anything else CSR (an ``.npz``)."""
+    return "dense" if Path(out_path).suffix == ".npy" else "csr"
+
+
+def write_codes(run_dir, out_path, alpha: float | None = None, data_dir=None, device: str = "cpu",
+                layout: str | None = None) -> dict:
+    """Write the features of a pretrained run's training rows to ``out_path``, for the next layer.
+
+    ``layout`` (:data:`CODE_LAYOUTS`): ``csr``, a SciPy CSR matrix (``scipy.sparse.save_npz``; ``ksae-train``
+    reads it as its rows), the default for a ``ksae-train`` run; ``topk``, an ``.npz`` of ``indices`` and
+    ``values`` (N x alpha*k: each row's kept columns, non-zero ones first, and their values) and ``n_hidden``;
+    ``dense``, an N x H ``.npy`` (always for a ``ksae-baseline`` run, whose features are all non-zero).
+    ``layout`` None: :func:`layout_of` the file's name (``.npz``: csr, ``.npy``: dense).
+    ``alpha`` defaults by the package's one rule (:mod:`ksae_cupy.training.chosen_alpha`).
 
     A ``ksae-train`` run gives its ``alpha*k``-sparse codes (:meth:`KSparseAutoencoder.transform`);
     a ``ksae-baseline`` run every sigmoid unit of the uncorrupted input (:func:`baselines.encode`,
@@ -103,7 +119,7 @@ def write_codes(run_dir, out_path, alpha: float = 3.0, data_dir=None, device: st
     (float32 sums in another order differ in the last bit; see ``KSparseAutoencoder.transform``).
     Written to ``<out_path>.tmp`` and renamed, so ``out_path`` only ever holds a whole file. A run whose
     data file changed since it was trained is refused. Beside the codes, ``OUT.json`` records where they
-    came from (:mod:`ksae_cupy.session.provenance`): the codes' SHA-256 and the run's folder, id, epoch
+    came from (:mod:`ksae_cupy.session.provenance`; ``codes.npz`` -> ``codes.json``): the codes' SHA-256 and the run's folder, id, epoch
     and checkpoint SHA-256. Returns that record: the run folder, its epochs, alpha, the shape, the
     seconds taken, ``codes_sha256`` and ``layer``.
     """
@@ -122,18 +138,39 @@ def write_codes(run_dir, out_path, alpha: float = 3.0, data_dir=None, device: st
         layer = provenance.layer_record(run_dir, config.get("run_id") or ckpt.run_id, ckpt.epoch, ckpt.step)
     else:
         model, config = load_pretrained_run(run_dir, device=device, what="RUN_DIR", advice=CODES_ADVICE)
-        features, epochs = (lambda X: model.transform(X, alpha=alpha, dtype=np.float64)), model.trainer_.epoch
+        if alpha is None:
+            from ksae_cupy.training.chosen_alpha import default_alpha
+
+            alpha = model.alpha_ if model.alpha is not None else default_alpha(
+                model.trainer_.config.k, model.trainer_.config.hidden)[0]
+        layout = layout or layout_of(out_path)
+        sparse = {"csr": True, "topk": "topk"}.get(layout, False)
+        features, epochs = (lambda X: model.transform(X.astype(np.float32), alpha=alpha, dtype=np.float64,
+                                                      sparse=sparse)), model.trainer_.epoch
         layer = provenance.layer_record(run_dir, config.get("run_id") or model.run_id_, epochs, model.trainer_.step)
     provenance.check_run_data(run_dir, config)  # the rows the run trained on, not a file replaced since
     spec = DataSpec.from_record(config["dataset"], config.get("data"))
     root = data_dir if data_dir is not None else config.get("data_dir")
     data = load_dataset(spec, root=Path(root) if root else None)
-    codes = np.asarray(features(data.X_train), dtype=np.float32)
+    codes = features(data.X_train)
     out_path = Path(out_path)
     tmp = out_path.with_name(out_path.name + ".tmp")
     try:
         with open(tmp, "wb") as f:  # a file object: np.save would add .npy to a name
-            np.save(f, codes)
+            if isinstance(codes, tuple):  # topk: each row's kept columns and their values
+                H = model.trainer_.config.hidden
+                np.savez(f, indices=codes[0], values=codes[1].astype(np.float32), n_hidden=np.int64(H))
+                shape = [codes[0].shape[0], H]
+            elif hasattr(codes, "tocsr"):
+                import scipy.sparse
+
+                codes = codes.astype(np.float32)
+                scipy.sparse.save_npz(f, codes, compressed=False)
+                shape = list(codes.shape)
+            else:
+                codes = np.asarray(codes, dtype=np.float32)
+                np.save(f, codes)
+                shape = list(codes.shape)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, out_path)
@@ -141,7 +178,8 @@ def write_codes(run_dir, out_path, alpha: float = 3.0, data_dir=None, device: st
         tmp.unlink(missing_ok=True)
         raise KsaeError(f"could not write {out_path} ({exc.strerror or exc})") from None
     info = {"run_dir": str(run_dir), "dataset": config["dataset"], "epochs_trained": epochs,
-            "alpha": alpha, "shape": list(codes.shape), "seconds": time.perf_counter() - start}
+            "alpha": alpha, "shape": shape, "layout": layout or "dense",
+            "seconds": time.perf_counter() - start}
     try:  # OUT.json: where the codes came from, which a layer 2 trained on them records
         return provenance.write_codes_origin(out_path, layer, info)
     except OSError as exc:

@@ -61,7 +61,8 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     when k > 100, never above ``n_hidden``; ``None`` turns the schedule off; ``device`` is
     ``auto``, ``cpu`` or ``gpu[:N]``; ``batch_size`` larger than the data is cut to the data,
     as scikit-learn's MLP does; ``alpha`` is the default of :meth:`transform`'s (a parameter, so
-    a grid search can tune it); ``warm_start=True`` makes ``fit`` go on from the current state;
+    a grid search can tune it; ``None``: the package's one rule, :mod:`ksae_cupy.training.chosen_alpha`:
+    the alpha the run's ``ksae-eval`` chose, else 3, the paper's); ``warm_start=True`` makes ``fit`` go on from the current state;
     ``input_scale``, when given, multiplies every input (integer input is converted to float,
     as scikit-learn does; ``fit`` refuses data whose scale would diverge at a fixed ``lr``, and
     ``input_scale=1/255`` takes 8-bit pixels as they are); ``verbose=1`` prints a line per
@@ -77,7 +78,9 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     Fitted attributes: ``components_`` (the dictionary ``W_dh`` transposed, H x D, as in
     scikit-learn's decomposition estimators), ``n_features_in_``, ``trainer_`` (the
     :class:`Trainer` holding parameters, velocities and random state; ``None`` before fit),
-    ``preprocess_`` (the data's preprocessing statistics, saved with the checkpoint).
+    ``preprocess_`` (the data's preprocessing statistics, saved with the checkpoint), ``unit_counts_`` (after
+    ``fit``: each unit's firing count on the training rows and the dead count, :mod:`ksae_cupy.training.unit_counts`;
+    the export carries them).
     """
 
     # Every parameter's type and range, checked when fit starts (scikit-learn's convention and
@@ -87,7 +90,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     _parameter_constraints = {
         **constraints(RULES, parameter_name, also={"k_start": ("auto",)}),
         "device": [str],
-        "alpha": [Interval(Real, 1, None, closed="left")],
+        "alpha": [Interval(Real, 1, None, closed="left"), None],
         "warm_start": ["boolean"],
         "input_scale": [Interval(Real, 0, None, closed="neither"), None],
         "verbose": [Interval(Integral, 0, None, closed="left"), "boolean"],
@@ -99,7 +102,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     def __init__(self, n_hidden=PAPER.hidden, k=PAPER.k, k_start="auto", epochs=PAPER.epochs,
                  batch_size=PAPER.batch_size, lr="auto", momentum=PAPER.momentum, sigma=PAPER.sigma, topk=PAPER.topk,
                  seed=PAPER.seed, dtype=PAPER.dtype, device="auto", activation=PAPER.activation, step=PAPER.step,
-                 alpha=1.0, warm_start=False, input_scale=None, verbose=0, n_threads=None, aux_k=PAPER.aux_k,
+                 alpha=None, warm_start=False, input_scale=None, verbose=0, n_threads=None, aux_k=PAPER.aux_k,
                  aux_coef=PAPER.aux_coef, dead_window=PAPER.dead_window, center_input=PAPER.center_input,
                  optimizer=PAPER.optimizer):
         self.n_hidden, self.k, self.k_start, self.epochs = n_hidden, k, k_start, epochs
@@ -204,6 +207,10 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         # A finished run resumed again trains nothing: leave its checkpoint file untouched.
         if checkpoint_path is not None and (trainer.step != step_before or not Path(checkpoint_path).exists()):
             self.save(checkpoint_path)
+        from ksae_cupy.training.unit_counts import measure
+
+        # every unit's firing count on the rows fit trained on (the dead units, as every command counts them)
+        self.unit_counts_ = measure(trainer, self.preprocess_, to_host(X_nd), centred=True)
         return self
 
     def prepare(self, X, *, config: TrainConfig | None = None, option_names=parameter_name, on_config=None):
@@ -364,10 +371,24 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     def _n_features_out(self) -> int:
         return self.params_["b_h"].shape[0]  # for get_feature_names_out
 
-    def transform(self, X, alpha: float | None = None, chunk: int = 8192, dtype=None):
+    @property
+    def alpha_(self) -> float:
+        """The alpha :meth:`transform` uses when given none: the ``alpha`` parameter, or by the package's one
+        rule (:func:`~ksae_cupy.training.chosen_alpha.default_alpha`): the run's evaluated choice, else 3."""
+        if self.alpha is not None:
+            return float(self.alpha)
+        from ksae_cupy.training.chosen_alpha import fallback_alpha
+
+        config = self.trainer_.config if self.trainer_ is not None else None
+        return fallback_alpha(config.k if config else self.k, config.hidden if config else self.n_hidden)
+
+    def transform(self, X, alpha: float | None = None, chunk: int = 8192, dtype=None, sparse=False):
         """The ``alpha*k``-sparse features ``supp_{alpha k}(W^T x + b)``, an N x H array.
 
-        ``alpha`` defaults to the estimator's ``alpha`` parameter. Returns the array type of the input (NumPy in, NumPy out), in the input's float
+        ``alpha`` defaults to :attr:`alpha_` (the ``alpha`` parameter, else the run's evaluated choice, else 3).
+        ``sparse=True`` returns a SciPy CSR matrix (N x H, built a chunk at a time: the dense N x H never
+        exists), ``sparse="topk"`` a pair ``(idx_nK, val_nK)``: each row's ``alpha*k`` kept columns (ascending)
+        and their values, on the host. Otherwise it returns the array type of the input (NumPy in, NumPy out), in the input's float
         dtype, computed in ``dtype`` (default: the model's ``dtype``). float64 makes float32 features the same bytes
         with other BLAS threads (MNIST's 50,000 x 1000 codes at 1 and 2 threads: identical; computed in float32,
         555,216 values differ in the last bit); only a sum within float64 rounding of a float32 boundary could
@@ -376,7 +397,10 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         check_is_fitted(self)
         X, xp_in = self._check_X(X, reset=False)
         X = self._centred(X, xp_in)
-        alpha = self.alpha if alpha is None else alpha
+        alpha = self.alpha_ if alpha is None else alpha
+        if sparse not in (False, True, "topk"):
+            raise KsaeError(f"sparse={sparse!r} is not allowed; use False (a dense array), True (SciPy CSR) or "
+                            f"'topk' (indices and values)")
         params, backend = self.params_, self.trainer_.backend
         compute = self.trainer_.dtype if dtype is None else np.dtype(dtype)
         if compute != self.trainer_.dtype:
@@ -389,7 +413,11 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
                 X_chunk = backend.asarray(X[start:start + chunk], dtype=compute)
                 H_nh = model.encode(params, X_chunk, self.trainer_.config.k, alpha, self.trainer_.config.topk,
                                     self.trainer_.config.activation)
-                out.append(to_host(H_nh) if is_host else H_nh)
+                out.append(sparse_rows(to_host(H_nh).astype(X.dtype, copy=False), sparse,
+                                       model.alpha_k(self.trainer_.config.k, alpha, H_nh.shape[1]))
+                           if sparse else to_host(H_nh) if is_host else H_nh)
+        if sparse:
+            return joined_sparse(out, sparse)
         xp = np if is_host else backend.xp
         return xp.concatenate(out).astype(X.dtype, copy=False)
 
@@ -433,17 +461,32 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         self._saved_at = preparation.save_state(self.trainer_, path, self.preprocess_, self.run_id_)
 
     @classmethod
-    def load(cls, path, device: str = "auto") -> "KSparseAutoencoder":
+    def load(cls, path, device: str = "auto", raw_inputs: bool = False) -> "KSparseAutoencoder":
         """An estimator restored from a checkpoint, ready to transform or to go on training
         (``warm_start=True``, so ``fit`` resumes it).
 
-        ``path`` is a file :meth:`save` wrote or the ``checkpoint.h5`` of a ``ksae-train``
-        run folder (the same format): ``load("runs/RUN/checkpoint.h5").transform(X)`` gives
-        that run's features. The parameters come back as the checkpoint has them
+        ``path`` is a file :meth:`save` wrote, a ``ksae-train`` run folder or its ``checkpoint.h5``
+        (the same format): ``load("runs/RUN").transform(X)`` gives that run's features of the rows
+        ``load_dataset`` gives (scaled as the run's dataset is; a ``--center-input`` run's mean is subtracted
+        here). From a run folder that ``ksae-eval`` evaluated, ``alpha`` is the alpha it chose.
+        ``raw_inputs=True`` (a run folder of a built-in dataset that only scales its values, as MNIST's pixels
+        / 255): ``input_scale`` is set to that factor, so ``transform`` takes the raw values. The parameters come back as the checkpoint has them
         (``lr`` is the rate the run trained with, resolved if it was ``auto``)."""
-        ckpt = load_checkpoint(Path(path))
+        from ksae_cupy.training.chosen_alpha import evaluated_alpha, run_folder_of
+
+        path = Path(path)
+        if path.is_dir():
+            if not (path / "checkpoint.h5").is_file():
+                raise KsaeError(f"{path} holds no checkpoint.h5; give a ksae-train run folder or a checkpoint file")
+            path = path / "checkpoint.h5"
+        ckpt = load_checkpoint(path)
         config = TrainConfig.from_dict(ckpt.config)
-        est = cls(**{parameter_name(field): getattr(config, field) for field in RULES}, device=device, warm_start=True)
+        run_dir = run_folder_of(path)
+        alpha = evaluated_alpha(run_dir, ckpt.epoch) if run_dir is not None else None
+        est = cls(**{parameter_name(field): getattr(config, field) for field in RULES}, device=device, warm_start=True,
+                  alpha=alpha)
+        if raw_inputs:
+            est.input_scale = _dataset_scale(run_dir)
         est._restore(ckpt, resolve_device(device))
         est.preprocess_ = dict(ckpt.preprocess)
         est.run_id_ = ckpt.run_id
@@ -483,3 +526,36 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
             self.__dict__.update(state)
         if isinstance(ckpt, Checkpoint):
             self._restore(ckpt, CPU)  # on the CPU; to_device() moves it
+
+
+def sparse_rows(H_nh: np.ndarray, sparse, kept: int):
+    """A chunk of dense codes as ``transform(sparse=...)`` returns them: CSR, or ``(idx_nK, val_nK)`` of the
+    ``kept`` columns a row may hold (its non-zero ones first, ascending; then zeros)."""
+    if sparse == "topk":
+        # a stable sort of "is zero": the non-zero columns first, ascending, then the zero ones
+        idx_nK = np.argsort(H_nh == 0, axis=1, kind="stable")[:, :kept].astype(np.int32)
+        return idx_nK, np.take_along_axis(H_nh, idx_nK, axis=1)
+    from scipy import sparse as scipy_sparse
+
+    return scipy_sparse.csr_matrix(H_nh)
+
+
+def joined_sparse(chunks: list, sparse):
+    """The chunks of :func:`sparse_rows` as one result."""
+    if sparse == "topk":
+        return np.concatenate([c[0] for c in chunks]), np.concatenate([c[1] for c in chunks])
+    from scipy import sparse as scipy_sparse
+
+    return scipy_sparse.vstack(chunks, format="csr")
+
+
+def _dataset_scale(run_dir) -> float:
+    """The factor a run's built-in dataset multiplies its raw values by; one line where there is none to apply."""
+    from ksae_cupy.training.chosen_alpha import dataset_input_scale
+
+    scale = dataset_input_scale(run_dir) if run_dir is not None else None
+    if scale is None:
+        raise KsaeError(f"raw_inputs=True needs a run folder of a built-in dataset whose only preprocessing is a "
+                        f"scale (mnist, fashion-mnist, synthetic); {run_dir or 'this file'} has none: give the rows "
+                        f"as load_dataset gives them, and leave raw_inputs out")
+    return scale

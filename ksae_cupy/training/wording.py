@@ -56,23 +56,36 @@ def nothing_to_train(epoch: int) -> str:
             f"to train longer, give --epochs N with N > {epoch}")
 
 
-# What the epoch line's "dead" counts, said once at the end of a run (issue 55: "dead 53.1%" was
-# left unexplained); ksae-plot filters --skip-dead leaves out units dead in the same sense.
-DEAD_MEANING = "units no training example kept in its top k during the last epoch"
+# What "dead" means wherever a run's dead units are counted: the end of ksae-train (this line), ksae-eval's
+# train row, ksae-plot and the export (ksae_cupy.metrics.DEAD_DEFINITION); the epoch lines count the same
+# over the epoch's examples, as the weights move, so the last one may differ by a few units.
+DEAD_MEANING = "units non-zero in the k-code of no training example, with the final weights"
 # Above this fraction a run says that its dead units are a problem, and what fixes them.
 DEAD_NOTE_ABOVE = 1 / 3
 
 
-def done_dead(dead_fraction: float | None) -> str:
-    """The done line's words on the last epoch's dead figure: `` (dead 53.1%: units ...)``."""
-    return "" if dead_fraction is None else f" (dead {100 * dead_fraction:.1f}%: {DEAD_MEANING})"
+def done_dead(n_dead: int | None, hidden: int) -> str:
+    """The done line's words on the final dead count: `` (dead 534 of 1000, 53.4%: units ...)``."""
+    if n_dead is None:
+        return ""
+    return f" (dead {n_dead} of {hidden}, {100 * n_dead / hidden:.1f}%: {DEAD_MEANING})"
 
 
-def dead_units_note(dead_fraction: float | None, hidden: int) -> str | None:
-    """One line when more than a third of the units ended dead, naming the options that keep them alive."""
-    if dead_fraction is None or dead_fraction <= DEAD_NOTE_ABOVE:
+def dead_units_note(n_dead: int | None, hidden: int, aux_k: int = 0, center_input: bool = False) -> str | None:
+    """One line when more than a third of the units ended dead, naming the options that keep them alive, but
+    only those the run did not use already (``aux_k``, ``center_input``: the run's)."""
+    if n_dead is None or n_dead / hidden <= DEAD_NOTE_ABOVE:
         return None
-    aux_k = min(256, hidden)  # Gao et al.'s 256 (docs/dead-units.md), within what --aux-k allows
-    return (f"dead units: {round(dead_fraction * hidden)} of {hidden} ended dead, more than a third: their features "
-            f"are always 0 and their filters noise; --center-input or --aux-k {aux_k} keeps every unit alive "
-            f"(docs/dead-units.md)")
+    advice = []
+    if not center_input:
+        advice.append("--center-input")
+    if aux_k < min(256, hidden):  # Gao et al.'s 256 (docs/dead-units.md), within what --aux-k allows
+        advice.append(f"--aux-k {min(256, hidden)}")
+    used = " and ".join(([f"--aux-k {aux_k}"] if aux_k else []) + (["--center-input"] if center_input else []))
+    if advice:
+        fix = f"{' or '.join(advice)} keeps more units alive" + (f" (this run had {used})" if used else "")
+    else:
+        fix = (f"this run had {used} already; a larger --aux-coef, a longer --dead-window or a smaller --k start "
+               f"(--k-start) may help")
+    return (f"dead units: {n_dead} of {hidden} ended dead, more than a third: their features are always 0 and "
+            f"their filters noise; {fix} (docs/dead-units.md)")

@@ -204,7 +204,7 @@ def test_a_stack_of_baseline_runs_fine_tunes_deep_layer_wise(labelled_rows_file,
     layer1, layer2, features, out = (tmp_path / name for name in ("layer1", "layer2", "features.npy", "ft"))
     invoke(common(labelled_rows_file, "dropout-ae") + ["--epochs", "2", "--run-dir", layer1, "--quiet"])
     wrote = CliRunner().invoke(data_command, ["codes", str(layer1), str(features)], catch_exceptions=False)
-    assert wrote.exit_code == 0 and f"wrote {features}: 490 x 12 float32" in wrote.output, wrote.output
+    assert wrote.exit_code == 0 and f"wrote {features}: 490 x 12 dense float32" in wrote.output, wrote.output
     info = write_codes(layer1, tmp_path / "again.npy")
     assert np.load(tmp_path / "again.npy").tobytes() == np.load(features).tobytes()
     config1, ckpt1 = RunFolder(layer1).read_config(), load_baseline_checkpoint(layer1 / "checkpoint.h5")

@@ -99,7 +99,7 @@ def test_plot_filters_can_leave_the_dead_units_out(tmp_path, synthetic_W):
     out = tmp_path / "live.png"
     result = invoke(plot_command, ["filters", run, "-o", out, "--n", "100", "--skip-dead", "--scale", "1", "--quiet"])
     assert result.exit_code == 0, result.output
-    assert "88 of 128 filters; 40 dead left out: kept by no training example" in result.output
+    assert "88 of 128 filters; 40 dead left out: non-zero in no training example's k-code" in result.output
     # The 88 live filters of 8x8 in a 10-column grid, 9 rows, 1-pixel gaps: 10*9+1 x 9*9+1.
     assert plots.png_size(out) == (91, 82)
     drawn = plots.filter_mosaic(synthetic_W[:, 40:], image_shape=(8, 8))

@@ -107,8 +107,10 @@ def test_ksae_train_uses_the_defaults_its_help_shows(tmp_path, no_thread_variabl
     assert_saved_with_shown_defaults(config, train_command, "train", ("hidden", "k", "batch_size", "momentum", "sigma",
                                                                       "topk", "seed", "dtype", "activation", "step"))
     help_of = {o.name: o.help for o in options(train_command)}
-    # Stated in words: "[default: 0.01 (the paper's) for the built-in datasets but fashion-mnist ...]".
-    assert "[default: 0.01 (the paper's) for the built-in datasets" in help_of["lr"] and config["train"]["lr"] == 0.01
+    # Stated in words: "[default: auto for fashion-mnist and for your own files; 0.01 (the paper's) for the other
+    # built-in datasets]" (it read "auto for these and your files").
+    assert "0.01 (the paper's) for the other built-in datasets]" in help_of["lr"] and config["train"]["lr"] == 0.01
+    assert "auto for fashion-mnist and for your own files" in help_of["lr"] and "these" not in help_of["lr"]
     # "[default: 100, or k if larger, at most hidden]", at k 25 and 1000 hidden units.
     assert "[default: 100, or k if larger" in help_of["k_start"] and config["train"]["k_start"] == 100
     # "[default: OMP_NUM_THREADS or its kin when set, else one per free core ...]".

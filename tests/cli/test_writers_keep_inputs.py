@@ -28,6 +28,7 @@ WRITERS = {
     ("ksae-plot", "filters"): (".png", lambda run, out: ["filters", run, "-o", out]),
     ("ksae-plot", "hist"): (".png", lambda run, out: ["hist", run, "-o", out]),
     ("ksae-plot", "curves"): (".png", lambda run, out: ["curves", run, "-o", out]),
+    ("ksae-plot", "firing"): (".png", lambda run, out: ["firing", run, "-o", out]),
     ("ksae-analyze", "theorem"): (".json", lambda run, out: ["theorem", run, "-o", out]),
 }
 # Options that name a folder the command writes its own fixed file names into (results.json, ...), never a file.

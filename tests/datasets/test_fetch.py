@@ -92,8 +92,11 @@ def test_bad_source_falls_through_to_the_next(server, tmp_path, bad, gzipped, sp
     sources = [src(server, bad, gzipped), src(server, "good")]
     ensure_files(tmp_path, [spec], sources, "demo", log=messages.append)
     assert (tmp_path / "f.bin").read_bytes() == PAYLOAD
-    # One line, where the file came from; the failed mirror is no news once another served it.
-    assert messages == [f"fetched f.bin from {sources[1].describe()}"]
+    # The source named before each try, the fallback announced with why, then where the file came from.
+    assert messages[0] == f"fetching f.bin from {sources[0].describe()}" and len(messages) == 3
+    assert messages[1].startswith(f"falling back: {sources[0].describe()}: ")
+    assert messages[1].endswith(f"; fetching f.bin from {sources[1].describe()}")
+    assert messages[2] == f"fetched f.bin from {sources[1].describe()}"
 
 
 @pytest.mark.parametrize("bad, gzipped, why", [
@@ -107,6 +110,26 @@ def test_no_good_source_is_one_line_naming_sources_and_hand_placement(server, tm
     assert why in text and f"{server}/{bad}/" in text and f"{server}/missing/" in text and "404" in text
     assert f"in {tmp_path} by hand" in text and SHA in text
     assert not any(tmp_path.iterdir())  # nothing half-written under any name
+
+
+def test_a_failed_fetch_lists_every_missing_file_and_leaves_no_empty_folder(server, tmp_path):
+    folder = tmp_path / "data" / "demo"  # neither exists yet
+    specs = [FileSpec(name, SHA) for name in ("a.bin", "b.bin", "c.bin", "d.bin")]
+    messages = []
+    with pytest.raises(KsaeError) as info:
+        ensure_files(folder, specs, [src(server, "missing"), src(server, "wrong")], "demo", log=messages.append)
+    text = one_line(info)
+    assert "Still missing in" in text and "4 file(s) of demo: a.bin, b.bin, c.bin, d.bin" in text
+    assert not (tmp_path / "data").exists()  # the folders made for the fetch are gone again
+    assert messages == [f"fetching a.bin from {server}/missing/",
+                        f"falling back: {server}/missing/: HTTPError: HTTP Error 404: Not Found; "
+                        f"fetching a.bin from {server}/wrong/"]
+
+
+def test_a_folder_that_was_there_stays(server, tmp_path):
+    with pytest.raises(KsaeError):
+        ensure_files(tmp_path, [FileSpec("a.bin", SHA)], [src(server, "missing")], "demo", log=lambda m: None)
+    assert tmp_path.is_dir()
 
 
 def test_hand_placed_files_plain_and_gz(tmp_path):
@@ -234,8 +257,10 @@ def test_fashion_mnist_is_fetched_through_its_chain(server, tmp_path, monkeypatc
     messages = []
     paths = fashion_mnist.fetch(tmp_path / "fashion-mnist", log=messages.append)
     assert {name: path.read_bytes() for name, path in paths.items()} == bodies
-    # The first mirror failed for each file, the second served: one line per file, no failures.
-    assert messages == [f"fetched {name} from {fashion_mnist.SOURCES[1].describe()}" for name in bodies]
+    # The first mirror failed for each file, the second served: each fallback said, then where it came from.
+    assert [m for m in messages if m.startswith("fetched")] == [
+        f"fetched {name} from {fashion_mnist.SOURCES[1].describe()}" for name in bodies]
+    assert sum(m.startswith("falling back: ") for m in messages) == len(bodies)
 
 
 def test_fashion_mnist_files_of_the_debian_package_are_used_in_place(server, tmp_path, monkeypatch):
@@ -297,11 +322,15 @@ def test_ksae_data_fetch_prints_one_line_per_file_and_failures_only_when_all_fai
     monkeypatch.setitem(DATASETS, "demo", demo_entry(specs, mirrors))
     fetched = CliRunner().invoke(data_command, ["fetch", "demo", "--data-dir", str(tmp_path)])
     assert fetched.exit_code == 0, fetched.output
-    assert fetched.stderr.splitlines() == [f"fetched {name} from {server}/good/" for name in ("f.bin", "g.bin")]
+    said = fetched.stderr.splitlines()
+    assert [line for line in said if line.startswith("fetched")] == [
+        f"fetched {name} from {server}/good/" for name in ("f.bin", "g.bin")]
+    assert said[0] == f"fetching f.bin from {server}/missing/" and said[1].startswith(f"falling back: {server}/missing/")
     # Every source failing: one error line naming each failure, the only time failures are shown.
     monkeypatch.setitem(_Handler.routes, "/wrong/h.bin", (PAYLOAD[::-1], None))
     monkeypatch.setitem(DATASETS, "demo", demo_entry([FileSpec("h.bin", SHA)], mirrors[:2]))
     failed = CliRunner().invoke(data_command, ["fetch", "demo", "--data-dir", str(tmp_path)])
-    assert failed.exit_code == 2 and len(failed.stderr.splitlines()) == 1, failed.output
-    assert failed.stderr.startswith("error: could not fetch h.bin")
+    errors = [line for line in failed.stderr.splitlines() if line.startswith("error: ")]
+    assert failed.exit_code == 2 and len(errors) == 1 and failed.stderr.splitlines()[-1] == errors[0], failed.output
+    assert errors[0].startswith("error: could not fetch h.bin")
     assert f"{server}/missing/: HTTPError: HTTP Error 404" in failed.stderr and f"{server}/wrong/: h.bin sha256" in failed.stderr

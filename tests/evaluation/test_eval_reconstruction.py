@@ -15,7 +15,9 @@ def test_eval_reports_fve_l0_and_dead_units_per_split(tmp_path):
     b_h[:13] = -1e3  # 13 of 128 units no example keeps
     run = make_run(tmp_path / "run", W_dh, k=5, b_h=b_h)
     result = evaluate.evaluate_run(run, alphas=[2], l2_grid=[1e-3], dataset=data, log=lambda *_: None)
-    saved = json.loads((run / "eval.json").read_text())["reconstruction"]
+    report = json.loads((run / "eval.json").read_text())
+    saved = report["reconstruction"]
+    assert report["dead_definition"] == metrics.DEAD_DEFINITION  # named where the count is
     assert saved == result["reconstruction"] and set(saved) == {"train", "valid", "test"}
     params = {"W_dh": W_dh.astype(np.float32), "b_h": b_h, "c_d": np.zeros(W_dh.shape[0], np.float32)}
     for split, X in (("train", data.X_train), ("valid", data.X_valid), ("test", data.X_test)):
@@ -25,7 +27,8 @@ def test_eval_reports_fve_l0_and_dead_units_per_split(tmp_path):
         assert 0.5 < saved[split]["fve"] <= 1  # k-sparse signals of this very dictionary: mostly explained
     md = (run / "eval.md").read_text()
     train = saved["train"]
-    assert (f"| train | 600 | {train['fve']:.4f} | 5.00 | 10.00 | {100 * train['dead_fraction']:.2f}% |" in md)
+    assert (f"| train | 600 | {train['fve']:.4f} | 5.00 | 10.00 | {train['n_dead']} ({100 * train['dead_fraction']:.2f}%) |" in md)
+    assert train["n_dead"] == round(128 * train["dead_fraction"]) >= 13
     assert "| split | examples | FVE | L0 (k) | L0 (alpha*k) | dead units |" in md
     rows = [line.split(" |")[0] for line in md.splitlines() if line.startswith(("| train |", "| valid |", "| test |"))]
     assert rows == ["| train", "| valid", "| test"]

@@ -104,7 +104,7 @@ def test_center_input_keeps_the_mean_and_uses_it_everywhere(tmp_path):
     np.testing.assert_allclose(mean_d, X.mean(axis=0), rtol=1e-6)
     params = {n: np.asarray(v) for n, v in fitted.params_.items()}
     expected = model.encode(params, (X - mean_d).astype(np.float32), 3)
-    np.testing.assert_array_equal(fitted.transform(X), expected)
+    np.testing.assert_array_equal(fitted.transform(X, alpha=1), expected)
     # ksae-eval and fine-tuning take the parameters on raw inputs: the same codes, the mean in b.
     raw = raw_input_params(params, fitted.preprocess_)
     np.testing.assert_allclose(model.encode(raw, X, 3), expected, rtol=1e-4, atol=1e-5)
@@ -114,7 +114,7 @@ def test_center_input_keeps_the_mean_and_uses_it_everywhere(tmp_path):
     fitted.save(tmp_path / "c.h5")
     loaded = KSparseAutoencoder.load(tmp_path / "c.h5", device="cpu")
     assert loaded.center_input
-    np.testing.assert_array_equal(loaded.transform(X), expected)
+    np.testing.assert_array_equal(loaded.transform(X, alpha=1), expected)
     # Without the option nothing is subtracted and no mean is kept.
     plain = KSparseAutoencoder(n_hidden=40, k=3, k_start=None, epochs=1, batch_size=50, device="cpu").fit(X)
     assert "input_mean" not in plain.preprocess_
@@ -165,7 +165,7 @@ def test_ksae_eval_encodes_a_centred_run_as_its_estimator_does(tmp_path, monkeyp
         features.evaluate_run(run_dir, alphas=[1.0])
     estimator = KSparseAutoencoder.load(run_dir / "checkpoint.h5", device="cpu")
     codes = seen["codes"].toarray() if hasattr(seen["codes"], "toarray") else np.asarray(seen["codes"])
-    np.testing.assert_allclose(codes, estimator.transform(seen["X"]), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(codes, estimator.transform(seen["X"], alpha=1), rtol=1e-4, atol=1e-5)
     assert np.abs(codes).sum() > 0
 
 
@@ -181,7 +181,7 @@ def test_a_centred_runs_parameters_act_on_raw_rows_in_analyze_plot_and_finetune(
     assert CliRunner().invoke(train_command, args, catch_exceptions=False).exit_code == 0
     estimator = KSparseAutoencoder.load(run_dir / "checkpoint.h5", device="cpu")
     X = (X_nd[:30] + 2.0).astype(np.float32)
-    expected = estimator.transform(X)
+    expected = estimator.transform(X, alpha=1)
     # ksae-analyze and ksae-plot read Run.params; ksae-finetune starts from encoder_of.
     np.testing.assert_allclose(model.encode(open_run(run_dir).params, X, 3), expected, rtol=1e-4, atol=1e-5)
     W_dh, b_h = encoder_of(estimator)

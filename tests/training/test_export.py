@@ -32,7 +32,7 @@ def parse_safetensors(path):
     (size,) = struct.unpack("<Q", blob[:8])
     header = json.loads(blob[8:8 + size])
     metadata = header.pop("__metadata__")
-    dtypes = {"F32": "<f4", "F64": "<f8"}
+    dtypes = {"F32": "<f4", "F64": "<f8", "I64": "<i8", "U8": "u1"}
     ends = sorted(entry["data_offsets"] for entry in header.values())
     assert ends[0][0] == 0 and all(a[1] == b[0] for a, b in zip(ends, ends[1:]))  # no hole, no overlap
     assert 8 + size + ends[-1][1] == len(blob) and (8 + size) % 8 == 0
@@ -90,7 +90,8 @@ def test_npz_round_trip_gives_the_models_codes(tmp_path):
         tensors = {name: f[name] for name in f.files if name != "__metadata__"}
         metadata = json.loads(str(f["__metadata__"]))
     assert metadata == written and (metadata["activation"], metadata["alpha_k"]) == ("relu", 9)
-    assert sorted(tensors) == ["decoder.bias", "decoder.weight", "encoder.bias", "encoder.weight"]
+    assert sorted(tensors) == ["decoder.bias", "decoder.weight", "encoder.bias", "encoder.weight", "input.mean",
+                               "units.dead", "units.firing_count"]
     features, _ = codes_from_layers(tensors, X, 9, "relu")
     np.testing.assert_allclose(features, model.transform(X, alpha=3), rtol=1e-5, atol=1e-6)
 
@@ -107,7 +108,8 @@ def test_ksae_data_export_writes_a_run_folders_model_with_its_provenance(tmp_pat
     out = tmp_path / "run.safetensors"
     result = CliRunner().invoke(data_command, ["export", str(run), "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert result.output.startswith(f"wrote {out}: encoder {H} x {D} and decoder {D} x {H} float32, k {K}, alpha*k 9")
+    assert result.output.startswith(f"wrote {out}: encoder {H} x {D} and decoder {D} x {H} float32, k {K}, alpha 3 "
+                                    f"(the paper's 3), alpha*k 9")
     tensors, metadata = read_export(out)
     config = json.loads((run / "config.json").read_text())
     assert metadata["run_id"] == config["run_id"] and metadata["alpha"] == 3.0 and metadata["epoch"] == 2
