@@ -50,7 +50,8 @@ def bench_command():
               help="Time a model trained this many epochs here (paper's rate, k fixed) beside the fresh one (CPU); "
                    "0: the fresh model only.")
 @click.option("--from-run", type=click.Path(path_type=Path), default=None,
-              help="Time the trained model of this run folder (its checkpoint.h5) instead of training one here.")
+              help="Time the trained model of this run folder (its checkpoint.h5) instead of training one here. "
+                   "[default: a model trained here, --trained-epochs]")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Results folder. [default: results/benchmarks]")
 @report_errors
 def bench_train(device, hidden, dim, k, batch_size, topk, repeats, steps, threads, k_sweep, no_torch, epoch_k, encoder,
