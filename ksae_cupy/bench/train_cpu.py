@@ -174,7 +174,6 @@ def time_epoch(backend, D: int, H: int, k: int, batch_size: int, topk_method: st
     import tempfile
     from pathlib import Path
 
-    from ksae_cupy.metrics import total_variance
     from ksae_cupy.training.checkpoint import save_checkpoint
     from ksae_cupy.session.runs import RunFolder
     from ksae_cupy.training.trainer import TrainConfig, Trainer
@@ -190,9 +189,8 @@ def time_epoch(backend, D: int, H: int, k: int, batch_size: int, topk_method: st
                                           topk=topk_method, lr=1e-3), backend, D)
             trainer.run_epoch(X_train[:4 * batch_size], X_valid[:batch_size])  # compiles the kernels; not timed
             trainer.epoch = 0
-            # The sets' spread (the FVE's denominators), once per run as Trainer.fit computes it: run_epoch
-            # called alone computes it again every epoch (0.19 s of a 50,000-image epoch, measured).
-            trainer._spread = {"train": total_variance(X_train), "valid": total_variance(X_valid)}
+            # The sets' spread (the FVE's denominators), computed once per set by the trainer: not timed.
+            trainer._spreads.of(X_train), trainer._spreads.of(X_valid)
             trainers[encoder] = trainer
     for _ in range(repeats):
         for encoder, trainer in trainers.items():
@@ -262,7 +260,7 @@ def _torch_step(D: int, H: int, k: int, batch_size: int, threads: int | None, ba
     error = _check("PyTorch step", _worst_error({n: p.grad.numpy() for n, p in zip(model.PARAM_NAMES, tp)}, grads64))
 
     params = [torch.tensor(params_np[n], requires_grad=True) for n in model.PARAM_NAMES]
-    optimizer = torch.optim.SGD(params, lr=0.0, momentum=0.9)
+    optimizer = torch.optim.SGD(params, lr=0.0, momentum=paper.MOMENTUM)
     batches = [torch.from_numpy(X) for X in batches_np]
 
     def step(i):
@@ -689,7 +687,7 @@ def bench_train_step(backend, D=784, H=paper.HIDDEN, k=paper.K, batch_size=paper
     return result
 
 
-def _schedule_estimate_h(epochs: list, k: int, k_start: int = 100, total: int = 5000) -> float | None:
+def _schedule_estimate_h(epochs: list, k: int, k_start: int = paper.K_START, total: int = paper.EPOCHS) -> float | None:
     """Hours for the paper's schedule (k from ``k_start`` down to ``k`` over the first half, then ``k``)
     from epochs timed at both ends (``--epoch-k 100,25``), a checkpoint every 10 epochs included.
     Approximation: an epoch's cost taken as linear in k over the first half."""

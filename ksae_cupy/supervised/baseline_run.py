@@ -128,7 +128,7 @@ class BaselineJob(RunJob):
 
         trainer = self.learner
         if not trainer.stop_requested:  # a stop asked for while loading: no step taken
-            run_epochs(trainer, lambda: trainer.run_epoch(self.X_train, self.X_valid, on_batch), on_epoch)
+            run_epochs(trainer, (self.X_train, self.X_valid), on_epoch, on_batch=on_batch)
 
     def save(self) -> None:
         self.learner.save(self.checkpoint)
