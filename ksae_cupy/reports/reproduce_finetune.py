@@ -114,7 +114,7 @@ def parse_args(argv):
                     "table go; the same --out continues a stopped run")
     ap.add_argument("--rows", default=",".join(keys), help="comma-separated rows, from: " + ", ".join(keys))
     ap.add_argument("--dataset", default="mnist")
-    ap.add_argument("--hidden", type=int, default=1000)
+    ap.add_argument("--hidden", type=int, default=paper.HIDDEN)
     ap.add_argument("--k", type=int, default=paper.K)
     ap.add_argument("--alpha", type=float, default=paper.ALPHA, help="alpha*k units kept in fine-tuning and in "
                     "layer 1's codes for layer 2")

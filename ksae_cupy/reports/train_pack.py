@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from ksae_cupy.errors import KsaeError
+from ksae_cupy import paper
 
 RUN_KEYS = {"dir": str, "k": int, "seed": int, "epochs": int, "lr": float}
 
@@ -70,7 +71,7 @@ def parse(argv=None):
     ap = argparse.ArgumentParser(prog="train-pack", description=__doc__.splitlines()[0])
     ap.add_argument("dataset", help="a built-in dataset (mnist, ...) or your file, as ksae-train takes it")
     ap.add_argument("--run", action="append", required=True, help="one run: dir=FOLDER,k=K,seed=S,epochs=E[,lr=LR]")
-    ap.add_argument("--hidden", type=int, default=1000, help="hidden units of every run [default: 1000]")
+    ap.add_argument("--hidden", type=int, default=paper.HIDDEN, help=f"hidden units of every run [default: {paper.HIDDEN}]")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads [default: as ksae-train chooses]")
     ap.add_argument("--device", default="auto", help="auto, cpu, gpu or gpu:N [default: auto]")
     ap.add_argument("--data-dir", default=None, help="data root [default: $KSAE_DATA_DIR or ./data]")

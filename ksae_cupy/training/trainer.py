@@ -15,6 +15,9 @@ The epochs are :mod:`ksae_cupy.training.epochs`' (the engine calls :meth:`Traine
 :mod:`ksae_cupy.training.steps`'; on a GPU the captured graphs' bookkeeping is
 :mod:`ksae_cupy.training.captured`'s. The trainer keeps the parameters, the optimizer and the step, with
 the state a bit-identical resume needs (random state, the epoch's place and tally).
+
+Over 400 lines: the one trainer every run kind builds on (the distributed trainers subclass it), with its
+epoch's report and health check beside the state they read.
 """
 from __future__ import annotations
 
