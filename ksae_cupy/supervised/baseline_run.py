@@ -13,6 +13,7 @@ import numpy as np
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.supervised import baseline_trainer as bt
 from ksae_cupy.supervised.baselines import BASELINES
+from ksae_cupy.supervised.baseline_registry import own_settings
 from ksae_cupy.supervised.commands import BASELINE
 from ksae_cupy.session import resuming
 from ksae_cupy.session.fields import REFUSED, named
@@ -33,7 +34,8 @@ def new_config(values: dict):
     if values["model"] is None:
         raise KsaeError(f"missing --model; use one of {', '.join(BASELINES)}")
     config = bt.config_for(values["model"], **{name: values[name] for name in (
-        "hidden", "epochs", "batch_size", "lr", "momentum", "weight_decay", "sigma", "seed", "dtype")})
+        "hidden", "epochs", "batch_size", "lr", "momentum", "weight_decay", "sigma", "seed", "dtype")},
+        **own_settings(values["model"], values))
     config.check()
     return config
 
