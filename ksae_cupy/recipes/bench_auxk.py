@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ksae_cupy.atomic import write_json_atomic
 from ksae_cupy.bench import auxk
-from ksae_cupy.reports.script import positive_int, refuse_no_arguments
+from ksae_cupy.recipes.script import positive_int, refuse_no_arguments
 from ksae_cupy import paper
 
 

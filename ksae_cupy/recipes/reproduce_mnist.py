@@ -25,7 +25,7 @@ from ksae_cupy.paper import err_mnist_error, ksparse_key
 from ksae_cupy.reports.children import run_or_exit
 from ksae_cupy.reports.folders import evaluation_is_current, progress
 from ksae_cupy.reports.markdown import percent, table
-from ksae_cupy.reports.script import refuse_no_arguments
+from ksae_cupy.recipes.script import refuse_no_arguments
 from ksae_cupy import paper
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ksae_cupy.atomic import write_json_atomic
 from ksae_cupy.bench import learning_rates
-from ksae_cupy.reports.script import refuse_no_arguments
+from ksae_cupy.recipes.script import refuse_no_arguments
 from ksae_cupy import paper
 
 

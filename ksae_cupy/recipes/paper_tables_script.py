@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ksae_cupy.reports import paper_tables as tables
 from ksae_cupy.reports.children import Children, Stopped, shown
-from ksae_cupy.reports.script import refuse_no_arguments
+from ksae_cupy.recipes.script import refuse_no_arguments
 
 REPO = Path(__file__).resolve().parents[2]  # the clone: bin/ and the children's package live there
 DESCRIPTION = "Tables err_mnist and fn_mnist of the paper (section 5) from run folders, ours beside the paper's."

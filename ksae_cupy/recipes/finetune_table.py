@@ -1,4 +1,4 @@
-"""Table fn_mnist of ``bin/reproduce-finetune`` (:mod:`ksae_cupy.reports.reproduce_finetune`): its rows, where
+"""Table fn_mnist of ``bin/reproduce-finetune`` (:mod:`ksae_cupy.recipes.reproduce_finetune`): its rows, where
 each row's steps keep their folders under --out, and the table written from those folders alone
 (``table_fn_mnist.md`` and ``.json``), beside the paper's figures of :mod:`ksae_cupy.paper`."""
 from __future__ import annotations
