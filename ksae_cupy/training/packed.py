@@ -1,4 +1,4 @@
-"""Many runs in one process: R trainers stepped together, on the GPU as one stacked model (issue 52).
+"""Many runs in one process: R trainers stepped together, on the GPU as one stacked model.
 
     pack = Pack([trainer_a, trainer_b, trainer_c])          # Trainers of one backend, each its own run
     pack.fit(X_train_nd, X_valid_nd, on_epoch=lambda i, report: ..., checkpoint=lambda i: ...)
@@ -7,13 +7,14 @@ Each member stays a whole :class:`~ksae_cupy.training.trainer.Trainer`: its own 
 and each epoch's order from its own generator), k and k schedule, learning rate, momentum, epochs,
 tally, dead-unit counts and checkpoint. The pack only decides when each member trains a batch: one
 batch of every member per pack step, each from the member's own order, so every member sees the
-batches it sees alone. An epoch ends member by member (validation, report, checkpoint) through the
-trainer's own :meth:`~Trainer.close_epoch`; a member resumed mid-epoch simply has fewer batches left.
+batches it sees alone. The epochs are the engine's (:func:`ksae_cupy.training.epochs.run_interleaved`: each
+member's epoch opened, stepped and closed by the calls a run alone takes); an epoch ends member by member
+(validation, report, checkpoint), and a member resumed mid-epoch simply has fewer batches left.
 
 Two ways to take a pack step:
 
 * **one member after another** (the CPU's way, and the default there): each member's own step
-  (:meth:`Trainer.open_epoch`'s ``one_step``), so a packed run gives the numbers of the run alone bit
+  (:func:`ksae_cupy.training.epochs.step`), so a packed run gives the numbers of the run alone bit
   for bit, whatever step, top-k, activation or AuxK it trains with.
 * **stacked** (the GPU's way): the members' parameters and velocities live in stacked arrays
   (``W_mdh``: member, input, unit), each trainer holding views of its slice
@@ -85,7 +86,7 @@ class Pack:
         self.velocities_m = {name: xp.stack([xp.ascontiguousarray(t.optimizer.velocities[name]) for t in members])
                              for name in PARAM_NAMES}
         # All runs at once, on the device: the dead-unit counts, and the running epoch's sums (its loss, squared
-        # error and count of examples that kept each unit; each run's tally holds views of its row: _open).
+        # error and count of examples that kept each unit; each run's tally holds views of its row: _sums_in_stack).
         self.since_kept_mh = xp.stack([t.since_kept_h for t in members])
         self.kept_mh = xp.zeros(self.since_kept_mh.shape, dtype=np.int64)
         self.loss_m, self.sq_error_m = xp.zeros(len(members)), xp.zeros(len(members))  # float64 sums
