@@ -301,11 +301,12 @@ class Trainer:
         clock, cfg, parts, k = time.perf_counter, self.config, epoch.parts, epoch.k
         t0 = clock()
         rows = epoch.order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
-        X_nd, sparse_X = epoch.data[0][rows], epoch.own["rows"]  # a copy of the rows
+        sparse_X = epoch.own["rows"]
+        X_rows = None if sparse_X is None else sparse_X.rows(rows)
+        X_nd = epoch.data[0][rows]  # a copy of the rows
         t1 = clock()
         self._batch_nonzero = None
-        loss, aux_loss, grads, kept_h = self._batch_gradients(X_nd, k, None if sparse_X is None else sparse_X.rows(rows),
-                                                              self.dead_h() if cfg.aux_k else None)
+        loss, aux_loss, grads, kept_h = self._batch_gradients(X_nd, k, X_rows, self.dead_h() if cfg.aux_k else None)
         if not math.isfinite(loss):
             raise TrainingDiverged(f"the loss became {loss} at epoch {self.epoch + 1}, step {self.step + 1} with "
                                    f"learning rate {cfg.lr}", loss, self.epoch + 1, self.step + 1, cfg.lr)
