@@ -3,7 +3,7 @@
 * Layers, lowest first: the algorithm (the top-level modules, ``cpu/`` and ``gpu/``, its
   compiled halves),
   ``datasets``, ``training``, ``session`` (a command's run: folders, options, resume, progress), ``evaluation``, ``supervised``, ``parallel``, ``bench``, ``reports``
-  (what the scripts under ``bin/`` share), ``cli``.
+  (run folders read, tables written), ``recipes`` (the mains of the scripts under ``bin/``), ``cli``.
   A module imports only from its own layer or a lower one.
 * The package's ``__init__`` is the Python API's front door: it may name any layer below
   ``cli/`` (``from ksae_cupy import KSparseAutoencoder``), but only lazily, inside functions,
@@ -21,7 +21,7 @@ from pathlib import Path
 import ksae_cupy
 
 PACKAGE_DIR = Path(ksae_cupy.__file__).parent
-LAYERS = ["", "cpu", "gpu", "datasets", "training", "session", "evaluation", "supervised", "parallel", "bench", "reports", "cli"]
+LAYERS = ["", "cpu", "gpu", "datasets", "training", "session", "evaluation", "supervised", "parallel", "bench", "reports", "recipes", "cli"]
 ALGORITHM = {"", "cpu", "gpu"}  # "" is the package's top level
 
 
@@ -140,3 +140,10 @@ def test_every_folder_is_installed():
     folders = {"ksae_cupy." + p.parent.relative_to(source).as_posix().replace("/", ".")
                for p in source.rglob("__init__.py") if p.parent != source}
     assert "ksae_cupy.gpu" in folders and folders <= listed, f"add to setup.cfg's packages: {sorted(folders - listed)}"
+
+
+def test_no_cuda_source_shares_a_stem_with_a_module():
+    # A .cu beside a .py of one stem reads as one room in a drawing of the house, and hides the module's imports.
+    cuda = {p.stem for p in (PACKAGE_DIR.parent / "kernels").glob("*.cu")}
+    modules = {p.stem for p in PACKAGE_DIR.rglob("*.py")}
+    assert cuda and not cuda & modules, sorted(cuda & modules)

@@ -16,11 +16,12 @@ import statistics
 import time
 
 import numpy as np
+from ksae_cupy import paper
 
 CLOCKS = {"process": time.process_time, "wall": time.perf_counter}
 
 
-def auxk_trainer(X_nd, k: int, aux_k: int, hidden: int = 1000, checkpoint=None):
+def auxk_trainer(X_nd, k: int, aux_k: int, hidden: int = paper.HIDDEN, checkpoint=None):
     """A CPU :class:`Trainer` of the paper's model with AuxK on (the parameters of ``checkpoint``, a run's
     checkpoint.h5, when given; else the paper's initial weights)."""
     from ksae_cupy.backend import CPU
@@ -44,17 +45,12 @@ def step_seconds(trainer, X_nd, k: int, auxk: bool, clock=time.process_time, ste
     optimizer = MomentumSGD(params, config.momentum, np)
     update = trainer.update_for(k)
     times = []
-    with trainer._blas_beside_lanes(k):
+    with trainer.blas_for(k):
         for _ in range(steps + 1):  # the first call may compile or warm caches: not counted
             start = clock()
-            if auxk:
-                _, _, grads, _ = trainer.auxk_batch_gradients(X_nd, k, params=params)
-            else:
-                saved, trainer.params = trainer.params, params
-                try:
-                    _, grads, _ = trainer._batch_gradients(X_nd, k)  # the paper's step, as trained
-                finally:
-                    trainer.params = saved
+            # The step as trained: with the auxiliary loss on the units dead now, or the paper's.
+            _, _, grads, _ = trainer._batch_gradients(X_nd, k, dead_h=trainer.dead_h() if auxk else None,
+                                                      params=params)
             update(optimizer, params, grads, config.lr)  # as the trainer applies it (W's gradient in parts)
             times.append(clock() - start)
     return float(np.median(times[1:]))

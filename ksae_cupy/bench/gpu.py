@@ -33,7 +33,7 @@ MAX_TIMED_MS = 300.0  # rough cap on the timed calls of one candidate at one siz
 FULL_SORT_MAX_ELEMENTS = 1 << 28  # CuPy's argpartition sorts whole rows: beyond this it is skipped, not timed
 TOPK_TIME_BUDGET_S = 420.0  # bench_topk starts no new shape past this many seconds (a device call is lent for minutes)
 # The kernels of ours in the grid: (candidate name, method, variant). "block": the first kernels (one
-# block per row); "radix": one warp per row, several rows per block (kernels/topk.cu).
+# block per row); "radix": one warp per row, several rows per block (kernels/select_topk.cu).
 OUR_KERNELS = (("ksae_sort", "sort", "block"), ("ksae_threshold", "threshold", "block"),
                ("ksae_radix_sort", "sort", "radix"), ("ksae_radix_threshold", "threshold", "radix"))
 
@@ -375,7 +375,7 @@ def bench_train_gpu(n_samples: int = 60000, D: int = 784, H: int = paper.HIDDEN,
     """Seconds per MNIST-shaped epoch (60,000 x 784 -> 1000, k=25, batch 128) on the GPU.
 
     Ours: :func:`ksae_cupy.model.loss_and_grads` + :class:`ksae_cupy.optim.MomentumSGD` on cupy
-    arrays, for each top-k method; also the fused-kernel step :func:`ksae_cupy.gpu.fused_step.loss_and_grads_fused`.
+    arrays, for each top-k method; also the fused-kernel step :func:`ksae_cupy.bench.kernel_step.loss_and_grads_fused`.
     Against: the same model in PyTorch (torch.topk + autograd, float32, same batch), when torch
     imports with CUDA, eager and captured whole as one CUDA graph (``torch_cuda_graph``). Ours also as
     the trainer itself: each epoch one CUDA graph (``trainer_epoch_graph_*``, the default,
@@ -391,7 +391,7 @@ def bench_train_gpu(n_samples: int = 60000, D: int = 784, H: int = paper.HIDDEN,
     ``write=False``).
     """
     from ksae_cupy.bench.step_compare import refusal
-    from ksae_cupy.gpu import fused_step
+    from ksae_cupy.bench import kernel_step as fused_step
     from ksae_cupy.model import init_params, loss_and_grads
     from ksae_cupy.optim import MomentumSGD
     from ksae_cupy.training.trainer import TrainConfig, Trainer

@@ -1,7 +1,7 @@
 """The top-k kernel grid in one device call: ``bin/gpu-campaign OUT_DIR --kernel-grid``.
 
 For a GPU session lent for minutes: check first that everything the grid needs is there (CuPy with a
-device, NVRTC compiling ``kernels/topk.cu``, every kernel of ours giving the reference's sets on a
+device, NVRTC compiling ``kernels/select_topk.cu``, every kernel of ours giving the reference's sets on a
 small batch, torch with CUDA unless ``no_torch``), failing within seconds with one ``error:`` line and
 exit status 2 if not; then :func:`ksae_cupy.bench.gpu.bench_topk` on the issue's grid (our block and
 radix kernels, torch.topk sorted and unsorted, CuPy, RAFT when importable), stopping new shapes

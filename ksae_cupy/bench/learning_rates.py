@@ -17,9 +17,10 @@ import math
 import time
 
 import numpy as np
+from ksae_cupy import paper
 
 
-def stable_at(X_nd, lr, k, steps, batch=128, hidden=1000, seed=0):
+def stable_at(X_nd, lr, k, steps, batch=paper.BATCH_SIZE, hidden=paper.HIDDEN, seed=0):
     """Whether ``steps`` steps at ``lr`` stay finite and end below the first steps' loss (the paper's
     model and dense step, one :meth:`Trainer.train_batch` a batch)."""
     from ksae_cupy.backend import CPU

@@ -31,7 +31,7 @@ CAMPAIGN_RUNS, TINY_RUNS = (1, 16), (1, 4)  # the campaign's packs: issue 52's 1
 TINY_ROWS, TINY_HIDDEN, TINY_K = 512, 32, 4  # --tiny: a few batches (the stand-in emulates every kernel)
 
 
-def bench_packed(X_nd, backend, runs=(1, 4, 16), k: int = 25, hidden: int = paper.HIDDEN,
+def bench_packed(X_nd, backend, runs=(1, 4, 16), k: int = paper.K, hidden: int = paper.HIDDEN,
                  batch_size: int = paper.BATCH_SIZE, epochs: int = 3, lr: float = paper.LR, out_dir=None,
                  log=print) -> dict:
     """Time ``epochs`` epochs of each pack size in ``runs`` on the rows ``X_nd`` (host, float32) on

@@ -177,7 +177,6 @@ def time_epoch(backend, D: int, H: int, k: int, batch_size: int, topk_method: st
     import tempfile
     from pathlib import Path
 
-    from ksae_cupy.metrics import total_variance
     from ksae_cupy.training.checkpoint import save_checkpoint
     from ksae_cupy.session.runs import RunFolder
     from ksae_cupy.training.trainer import TrainConfig, Trainer
@@ -197,9 +196,8 @@ def time_epoch(backend, D: int, H: int, k: int, batch_size: int, topk_method: st
             first_epoch = trainer.epoch
             trainer.run_epoch(X_train[:4 * batch_size], X_valid[:batch_size])  # compiles the kernels; not timed
             trainer.epoch = first_epoch
-            # The sets' spread (the FVE's denominators), once per run as Trainer.fit computes it: run_epoch
-            # called alone computes it again every epoch (0.19 s of a 50,000-image epoch, measured).
-            trainer._spread = {"train": total_variance(X_train), "valid": total_variance(X_valid)}
+            # The sets' spread (the FVE's denominators), computed once per set by the trainer: not timed.
+            trainer._spreads.of(X_train), trainer._spreads.of(X_valid)
             trainers[encoder] = trainer
     for _ in range(repeats):
         for encoder, trainer in trainers.items():
@@ -246,7 +244,7 @@ def time_epoch(backend, D: int, H: int, k: int, batch_size: int, topk_method: st
 
 
 def _torch_step(D: int, H: int, k: int, batch_size: int, threads: int | None, batches_np, params_np,
-                velocities_np=None, lr: float = 0.0, momentum: float = 0.9):
+                velocities_np=None, lr: float = 0.0, momentum: float = paper.MOMENTUM):
     """A PyTorch eager step of the same math, validated; None when torch does not import. ``velocities_np``:
     our velocities ``v`` of a trained model, given to ``torch.optim.SGD`` as its momentum buffers ``-v / lr``
     (its ``buf <- m buf + g; p <- p - lr buf`` is our update with ``v = -lr buf``). Its timing runs with
@@ -793,7 +791,7 @@ def _trained_start(backend, inputs, H: int, k: int, batch_size: int, topk_method
     return trained.trained_here(backend, X_train, X_valid, H, k, batch_size, topk_method, trained_epochs, lr, log)
 
 
-def _schedule_estimate_h(epochs: list, k: int, k_start: int = 100, total: int = 5000) -> float | None:
+def _schedule_estimate_h(epochs: list, k: int, k_start: int = paper.K_START, total: int = paper.EPOCHS) -> float | None:
     """Hours for the paper's schedule (k from ``k_start`` down to ``k`` over the first half, then ``k``)
     from epochs timed at both ends (``--epoch-k 100,25``), a checkpoint every 10 epochs included.
     Approximation: an epoch's cost taken as linear in k over the first half."""

@@ -121,7 +121,7 @@ def bench_topk_command(device, Ns, Hs, ks, repeats, no_torch, time_budget, out):
 @bench_command.command("packed")
 @click.option("--device", default="gpu", help="gpu, gpu:N or cpu (on the CPU a pack runs its runs one after another).")
 @click.option("--runs", default="1,4,16", show_default=True, help="Comma-separated pack sizes.")
-@click.option("--k", type=int, default=25, show_default=True, help="Units kept.")
+@click.option("--k", type=int, default=paper.K, show_default=True, help="Units kept.")
 @click.option("--epochs", type=int, default=3, show_default=True, help="Timed epochs (after one untimed).")
 @click.option("--rows", type=int, default=None, help="Train on the first ROWS of MNIST's training set. [default: all]")
 @click.option("--data-dir", default=None, help="Data root. [default: $KSAE_DATA_DIR or ./data]")

@@ -1,4 +1,4 @@
-"""CUDA launchers for the kernels in ``kernels/topk.cu``: top-k (sort and threshold), gathers, scatters.
+"""CUDA launchers for the kernels in ``kernels/select_topk.cu``: top-k (sort and threshold), gathers, scatters.
 
 Each launcher is two steps. A *plan* (:func:`plan_topk`, :func:`plan_rows`) checks the inputs and
 decides everything about the launch (kernel name, grid, block, shared memory, the argument tuple
@@ -41,7 +41,7 @@ import numpy as np
 
 from ksae_cupy.errors import KsaeError, OptionError
 
-SOURCE_NAME = "topk.cu"
+SOURCE_NAME = "select_topk.cu"
 NVRTC_OPTIONS = ("-std=c++17",)
 CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 KEY_BYTES = {np.dtype(np.float32): 4, np.dtype(np.float64): 8}
@@ -58,7 +58,7 @@ STATIC_SHARED_BYTES = {"threshold": 1168, "sort": 0, "radix": 8192}
 # sets, in the same order, bit for bit; "block" stays the default until a GPU session has timed both.
 TOPK_VARIANTS = ("block", "radix")
 DEFAULT_TOPK_VARIANT = "block"
-RADIX_MAX_WARPS = 8  # as in topk.cu
+RADIX_MAX_WARPS = 8  # as in select_topk.cu
 RADIX_BLOCK_LIMIT = 256  # the kernels' __launch_bounds__
 ROW_KINDS = ("gather", "scatter", "mask")
 INT32_MAX = int(np.iinfo(np.int32).max)

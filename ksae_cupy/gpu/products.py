@@ -1,4 +1,4 @@
-"""The training step's matrix products and its losses' sums as our own kernels (``kernels/products.cu``).
+"""The training step's matrix products and its losses' sums as our own kernels (``kernels/step_products.cu``).
 
 Why kernels of ours and not cuBLAS: the whole epoch on a GPU is one CUDA graph
 (:mod:`ksae_cupy.gpu.graph_epoch`), and a graph can hold only what a stream capture records.
@@ -47,8 +47,8 @@ from ksae_cupy.errors import KsaeError
 from ksae_cupy.gpu.cuda_kernels import CTYPES, DeviceLimits, KernelLaunch, _check_int32_range, _cupy, _function, \
     _launch, _require_gpu_array, device_limits
 
-SOURCE_NAME = "products.cu"
-GEMM_TILE = 64  # outputs per side of one block's tile (as in products.cu)
+SOURCE_NAME = "step_products.cu"
+GEMM_TILE = 64  # outputs per side of one block's tile (as in step_products.cu)
 GEMM_STEP = 16  # K per shared-memory step
 GEMM_THREADS = 256
 SUM_THREADS = 256
@@ -71,7 +71,7 @@ def _sparse_name(kind: str, ctype: str) -> str:
     return f"ksae::{kind}_kernel<{ctype}>"
 
 
-# Every instantiation of products.cu: for RawModule(name_expressions=...), nvcc's compile test and the harness.
+# Every instantiation of step_products.cu: for RawModule(name_expressions=...), nvcc's compile test and the harness.
 KERNEL_NAMES: tuple[str, ...] = tuple(
     [_gemm_name(c, ta, tb) for c in CTYPES.values() for ta in (False, True) for tb in (False, True)]
     + [_sum_name(c) for c in CTYPES.values()]

@@ -1,4 +1,4 @@
-"""An epoch's order drawn on the GPU, as NumPy's generator draws it (``kernels/shuffle.cu``).
+"""An epoch's order drawn on the GPU, as NumPy's generator draws it (``kernels/draw_order.cu``).
 
 The trainer draws each epoch's order with ``rng.permutation(N)`` of its NumPy ``Generator``
 (PCG64), so a CPU and a GPU run of one seed see the same batches and a checkpoint holds the
@@ -22,7 +22,7 @@ from ksae_cupy.errors import KsaeError
 from ksae_cupy.gpu.cuda_kernels import DEFAULT_SHARED, DeviceLimits, KernelLaunch, _cupy, _function, _launch, \
     _require_gpu_array, device_limits
 
-SOURCE_NAME = "shuffle.cu"
+SOURCE_NAME = "draw_order.cu"
 KERNEL_NAMES: tuple[str, ...] = ("ksae::permutation_kernel",)
 THREADS = 256
 SHARED_MAX_N = 1 << 16  # the order fits in shared memory as 16-bit values up to here

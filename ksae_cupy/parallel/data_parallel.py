@@ -97,7 +97,7 @@ class DataParallelTrainer(StopAgreedOverRanks, Trainer):
 
         return mpi_sum_inplace(self.comm, np.ascontiguousarray(to_host(a)))
 
-    def _batch_gradients(self, X_nd, k: int):
+    def _batch_gradients(self, X_nd, k: int, X_rows=None, dead_h=None, params=None):
         """This rank's shard of the global batch ``X_nd``; gradients and loss summed over ranks."""
         lo, hi = shard_bounds(X_nd.shape[0], self.size, self.rank)
         self._maybe_fail()
@@ -112,7 +112,7 @@ class DataParallelTrainer(StopAgreedOverRanks, Trainer):
             self.grads.pack(None, 0.0, 0.0)
         self.allreduce(self.grads.flat)
         # The global batch's loss and mean gradient, the same on every rank.
-        return self.grads.loss, self.grads.views, kept_h
+        return self.grads.loss, None, self.grads.views, kept_h
 
     def _dead_fraction(self, kept_count_h) -> float:
         """Dead units of the whole batch: this rank's counts summed over the ranks first."""

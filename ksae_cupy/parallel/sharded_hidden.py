@@ -81,12 +81,12 @@ class ShardedHiddenTrainer(StopAgreedOverRanks, Trainer):
         dW_dh = xp.concatenate([X_nd, R_nd]).T @ xp.concatenate([dZ_nh, Zs_nh])
         return loss, {"W_dh": dW_dh, "b_h": dZ_nh.sum(axis=0), "c_d": R_nd.sum(axis=0)}, keep_nh
 
-    def _batch_gradients(self, X_nd, k: int):
+    def _batch_gradients(self, X_nd, k: int, X_rows=None, dead_h=None, params=None):
         """The whole batch on every rank; gradients of this rank's block (and of ``c_d``)."""
         if self.fail_at_step is not None and self.step == self.fail_at_step[0]:
             raise RuntimeError(f"injected failure on rank {self.rank} at step {self.step}")
         loss, grads, keep_nh = self.loss_and_grads(X_nd, k)
-        return loss, grads, keep_nh.sum(axis=0)
+        return loss, None, grads, keep_nh.sum(axis=0)
 
     def _dead_fraction(self, kept_count_h) -> float:
         """Dead units over all blocks: each rank counts its own, the counts are summed."""

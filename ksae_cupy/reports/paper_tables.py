@@ -319,9 +319,9 @@ class Target:
 class Settings:
     """The lengths and seeds the tables ask for, and the threads of every command."""
 
-    ksparse_epochs: int = 5000
+    ksparse_epochs: int = paper.EPOCHS
     baseline_epochs: int = 500
-    finetune_epochs: int = 200
+    finetune_epochs: int = paper.FINETUNE_EPOCHS
     seeds: tuple = (0,)
     threads: int = 1
 

@@ -32,7 +32,7 @@ from ksae_cupy.backend import DEVICES
 from ksae_cupy.model import ACTIVATIONS
 from ksae_cupy.sparse_step import STEPS
 from ksae_cupy.topk import TOPK_METHODS
-from ksae_cupy.training.config import TrainConfig
+from ksae_cupy.training.config import DEFAULTS, TrainConfig
 from ksae_cupy.training.options import DTYPES
 
 APPLIED, REFUSED, KEPT, SESSION = "applied", "refused", "kept", "session"
@@ -66,7 +66,7 @@ class Option:
         return dataclasses.replace(self, **changes)
 
 
-PAPER = TrainConfig()  # the paper's defaults (section 4.3), as ksae_cupy/paper.py types them
+PAPER = DEFAULTS  # the options' defaults (training/config.py): the paper's settings, as ksae_cupy/paper.py types them
 THREADS_DEFAULT = ("[default: OMP_NUM_THREADS or its kin when set, else one per free core (the load average "
                    "counts the busy ones); on --resume, the run's]")
 

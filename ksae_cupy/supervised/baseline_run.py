@@ -13,6 +13,7 @@ import numpy as np
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.supervised import baseline_trainer as bt
 from ksae_cupy.supervised.baselines import BASELINES
+from ksae_cupy.supervised.baseline_registry import own_settings
 from ksae_cupy.supervised.commands import BASELINE
 from ksae_cupy.session import resuming
 from ksae_cupy.session.fields import REFUSED, named
@@ -33,7 +34,8 @@ def new_config(values: dict):
     if values["model"] is None:
         raise KsaeError(f"missing --model; use one of {', '.join(BASELINES)}")
     config = bt.config_for(values["model"], **{name: values[name] for name in (
-        "hidden", "epochs", "batch_size", "lr", "momentum", "weight_decay", "sigma", "seed", "dtype")})
+        "hidden", "epochs", "batch_size", "lr", "momentum", "weight_decay", "sigma", "seed", "dtype")},
+        **own_settings(values["model"], values))
     config.check()
     return config
 
@@ -128,7 +130,7 @@ class BaselineJob(RunJob):
 
         trainer = self.learner
         if not trainer.stop_requested:  # a stop asked for while loading: no step taken
-            run_epochs(trainer, lambda: trainer.run_epoch(self.X_train, self.X_valid, on_batch), on_epoch)
+            run_epochs(trainer, (self.X_train, self.X_valid), on_epoch, on_batch=on_batch)
 
     def save(self) -> None:
         self.learner.save(self.checkpoint)

@@ -135,31 +135,29 @@ class BaselineTrainer:
 
         ``on_batch(done, total)`` follows every batch. Returns the epoch's report, or None when
         :attr:`stop_requested` stopped it midway (:attr:`batch_in_epoch` and :attr:`epoch_perm`
-        then say where it stands). Overflow warnings are off: a non-finite loss stops the run.
+        then say where it stands).
         """
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"), self.backend.use():
-            return self._run_epoch(X_train_nd, X_valid_nd, on_batch)
+        return epochs.run_epochs(self, (X_train_nd, X_valid_nd), on_batch=on_batch, limit=1)
 
-    def _run_epoch(self, X_train_nd, X_valid_nd, on_batch):
+    # -- the engine's three calls (ksae_cupy.training.epochs) -----------------------------------------
+    def open_epoch(self, epoch: epochs.Epoch) -> None:
+        epoch.order = epochs.draw_order(self, epoch.data[0].shape[0])
+
+    def take_step(self, epoch: epochs.Epoch, b: int) -> None:
         cfg = self.config
-        start = time.perf_counter()
-        N = X_train_nd.shape[0]
-        order = self.backend.asarray(epochs.begin_epoch(self, N).astype(np.int64))
+        loss, grads = self.batch_loss_and_grads(epoch.data[0][epoch.order[b * cfg.batch_size:(b + 1) * cfg.batch_size]])
+        if not math.isfinite(loss):
+            raise TrainingDiverged(f"the loss became {loss} at epoch {self.epoch + 1}, step {self.step + 1}; "
+                                   f"try a smaller {{lr}} (now {cfg.lr})", loss, self.epoch + 1, self.step + 1, cfg.lr,
+                                   fields=True)
+        self._update(self.optimizer, self.params, grads, cfg.lr)
+        self.tally.add("loss", loss)
+        self.tally.add("batches", 1)
 
-        def one_step(b):
-            loss, grads = self.batch_loss_and_grads(X_train_nd[order[b * cfg.batch_size:(b + 1) * cfg.batch_size]])
-            if not math.isfinite(loss):
-                raise TrainingDiverged(f"the loss became {loss} at epoch {self.epoch + 1}, step {self.step + 1}; "
-                                       f"try a smaller {{lr}} (now {cfg.lr})", loss, self.epoch + 1, self.step + 1, cfg.lr,
-                                       fields=True)
-            self._update(self.optimizer, self.params, grads, cfg.lr)
-            self.tally.add("loss", loss)
-            self.tally.add("batches", 1)
-
-        if not epochs.run_steps(self, epochs.n_batches(N, cfg.batch_size), one_step, on_batch):
-            return None
+    def close_epoch(self, epoch: epochs.Epoch) -> BaselineReport:
+        cfg, X_valid_nd = self.config, epoch.data[1]
         self.backend.synchronize()
-        seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - epoch.start
         valid_loss = self.valid_loss(X_valid_nd) if X_valid_nd is not None else None
         if valid_loss is not None and not math.isfinite(valid_loss):
             raise TrainingDiverged(f"the validation loss became {valid_loss} at epoch {self.epoch + 1}; nothing was "
@@ -176,7 +174,7 @@ class BaselineTrainer:
     def fit(self, X_nd, on_epoch=None, on_batch=None) -> dict:
         """Train the epochs left on host or device rows ``X_nd``; host parameters (None when stopped)."""
         X_dev = self.backend.asarray(X_nd, dtype=self.dtype)
-        epochs.run_epochs(self, lambda: self.run_epoch(X_dev, on_batch=on_batch), on_epoch)
+        epochs.run_epochs(self, (X_dev, None), on_epoch, on_batch=on_batch)
         return self.host_params() if self.finished else None
 
     def host_params(self) -> dict:

@@ -48,7 +48,7 @@ as such in the config classes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -59,7 +59,9 @@ from ksae_cupy.training.config import RATE, check_by_rule, check_in_dtype_by_fie
 from ksae_cupy.training.options import DictConfig, ValidatedOnce, check_batch_size
 from ksae_cupy.model import reconstruction_loss
 from ksae_cupy.paper import ERR_MNIST, FN_MNIST, errors
-from ksae_cupy.registry import Registry
+from ksae_cupy.supervised import baseline_registry as registry
+from ksae_cupy.supervised.baseline_registry import (  # noqa: F401 (the registry's names, read from here too)
+    BASELINES, DROPOUTS, learner_of, per_family_default, register)
 from ksae_cupy.supervised.units import check_dropout_rate, sigmoid
 
 PARAM_NAMES = ("W_dh", "b_h", "c_d")  # the same names for the autoencoder and the RBM
@@ -190,7 +192,7 @@ class AutoencoderConfig(DictConfig, ValidatedOnce):
     hidden_dropout: float = 0.0
     epochs: int = 100
     batch_size: int = paper.BATCH_SIZE
-    lr: float = 0.01
+    lr: float = paper.LR
     momentum: float = paper.MOMENTUM
     weight_decay: float = 0.0
     sigma: float = paper.SIGMA
@@ -205,6 +207,11 @@ class AutoencoderConfig(DictConfig, ValidatedOnce):
         _check_common(self, n_train)
 
 
+# The RBM's settings, none of them the paper's (they happen to equal its k-sparse ones): Hinton's practical
+# guide's momentum and sigma, and the rate a validation grid chose.
+RBM_RATE, GUIDE_MOMENTUM, GUIDE_SIGMA = 0.01, 0.9, 0.01
+
+
 @dataclass
 class RBMConfig(DictConfig, ValidatedOnce):
     """Options of one RBM run (CD-1). None of these are in the paper; ours follow Hinton's
@@ -215,10 +222,10 @@ class RBMConfig(DictConfig, ValidatedOnce):
     hidden: int = paper.HIDDEN
     epochs: int = 100
     batch_size: int = paper.BATCH_SIZE
-    lr: float = 0.01
-    momentum: float = 0.9
+    lr: float = RBM_RATE
+    momentum: float = GUIDE_MOMENTUM
     weight_decay: float = 2e-4
-    sigma: float = 0.01
+    sigma: float = GUIDE_SIGMA
     seed: int = 0
     dtype: str = "float32"
 
@@ -296,58 +303,23 @@ def ae_step(run, X_bd):
     return ae_loss_and_grads(run.params, X_bd, M_in, M_hid, cfg.weight_decay)
 
 
-# -- the registry ---------------------------------------------------------------------------------
-
-def _any_input(X_nd):
-    return X_nd
-
+# -- the entries (ksae_cupy.supervised.baseline_registry) ----------------------------------------
 
 @dataclass(frozen=True)
-class Baseline:
-    """One baseline model: everything the commands, the reports and the scripts ask of it.
+class Baseline(registry.Baseline):
+    """A registry entry whose step and validation loss default to the regularised autoencoder's."""
 
-    ``name``: how ``ksae-baseline --model`` and ``ksae-finetune --baseline`` spell it, the run folder's
-    ``model`` and its row key in :mod:`ksae_cupy.paper`; ``what``: ``--model``'s help words; ``label``: how
-    ``ksae-eval``'s report names it; ``config``: its configuration class; ``regularisation``: its dropout
-    rates, in pretraining and -- section 4.5: "the regularization method used in the fine-tuning stage ... is
-    the same" -- in fine-tuning; ``fine_tuned``: Table fn_mnist has a row fine-tuning a ``ksae-baseline`` run
-    of it; ``check_input(X_nd)``: refuses data it cannot learn from, in one line (returns ``X_nd``);
-    ``grid_lrs``, ``grid_weight_decays``: the points ``bin/baseline-grid`` tries (comma-separated, as its
-    run folders are named: ``lr0.01-wd2e-5``); ``step(run, X_bd)``: ``(loss, grads)`` of one minibatch, its random
-    numbers drawn from the run's generator; ``valid_loss(params, X_nd)``: the clean reconstruction error the
-    metrics report; ``family``: how help texts name the baselines sharing its config class (its defaults);
-    ``upper_layers``: the options of a stacked layer above the first (``ksae-finetune --baseline`` with two
-    layers), where they are not the first layer's."""
-
-    name: str
-    what: str
-    label: str
-    config: type
-    regularisation: dict = field(default_factory=dict)
-    fine_tuned: bool = False
-    check_input: object = _any_input
-    grid_lrs: str = "0.003,0.01"
-    grid_weight_decays: str = "0,1e-3"
     step: object = ae_step
     valid_loss: object = ae_reconstruction_error
-    family: str = "autoencoders"
-    upper_layers: dict = field(default_factory=dict)
-
-    def matches(self, config) -> bool:
-        """Whether ``config`` is one of this baseline's: its class, with exactly its dropout rates."""
-        return type(config) is self.config and all(getattr(config, rate, 0.0) == self.regularisation.get(rate, 0.0)
-                                                    for rate in DROPOUTS)
 
 
-DROPOUTS = ("input_dropout", "hidden_dropout")
 # An autoencoder above the first layer starts from sigma 0.1 and learns at lr 0.01 (a stated deviation from
 # the paper's sigma 0.01; the lr is also layer 1's default, chosen apart on layer 1): on 1000 sigmoid
 # features of ||h||^2 ~ 3 a layer drawn at sigma 0.01 has every unit at 0.5, and its tied decoder learns
 # only the mean (MNIST: validation loss 1.11-1.14 after 156 epochs, the mean's 1.097); an 8-epoch
 # validation grid chose these (docs/baselines.md, "The deep dropout AE again").
-UPPER_AUTOENCODER = {"lr": 0.01, "sigma": 0.1}
-BASELINES: Registry = Registry("baseline")  # name -> Baseline
-register = BASELINES.register  # add one baseline (a name already there is refused in one line)
+UPPER_RATE = 0.01  # the grid's choice (it happens to be the paper's k-sparse rate)
+UPPER_AUTOENCODER = {"lr": UPPER_RATE, "sigma": 0.1}
 
 
 for _baseline in (
@@ -363,25 +335,6 @@ for _baseline in (
     register(_baseline)
 
 
-def learner_of(config) -> Baseline:
-    """The registered baseline that trains ``config``: one with its config class (every baseline of a class
-    shares its step; the dropout rates are the config's own)."""
-    for baseline in BASELINES.values():
-        if type(config) is baseline.config:
-            return baseline
-    raise KsaeError(f"no registered baseline trains a {type(config).__name__}; use one of "
-                    f"{', '.join(sorted({b.config.__name__ for b in BASELINES.values()}))}")
-
-
-def per_family_default(option: str) -> str:
-    """``[default: V]``, or ``[default: V1 (family), V2 (family)]`` where the config classes differ: the help's
-    default of ``option``, read from the registered baselines' config classes (so it cannot drift from them)."""
-    values = {}
-    for baseline in BASELINES.values():
-        values.setdefault(baseline.family, getattr(baseline.config, option))
-    if len(set(values.values())) == 1:
-        return f"[default: {next(iter(values.values())):g}]"
-    return "[default: " + ", ".join(f"{value:g} ({family})" for family, value in values.items()) + "]"
 REGULARISATION = {name: baseline.regularisation for name, baseline in BASELINES.items()}  # each one's dropout
 
 # The paper's figures for these baselines on MNIST (1000 hidden units), from ksae_cupy.paper.

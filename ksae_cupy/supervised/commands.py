@@ -3,7 +3,7 @@ for what a declaration holds and what each resume policy means). The options eve
 shares are :data:`~ksae_cupy.session.fields.SHARED`'s; the paper's numbers are read from the configs."""
 from __future__ import annotations
 
-from ksae_cupy.supervised.baselines import BASELINES as REGISTRY, per_family_default
+from ksae_cupy.supervised.baseline_registry import own_options, per_family_default, registered
 from ksae_cupy import paper
 from ksae_cupy.datasets.registry import names as dataset_names
 from ksae_cupy.supervised.finetune_config import TRAIN_ON, UNITS, FinetuneConfig
@@ -11,6 +11,7 @@ from ksae_cupy.session.fields import APPLIED, KEPT, PAPER, SHARED, THREADS_DEFAU
 
 FINETUNE_PAPER = FinetuneConfig()  # the paper's supervised settings (section 4.3.2)
 LABELLED = dataset_names(labelled=True)  # the datasets ksae-finetune can train on
+REGISTRY = registered()  # the baselines, their learners loaded
 
 
 BASELINE = [
@@ -33,6 +34,7 @@ BASELINE = [
             resume="Continue the run in this folder; --epochs, --device, --checkpoint-*, --threads, --data-dir and "
                    "--progress-seconds may be given, options that would change the run are refused by name.",
             threads=f"Threads on the CPU for BLAS. {THREADS_DEFAULT}"),
+    *own_options(),  # the settings a baseline has of its own (its registry entry declares them)
 ]
 
 FINETUNE = [

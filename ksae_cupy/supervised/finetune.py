@@ -330,46 +330,51 @@ class FinetuneTrainer:
 
         Returns None when :attr:`stop_requested` stopped it between batches.
         """
-        cfg = self.config
+        return epochs.run_epochs(self, (X_nd, y_n, X_valid_nd, y_valid_n), on_batch=on_batch, limit=1)
+
+    # -- the engine's three calls (ksae_cupy.training.epochs) -----------------------------------------
+    def open_epoch(self, epoch: epochs.Epoch) -> None:
+        """The phase's trainable arrays, the epoch's rate and momentum, and its order."""
         trainable = trainable_names(self.phase, self.L)
-        N = X_nd.shape[0]
-        lr, momentum = self.current_lr(), self.current_momentum()
-        self.optimizer.momentum = momentum
-        order = self.backend.asarray(epochs.begin_epoch(self, N).astype(np.int64))
-        start = time.perf_counter()
-        # Only the trainable arrays go to the optimiser: frozen ones are never written.
-        live = {name: self.params[name] for name in trainable}
+        epoch.own.update(trainable=trainable, lr=self.current_lr(), momentum=self.current_momentum(),
+                         live={name: self.params[name] for name in trainable})  # frozen arrays are never written
+        self.optimizer.momentum = epoch.own["momentum"]
+        epoch.order = epochs.draw_order(self, epoch.data[0].shape[0])
+        epoch.start = time.perf_counter()
 
-        def one_step(b):
-            rows = order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
-            masks = draw_masks(self.rng, rows.shape[0], self.sizes, cfg.input_dropout, cfg.hidden_dropout,
-                               self.backend, self.dtype)
-            if self.step_kind == "sparse":  # weight gradients in parts, applied row by row by the optimizer
-                loss, grads = loss_and_grads_sparse(self.params, X_nd[rows], y_n[rows], cfg.kept, trainable, cfg.topk,
-                                                    defer_weight_gradient=True)
-            else:
-                loss, grads = loss_and_grads(self.params, X_nd[rows], y_n[rows], cfg.kept, trainable, cfg.topk,
-                                             cfg.activations, masks)
-            if not math.isfinite(loss):
-                from ksae_cupy.training.trainer import TrainingDiverged
+    def take_step(self, epoch: epochs.Epoch, b: int) -> None:
+        cfg, (X_nd, y_n) = self.config, epoch.data[:2]
+        trainable = epoch.own["trainable"]
+        rows = epoch.order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
+        masks = draw_masks(self.rng, rows.shape[0], self.sizes, cfg.input_dropout, cfg.hidden_dropout,
+                           self.backend, self.dtype)
+        if self.step_kind == "sparse":  # weight gradients in parts, applied row by row by the optimizer
+            loss, grads = loss_and_grads_sparse(self.params, X_nd[rows], y_n[rows], cfg.kept, trainable, cfg.topk,
+                                                defer_weight_gradient=True)
+        else:
+            loss, grads = loss_and_grads(self.params, X_nd[rows], y_n[rows], cfg.kept, trainable, cfg.topk,
+                                         cfg.activations, masks)
+        if not math.isfinite(loss):
+            from ksae_cupy.training.trainer import TrainingDiverged
 
-                rate = "softmax_lr_start" if self.phase_lr_start() != cfg.lr_start else "lr_start"
-                raise TrainingDiverged(f"the cross-entropy became {loss} in phase {self.phase}, epoch "
-                                       f"{self.epoch + 1}; try a smaller {{{rate}}} (now {self.phase_lr_start()})", fields=True)
-            self._update(self.optimizer, live, grads, lr)
-            self.tally.add("loss", loss)
-            self.tally.add("batches", 1)
+            rate = "softmax_lr_start" if self.phase_lr_start() != cfg.lr_start else "lr_start"
+            raise TrainingDiverged(f"the cross-entropy became {loss} in phase {self.phase}, epoch "
+                                   f"{self.epoch + 1}; try a smaller {{{rate}}} (now {self.phase_lr_start()})", fields=True)
+        self._update(self.optimizer, epoch.own["live"], grads, epoch.own["lr"])
+        self.tally.add("loss", loss)
+        self.tally.add("batches", 1)
 
-        if not epochs.run_steps(self, epochs.n_batches(N, cfg.batch_size), one_step, on_batch):
-            return None
+    def close_epoch(self, epoch: epochs.Epoch) -> FinetuneReport:
+        X_valid_nd, y_valid_n = epoch.data[2:]
         self.backend.synchronize()
         phase = self.phase
         tally = epochs.end_epoch(self)
         report = FinetuneReport(
-            phase=phase, epoch=self.epoch, step=self.step, lr=lr, train_loss=tally.mean("loss", "batches") or 0.0,
+            phase=phase, epoch=self.epoch, step=self.step, lr=epoch.own["lr"],
+            train_loss=tally.mean("loss", "batches") or 0.0,
             valid_error=self.error(X_valid_nd, y_valid_n) if X_valid_nd is not None else None,
-            seconds=time.perf_counter() - start, momentum=momentum)
-        if self.epoch >= cfg.epochs:
+            seconds=time.perf_counter() - epoch.start, momentum=epoch.own["momentum"])
+        if self.epoch >= self.config.epochs:
             self._next_phase()
         return report
 
@@ -382,8 +387,7 @@ class FinetuneTrainer:
 
     def fit(self, X_nd, y_n, X_valid_nd=None, y_valid_n=None, on_epoch=None, on_batch=None) -> None:
         """Run every remaining phase, or until :attr:`stop_requested`."""
-        with self.backend.use():
-            epochs.run_epochs(self, lambda: self.run_epoch(X_nd, y_n, X_valid_nd, y_valid_n, on_batch), on_epoch)
+        epochs.run_epochs(self, (X_nd, y_n, X_valid_nd, y_valid_n), on_epoch, on_batch=on_batch)
 
     def error(self, X_nd, y_n) -> float:
         return error_rate(self.params, X_nd, y_n, self.config.kept, self.config.topk, self.config.activations)

@@ -231,3 +231,6 @@ class TrainConfig(DictConfig, ValidatedOnce):
         are kept (k_schedule_epochs): once the run's epochs are raised, the options that made it are still
         judged over them, and name it."""
         self.changed_validly(k_start=None, k_schedule_epochs=self.k_schedule_epochs or self.epochs)
+
+
+DEFAULTS = TrainConfig()  # the options' defaults, declared once: the paper's settings (ksae_cupy.paper) and ours beyond it

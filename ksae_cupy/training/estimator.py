@@ -32,7 +32,7 @@ from ksae_cupy.schedules import resolve_k_start
 from ksae_cupy.training.checkpoint import Checkpoint, load_checkpoint
 from ksae_cupy.training.learning_rate import auto_learning_rate
 from ksae_cupy.training.options import DTYPES, check_positive_finite
-from ksae_cupy.training.config import RULES, TrainConfig
+from ksae_cupy.training.config import DEFAULTS, RULES, TrainConfig
 from ksae_cupy.training import prepare as preparation
 from ksae_cupy.training.sklearn_compat import (BaseEstimator, ClassNamePrefixFeaturesOutMixin, Integral, Interval,
                                                Real, TransformerMixin, check_is_fitted, check_parameters,
@@ -45,7 +45,6 @@ def parameter_name(field: str) -> str:
     return {"hidden": "n_hidden"}.get(field, field)
 
 
-PAPER = TrainConfig()  # the defaults, the paper's (section 4.3)
 
 # Input dtypes kept as they are; anything else (integers, with input_scale) becomes the first.
 KEPT_DTYPES = (np.float64, np.float32)
@@ -99,12 +98,12 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
 
     # Defaults: TrainConfig's (the paper's), but for the rate and the schedule's start, derived from the data
     # and from k here ("auto"), and the estimator's own.
-    def __init__(self, n_hidden=PAPER.hidden, k=PAPER.k, k_start="auto", epochs=PAPER.epochs,
-                 batch_size=PAPER.batch_size, lr="auto", momentum=PAPER.momentum, sigma=PAPER.sigma, topk=PAPER.topk,
-                 seed=PAPER.seed, dtype=PAPER.dtype, device="auto", activation=PAPER.activation, step=PAPER.step,
-                 alpha=None, warm_start=False, input_scale=None, verbose=0, n_threads=None, aux_k=PAPER.aux_k,
-                 aux_coef=PAPER.aux_coef, dead_window=PAPER.dead_window, center_input=PAPER.center_input,
-                 optimizer=PAPER.optimizer):
+    def __init__(self, n_hidden=DEFAULTS.hidden, k=DEFAULTS.k, k_start="auto", epochs=DEFAULTS.epochs,
+                 batch_size=DEFAULTS.batch_size, lr="auto", momentum=DEFAULTS.momentum, sigma=DEFAULTS.sigma, topk=DEFAULTS.topk,
+                 seed=DEFAULTS.seed, dtype=DEFAULTS.dtype, device="auto", activation=DEFAULTS.activation, step=DEFAULTS.step,
+                 alpha=None, warm_start=False, input_scale=None, verbose=0, n_threads=None, aux_k=DEFAULTS.aux_k,
+                 aux_coef=DEFAULTS.aux_coef, dead_window=DEFAULTS.dead_window, center_input=DEFAULTS.center_input,
+                 optimizer=DEFAULTS.optimizer):
         self.n_hidden, self.k, self.k_start, self.epochs = n_hidden, k, k_start, epochs
         self.batch_size, self.lr, self.momentum, self.sigma = batch_size, lr, momentum, sigma
         self.topk, self.seed, self.dtype, self.device = topk, seed, dtype, device

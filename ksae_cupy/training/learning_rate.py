@@ -23,8 +23,8 @@ import math
 import numpy as np
 
 from ksae_cupy.backend import array_module, to_host
+from ksae_cupy import paper
 
-PAPER_LR = 0.01  # the paper's rate on MNIST (section 4.3.2)
 # MNIST's 50,000 training images with pixels in [0, 1] (our split of section 4.1), computed
 # by the functions below: E||x||^2 and the top eigenvalue of E[x x^T].
 MNIST_MEAN_SQUARED_NORM = 87.827
@@ -86,9 +86,9 @@ class DataScale:
         """The rate ``lr="auto"`` gives these rows (:func:`auto_learning_rate`)."""
         msq = self.mean_squared_norm
         if msq <= 0 or self.top_eigenvalue <= 0:
-            return PAPER_LR  # all-zero data: any rate is stable; keep the paper's
+            return paper.LR  # all-zero data: any rate is stable; keep the paper's
         ratio = min(MNIST_MEAN_SQUARED_NORM / msq, MNIST_TOP_EIGENVALUE / self.top_eigenvalue)
-        return round_significant(PAPER_LR * ratio, 2)
+        return round_significant(paper.LR * ratio, 2)
 
 
 def scale_of(X_nd, xp, chunk: int = 8192) -> DataScale:

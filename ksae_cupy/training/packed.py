@@ -1,4 +1,4 @@
-"""Many runs in one process: R trainers stepped together, on the GPU as one stacked model (issue 52).
+"""Many runs in one process: R trainers stepped together, on the GPU as one stacked model.
 
     pack = Pack([trainer_a, trainer_b, trainer_c])          # Trainers of one backend, each its own run
     pack.fit(X_train_nd, X_valid_nd, on_epoch=lambda i, report: ..., checkpoint=lambda i: ...)
@@ -7,13 +7,14 @@ Each member stays a whole :class:`~ksae_cupy.training.trainer.Trainer`: its own 
 and each epoch's order from its own generator), k and k schedule, learning rate, momentum, epochs,
 tally, dead-unit counts and checkpoint. The pack only decides when each member trains a batch: one
 batch of every member per pack step, each from the member's own order, so every member sees the
-batches it sees alone. An epoch ends member by member (validation, report, checkpoint) through the
-trainer's own :meth:`~Trainer.close_epoch`; a member resumed mid-epoch simply has fewer batches left.
+batches it sees alone. The epochs are the engine's (:func:`ksae_cupy.training.epochs.run_interleaved`: each
+member's epoch opened, stepped and closed by the calls a run alone takes); an epoch ends member by member
+(validation, report, checkpoint), and a member resumed mid-epoch simply has fewer batches left.
 
 Two ways to take a pack step:
 
 * **one member after another** (the CPU's way, and the default there): each member's own step
-  (:meth:`Trainer.open_epoch`'s ``one_step``), so a packed run gives the numbers of the run alone bit
+  (:func:`ksae_cupy.training.epochs.step`), so a packed run gives the numbers of the run alone bit
   for bit, whatever step, top-k, activation or AuxK it trains with.
 * **stacked** (the GPU's way): the members' parameters and velocities live in stacked arrays
   (``W_mdh``: member, input, unit), each trainer holding views of its slice
@@ -30,13 +31,11 @@ alone; stacked, no value comes back to the host per step, and it stops when that
 """
 from __future__ import annotations
 
-import contextlib
 import time
 
 import numpy as np
 
 from ksae_cupy.errors import KsaeError, TrainingDiverged
-from ksae_cupy.metrics import total_variance
 from ksae_cupy.model import PARAM_NAMES
 from ksae_cupy.packed_step import kept_counts, stacked_loss_and_grads, stacked_momentum_update
 from ksae_cupy.training import epochs
@@ -87,7 +86,7 @@ class Pack:
         self.velocities_m = {name: xp.stack([xp.ascontiguousarray(t.optimizer.velocities[name]) for t in members])
                              for name in PARAM_NAMES}
         # All runs at once, on the device: the dead-unit counts, and the running epoch's sums (its loss, squared
-        # error and count of examples that kept each unit; each run's tally holds views of its row: _open).
+        # error and count of examples that kept each unit; each run's tally holds views of its row: _sums_in_stack).
         self.since_kept_mh = xp.stack([t.since_kept_h for t in members])
         self.kept_mh = xp.zeros(self.since_kept_mh.shape, dtype=np.int64)
         self.loss_m, self.sq_error_m = xp.zeros(len(members)), xp.zeros(len(members))  # float64 sums
@@ -107,34 +106,17 @@ class Pack:
         """Train every member its remaining epochs, or until :attr:`stop_requested` (members then stand
         mid-epoch, as a stopped run alone does). ``X_train``/``X_valid``: device arrays, one for all members
         or a list of one per member. After each member's epoch: ``on_epoch(i, report)``, then ``checkpoint(i)``
-        when ``should_checkpoint(i, epoch)`` says so."""
-        members = self.members
+        when ``should_checkpoint(i, epoch)`` says so. The epochs: :func:`ksae_cupy.training.epochs.run_interleaved`."""
+        def after_epoch(i, report):
+            if checkpoint is not None and should_checkpoint is not None and should_checkpoint(i, report.epoch):
+                checkpoint(i)
+
         X_trains, X_valids = self._each(X_train), self._each(X_valid)
         with self.backend.use(), np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            self._prepare(X_trains, X_valids)
-            running = {}  # member -> its OpenEpoch
-            self._blas_scope, self._blas_one_thread = contextlib.ExitStack(), False
-            try:
-                while not self.stop_requested:
-                    active = [i for i, t in enumerate(members) if i not in self.failed and not t.finished]
-                    if not active:
-                        break
-                    for i in active:
-                        if i not in running:
-                            running[i] = self._open(i, X_trains[i])
-                    if self.stacked:
-                        self._stacked_step(running, X_trains)
-                    else:
-                        self._steps_one_by_one(running)
-                    for i in [i for i, epoch in running.items()
-                              if i in self.failed or members[i].batch_in_epoch == epoch.n_batches]:
-                        epoch = running.pop(i)
-                        if i not in self.failed:
-                            self._close(i, epoch, X_trains[i], X_valids[i], on_epoch, should_checkpoint, checkpoint)
-            finally:
-                self._blas_scope.close()
-                for trainer in members:
-                    trainer._epoch_step, trainer._spread = None, None
+            self._share_sets(X_trains, X_valids)
+            epochs.run_interleaved(self.members, list(zip(X_trains, X_valids)), lambda: self.stop_requested,
+                                   self.failed, on_epoch, after_epoch,
+                                   step_all=self._stacked_step if self.stacked else None)
 
     def _each(self, X):
         if isinstance(X, (list, tuple)):
@@ -143,74 +125,22 @@ class Pack:
             return list(X)
         return [X] * len(self.members)
 
-    def _prepare(self, X_trains, X_valids) -> None:
-        """Each member's FVE denominators (what its fit computes once), a set's CSR form shared by the members
-        training on it (:class:`~ksae_cupy.cpu.sparse_encoder.RunInputs` finds a set by identity)."""
-        spreads, inputs = {}, {}
+    def _share_sets(self, X_trains, X_valids) -> None:
+        """What the members training on one set compute of it once: its spread (the FVE's denominator) and its
+        CSR form (:class:`~ksae_cupy.cpu.sparse_encoder.RunInputs` finds a set by identity)."""
+        spreads, inputs = epochs.SpreadCache(keep=2 * len(self.members)), {}
         for trainer, X, X_valid in zip(self.members, X_trains, X_valids):
-            for array in (X, X_valid):
-                if array is not None and id(array) not in spreads:
-                    spreads[id(array)] = total_variance(array)
-            trainer._spread = {"train": spreads[id(X)], "valid": None if X_valid is None else spreads[id(X_valid)]}
-            shared = inputs.setdefault((id(X), id(X_valid), trainer._inputs.applies), trainer._inputs)
-            trainer._inputs = shared
+            trainer._spreads = spreads
+            trainer._spread_of(X, X_valid)  # before any member's BLAS limit, as a run alone computes them
+            trainer._inputs = inputs.setdefault((id(X), id(X_valid), trainer._inputs.applies), trainer._inputs)
 
-    def _open(self, i: int, X_nd):
-        trainer = self.members[i]
-        trainer._epoch_step = trainer._step_and_lanes(trainer.current_k())
-        self._blas_as_alone(trainer)
-        epoch = trainer.open_epoch(X_nd)
-        if self.stacked:  # the epoch's sums in the stacked arrays (from a resumed tally's, mid-epoch)
-            tally = trainer.tally
-            for name, sums in (("loss", self.loss_m), ("sq_error", self.sq_error_m), ("kept_h", self.kept_mh)):
-                sums[i] = tally.get(name, 0)
-                tally.values[name] = sums[i, ...]  # a view (a 0-d one for the losses), not a copy
-        return epoch
-
-    def _blas_as_alone(self, trainer) -> None:
-        """BLAS's threads for the member's epoch as its run alone has them (products differ in their last bits
-        on another count): one thread while its step runs in lanes, else BLAS's own. The limit is changed only
-        when a member wants another one than the last (setting it costs more than a small step)."""
-        step = trainer._epoch_step
-        one_thread = step is not None and step[2] != 1
-        if one_thread != self._blas_one_thread:
-            self._blas_scope.close()
-            self._blas_scope = contextlib.ExitStack()
-            if one_thread:
-                self._blas_scope.enter_context(trainer._blas_for(step[2]))
-            self._blas_one_thread = one_thread
-
-    def _close(self, i, epoch, X_nd, X_valid_nd, on_epoch, should_checkpoint, checkpoint) -> None:
-        trainer = self.members[i]
-        try:
-            self._blas_as_alone(trainer)
-            report = trainer.close_epoch(epoch, X_nd, X_valid_nd)
-        except TrainingDiverged as exc:
-            self.failed[i] = exc
-            return
-        finally:
-            trainer._epoch_step = None
-        if on_epoch is not None:
-            on_epoch(i, report)
-        if checkpoint is not None and should_checkpoint is not None and should_checkpoint(i, report.epoch):
-            checkpoint(i)
-
-    def _steps_one_by_one(self, running: dict) -> None:
-        """One batch of every running member, each by its own step (bit for bit its run alone)."""
-        for i, epoch in running.items():
-            trainer = self.members[i]
-            b = trainer.batch_in_epoch
-            try:
-                self._blas_as_alone(trainer)
-                epoch.one_step(b)
-            except TrainingDiverged as exc:
-                self.failed[i] = exc
-                continue
-            epochs.count_batch(trainer, b)
-
-    def _stacked_step(self, running: dict, X_trains) -> None:
+    def _stacked_step(self, running: dict) -> None:
         """One batch of every running member: the members at one k and batch size as one stacked step."""
         xp, members = self.backend.xp, self.members
+        for i, epoch in running.items():
+            if "stacked" not in epoch.own:
+                self._sums_in_stack(i)
+                epoch.own["stacked"] = True
         groups = {}  # (k, batch size) -> [(member, its batch's rows)]
         for i, epoch in running.items():
             trainer = members[i]
@@ -221,6 +151,7 @@ class Pack:
             started = time.perf_counter()
             chosen = [i for i, _ in batch]
             take = _slice_or_indices(chosen, xp)
+            X_trains = {i: running[i].data[0] for i in chosen}
             if all(X_trains[i] is X_trains[chosen[0]] for i in chosen):  # one gather for the whole stack
                 X_mnd = X_trains[chosen[0]][xp.stack([rows for _, rows in batch])]
             else:
@@ -238,7 +169,16 @@ class Pack:
                 if config.activation != "linear":  # relu units: a kept unit may be 0 (linear ones keep n * k)
                     trainer._batch_nonzero = xp.count_nonzero(val_mnk[j])
                 trainer.count_step(None, n, k, None)  # the loss and the per-unit counts: _count, for the stack
-                epochs.count_batch(trainer, trainer.batch_in_epoch)
+                trainer.step += 1
+                trainer.batch_in_epoch += 1
+
+    def _sums_in_stack(self, i: int) -> None:
+        """Member ``i``'s epoch sums in the stacked arrays (from a resumed tally's, mid-epoch): its tally holds
+        views of its row (a 0-d one for the losses), which :meth:`_count` adds to for all members at once."""
+        tally = self.members[i].tally
+        for name, sums in (("loss", self.loss_m), ("sq_error", self.sq_error_m), ("kept_h", self.kept_mh)):
+            sums[i] = tally.get(name, 0)
+            tally.values[name] = sums[i, ...]
 
     def _count(self, take, sq_error_m, kept_mh, n: int) -> None:
         """What :meth:`Trainer.count_step` counts per run, for the members ``take`` selects at once and on the

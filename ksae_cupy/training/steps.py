@@ -6,11 +6,13 @@ the ``step`` option (dense, sparse, or auto by k / H), the top-k method, the act
 the step depends on k. So a trainer resolves, when it is built, each step it may take
 (:func:`resolve_steps`), and each epoch picks one of them by its k; no batch asks again.
 
-A :class:`Step` is three functions:
+A :class:`Step` gives a batch's gradients in one call, the paper's or with AuxK's auxiliary loss, and
+the update that applies them:
 
-    loss_and_grads(params, X_nd, k, lanes, X_rows=None)  -> (loss, grads, cache)
-    loss_and_grads_auxk(params, X_nd, k, dead_h, lanes)  -> (loss, aux_loss, grads, cache)
-    update(optimizer, params, grads, lr)                 the optimizer's update, in place
+    gradients(params, X_nd, k, lanes, X_rows=None, dead_h=None)  -> (loss, aux_loss, grads, cache)
+    update(optimizer, params, grads, lr)                         the optimizer's update, in place
+
+``dead_h`` None: the paper's step (``aux_loss`` None); else the AuxK step on the units ``dead_h`` marks.
 
 and :class:`Evaluation` the validation loss's sum of squared errors. ``lanes`` is read when an
 epoch starts (:meth:`Step.lanes`): the thread count may be set after the trainer is built (the
@@ -21,6 +23,7 @@ kernels then encodes from the non-zero inputs, every other step ignores it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import numpy as np
@@ -39,9 +42,19 @@ class Step:
 
     kind: str  # "dense" or "sparse"
     in_lanes: bool  # whether it splits its examples over the kernels' threads (the sparse step on the CPU kernels)
-    loss_and_grads: Callable
-    loss_and_grads_auxk: Callable
+    plain: Callable  # (params, X_nd, k[, lanes=, X_rows=]) -> (loss, grads, cache); the sparse one takes the lanes
+    auxk: Callable  # (params, X_nd, k, dead_h[, lanes=]) -> (loss, aux_loss, grads, cache)
     update: Callable
+
+    def gradients(self, params, X_nd, k: int, lanes: int = 1, X_rows=None, dead_h=None):
+        """``(loss, aux_loss, grads, cache)`` of the batch ``X_nd``: the paper's step (``aux_loss`` None), or
+        with ``dead_h`` the AuxK step on those units (:mod:`ksae_cupy.auxk_step`)."""
+        sparse = self.kind == "sparse"
+        if dead_h is None:
+            loss, grads, cache = self.plain(params, X_nd, k, lanes=lanes, X_rows=X_rows) if sparse else \
+                self.plain(params, X_nd, k)
+            return loss, None, grads, cache
+        return self.auxk(params, X_nd, k, dead_h, lanes=lanes) if sparse else self.auxk(params, X_nd, k, dead_h)
 
     def lanes(self) -> int:
         """The lanes of this step now (:mod:`ksae_cupy.cpu.lanes`): the kernels' thread count, or 1."""
@@ -61,27 +74,18 @@ def resolve_steps(config, xp, W_in_rows: bool, sparse: bool = True, optimizer: O
     topk, activation, aux_k, aux_coef = config.topk, config.activation, config.aux_k, config.aux_coef
     # One pass per array on the CPU kernels (bit for bit NumPy's update), where the optimizer has them; its own elsewhere.
     fused = optimizer.cpu_step if kernels and optimizer.cpu_step else optimizer.step
-
-    def dense(params, X_nd, k, lanes, X_rows=None):
-        return model.loss_and_grads(params, X_nd, k, topk, activation)
-
-    def dense_auxk(params, X_nd, k, dead_h, lanes):
-        return model.loss_and_grads_auxk(params, X_nd, k, dead_h, aux_k, aux_coef, topk, activation)
-
-    steps = {"dense": Step("dense", False, dense, dense_auxk, fused)}
+    # The settings bound once (partial: no Python frame of its own between a step and its math).
+    steps = {"dense": Step("dense", False, partial(model.loss_and_grads, topk_method=topk, activation=activation),
+                           partial(model.loss_and_grads_auxk, aux_k=aux_k, aux_coef=aux_coef, topk_method=topk,
+                                   activation=activation), fused)}
     if not sparse:
         return steps
     in_parts = kernels and W_in_rows and optimizer.cpu_rows_step is not None  # W's gradient in parts, row by row
-
-    def sparse_step(params, X_nd, k, lanes, X_rows=None):
-        return loss_and_grads_sparse(params, X_nd, k, topk, activation, defer_weight_gradient=in_parts, lanes=lanes,
-                                     X_rows=X_rows)
-
-    def sparse_auxk(params, X_nd, k, dead_h, lanes):
-        return loss_and_grads_sparse_auxk(params, X_nd, k, dead_h, aux_k, aux_coef, topk, activation,
-                                          defer_weight_gradient=in_parts, lanes=lanes)
-
-    steps["sparse"] = Step("sparse", kernels, sparse_step, sparse_auxk,
+    steps["sparse"] = Step("sparse", kernels,
+                           partial(loss_and_grads_sparse, topk_method=topk, activation=activation,
+                                   defer_weight_gradient=in_parts),
+                           partial(loss_and_grads_sparse_auxk, aux_k=aux_k, aux_coef=aux_coef, topk_method=topk,
+                                   activation=activation, defer_weight_gradient=in_parts),
                            optimizer.cpu_rows_step if in_parts else fused)
     return steps
 

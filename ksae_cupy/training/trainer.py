@@ -10,13 +10,17 @@ the host, so a CPU run and a GPU run with one seed see the same batches, and a r
 continues the very same sequence (the generator's state, and mid-epoch the epoch's order,
 are saved in the checkpoint).
 
-Over 400 lines: the one trainer every run kind builds on (the distributed and baseline trainers subclass it),
-with the state a bit-identical resume needs (parameters, velocities, random state, the epoch's place and
-tally) kept beside the step that changes it.
+The epochs are :mod:`ksae_cupy.training.epochs`' (the engine calls :meth:`Trainer.open_epoch`,
+:meth:`~Trainer.take_step` and :meth:`~Trainer.close_epoch`); the step's functions are
+:mod:`ksae_cupy.training.steps`'; on a GPU the captured graphs' bookkeeping is
+:mod:`ksae_cupy.training.captured`'s. The trainer keeps the parameters, the optimizer and the step, with
+the state a bit-identical resume needs (random state, the epoch's place and tally).
+
+Over 400 lines: the one trainer every run kind builds on (the distributed trainers subclass it), with its
+epoch's report and health check beside the state they read.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import time
@@ -25,12 +29,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ksae_cupy import model
-from ksae_cupy.metrics import total_variance
 from ksae_cupy.backend import Backend, to_host
 from ksae_cupy.cpu.sparse_encoder import RunInputs
-from ksae_cupy.gpu.graph_epoch import EpochGraph
-from ksae_cupy.gpu.graph_step import CapturedEpochs, graph_step_applies
+from ksae_cupy.gpu.graph_step import graph_step_applies
 from ksae_cupy.training import epochs
+from ksae_cupy.training.captured import CapturedRun
 from ksae_cupy.training.checkpoint import Checkpoint
 from ksae_cupy.errors import KsaeError, OptionError, TrainingDiverged  # TrainingDiverged is re-exported here
 # TrainConfig lives in config.py; still imported from here by callers (training.trainer.TrainConfig).
@@ -78,6 +81,43 @@ class EpochReport:
     # fewer with relu units, where a kept unit may be 0). None where a trainer does not count them.
     l0: float | None = None
     valid_l0: float | None = None
+
+
+def _epoch_report(trainer, epoch, tally, seconds: float, samples: int, valid_loss, valid_l0) -> EpochReport:
+    """The report of the epoch just counted, from its tally (:meth:`Trainer.close_epoch`)."""
+    # Host numbers (a count may sit on the device); the same on every rank of a distributed trainer.
+    sq_error, nonzero, examples = (epochs.host_number(tally.get(name, 0))
+                                   for name in ("sq_error", "nonzero", "examples"))
+    return EpochReport(
+        epoch=trainer.epoch, step=trainer.step, k=epoch.k, lr=trainer.config.lr,
+        train_loss=tally.mean("loss", "batches") or 0.0,
+        valid_loss=valid_loss,
+        dead_fraction=trainer._dead_fraction(tally.get("kept_h")),
+        samples_per_s=samples / seconds if seconds > 0 else float("inf"),
+        seconds=seconds,
+        parts={name: round(value, 4) for name, value in epoch.parts.items()},
+        dead_window_fraction=trainer.dead_window_fraction() if trainer.tracks_dead_units else None,
+        aux_loss=(tally.mean("aux_loss", "aux_batches") or 0.0) if trainer.config.aux_k else None,
+        fve=epochs.fraction_of_variance_explained(sq_error, trainer._spreads.of(epoch.data[0])),
+        valid_fve=None if valid_loss is None else
+        epochs.fraction_of_variance_explained(2.0 * valid_loss * epoch.data[1].shape[0], trainer._spreads.of(epoch.data[1])),
+        l0=None if nonzero is None or not examples else nonzero / examples,
+        valid_l0=valid_l0,
+    )
+
+
+def _check_health(trainer, loss_sum: float, valid_loss: float | None) -> None:
+    """Stop as diverged when the epoch's summed loss or the validation loss is not finite
+    (each batch's loss was finite, but their sum or a whole split's error can overflow:
+    e.g. unscaled integer data) or when the parameters hold NaN or infinities; raised
+    before the epoch is counted, so nothing of it is logged or checkpointed."""
+    where = f"at epoch {trainer.epoch + 1} (step {trainer.step})"
+    hint = f"nothing was saved after the last good checkpoint; try a smaller {{name}} (now {trainer.config.lr}) or scaled data"
+    if not math.isfinite(loss_sum):
+        raise _Diverged(f"the training loss summed over the epoch became {loss_sum} {where}; {hint}")
+    if valid_loss is not None and not math.isfinite(valid_loss):
+        raise _Diverged(f"the validation loss became {valid_loss} {where}; {hint}")
+    trainer.check_params_finite()
 
 
 class Trainer:
@@ -137,9 +177,9 @@ class Trainer:
                                            None if checkpoint is None else
                                            {"loss": checkpoint.epoch_loss_sum, "batches": checkpoint.epoch_loss_batches}
                                            ).on(backend)
-        self._spread = None  # fit's sum ||x - mean||^2 of its rows, by split (the FVE's denominators)
+        # Each set's sum ||x - mean||^2 (the FVE's denominators), once per set and run (a pass over its rows).
+        self._spreads = epochs.SpreadCache()
         self._batch_nonzero = None  # the last batch's count of non-zero code units (relu units)
-        self._captured_from = None  # where the running captured epoch began (_CapturedStart)
         self.stop_requested = False  # set (e.g. by a SIGINT handler) to stop after the current step
         # The functions each batch calls, chosen once here (ksae_cupy.training.steps); an epoch picks
         # the step of its k, and reads the lanes it runs in when it starts.
@@ -147,18 +187,17 @@ class Trainer:
                                     sparse=self.takes_sparse_step, optimizer=self._optimizer)
         self._evaluation = resolve_evaluation(config, xp)
         # The inputs' CSR form, built once per set, where they are sparse enough for the encoder to run
-        # from their non-zeros (ksae_cupy.cpu.sparse_encoder); else BLAS's X W. _batch_rows: the batch's rows in it.
+        # from their non-zeros (ksae_cupy.cpu.sparse_encoder); else BLAS's X W.
         self._inputs = RunInputs(applies=xp is np and self.takes_sparse_step)
-        self._batch_rows = None
         self._epoch_step = None  # (k, Step, lanes) of the epoch running
-        self._captured = self._captured_epochs(xp, config) if self._captures else None
+        # On a GPU, the step captured as CUDA graphs, and its epoch's bookkeeping (ksae_cupy.training.captured).
+        self._capture = CapturedRun(self, xp, config, self.gpu_epoch_graph, self.gpu_order_on_device) \
+            if self._captures else None
 
-    def _captured_epochs(self, xp, config):
-        """The captured GPU path: each epoch one CUDA graph (graph_epoch), or the step graphs (graph_step)."""
-        if self.gpu_epoch_graph:
-            return EpochGraph(xp, self.params, self.optimizer.velocities, self.since_kept_h, config,
-                              order_on_device=self.gpu_order_on_device)
-        return CapturedEpochs(xp, self.params, self.optimizer.velocities, self.since_kept_h, config)
+    @property
+    def _captured(self):
+        """The captured CUDA graphs (:mod:`ksae_cupy.gpu.graph_epoch` or :mod:`~ksae_cupy.gpu.graph_step`), or None."""
+        return None if self._capture is None else self._capture.graphs
 
     def _resident(self, host_params):
         """The parameters on the backend; ``W_dh`` in the memory order of the step at the target k
@@ -178,7 +217,7 @@ class Trainer:
         self.params = params
         self.optimizer.velocities = velocities
         self.since_kept_h = since_kept_h
-        self._captures, self._captured = False, None
+        self._captures, self._capture = False, None
 
     @property
     def finished(self) -> bool:
@@ -195,42 +234,28 @@ class Trainer:
 
         After every epoch: ``on_epoch(report)``, then ``checkpoint()`` when ``should_checkpoint(epoch)``
         says so (the caller saves: a file, a run folder, every rank). ``on_batch(done, total)`` after
-        every batch. A stop requested mid-epoch returns at once (:meth:`run_epoch`); one requested
-        during the last batch of an epoch, after that epoch's report and checkpoint.
+        every batch. A stop requested mid-epoch returns at once; one requested during the last batch of
+        an epoch, after that epoch's report and checkpoint (:func:`ksae_cupy.training.epochs.run_epochs`).
         """
         def after_epoch(report):
             if checkpoint is not None and should_checkpoint is not None and should_checkpoint(report.epoch):
                 checkpoint()
 
-        with self.backend.use():
-            # The data's spread, once for the run (a pass over the rows): the FVE's denominators.
-            self._spread = {"train": total_variance(X_train_nd),
-                            "valid": None if X_valid_nd is None else total_variance(X_valid_nd)}
-            try:
-                return epochs.run_epochs(self, lambda: self.run_epoch(X_train_nd, X_valid_nd, on_batch), on_epoch,
-                                         after_epoch)
-            finally:
-                self._spread = None
+        self._spread_of(X_train_nd, X_valid_nd)
+        return epochs.run_epochs(self, (X_train_nd, X_valid_nd), on_epoch, after_epoch, on_batch)
 
     def run_epoch(self, X_train_nd, X_valid_nd=None, on_batch=None) -> EpochReport | None:
-        """Train one epoch (or the rest of an interrupted one) on device arrays.
+        """Train one epoch (or the rest of an interrupted one) on device arrays; its report, or None when
+        :attr:`stop_requested` stopped it midway (then :attr:`batch_in_epoch` and :attr:`epoch_perm` say
+        where it stands). ``on_batch(done, total)`` after every batch (for a progress bar)."""
+        self._spread_of(X_train_nd, X_valid_nd)
+        return epochs.run_epochs(self, (X_train_nd, X_valid_nd), on_batch=on_batch, limit=1)
 
-        ``on_batch(done, total)`` is called after every batch (for a progress bar).
-        Returns the epoch's report, or None when :attr:`stop_requested` stopped it midway
-        (then :attr:`batch_in_epoch` and :attr:`epoch_perm` say where it stands).
-        The distributed trainers reuse this loop and override only :meth:`_batch_gradients`
-        (where they communicate) and :meth:`_dead_fraction`.
-
-        NumPy's overflow and invalid-value warnings are off here: a diverging run would print
-        pages of them before its one line, and every one of them is caught anyway, since a
-        non-finite loss or parameter stops the run as diverged (:class:`TrainingDiverged`).
-        """
-        self._epoch_step = self._step_and_lanes(self.current_k())
-        try:
-            with np.errstate(over="ignore", invalid="ignore", divide="ignore"), self._blas_for(self._epoch_step[2]):
-                return self._run_epoch(X_train_nd, X_valid_nd, on_batch)
-        finally:
-            self._epoch_step = None
+    def _spread_of(self, *sets) -> None:
+        """The sets' spreads, computed (once) before an epoch's BLAS limit: BLAS sums them on its own threads."""
+        with self.backend.use():
+            for X_nd in sets:
+                self._spreads.of(X_nd)
 
     def _step_and_lanes(self, k: int):
         """``(k, Step, lanes)``: the step this trainer takes at ``k`` and the lanes it runs in now
@@ -250,95 +275,59 @@ class Trainer:
         (on the CPU kernels it takes the step's gradients as they come, ``W``'s in parts for the sparse step)."""
         return self._at(k)[0].update
 
-    def _blas_beside_lanes(self, k: int):
-        """BLAS on one thread while lanes run (each lane computes its own rows of ``X W``); else nothing."""
-        return self._blas_for(self._at(k)[1])
+    def blas_for(self, k: int):
+        """BLAS on one thread while the step at ``k`` runs in lanes (each lane its own rows of ``X W``); else nothing."""
+        return epochs.blas_threads(self._at(k)[1])
 
-    @staticmethod
-    def _blas_for(lanes: int):
-        if lanes == 1:
-            return contextlib.nullcontext()
-        from threadpoolctl import threadpool_limits
-        return threadpool_limits(limits=1, user_api="blas")
+    # -- the engine's three calls (ksae_cupy.training.epochs) -----------------------------------------
+    def open_epoch(self, epoch: epochs.Epoch) -> None:
+        """The epoch's k (the sparsity schedule's), its step and lanes, and its order; on the CPU kernels the
+        set in CSR form for the sparse encoder (built on the run's first epoch, timed in its "shuffle" part)."""
+        if self.config.aux_k and not self.tracks_dead_units:
+            raise KsaeError(f"aux_k {self.config.aux_k}: the auxiliary loss is not available in the distributed "
+                            f"trainers yet; train with one process, or without it")
+        self._epoch_step = epoch.k, epoch.own["step"], epoch.lanes = self._step_and_lanes(self.current_k())
+        X_train_nd = epoch.data[0]
+        if self._capture is not None:
+            self._capture.open(self, epoch)
+            return
+        epoch.order = epochs.draw_order(self, X_train_nd.shape[0])
+        epoch.own["rows"] = self._inputs.of(X_train_nd, self.dtype) if epoch.own["step"].in_lanes else None
 
-    def _run_epoch(self, X_train_nd, X_valid_nd, on_batch) -> EpochReport | None:
-        epoch = self.open_epoch(X_train_nd)
-        if self._captured is not None and self._captured.runs_whole_epochs:
-            self._run_whole_epoch(epoch, X_train_nd, on_batch)
-        elif not epochs.run_steps(self, epoch.n_batches, epoch.one_step, on_batch):
-            return None
-        return self.close_epoch(epoch, X_train_nd, X_valid_nd)
+    def take_step(self, epoch: epochs.Epoch, b: int) -> None:
+        """Batch ``b`` of the epoch: its rows gathered, the gradients, the update, the epoch's tally."""
+        if self._capture is not None:
+            return self._capture.take_step(self, epoch, b)
+        clock, cfg, parts, k = time.perf_counter, self.config, epoch.parts, epoch.k
+        t0 = clock()
+        rows = epoch.order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
+        sparse_X = epoch.own["rows"]
+        X_rows = None if sparse_X is None else sparse_X.rows(rows)
+        X_nd = epoch.data[0][rows]  # a copy of the rows
+        t1 = clock()
+        self._batch_nonzero = None
+        loss, aux_loss, grads, kept_h = self._batch_gradients(X_nd, k, X_rows, self.dead_h() if cfg.aux_k else None)
+        if not math.isfinite(loss):
+            raise TrainingDiverged(f"the loss became {loss} at epoch {self.epoch + 1}, step {self.step + 1} with "
+                                   f"learning rate {cfg.lr}", loss, self.epoch + 1, self.step + 1, cfg.lr)
+        t2 = clock()
+        epoch.own["step"].update(self.optimizer, self.params, grads, cfg.lr)
+        parts["batches"] += t1 - t0
+        parts["steps"] += t2 - t1
+        parts["updates"] += clock() - t2  # on a GPU the parts are launch times until the epoch's synchronize
+        if aux_loss is not None:
+            self.tally.add("aux_loss", aux_loss)
+            self.tally.add("aux_batches", 1)
+        self.count_step(loss, X_nd.shape[0], k, kept_h)
 
-    def _run_whole_epoch(self, epoch: "OpenEpoch", X_train_nd, on_batch) -> None:
-        """The epoch's batches as one CUDA graph (:mod:`ksae_cupy.gpu.graph_epoch`): progress and a stop request
-        act per epoch."""
-        captured, cfg, n_batches = self._captured, self.config, epoch.n_batches
-        t0 = time.perf_counter()
-        captured.run_epoch(X_train_nd, epoch.order, epoch.first_batch, cfg.batch_size,
-                           self.rng.bit_generator.state if epoch.device_order else None)
-        epoch.parts["steps"] += time.perf_counter() - t0  # launch time: the GPU's own is in the epoch's total
-        self._captured_from.before_last = captured.loss_before_last()
-        if epoch.device_order:  # the order drawn (for a checkpoint before the epoch ends) and the generator after it
-            self.epoch_perm, self.rng.bit_generator.state = captured.drawn_order()
-        self.step += n_batches - epoch.first_batch
-        self.batch_in_epoch = n_batches
-        if on_batch is not None:
-            on_batch(n_batches, n_batches)
-
-    def open_epoch(self, X_train_nd) -> "OpenEpoch":
-        """Begin the epoch (or the rest of an interrupted one) at the running epoch's k (:meth:`run_epoch` set
-        it): its order drawn, its clock started. Its ``one_step(b)`` trains batch ``b``; :meth:`close_epoch`
-        ends it. A pack of runs (:mod:`ksae_cupy.training.packed`) drives its members through these too."""
-        cfg = self.config
-        clock = time.perf_counter
-        parts = dict.fromkeys(("shuffle", "batches", "steps", "updates", "validation"), 0.0)
-        start = clock()
-        N = X_train_nd.shape[0]
-        k, step, _ = self._epoch_step
-        captured = self._captured
-        # A fresh epoch on the epoch graph that draws orders: drawn on the device (ksae_cupy.gpu.graph_epoch), from
-        # the generator's state, which comes back with the order; else drawn here (or the checkpoint's, resumed).
-        device_order = captured is not None and captured.runs_whole_epochs and captured.draws_orders \
-            and self.epoch_perm is None
-        if device_order:
-            self.batch_in_epoch, self.tally = 0, epochs.EpochTally()  # as epochs.begin_epoch starts an epoch
-            order = None
-        else:
-            order = self.backend.asarray(epochs.begin_epoch(self, N).astype(np.int64))
-        n_batches = epochs.n_batches(N, cfg.batch_size)
-        first_batch = self.batch_in_epoch
-        if captured is not None:  # the whole step on the device; its loss and unit counts summed there
-            self._captured_from = _CapturedStart(self.tally, first_batch, N, cfg.batch_size)
-            captured.begin(X_train_nd, k, self.tally.get("loss", 0.0))
-        # The set in CSR form for the sparse encoder: built on the run's first epoch (timed in its "shuffle" part).
-        sparse_X = self._inputs.of(X_train_nd, self.dtype) if step.in_lanes else None
-        parts["shuffle"] = clock() - start
-
-        def one_step(b):
-            t0 = clock()
-            rows = order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
-            if captured is not None:
-                if b == n_batches - 1:  # the loss before the last (maybe smaller) batch: one wait per epoch
-                    self._captured_from.before_last = captured.loss_sum()
-                captured.run(X_train_nd, rows)
-                parts["steps"] += clock() - t0  # launch time: the GPU's own is in the epoch's total
-            else:
-                self._batch_rows = None if sparse_X is None else sparse_X.rows(rows)
-                try:
-                    self._take_step(X_train_nd[rows], k, step, parts, t0)  # a copy of the rows
-                finally:
-                    self._batch_rows = None
-
-        return OpenEpoch(k=k, order=order, n_batches=n_batches, first_batch=first_batch, start=start, parts=parts,
-                         one_step=one_step, device_order=device_order)
-
-    def close_epoch(self, epoch: "OpenEpoch", X_train_nd, X_valid_nd=None) -> EpochReport:
-        """End the epoch :meth:`open_epoch` began, its every batch trained: the validation pass, the health
-        check, the epoch counted; its report."""
+    def close_epoch(self, epoch: epochs.Epoch) -> EpochReport:
+        """End the epoch, its every batch trained: the validation pass, the health check, the epoch counted;
+        its report."""
         cfg, clock, k, parts = self.config, time.perf_counter, epoch.k, epoch.parts
+        X_train_nd, X_valid_nd = epoch.data
         N, n_batches, first_batch, start = X_train_nd.shape[0], epoch.n_batches, epoch.first_batch, epoch.start
-        if self._captured is not None:
-            self._sync_captured(k)
+        if self._capture is not None:
+            self._capture.sync_tally(self, k)
         self.backend.synchronize()
         seconds = clock() - start
         samples = min(N, n_batches * cfg.batch_size) - first_batch * cfg.batch_size
@@ -347,47 +336,10 @@ class Trainer:
         valid_l0 = self.code_l0(X_valid_nd, k) if X_valid_nd is not None else None
         parts["validation"] = clock() - t0
         tally = self.tally
-        self._check_health(float(tally.get("loss", 0.0)), valid_loss)
+        _check_health(self, float(tally.get("loss", 0.0)), valid_loss)
         epochs.end_epoch(self)
-        spread = self._spread or {"train": total_variance(X_train_nd),
-                                  "valid": None if X_valid_nd is None else total_variance(X_valid_nd)}
-        # Host numbers (a count may sit on the device); the same on every rank of a distributed trainer.
-        sq_error, nonzero, examples = (epochs.host_number(tally.get(name, 0))
-                                       for name in ("sq_error", "nonzero", "examples"))
-        return EpochReport(
-            epoch=self.epoch, step=self.step, k=k, lr=cfg.lr,
-            train_loss=tally.mean("loss", "batches") or 0.0,
-            valid_loss=valid_loss,
-            dead_fraction=self._dead_fraction(tally.get("kept_h")),
-            samples_per_s=samples / seconds if seconds > 0 else float("inf"),
-            seconds=seconds,
-            parts={name: round(value, 4) for name, value in parts.items()},
-            dead_window_fraction=self.dead_window_fraction() if self.tracks_dead_units else None,
-            aux_loss=(tally.mean("aux_loss", "aux_batches") or 0.0) if self.config.aux_k else None,
-            fve=epochs.fraction_of_variance_explained(sq_error, spread["train"]),
-            valid_fve=None if valid_loss is None else
-            epochs.fraction_of_variance_explained(2.0 * valid_loss * X_valid_nd.shape[0], spread["valid"]),
-            l0=None if nonzero is None or not examples else nonzero / examples,
-            valid_l0=valid_l0,
-        )
-
-    def _take_step(self, X_nd, k: int, step, parts: dict, t0: float) -> float:
-        """One step of the generic path on the batch ``X_nd``: gradients, update, the epoch's tally; its loss."""
-        clock = time.perf_counter
-        t1 = clock()
-        cfg = self.config
-        self._batch_nonzero = None
-        loss, grads, kept_h = self._gradients(X_nd, k)
-        if not math.isfinite(loss):
-            raise TrainingDiverged(f"the loss became {loss} at epoch {self.epoch + 1}, step {self.step + 1} with "
-                                   f"learning rate {cfg.lr}", loss, self.epoch + 1, self.step + 1, cfg.lr)
-        t2 = clock()
-        step.update(self.optimizer, self.params, grads, cfg.lr)
-        parts["batches"] += t1 - t0
-        parts["steps"] += t2 - t1
-        parts["updates"] += clock() - t2  # on a GPU the parts are launch times until the epoch's synchronize
-        self.count_step(loss, X_nd.shape[0], k, kept_h)
-        return loss
+        self._epoch_step = None
+        return _epoch_report(self, epoch, tally, seconds, samples, valid_loss, valid_l0)
 
     def count_step(self, loss: float | None, n: int, k: int, kept_h) -> None:
         """Add one step's figures to the epoch's tally: its loss on ``n`` examples at ``k``, and how many of them
@@ -405,43 +357,6 @@ class Trainer:
             tally.add("kept_h", kept_h)
             self._note_kept(kept_h, n)
 
-    def _sync_captured(self, k: int) -> None:
-        """The tally from the captured step's device counters (they count this session's batches; the
-        tally held the batches before when the epoch began here)."""
-        start, captured, cfg = self._captured_from, self._captured, self.config
-        done = self.batch_in_epoch - start.first_batch  # this session's batches
-        loss = captured.loss_sum()
-        session_examples = min(start.N, self.batch_in_epoch * start.batch_size) - start.first_batch * start.batch_size
-        full = loss if start.before_last is None else start.before_last  # the loss of full batches
-        sq_error = 2.0 * start.batch_size * (full - start.values.get("loss", 0.0)) + \
-            (0.0 if start.before_last is None else 2.0 * (session_examples - (done - 1) * start.batch_size)
-             * (loss - start.before_last))
-        values = dict(start.values)
-        values.update(loss=loss, batches=start.values.get("batches", 0) + done,
-                      sq_error=start.values.get("sq_error", 0.0) + sq_error,
-                      examples=start.values.get("examples", 0) + session_examples,
-                      kept_h=start.values.get("kept_h", 0) + captured.kept_count_h())
-        # The captured step keeps no count of non-zero codes: linear units keep k, relu ones are not counted.
-        values["nonzero"] = start.values.get("nonzero", 0) + session_examples * k if cfg.activation == "linear" \
-            else None
-        if cfg.aux_k:
-            values.update(aux_loss=start.values.get("aux_loss", 0.0) + captured.aux_loss_sum(),
-                          aux_batches=start.values.get("aux_batches", 0) + done)
-        self.tally.values = values
-
-    def _check_health(self, loss_sum: float, valid_loss: float | None) -> None:
-        """Stop as diverged when the epoch's summed loss or the validation loss is not finite
-        (each batch's loss was finite, but their sum or a whole split's error can overflow:
-        e.g. unscaled integer data) or when the parameters hold NaN or infinities; raised
-        before the epoch is counted, so nothing of it is logged or checkpointed."""
-        where = f"at epoch {self.epoch + 1} (step {self.step})"
-        hint = f"nothing was saved after the last good checkpoint; try a smaller {{name}} (now {self.config.lr}) or scaled data"
-        if not math.isfinite(loss_sum):
-            raise _Diverged(f"the training loss summed over the epoch became {loss_sum} {where}; {hint}")
-        if valid_loss is not None and not math.isfinite(valid_loss):
-            raise _Diverged(f"the validation loss became {valid_loss} {where}; {hint}")
-        self.check_params_finite()
-
     def check_params_finite(self) -> None:
         """Raise :class:`TrainingDiverged` if a parameter holds NaN or infinities (a checkpoint
         of such a model must never replace a good one)."""
@@ -451,34 +366,15 @@ class Trainer:
                                 f"and nothing was saved after the last good checkpoint; try a smaller {{name}} "
                                 f"(now {self.config.lr}) or scaled data")
 
-    def _batch_gradients(self, X_nd, k: int):
-        """``(loss, grads, kept_h)`` for one minibatch: the loss, the gradients to step with,
-        and how many examples kept each hidden unit. The one hook where subclasses communicate."""
+    def _batch_gradients(self, X_nd, k: int, X_rows=None, dead_h=None, params=None):
+        """``(loss, aux_loss, grads, kept_h)`` for one minibatch: the loss, with ``dead_h`` the auxiliary loss on
+        those units (else None), the gradients to step with, and how many examples kept each hidden unit.
+        ``X_rows``: the batch's rows of its set's CSR form (the sparse encoder's). The one hook where
+        subclasses communicate."""
         step, lanes = self._at(k)
         # On the CPU kernels the sparse step may hand W's gradient over in parts, for step.update to apply.
-        loss, grads, cache = step.loss_and_grads(self.params, X_nd, k, lanes, self._batch_rows)
-        kept_h = self.backend.xp.bincount(cache.idx_nk.ravel(), minlength=self.config.hidden)
-        self._batch_nonzero = self._code_nonzero(cache)
-        return loss, grads, kept_h
-
-    def _gradients(self, X_nd, k: int):
-        """``(loss, grads, kept_h)``: :meth:`_batch_gradients` (the paper's step), or with ``aux_k`` the
-        AuxK step (beyond the paper, :mod:`ksae_cupy.auxk_step`), its auxiliary loss added to the epoch's."""
-        if not self.config.aux_k:
-            return self._batch_gradients(X_nd, k)
-        if not self.tracks_dead_units:
-            raise KsaeError(f"aux_k {self.config.aux_k}: the auxiliary loss is not available in the distributed "
-                            f"trainers yet; train with one process, or without it")
-        loss, aux_loss, grads, kept_h = self.auxk_batch_gradients(X_nd, k)
-        self.tally.add("aux_loss", aux_loss)
-        self.tally.add("aux_batches", 1)
-        return loss, grads, kept_h
-
-    def auxk_batch_gradients(self, X_nd, k: int, params=None):
-        """``(loss, aux_loss, grads, kept_h)`` of one minibatch with the auxiliary loss on the units dead now."""
-        step, lanes = self._at(k)
-        loss, aux_loss, grads, cache = step.loss_and_grads_auxk(self.params if params is None else params, X_nd, k,
-                                                                self.dead_h(), lanes)
+        loss, aux_loss, grads, cache = step.gradients(self.params if params is None else params, X_nd, k, lanes,
+                                                      X_rows, dead_h)
         kept_h = self.backend.xp.bincount(cache.idx_nk.ravel(), minlength=self.config.hidden)
         self._batch_nonzero = self._code_nonzero(cache)
         return loss, aux_loss, grads, kept_h
@@ -510,8 +406,8 @@ class Trainer:
         dead units). The step and update are the ones an epoch at that k takes."""
         k = self.current_k() if k is None else k
         step, lanes = self._at(k)
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"), self._blas_for(lanes):
-            loss, grads, _ = self._batch_gradients(X_nd, k)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"), epochs.blas_threads(lanes):
+            loss, _, grads, _ = self._batch_gradients(X_nd, k)
             if math.isfinite(loss):
                 step.update(self.optimizer, self.params, grads, self.config.lr if lr is None else lr)
         return loss
@@ -524,10 +420,10 @@ class Trainer:
         optimizer = self._optimizer.make(params, self.config, self.backend.xp)
         step, lanes = self._at(k)
         times = []
-        with self._blas_for(lanes):
+        with epochs.blas_threads(lanes):
             for _ in range(steps + 1):  # the first call may compile or warm caches: not counted
                 start = time.perf_counter()
-                _, grads, _ = step.loss_and_grads(params, X_nd, k, lanes)
+                _, _, grads, _ = step.gradients(params, X_nd, k, lanes)
                 step.update(optimizer, params, grads, self.config.lr)
                 self.backend.synchronize()
                 times.append(time.perf_counter() - start)
@@ -543,7 +439,7 @@ class Trainer:
         if self.config.activation == "linear":
             return float(k)
         nonzero = 0
-        with self._blas_for(1):
+        with epochs.blas_threads(1):
             for start in range(0, X_nd.shape[0], chunk):
                 Z_nh = model.hidden_preactivations(self.params, X_nd[start:start + chunk])
                 _, val_nk = model.select_units(Z_nh, k, self.config.topk, self.config.activation)
@@ -558,7 +454,7 @@ class Trainer:
         lanes = self._evaluation.lanes()  # on the CPU kernels, the sparse decoder in lanes (steps.resolve_evaluation)
         sparse_X = self._inputs.of(X_nd, self.dtype, "evaluation") if self._evaluation.in_lanes else None
         total = 0.0
-        with self._blas_for(lanes):
+        with epochs.blas_threads(lanes):
             for start in range(0, X_nd.shape[0], chunk):
                 stop = min(start + chunk, X_nd.shape[0])
                 X_rows = None if sparse_X is None else sparse_X.rows(np.arange(start, stop))
@@ -567,12 +463,8 @@ class Trainer:
 
     def checkpoint(self, preprocess: dict | None = None) -> Checkpoint:
         """A host copy of the whole state (what resuming needs)."""
-        if self._captured is not None:
-            # The captured steps run on a stream of their own: wait for them (the copies below run on the
-            # default stream); mid-epoch, the epoch's counters so far are on the device.
-            self._captured.loss_sum()
-            if self.batch_in_epoch and getattr(self, "_captured_from", None) is not None:
-                self._sync_captured(self.current_k())
+        if self._capture is not None:
+            self._capture.before_checkpoint(self)
         return Checkpoint(
             params={name: to_host(value) for name, value in self.params.items()},
             velocities={name: to_host(value) for name, value in self.optimizer.velocities.items()},
@@ -583,27 +475,3 @@ class Trainer:
             epoch_tally=epochs.tally_state(self),
             units={"since_kept_h": to_host(self.since_kept_h)},
         )
-
-
-@dataclass
-class OpenEpoch:
-    """An epoch :meth:`Trainer.open_epoch` began: its k, order, batches, the batch it began at, its clock
-    and parts so far, and ``one_step(b)``, which trains batch ``b`` of it."""
-
-    k: int
-    order: object
-    n_batches: int
-    first_batch: int
-    start: float
-    parts: dict
-    one_step: object
-    device_order: bool = False  # the epoch graph draws this epoch's order on the device (``order`` is None)
-
-
-class _CapturedStart:
-    """Where a captured epoch began in this session: the tally then, the batch, the rows and batch size;
-    ``before_last``, the device's loss sum read before the epoch's last batch (which may be smaller)."""
-
-    def __init__(self, tally, first_batch: int, N: int, batch_size: int):
-        self.values, self.first_batch, self.N, self.batch_size = dict(tally.values), first_batch, N, batch_size
-        self.before_last = None

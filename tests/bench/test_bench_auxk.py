@@ -1,5 +1,5 @@
 """bin/bench-auxk's timing (:mod:`ksae_cupy.bench.auxk`) on tiny shapes, and its options
-(:mod:`ksae_cupy.reports.bench_auxk`)."""
+(:mod:`ksae_cupy.recipes.bench_auxk`)."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 
 from ksae_cupy.bench import auxk
 from ksae_cupy.datasets.synthetic import make_sparse_signals
-from ksae_cupy.reports.bench_auxk import parse_args
+from ksae_cupy.recipes.bench_auxk import parse_args
 
 
 def tiny(aux_k=8, hidden=40, k=3):

@@ -1,5 +1,5 @@
 """bin/measure-lr's measurement (:mod:`ksae_cupy.bench.learning_rates`) on a tiny model, and its options
-(:mod:`ksae_cupy.reports.measure_lr`)."""
+(:mod:`ksae_cupy.recipes.measure_lr`)."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ import pytest
 
 from ksae_cupy.bench import learning_rates as lr
 from ksae_cupy.datasets.synthetic import make_sparse_signals
-from ksae_cupy.reports.measure_lr import parse_args
+from ksae_cupy.recipes.measure_lr import parse_args
 
 X_ND = make_sparse_signals(256, D=16, H=24, k=3, seed=0)[0]
 MODEL = dict(batch=32, hidden=24, seed=0)

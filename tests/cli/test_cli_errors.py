@@ -119,11 +119,11 @@ def test_diverging_loss_stops_and_keeps_last_good_checkpoint(data_file, tmp_path
     real = train.model.loss_and_grads
     calls = {"n": 0, "params": None}
 
-    def diverging_after_two_epochs(params, X_nd, k, *options):
+    def diverging_after_two_epochs(params, X_nd, k, *options, **settings):
         # Count the run's own steps only: the ETA also times a few steps, on copies of the parameters.
         calls["params"] = calls["params"] or params
         calls["n"] += params is calls["params"]
-        loss, grads, cache = real(params, X_nd, k, *options)
+        loss, grads, cache = real(params, X_nd, k, *options, **settings)
         return (float("nan") if calls["n"] > 2 * 6 else loss), grads, cache  # 54 rows / 10 = 6 batches
 
     monkeypatch.setattr(train.model, "loss_and_grads", diverging_after_two_epochs)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.gpu import fused_step
+from ksae_cupy.bench import kernel_step as fused_step
 from ksae_cupy.gpu import cuda_kernels as cuda
 from ksae_cupy.topk import topk_sort, topk_threshold
 from training_setup import (TRAJECTORY_K, TRAJECTORY_LR, TRAJECTORY_MOMENTUM, TRAJECTORY_STEPS, setup,

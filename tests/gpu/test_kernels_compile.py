@@ -1,7 +1,7 @@
 """Every kernel template instantiation listed in ksae_cupy.gpu.cuda_kernels.KERNEL_NAMES compiles with nvcc.
 
 Runs without a GPU (CI has nvcc but no device): one nvcc call per architecture compiles a
-translation unit that includes kernels/topk.cu and instantiates every listed template; the
+translation unit that includes kernels/select_topk.cu and instantiates every listed template; the
 resulting cubin must hold one kernel entry per instantiation. Skipped, with a reason, only when
 nvcc is absent.
 """
@@ -101,7 +101,7 @@ OTHER_SOURCES = {
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("source", sorted(OTHER_SOURCES))
 def test_the_other_kernel_sources_compile(source, arch, tmp_path: Path):
-    """kernels/products.cu and kernels/shuffle.cu (the epoch graph's products, sums and order,
+    """kernels/step_products.cu and kernels/draw_order.cu (the epoch graph's products, sums and order,
     ksae_cupy.gpu.products and .shuffle): every instantiation compiles, nothing spills, and the
     static shared memory is what the launch plans assume."""
     import importlib

@@ -1,4 +1,4 @@
-"""The CUDA kernels of kernels/topk.cu, run on the CPU and compared bit for bit with ksae_cupy.topk.
+"""The CUDA kernels of kernels/select_topk.cu, run on the CPU and compared bit for bit with ksae_cupy.topk.
 
 No GPU needed: tests/gpu/cuda_host/ compiles the unmodified kernel source with the host C++
 compiler against a header that emulates the CUDA built-ins (threads as fibers, __syncthreads,
@@ -29,7 +29,7 @@ import pytest
 
 from ksae_cupy.gpu import cuda_kernels as kernels
 from ksae_cupy.gpu.cuda_kernels import next_pow2
-from ksae_cupy.gpu.fused_step import fused_step
+from ksae_cupy.bench.kernel_step import fused_step
 from ksae_cupy.topk import topk_sort, topk_threshold
 
 import emulated_kernels
@@ -486,7 +486,7 @@ def test_fused_step_matches_model_step(pool, method, dtype):
 # ------------------------------------------------------------------------------------------------
 # The harness fails when a kernel is wrong: bugs planted in copies of the source.
 
-# (name, text in topk.cu, replacement, what to run, kind). Kind "race": a barrier between two
+# (name, text in select_topk.cu, replacement, what to run, kind). Kind "race": a barrier between two
 # phases removed, which only shows when a warp may run ahead (the warps-* schedules); "equivalent":
 # a change that cannot alter any answer, so no test can catch it (kept to show the harness does not
 # flag correct code).
@@ -581,8 +581,8 @@ def planted_driver(tmp_path_factory):
     root = tmp_path_factory.mktemp("planted")
     variants = [("original", kernels.kernel_source_path())]
     for i, (name, old, new, _, _) in enumerate(PLANTED):
-        assert source.count(old) == 1, f"the anchor of planted bug {name!r} is not in topk.cu exactly once"
-        path = root / f"bug{i}" / "topk.cu"
+        assert source.count(old) == 1, f"the anchor of planted bug {name!r} is not in select_topk.cu exactly once"
+        path = root / f"bug{i}" / "select_topk.cu"
         path.parent.mkdir()
         path.write_text(source.replace(old, new))
         variants.append((f"bug{i}", path))

@@ -1,4 +1,4 @@
-"""The product and sum-of-squares kernels of kernels/products.cu, run on the CPU against NumPy.
+"""The product and sum-of-squares kernels of kernels/step_products.cu, run on the CPU against NumPy.
 
 As tests/gpu/test_kernels_host.py: the unmodified source compiled for the host emulator
 (tests/gpu/cuda_host), and the launchers' own plans (ksae_cupy.gpu.products.plan_matmul,

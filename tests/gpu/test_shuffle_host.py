@@ -1,4 +1,4 @@
-"""The GPU's epoch order (kernels/shuffle.cu) against NumPy's ``Generator.permutation``, bit for bit.
+"""The GPU's epoch order (kernels/draw_order.cu) against NumPy's ``Generator.permutation``, bit for bit.
 
 The unmodified kernel runs in the host emulator (tests/gpu/cuda_host), launched by the plan of
 ksae_cupy.gpu.shuffle, under several schedules: the order and the generator's state after it must

@@ -72,12 +72,12 @@ nth, calls = int(sys.argv.pop(1)), []
 
 
 def holding(gradients):
-    def step(self, X_nd, k):
+    def step(self, X_nd, k, *rest):
         calls.append(k)
         if len(calls) == nth:
             print(f"held in step {nth}", flush=True)
             sys.stdin.read()
-        return gradients(self, X_nd, k)
+        return gradients(self, X_nd, k, *rest)
     return step
 
 

@@ -2,7 +2,7 @@
 // output arrays to stdout. tests/test_kernels_host.py builds and drives it:
 //
 //   g++ -std=c++20 -O2 -fno-extern-tls-init -fsanitize=bounds -include cuda_host.h
-//       -DKERNEL_SOURCE='"kernels/topk.cu"' -DKERNEL_TABLE='"kernel_table.inc"' driver.cpp
+//       -DKERNEL_SOURCE='"kernels/select_topk.cu"' -DKERNEL_TABLE='"kernel_table.inc"' driver.cpp
 //
 // KERNEL_TABLE lists the instantiations to run, one `{"name", bind(&name)},` line each; the test
 // writes it from ksae_cupy's list of kernel names, so the driver can run every kernel the

@@ -8,13 +8,14 @@ from pathlib import Path
 
 from ksae_cupy.atomic import write_json_atomic
 from ksae_cupy.bench import auxk
-from ksae_cupy.reports.script import positive_int, refuse_no_arguments
+from ksae_cupy.recipes.script import positive_int, refuse_no_arguments
+from ksae_cupy import paper
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=auxk.__doc__.split("\n")[0])
     parser.add_argument("--aux-k", type=int, default=256)
-    parser.add_argument("--k", type=int, default=25)
+    parser.add_argument("--k", type=int, default=paper.K)
     parser.add_argument("--dead", default="0,0.01,0.05,0.135,0.45", help="dead fractions, comma-separated")
     parser.add_argument("--rounds", type=positive_int, default=15, help="interleaved rounds (each: 5 steps of each, median)")
     parser.add_argument("--threads", type=int, default=1)
@@ -41,6 +42,6 @@ def main(argv=None) -> None:
     results = auxk.time_dead_fractions(trainer, X_nd, args.k, [float(f) for f in args.dead.split(",")], args.rounds,
                                        clock=auxk.CLOCKS[args.clock], log=partial(print, flush=True))
     if args.out:
-        write_json_atomic(Path(args.out), {"aux_k": args.aux_k, "k": args.k, "hidden": 1000, "batch": 128,
+        write_json_atomic(Path(args.out), {"aux_k": args.aux_k, "k": args.k, "hidden": paper.HIDDEN, "batch": paper.BATCH_SIZE,
                                            "threads": args.threads, "clock": args.clock, "checkpoint": args.checkpoint,
                                            "rounds": args.rounds, "results": results}, sort_keys=False, indent=1)

@@ -39,7 +39,7 @@ def pca_row(dataset, n_components: int, l2_grid, max_iter: int) -> dict:
 
 
 def main() -> None:
-    from ksae_cupy.reports.script import positive_ints, refuse_no_arguments
+    from ksae_cupy.recipes.script import positive_ints, refuse_no_arguments
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ks", type=positive_ints, default="10,25,40", help="the k values, comma-separated")

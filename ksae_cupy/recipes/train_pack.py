@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from ksae_cupy.errors import KsaeError
+from ksae_cupy import paper
 
 RUN_KEYS = ("dir", "k", "seed", "epochs", "lr")  # dir: the folder; the others: ksae-train's options of that name
 
@@ -47,7 +48,7 @@ def parse_run(text: str) -> dict:
     return run
 
 
-DEFAULT_HIDDEN = 1000
+DEFAULT_HIDDEN = paper.HIDDEN  # a new run's; a resumed run keeps its own
 
 
 def run_config(dataset: str, run: dict, hidden: int | None):

@@ -1,5 +1,5 @@
 """The GPU campaign's stages, in order: env, tests, step, packed, grid, mnist, finetune, collect
-(``bin/gpu-campaign``; settings, clock and records in :mod:`ksae_cupy.reports.campaign`).
+(``bin/gpu-campaign``; settings, clock and records in :mod:`ksae_cupy.recipes.campaign`).
 
 Each stage returns ``(status, reason)`` and writes ``<stage>.json`` / ``<stage>.md``;
 :func:`run_campaign` runs the ones asked for and not done yet, within the budget.
@@ -18,7 +18,7 @@ from ksae_cupy.bench.environment import device_check
 from ksae_cupy.bench.metadata import git_commit
 from ksae_cupy.paper import err_mnist_error, ksparse_key
 from ksae_cupy.bench.kernel_grid import torch_cuda
-from ksae_cupy.reports.campaign import EXIT_INTERRUPTED, MNIST_FILES, OF_THE_CODE, REPO, STAGE_MAX_S, STAGES, Campaign
+from ksae_cupy.recipes.campaign import EXIT_INTERRUPTED, MNIST_FILES, OF_THE_CODE, REPO, STAGE_MAX_S, STAGES, Campaign
 from ksae_cupy.reports.children import python_argv
 from ksae_cupy.reports.folders import evaluation_is_current, progress, read_json
 from ksae_cupy.reports.markdown import percent, table as md_table

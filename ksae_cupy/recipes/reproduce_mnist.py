@@ -25,7 +25,8 @@ from ksae_cupy.paper import err_mnist_error, ksparse_key
 from ksae_cupy.reports.children import run_or_exit
 from ksae_cupy.reports.folders import evaluation_is_current, progress
 from ksae_cupy.reports.markdown import percent, table
-from ksae_cupy.reports.script import refuse_no_arguments
+from ksae_cupy.recipes.script import refuse_no_arguments
+from ksae_cupy import paper
 
 
 def main(argv=None) -> None:
@@ -33,8 +34,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ks", default="40,25,10", help="sparsity levels k (default: 40,25,10)")
-    parser.add_argument("--hidden", type=int, default=1000, help="hidden units (paper: 1000)")
-    parser.add_argument("--epochs", type=int, default=5000, help="training epochs (paper: 5000)")
+    parser.add_argument("--hidden", type=int, default=paper.HIDDEN, help=f"hidden units (paper: {paper.HIDDEN})")
+    parser.add_argument("--epochs", type=int, default=paper.EPOCHS, help=f"training epochs (paper: {paper.EPOCHS})")
     parser.add_argument("--dataset", default="mnist", help="dataset (default: mnist; others for a smoke test)")
     parser.add_argument("--device", default="auto", help=DEVICES)
     parser.add_argument("--out", type=Path, default=Path("runs/reproduce-mnist"), help="folder of the run folders")

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ksae_cupy.atomic import write_json_atomic
 from ksae_cupy.bench import learning_rates
-from ksae_cupy.reports.script import refuse_no_arguments
+from ksae_cupy.recipes.script import refuse_no_arguments
+from ksae_cupy import paper
 
 
 def parse_args(argv=None):
@@ -32,6 +33,6 @@ def main(argv=None) -> None:
         row = learning_rates.measure(k, name, X_nd, args.steps)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    write_json_atomic(Path(args.out), {"steps": args.steps, "rows_per_dataset": args.rows, "hidden": 1000,
-                                       "batch_size": 128, "momentum": 0.9, "sigma": 0.01, "grid": "auto_lr * 2^(i/2)",
+    write_json_atomic(Path(args.out), {"steps": args.steps, "rows_per_dataset": args.rows, "hidden": paper.HIDDEN,
+                                       "batch_size": paper.BATCH_SIZE, "momentum": paper.MOMENTUM, "sigma": paper.SIGMA, "grid": "auto_lr * 2^(i/2)",
                                        "results": rows}, sort_keys=False, indent=1)

@@ -1,10 +1,10 @@
-"""bin/paper-tables' options and run through the package (:mod:`ksae_cupy.reports.paper_tables_script`); the
+"""bin/paper-tables' options and run through the package (:mod:`ksae_cupy.recipes.paper_tables_script`); the
 tables themselves: tests/bin/test_paper_tables.py."""
 from __future__ import annotations
 
 import pytest
 
-from ksae_cupy.reports import paper_tables_script as script
+from ksae_cupy.recipes import paper_tables_script as script
 
 
 def test_the_default_runs_root_and_out_are_under_the_clone_given(tmp_path):

@@ -69,10 +69,10 @@ from ksae_cupy.atomic import write_text_atomic as atomic_write
 from ksae_cupy.backend import DEVICES
 from ksae_cupy.reports import folders
 from ksae_cupy.reports.children import Children, Stopped, exit_meaning
-from ksae_cupy.reports.finetune_table import (BASELINE_OF_ROW, DIVERGED, KSPARSE_OF_ROW, ROWS, Diverged, Failed,
+from ksae_cupy.recipes.finetune_table import (BASELINE_OF_ROW, DIVERGED, KSPARSE_OF_ROW, ROWS, Diverged, Failed,
                                               Plan, checkpoint_epochs, write_tables)
 from ksae_cupy.reports.folders import read_json
-from ksae_cupy.reports.script import refuse_no_arguments
+from ksae_cupy.recipes.script import refuse_no_arguments
 from ksae_cupy.sparse_step import STEPS
 
 REPO = Path(__file__).resolve().parents[2]  # the clone: the children import this package from it
@@ -114,7 +114,7 @@ def parse_args(argv):
                     "table go; the same --out continues a stopped run")
     ap.add_argument("--rows", default=",".join(keys), help="comma-separated rows, from: " + ", ".join(keys))
     ap.add_argument("--dataset", default="mnist")
-    ap.add_argument("--hidden", type=int, default=1000)
+    ap.add_argument("--hidden", type=int, default=paper.HIDDEN)
     ap.add_argument("--k", type=int, default=paper.K)
     ap.add_argument("--alpha", type=float, default=paper.ALPHA, help="alpha*k units kept in fine-tuning and in "
                     "layer 1's codes for layer 2")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ksae_cupy.reports import paper_tables as tables
 from ksae_cupy.reports.children import Children, Stopped, shown
-from ksae_cupy.reports.script import refuse_no_arguments
+from ksae_cupy.recipes.script import refuse_no_arguments
 
 REPO = Path(__file__).resolve().parents[2]  # the clone: bin/ and the children's package live there
 DESCRIPTION = "Tables err_mnist and fn_mnist of the paper (section 5) from run folders, ours beside the paper's."
@@ -29,9 +29,9 @@ def parse(argv=None, repo: Path = REPO):
     ap.add_argument("--run", action="store_true", help="run what is missing and resume what stopped")
     ap.add_argument("--rows", default=",".join(tables.ROW_NAMES),
                     help="comma-separated rows asked, from: " + ", ".join(tables.ROW_NAMES))
-    ap.add_argument("--ksparse-epochs", type=int, default=5000, help="k-sparse training epochs (paper: 5000)")
+    ap.add_argument("--ksparse-epochs", type=int, default=tables.paper.EPOCHS, help=f"k-sparse training epochs (paper: {tables.paper.EPOCHS})")
     ap.add_argument("--baseline-epochs", type=int, default=500, help="baselines' training epochs")
-    ap.add_argument("--finetune-epochs", type=int, default=200, help="fine-tuning epochs per phase (paper: 200)")
+    ap.add_argument("--finetune-epochs", type=int, default=tables.paper.FINETUNE_EPOCHS, help=f"fine-tuning epochs per phase (paper: {tables.paper.FINETUNE_EPOCHS})")
     ap.add_argument("--seeds", default="0", help="comma-separated seeds of every asked row")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads of every command")
     ap.add_argument("--no-pack", action="store_true",

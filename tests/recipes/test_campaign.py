@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ksae_cupy.reports.campaign import check_options, parse_run
+from ksae_cupy.recipes.campaign import check_options, parse_run
 
 
 def options(tmp_path: Path, **given) -> SimpleNamespace:

@@ -1,4 +1,4 @@
-"""bin/train-pack (ksae_cupy/reports/train_pack.py): several ksae-train runs in one launch, each the run
+"""bin/train-pack (ksae_cupy/recipes/train_pack.py): several ksae-train runs in one launch, each the run
 ``ksae-train DATASET --k K --seed S --epochs E --run-dir DIR`` makes, bit for bit on the CPU."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from ksae_cupy.cli.train import train_command
-from ksae_cupy.reports.train_pack import main
+from ksae_cupy.recipes.train_pack import main
 from ksae_cupy.training.checkpoint import load_checkpoint
 
 COMMON = ["synthetic", "--hidden", "24", "--threads", "1", "--device", "cpu"]

@@ -1,4 +1,4 @@
-"""Table fn_mnist of ``bin/reproduce-finetune`` (:mod:`ksae_cupy.reports.reproduce_finetune`): its rows, where
+"""Table fn_mnist of ``bin/reproduce-finetune`` (:mod:`ksae_cupy.recipes.reproduce_finetune`): its rows, where
 each row's steps keep their folders under --out, and the table written from those folders alone
 (``table_fn_mnist.md`` and ``.json``), beside the paper's figures of :mod:`ksae_cupy.paper`."""
 from __future__ import annotations
@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ksae_cupy.atomic import write_text_atomic as atomic_write
 from ksae_cupy.errors import KsaeError
+from ksae_cupy import paper
 from ksae_cupy.paper import FN_MNIST
 from ksae_cupy.reports import folders
 from ksae_cupy.reports.folders import read_json, read_metrics, utc_now as now
@@ -152,7 +153,7 @@ def write_tables(args, plan: Plan) -> str:
              f"Written {meta['time']} by `{args.command}` from the run folders under `{args.out}`. "
              f"{args.hidden} hidden units per layer, k = {args.k}, alpha = {args.alpha:g} (alpha*k units kept in "
              f"fine-tuning). Asked: {args.pretrain_epochs} pretraining epochs per model, {args.epochs} fine-tuning "
-             f"epochs per phase (paper: 5000 and 200), learning rate {args.lr_start:g} -> {args.lr_end:g}, "
+             f"epochs per phase (paper: {paper.EPOCHS} and {paper.FINETUNE_EPOCHS}), learning rate {args.lr_start:g} -> {args.lr_end:g}, "
              f"momentum {args.momentum:g}; each row says what it had. Times are sums of the per-epoch seconds in "
              f"the runs' metrics.jsonl (a baseline's pretraining: its fine-tuning run's config.json), training "
              f"only, over every session; a model two rows share counts in both.", "",

@@ -27,7 +27,7 @@ trainer, and PyTorch eager where torch imports); the kernel grid is then called 
 to check its command line and is recorded as skipped. ``--tiny --device gpu`` runs every stage down its
 GPU branches (in CI: on the CuPy stand-in, tests/cupy_standin).
 
-The stages themselves are in :mod:`ksae_cupy.reports.campaign_stages`; the top-k kernel grid
+The stages themselves are in :mod:`ksae_cupy.recipes.campaign_stages`; the top-k kernel grid
 (``--kernel-grid``) in :mod:`ksae_cupy.bench.kernel_grid`.
 """
 from __future__ import annotations
