@@ -80,11 +80,39 @@ class Found:
         return any(str(config.get("device") or "cpu").startswith("gpu") for config in configs)
 
     @cached_property
+    def device_note(self) -> str | None:
+        """Where a GPU did the work, as the label says it: "trained on a GPU" (err_mnist); for a fine-tuning, the
+        layers pretrained on one ("pretrained on a GPU" when all were, else "layer 2 pretrained on a GPU") and
+        the phases fine-tuned on one (finetune.json's phase_devices; before it, config.json's device)."""
+        def gpu(device) -> bool:
+            return str(device or "cpu").startswith("gpu")
+
+        if self.table != FN:
+            return "trained on a GPU" if self.on_gpu else None
+        layers = [gpu(_source_config(source, self.state.path).get("device"))
+                  for source in self.state.config.get("pretrained") or []]
+        parts = []
+        if layers and all(layers):
+            parts.append("pretrained on a GPU")
+        elif any(layers):
+            on = [str(i + 1) for i, on_gpu in enumerate(layers) if on_gpu]
+            parts.append(f"layer{'s' if len(on) > 1 else ''} {' and '.join(on)} pretrained on a GPU")
+        phases = (self.state.results or {}).get("phase_devices") or {
+            phase: [self.state.config.get("device")] for phase in (self.state.config.get("finetune") or {}).get("phases") or ["all"]}
+        tuned_on_gpu = [phase for phase, devices in phases.items() if any(gpu(d) for d in devices)]
+        if tuned_on_gpu:
+            whole = len(tuned_on_gpu) == len(phases) and all(gpu(d) for devices in phases.values() for d in devices)
+            parts.append("fine-tuned on a GPU" if whole else
+                         f"fine-tuned partly on a GPU (phase{'s' if len(tuned_on_gpu) > 1 else ''} "
+                         f"{', '.join(tuned_on_gpu)})")
+        return ", ".join(parts) or None
+
+    @cached_property
     def notes(self) -> tuple[str, ...]:
         """What sets this run apart from the paper's recipe while still being its row: a GPU, a fine-tuning's
         own softmax-phase rate or rows. Runs with the same notes share a line; the notes follow the row's label."""
         tuned = self.state.config.get("finetune") or {}
-        gpu = ("pretrained on a GPU" if self.table == FN else "trained on a GPU") if self.on_gpu else None
+        gpu = self.device_note
         softmax = tuned.get("softmax_lr_start")
         if softmax is not None and softmax == tuned.get("lr_start"):
             softmax = None  # the paper's schedule, typed out: the recipe's own row
