@@ -206,12 +206,13 @@ class CodesByAlpha:
 
 def evaluation_code() -> dict:
     """What made an evaluation, for its ``eval.json``: the protocol version (:data:`PROTOCOL`), the package's
-    version, and the commit of the checkout it ran from (None outside one; ``commit_clean`` false when tracked
-    files differed from it). Tables refuse to mix protocols (:mod:`ksae_cupy.reports.paper_tables`)."""
-    from ksae_cupy.provenance import code_commit, package_version
+    version, and the commit of the checkout it ran from (None outside one; ``code_clean`` false when the package's
+    own files differed from it; results rewritten in the tree, as a re-evaluation does, do not count). Tables
+    refuse to mix protocols (:mod:`ksae_cupy.reports.paper_tables`)."""
+    from ksae_cupy.provenance import code_commit, package_code_clean, package_version
 
-    commit, clean = code_commit()
-    return {"protocol": PROTOCOL, "package_version": package_version(), "commit": commit, "commit_clean": clean}
+    return {"protocol": PROTOCOL, "package_version": package_version(), "commit": code_commit()[0],
+            "code_clean": package_code_clean()}
 
 
 def l2_lattice(l2_grid, extend: int) -> list[float]:

@@ -61,12 +61,12 @@ def without_timings(report: dict) -> dict:
 
 
 def test_eval_json_records_the_protocol_and_the_code(tmp_path):
-    from ksae_cupy.provenance import code_commit
+    from ksae_cupy.provenance import code_commit, package_code_clean
 
     data, W_dh = sparse_signal_dataset(n_train=400, n_valid=100, n_test=100)
     run = make_run(tmp_path / "run", W_dh, k=5)
     evaluate.evaluate_run(run, alphas=[1], l2_grid=[1e-3], dataset=data, log=lambda *_: None)
     report = json.loads((run / "eval.json").read_text())
     assert report["protocol"] == evaluate.PROTOCOL == 4
-    assert (report["commit"], report["commit_clean"]) == code_commit()
+    assert (report["commit"], report["code_clean"]) == (code_commit()[0], package_code_clean())
     assert report["package_version"]
