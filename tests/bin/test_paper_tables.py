@@ -193,7 +193,8 @@ def test_a_fine_tuning_written_before_epochs_were_recorded_reads_them_from_its_p
 
 def test_a_deep_fine_tunings_layers_copied_into_its_own_folder_are_found_where_they_were_moved(root):
     """A deep fine-tuning moved with its layers (``pretrain/ksparse2`` inside its own folder, run elsewhere): the
-    layer's config.json, found by the folder it ran in, says it was trained on a GPU, so the row says so."""
+    layer's config.json, found by the folder it ran in, says it was trained on a GPU, so the row says so (layer 2
+    only: layer 1 ran on the CPU)."""
     deep = root / "fn-deep"
     layer2 = deep / "pretrain" / "ksparse2"
     train_run(layer2, 25, 5000)
@@ -203,7 +204,7 @@ def test_a_deep_fine_tunings_layers_copied_into_its_own_folder_are_found_where_t
     finetune_run(deep / "finetune" / "deep_ksparse", layers, phases=("top", "bottom", "all"), test=0.0130)
     found = {f.state.path.name: f for f in tables.collect(root)}
     assert found["deep_ksparse"].on_gpu
-    assert "pretrained on a GPU" in found["deep_ksparse"].notes
+    assert found["deep_ksparse"].notes == ("layer 2 pretrained on a GPU",)
 
 
 # -- the tables ----------------------------------------------------------------------------------------
