@@ -376,14 +376,15 @@ def _repository(root: Path) -> Path | None:
 
 
 def raw_pixels(root: Path) -> RunState | None:
-    """A k-sparse MNIST run whose evaluation has the raw-pixel baseline (the err_mnist row), its checkpoint in
-    the repository (the row's ksae-eval runs again from a clone)."""
+    """A k-sparse MNIST run whose evaluation has the raw-pixel baseline (the err_mnist row); in a repository, one
+    whose checkpoint is there or kept in history (the row's ksae-eval runs again from a clone)."""
     from ksae_cupy.reports.kept_checkpoints import kept_checkpoint
 
+    in_repository = _repository(root) is not None
     for state in find_runs(root):
         if state.kind == TRAIN and state.config.get("dataset") == paper.DATASET and \
                 (state.results or {}).get("raw_baseline") and \
-                (state.has_checkpoint or kept_checkpoint(state.path / "checkpoint.h5") is not None):
+                (not in_repository or state.has_checkpoint or kept_checkpoint(state.path / "checkpoint.h5") is not None):
             return state
     return None
 
