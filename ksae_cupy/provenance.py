@@ -120,6 +120,15 @@ def code_commit() -> tuple[str | None, bool | None]:
     return commit if commit[0] is not None else built_commit()
 
 
+def package_code_clean() -> bool | None:
+    """Whether the package's own files (this folder and setup.cfg) match the commit of :func:`code_commit`;
+    None outside the package's checkout. Unlike ``clean``, results written into the tree since do not count."""
+    if code_commit()[0] is None:
+        return None
+    changes = _git("status", "--porcelain", "--untracked-files=no", "--", ".", "../setup.cfg")
+    return None if changes is None else changes == ""
+
+
 def library_version(module: str) -> str | None:
     """The version of ``module`` (a key of :data:`LIBRARIES`): the loaded module's, else the installed one's,
     else None."""

@@ -112,3 +112,27 @@ def test_run_folders_and_checkpoints_record_their_code_and_a_resume_adds_its_own
 @pytest.mark.parametrize("device, expected", [("cpu", None), (None, None)])
 def test_no_gpu_name_without_a_gpu(device, expected):
     assert provenance.gpu_name(device) == expected
+
+
+def test_the_package_code_is_clean_while_only_results_in_the_tree_changed(monkeypatch, tmp_path):
+    # A re-evaluation rewrites tracked eval.json files: the code that ran is still the commit's.
+    package = tmp_path / "ksae_cupy"
+    package.mkdir()
+    (package / "a.py").write_text("x = 1\n")
+    (tmp_path / "setup.cfg").write_text("[metadata]\n")
+    (tmp_path / "eval.json").write_text("{}\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "x"]):
+        subprocess.run([*git, *args], cwd=tmp_path, check=True)
+    monkeypatch.setattr(provenance, "PACKAGE_DIR", package)
+    provenance.code_commit.cache_clear()
+    try:
+        (tmp_path / "eval.json").write_text('{"test_error": 0.02}\n')
+        assert provenance.code_commit()[1] is False and provenance.package_code_clean() is True
+        (tmp_path / "setup.cfg").write_text("[metadata]\nversion = 2\n")
+        assert provenance.package_code_clean() is False
+        (tmp_path / "setup.cfg").write_text("[metadata]\n")
+        (package / "a.py").write_text("x = 2\n")
+        assert provenance.package_code_clean() is False
+    finally:
+        provenance.code_commit.cache_clear()

@@ -269,3 +269,82 @@ def test_the_guides_python_block_is_the_readmes():
     block = re.compile(r"```python\nimport ksae_cupy\n.*?```", re.S)
     guide = (ROOT / "docs" / "guide" / "your-data.md").read_text()
     assert block.search(guide)[0] == block.search((ROOT / "README.md").read_text())[0]
+
+
+# -- every measured figure of the README names its committed file, which is read here and checked by value ----
+
+QUICK_START_RECORD = re.compile(r"`(results/quickstart/[\w.-]+\.json)`")
+
+
+def quick_start_record() -> tuple[str, dict]:
+    """The record the README's quick start names (what the two commands printed, on which machine) and its text."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Quick start"):text.index("## Install")]
+    name = QUICK_START_RECORD.search(section)[1]
+    return section, json.loads((ROOT / name).read_text())
+
+
+def test_the_quick_starts_printed_lines_are_those_of_its_recorded_run():
+    _, record = quick_start_record()
+    train, evaluate = record["commands"]
+    assert [c["argv"][0] for c in record["commands"]] == ["ksae-train", "ksae-eval"]
+    assert train["exit_status"] == evaluate["exit_status"] == 0
+    said = train["stdout_tail"] + train["stderr_tail"] + evaluate["stdout_tail"] + evaluate["stderr_tail"]
+    shown = [line for line in printed_last() if line != "..."]
+    assert len(shown) == 4 and all(line in said for line in shown), [line for line in shown if line not in said]
+    assert shown[-1] == evaluate["stderr_tail"][-1]  # ksae-eval's last line: its test error
+
+
+def test_the_quick_starts_timings_and_error_are_its_recorded_runs():
+    section, record = quick_start_record()
+    train, evaluate = record["commands"]
+    timings = re.search(r"training took (\d+) s and the evaluation (\d+) s", section)
+    assert timings and [int(t) for t in timings.groups()] == [round(train["wall_seconds"]),
+                                                              round(evaluate["wall_seconds"])]
+    error = re.search(r"test error (\d+\.\d\d)%", evaluate["stderr_tail"][-1])[1]
+    assert f"Expect about {error}%" in section
+    for figure in (record["machine"]["cpu"], f"{record['machine']['cores']} cores", record["date"][:10]):
+        assert figure in section, figure
+
+
+def test_the_shallow_clones_size_is_the_recorded_one():
+    _, record = quick_start_record()
+    size = record["shallow_clone"]["du_sh"].removesuffix("M")
+    for page in ("README.md", "docs/guide/data.md"):
+        assert re.search(rf"{size} MB on disk by `du -sh`", (ROOT / page).read_text()), page
+
+
+def test_the_paper_length_k25_figures_are_their_run_folders():
+    import gzip
+
+    text = (ROOT / "README.md").read_text()
+    line = next(line for line in text.splitlines() if line.startswith("On one CPU core:"))
+    cpu = json.loads((ROOT / "results/runs/mnist-k25-5000/eval.json").read_text())
+    gpu = json.loads((ROOT / "results/runs/mnist-k25-5000-gpu/eval.json").read_text())
+    assert f"`ksae-eval`: {100 * cpu['features']['test_error']:.2f}% test error" in line
+    assert f"`results/runs/mnist-k25-5000-gpu`): {100 * gpu['features']['test_error']:.2f}%" in line
+    with gzip.open(ROOT / "results/runs/mnist-k25-5000/train.log.gz", "rt") as log:
+        done = next(l for l in log if l.startswith("done: "))
+    seconds = float(re.search(r"in ([\d.]+) s", done)[1])
+    assert f"5000 epochs in {seconds:,.0f} s" in line
+
+
+def readme_table_figures() -> list[tuple[str, str]]:
+    """``(row, figure)`` of every percentage in the "ours" column of the README's two paper tables."""
+    text = (ROOT / "README.md").read_text()
+    figures = []
+    for heading in ("| Table err_mnist", "| Table fn_mnist"):
+        block = text[text.index(heading):].split("\n\n", 1)[0]
+        for line in block.splitlines()[2:]:
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            figures += [(cells[0], figure) for figure in re.findall(r"\d+\.\d\d% ± \d\.\d\d|\d+\.\d\d%", cells[2])]
+    return figures
+
+
+def test_every_figure_of_the_readmes_tables_is_a_test_figure_of_the_generated_tables():
+    generated = (ROOT / "results" / "paper-tables.md").read_text()
+    ours = {[c.strip() for c in line.strip("|").split("|")][2] for line in generated.splitlines()
+            if line.startswith("| ") and line.count("|") == 10}
+    figures = readme_table_figures()
+    assert len(figures) >= 15
+    assert [(row, figure) for row, figure in figures if figure not in ours] == []

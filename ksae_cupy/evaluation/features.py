@@ -28,9 +28,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from ksae_cupy.evaluation import classifier, grid
-from ksae_cupy.backend import CPU, Backend
+from ksae_cupy.backend import CPU, Backend, array_module
 from ksae_cupy.errors import KsaeError, OptionError, literal
 from ksae_cupy.model import alpha_k, hidden_preactivations, select_units
 from ksae_cupy.atomic import write_text_atomic
@@ -44,8 +45,10 @@ DEFAULT_L2_EXTEND = 3  # decades tried beyond DEFAULT_L2's edge while the best L
 # The selection protocol, in eval.json and in the kept fits' fingerprint (fits of another protocol are
 # not reused). 1: every (alpha, L2) of the grid, L-BFGS to 1e-6 with 20 pairs (until 2026-11-26/27);
 # 2: the walk of select_and_test, L-BFGS to classifier.TOL / FTOL with classifier.HISTORY pairs (until 2026-11-27);
-# 3: the same walk, its fits to classifier.CHOICE_TOL (the refit still to TOL).
-PROTOCOL = 3
+# 3: the same walk, its fits to classifier.CHOICE_TOL (the refit still to TOL) (until 2026-12-07);
+# 4: the same, with the encoder's X W in pieces of ROWS_PER_PIECE rows and all of it on one BLAS thread (the same
+# bits at every thread count).
+PROTOCOL = 4
 REFIT_CHOICES = ("train+valid", "train")
 
 
@@ -62,28 +65,76 @@ class Trial:
     seconds: float
 
 
+# On the CPU the encoder's product X W is made in pieces of this many rows, each by one BLAS call on one
+# thread, and the lanes (threads) share out whole pieces. A row's features are then the same bits at every
+# thread count: OpenBLAS on several threads adds a row's products in another order, and even on one thread
+# a row's bits depend on the rows around it in the call (ksae-eval of mnist-k25-5000 gave 1.84% on one
+# thread and 1.89% on two when the BLAS threads made X W).
+ROWS_PER_PIECE = 1000
+
+
 def top_units(params, X_nd, kept: int, topk_method: str = "sort", backend: Backend = CPU, batch: int = 10_000,
-              activation: str = "linear"):
+              activation: str = "linear", lanes: int = 1):
     """``(idx_nk, val_nk)``: the ``kept`` largest units of every row of host ``X_nd`` (after
     ``activation``), each row in descending order of value (ties: ascending unit), on ``backend``.
 
     The first ``m`` columns are then the ``m`` largest units: one encoding serves every alpha.
+    On the CPU, ``lanes`` threads share the rows in pieces of :data:`ROWS_PER_PIECE`, with BLAS on one
+    thread: the same bits at any ``lanes`` (``batch`` is the GPU's batch of rows).
     """
-    xp = backend.xp
+    if not backend.is_gpu:
+        return _top_units_in_pieces(params, X_nd, kept, topk_method, activation, lanes)
     dev_params = {name: backend.asarray(value) for name, value in params.items()}
     idx_parts, val_parts = [], []
     for start in range(0, len(X_nd), batch):
-        Z_nh = hidden_preactivations(dev_params, backend.asarray(X_nd[start:start + batch], dtype=dev_params["W_dh"].dtype))
-        idx_nk, val_nk = select_units(Z_nh, kept, topk_method, activation)
-        if topk_method != "sort" or activation != "linear":  # rows not yet in descending order of value
-            by_unit_nk = xp.argsort(idx_nk, axis=1)
-            idx_nk, val_nk = (xp.take_along_axis(a_nk, by_unit_nk, axis=1) for a_nk in (idx_nk, val_nk))
-            stable = {"kind": "stable"} if xp is np else {}  # CuPy's sort is always stable
-            by_value_nk = xp.argsort(-val_nk, axis=1, **stable)
-            idx_nk, val_nk = (xp.take_along_axis(a_nk, by_value_nk, axis=1) for a_nk in (idx_nk, val_nk))
+        X_part = backend.asarray(X_nd[start:start + batch], dtype=dev_params["W_dh"].dtype)
+        idx_nk, val_nk = _descending_top(dev_params, X_part, kept, topk_method, activation)
         idx_parts.append(idx_nk)
         val_parts.append(val_nk)
-    return xp.concatenate(idx_parts), xp.concatenate(val_parts)
+    return backend.xp.concatenate(idx_parts), backend.xp.concatenate(val_parts)
+
+
+def _top_units_in_pieces(params, X_nd, kept: int, topk_method: str, activation: str, lanes: int):
+    """:func:`top_units` on the CPU: lane ``l`` encodes its contiguous share of the row pieces, each piece one
+    single-threaded BLAS call, so no row's sums depend on the lane count."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ksae_cupy.cpu.lanes import share
+
+    if not isinstance(lanes, int) or isinstance(lanes, bool) or lanes < 1:
+        raise KsaeError(f"lanes={lanes!r} is not allowed; use a positive number of threads")
+    N = len(X_nd)
+    n_pieces = max(1, -(-N // ROWS_PER_PIECE))
+    n_lanes = min(lanes, n_pieces)
+    dtype = params["W_dh"].dtype
+    parts: list = [None] * n_pieces
+
+    def encode_share(lane: int) -> None:
+        for piece in range(*share(lane, n_lanes, n_pieces)):
+            rows = slice(piece * ROWS_PER_PIECE, (piece + 1) * ROWS_PER_PIECE)
+            parts[piece] = _descending_top(params, np.asarray(X_nd[rows], dtype=dtype), kept, topk_method, activation)
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        if n_lanes == 1:
+            encode_share(0)
+        else:
+            with ThreadPoolExecutor(max_workers=n_lanes, thread_name_prefix="ksae-encode") as pool:
+                list(pool.map(encode_share, range(n_lanes)))  # list(): a lane's exception is raised here
+    return np.concatenate([idx for idx, _ in parts]), np.concatenate([val for _, val in parts])
+
+
+def _descending_top(params, X_nd, kept: int, topk_method: str, activation: str):
+    """The ``kept`` largest units of each row of ``X_nd`` (on the parameters' array module), in descending
+    order of value (ties: ascending unit)."""
+    xp = array_module(params["W_dh"])
+    idx_nk, val_nk = select_units(hidden_preactivations(params, X_nd), kept, topk_method, activation)
+    if topk_method != "sort" or activation != "linear":  # rows not yet in descending order of value
+        by_unit_nk = xp.argsort(idx_nk, axis=1)
+        idx_nk, val_nk = (xp.take_along_axis(a_nk, by_unit_nk, axis=1) for a_nk in (idx_nk, val_nk))
+        stable = {"kind": "stable"} if xp is np else {}  # CuPy's sort is always stable
+        by_value_nk = xp.argsort(-val_nk, axis=1, **stable)
+        idx_nk, val_nk = (xp.take_along_axis(a_nk, by_value_nk, axis=1) for a_nk in (idx_nk, val_nk))
+    return idx_nk, val_nk
 
 
 def codes_matrix(idx_nk, val_nk, kept: int, H: int, backend: Backend = CPU):
@@ -119,12 +170,13 @@ class CodesByAlpha:
     """``encode(alpha, X_nd)`` for every alpha of ``alphas`` from one encoding of each data split.
 
     The largest alpha's units are found once per split (the matrix product and the top-k are
-    most of an encoding's time) and each alpha's codes are its first alpha*k columns.
+    most of an encoding's time) and each alpha's codes are its first alpha*k columns. ``lanes``:
+    threads that share an encoding on the CPU (:func:`top_units`; the same bits at any count).
     """
 
     def __init__(self, params, k: int, alphas, topk_method: str = "sort", backend: Backend = CPU,
-                 activation: str = "linear"):
-        self.params, self.k, self.backend = params, k, backend
+                 activation: str = "linear", lanes: int = 1):
+        self.params, self.k, self.backend, self.lanes = params, k, backend, lanes
         self.topk_method, self.activation = topk_method, activation
         self.H = params["W_dh"].shape[1]
         self.kept_max = max(alpha_k(k, alpha, self.H) for alpha in alphas)
@@ -142,7 +194,7 @@ class CodesByAlpha:
             entry = self._tops.get(id(X_nd))
             if entry is None or entry[0] is not X_nd:
                 entry = X_nd, top_units(self.params, X_nd, self.kept_max, self.topk_method, self.backend,
-                                        activation=self.activation)
+                                        activation=self.activation, lanes=self.lanes)
                 self._tops[id(X_nd)] = entry
             return entry[1]
 
@@ -150,6 +202,17 @@ class CodesByAlpha:
         """Drop the encoding of ``X_nd`` (the test set's, read once)."""
         with self._lock:
             self._tops.pop(id(X_nd), None)
+
+
+def evaluation_code() -> dict:
+    """What made an evaluation, for its ``eval.json``: the protocol version (:data:`PROTOCOL`), the package's
+    version, and the commit of the checkout it ran from (None outside one; ``code_clean`` false when the package's
+    own files differed from it; results rewritten in the tree, as a re-evaluation does, do not count). Tables
+    refuse to mix protocols (:mod:`ksae_cupy.reports.paper_tables`)."""
+    from ksae_cupy.provenance import code_commit, package_code_clean, package_version
+
+    return {"protocol": PROTOCOL, "package_version": package_version(), "commit": code_commit()[0],
+            "code_clean": package_code_clean()}
 
 
 def l2_lattice(l2_grid, extend: int) -> list[float]:
@@ -163,6 +226,10 @@ def l2_lattice(l2_grid, extend: int) -> list[float]:
     return stronger + grid_values + weaker
 
 
+# The classifier's fits, the walk and the reports run with BLAS on one thread: its sums (L-BFGS's, dense
+# features' products) then have one order at every --threads, and the threads work side by side instead
+# (alphas' fits, the encoder's lanes).
+@threadpool_limits.wrap(limits=1, user_api="blas")
 def select_and_test(encode, dataset, alphas, l2_grid, refit: str = "train+valid", max_iter: int = 500,
                     backend: Backend = CPU, log=print, workers: int = 1, store=None, block: str = "sparse",
                     extend: int = 0, *, early_stop: bool = False, max_iter_name: str = "max_iter",
@@ -550,6 +617,7 @@ def load_run_dataset(run: Run, data_root=None, log=print, overrides: dict | None
     return dataset
 
 
+@threadpool_limits.wrap(limits=1, user_api="blas")  # as select_and_test: one order of every sum
 def evaluate_run(run_dir, alphas=DEFAULT_ALPHAS, l2_grid=DEFAULT_L2, refit: str = "train+valid",
                  raw_baseline: bool = False, backend: Backend = CPU, dataset=None, data_root=None,
                  max_iter: int = 500, linear_svm: bool = False, log=print, data_overrides: dict | None = None,
@@ -583,14 +651,14 @@ def evaluate_run(run_dir, alphas=DEFAULT_ALPHAS, l2_grid=DEFAULT_L2, refit: str 
 
     params = raw_input_params(ckpt.params, ckpt.preprocess)  # a --center-input run: the mean in b (issue 35)
 
-    encode = CodesByAlpha(params, k, alphas, topk_method, backend, activation)
+    encode = CodesByAlpha(params, k, alphas, topk_method, backend, activation, lanes=max(1, workers))
     store = grid.FitStore(run_dir / grid.FITS_FILE, grid.fingerprint(
         run_dir / "checkpoint.h5", dataset, max_iter=max_iter, topk=topk_method, activation=activation,
         protocol=PROTOCOL))
     result = {
         "run_dir": str(run_dir), "dataset": dataset.name, "k": k, "hidden": H, "epoch": ckpt.epoch,
         "device": backend.name, "alphas": list(alphas), "l2_grid": sorted(l2_grid, reverse=True), "max_iter": max_iter,
-        "l2_extend": l2_extend, "protocol": PROTOCOL,
+        "l2_extend": l2_extend, **evaluation_code(),
         "features": select_and_test(encode, dataset, alphas, l2_grid, refit, max_iter, backend, log, workers, store,
                                     extend=l2_extend, max_iter_name=max_iter_name, keep_test_codes=True),
     }

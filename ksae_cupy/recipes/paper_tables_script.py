@@ -85,6 +85,9 @@ def main(argv=None, repo: Path = REPO) -> int:
     except Stopped as exc:
         print(f"stopped; the tables so far are in {args.out}; to continue, give the same command again")
         return exc.status
+    except tables.MixedProtocols as exc:
+        print(f"error: {exc}; {args.out} is left as it was", file=sys.stderr)
+        return 1
     except tables.StepFailed as exc:
         print(f"error: {exc}; the tables so far are in {args.out}", file=sys.stderr)
         return exc.status

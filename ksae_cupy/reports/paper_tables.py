@@ -80,11 +80,39 @@ class Found:
         return any(str(config.get("device") or "cpu").startswith("gpu") for config in configs)
 
     @cached_property
+    def device_note(self) -> str | None:
+        """Where a GPU did the work, as the label says it: "trained on a GPU" (err_mnist); for a fine-tuning, the
+        layers pretrained on one ("pretrained on a GPU" when all were, else "layer 2 pretrained on a GPU") and
+        the phases fine-tuned on one (finetune.json's phase_devices; before it, config.json's device)."""
+        def gpu(device) -> bool:
+            return str(device or "cpu").startswith("gpu")
+
+        if self.table != FN:
+            return "trained on a GPU" if self.on_gpu else None
+        layers = [gpu(_source_config(source, self.state.path).get("device"))
+                  for source in self.state.config.get("pretrained") or []]
+        parts = []
+        if layers and all(layers):
+            parts.append("pretrained on a GPU")
+        elif any(layers):
+            on = [str(i + 1) for i, on_gpu in enumerate(layers) if on_gpu]
+            parts.append(f"layer{'s' if len(on) > 1 else ''} {' and '.join(on)} pretrained on a GPU")
+        phases = (self.state.results or {}).get("phase_devices") or {
+            phase: [self.state.config.get("device")] for phase in (self.state.config.get("finetune") or {}).get("phases") or ["all"]}
+        tuned_on_gpu = [phase for phase, devices in phases.items() if any(gpu(d) for d in devices)]
+        if tuned_on_gpu:
+            whole = len(tuned_on_gpu) == len(phases) and all(gpu(d) for devices in phases.values() for d in devices)
+            parts.append("fine-tuned on a GPU" if whole else
+                         f"fine-tuned partly on a GPU (phase{'s' if len(tuned_on_gpu) > 1 else ''} "
+                         f"{', '.join(tuned_on_gpu)})")
+        return ", ".join(parts) or None
+
+    @cached_property
     def notes(self) -> tuple[str, ...]:
         """What sets this run apart from the paper's recipe while still being its row: a GPU, a fine-tuning's
         own softmax-phase rate or rows. Runs with the same notes share a line; the notes follow the row's label."""
         tuned = self.state.config.get("finetune") or {}
-        gpu = ("pretrained on a GPU" if self.table == FN else "trained on a GPU") if self.on_gpu else None
+        gpu = self.device_note
         softmax = tuned.get("softmax_lr_start")
         if softmax is not None and softmax == tuned.get("lr_start"):
             softmax = None  # the paper's schedule, typed out: the recipe's own row
@@ -285,17 +313,101 @@ def _source_epochs(source: dict, folder: Path) -> int | None:
 
 
 def collect(root: Path) -> list[Found]:
-    """Every run folder under ``root`` that is a row of Table err_mnist or fn_mnist."""
+    """Every run folder under ``root`` that is a row of Table err_mnist or fn_mnist and whose command can run
+    again from a clone (:func:`inputs_gone`; the others are :func:`gone_rows`)."""
+    return [found for found in classify_all(root) if inputs_gone(found, root) is None]
+
+
+def gone_rows(root: Path) -> list[tuple[Found, str]]:
+    """``(found, why)`` of every row whose printed command could not run again from a clone: not in the tables."""
+    return [(found, why) for found in classify_all(root) if (why := inputs_gone(found, root)) is not None]
+
+
+def classify_all(root: Path) -> list[Found]:
     return [found for found in map(classify, find_runs(root)) if found is not None]
 
 
+# -- what a row's command needs from a clone -------------------------------------------------------------
+
+def input_folders(found: Found) -> list[Path]:
+    """The run folders whose checkpoints the row's printed command reads: ksae-eval's run (err_mnist), the
+    pretrained runs ksae-finetune starts from (fn_mnist; none for --no-pretraining and --baseline rows)."""
+    state = found.state
+    if found.table == ERR:
+        return [state.path]
+    if state.config.get("no_pretraining") or state.config.get("baseline"):
+        return []
+    return [_source_folder(source, state.path) for source in state.config.get("pretrained") or []]
+
+
+def inputs_gone(found: Found, root: Path) -> str | None:
+    """Why the row's printed command cannot run again from a clone of the repository holding ``root``, or None:
+    a folder it reads lies outside the repository, or holds no checkpoint (none in the tree, none that
+    results/checkpoints.json lists for ``ksae-data restore-checkpoint``). A row with no results yet is kept while
+    its run can go on (still training, or its checkpoint at hand for ksae-eval). Run folders outside a repository
+    with results/checkpoints.json (a user's own) are all kept: their inputs may lie anywhere on that machine."""
+    from ksae_cupy.reports.kept_checkpoints import kept_checkpoint
+
+    repository = _repository(root)
+    if repository is None:
+        return None
+    state = found.state
+    if state.results is None and state.diverged is None:
+        if found.table == ERR and state.trained and not state.resumable:
+            return "trained, but its checkpoint is gone (none in the tree, none in results/checkpoints.json): " \
+                   "ksae-eval cannot read it"
+        return None
+    for folder in input_folders(found):
+        resolved = Path(folder).resolve()
+        if not resolved.is_relative_to(repository):
+            return f"it reads {folder}, a folder outside the repository"
+        if not (resolved / "checkpoint.h5").is_file() and kept_checkpoint(resolved / "checkpoint.h5") is None:
+            return (f"it reads {resolved.relative_to(repository)}, which holds no checkpoint.h5 (none in the tree, "
+                    f"none in results/checkpoints.json)")
+    return None
+
+
+def _repository(root: Path) -> Path | None:
+    """The repository holding ``root``: the nearest folder at or above it with results/checkpoints.json, else None."""
+    from ksae_cupy.reports.kept_checkpoints import MANIFEST
+
+    root = Path(root).resolve()
+    return next((folder for folder in (root, *root.parents) if (folder / MANIFEST).is_file()), None)
+
+
 def raw_pixels(root: Path) -> RunState | None:
-    """A k-sparse MNIST run whose evaluation has the raw-pixel baseline (the err_mnist row)."""
+    """A k-sparse MNIST run whose evaluation has the raw-pixel baseline (the err_mnist row); in a repository, one
+    whose checkpoint is there or kept in history (the row's ksae-eval runs again from a clone)."""
+    from ksae_cupy.reports.kept_checkpoints import kept_checkpoint
+
+    in_repository = _repository(root) is not None
     for state in find_runs(root):
         if state.kind == TRAIN and state.config.get("dataset") == paper.DATASET and \
-                (state.results or {}).get("raw_baseline"):
+                (state.results or {}).get("raw_baseline") and \
+                (not in_repository or state.has_checkpoint or kept_checkpoint(state.path / "checkpoint.h5") is not None):
             return state
     return None
+
+
+class MixedProtocols(Exception):
+    """The err_mnist rows' eval.json files were written under more than one evaluation protocol."""
+
+
+def check_one_protocol(root: Path, found: list[Found]) -> int | None:
+    """The evaluation protocol (eval.json's ``protocol``; None before it was recorded) every err_mnist figure was
+    measured under; :class:`MixedProtocols`, naming a folder of each, when they differ: one table, one protocol
+    (a changed protocol means evaluating again, not a footnote)."""
+    states = [f.state for f in found if f.table == ERR and f.state.results is not None]
+    raw = raw_pixels(root)
+    states += [raw] if raw is not None else []
+    by_protocol: dict = {}
+    for state in states:
+        by_protocol.setdefault(state.results.get("protocol"), state.path)
+    if len(by_protocol) > 1:
+        listed = "; ".join(f"protocol {protocol}: {_relative(root, path)}" for protocol, path in by_protocol.items())
+        raise MixedProtocols(f"the err_mnist figures come from more than one evaluation protocol ({listed}); "
+                             f"evaluate them again with this ksae-eval (or move the old folders out of {root})")
+    return next(iter(by_protocol), None)
 
 
 # -- what is left to run -----------------------------------------------------------------------------
@@ -598,14 +710,27 @@ def write_tables(root: Path, out: Path, rows, settings: Settings, command_text, 
 
     _copies_below.cache_clear()  # folders come and go between two writes (bin/paper-tables --run)
     found = collect(root)
+    protocol = check_one_protocol(root, found)
     targets = plan(root, rows, settings, found, script)
     intro = (f"# The paper's MNIST tables beside ours\n\nWritten {utc_now()} from the run folders under `{root}`. "
              f"Ours: the test error (mean ± standard deviation over seeds, in points, where there are several) and "
              f"the validation error; gap: ours minus the paper's, in points. Epochs: a fine-tuning row's "
-             f"pretraining + fine-tuning epochs (per phase x phases).\n\n")
+             f"pretraining + fine-tuning epochs (per phase x phases). Every err_mnist figure: ksae-eval's "
+             f"protocol {protocol}. Every row's command runs again from a clone, after "
+             f"`ksae-data restore-checkpoint --all` puts the checkpoints it reads back in place.\n\n")
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(Path(out), intro + render(root, found, targets, command_text))
+    write_text_atomic(Path(out), intro + render(root, found, targets, command_text) + _gone_section(root, command_text))
     return targets
+
+
+def _gone_section(root: Path, command_text) -> str:
+    """The runs left out of the tables because their commands cannot run again from a clone, and why."""
+    gone = gone_rows(root)
+    if not gone:
+        return ""
+    lines = [f"- {_relative(root, found.state.path)} ({found.table}, {found.key}): {why}" for found, why in gone]
+    return ("\n## Left out: commands that cannot run again from a clone\n\n"
+            "Their figures and why they left the tables: docs/results/history.md.\n\n" + "\n".join(lines) + "\n")
 
 
 def packed_training(targets: list[Target], settings: Settings, pack_script: str):

@@ -51,7 +51,7 @@ def evaluate_baseline_run(run_dir, l2_grid, refit: str = "train+valid", raw_base
                           linear_svm: bool = False, log=print, data_overrides: dict | None = None,
                           l2_extend: int = DEFAULT_L2_EXTEND) -> dict:
     """Evaluate a baseline run's features; write ``eval.json`` and ``eval.md`` there."""
-    from ksae_cupy.evaluation.features import _write_atomic, load_run_dataset, select_and_test
+    from ksae_cupy.evaluation.features import _write_atomic, evaluation_code, load_run_dataset, select_and_test
 
     if linear_svm:
         raise OptionError("linear_svm", "{name} is not offered for baseline runs; leave it out")
@@ -70,7 +70,7 @@ def evaluate_baseline_run(run_dir, l2_grid, refit: str = "train+valid", raw_base
 
     result = {"run_dir": str(run.path), "dataset": dataset.name, "model": model, "hidden": run.H,
               "epoch": run.ckpt.epoch, "device": backend.name, "l2_grid": sorted(l2_grid, reverse=True),
-              "l2_extend": l2_extend, "max_iter": max_iter, "features": select_and_test(features, dataset, [None], l2_grid, refit, max_iter, backend, log,
+              "l2_extend": l2_extend, "max_iter": max_iter, **evaluation_code(), "features": select_and_test(features, dataset, [None], l2_grid, refit, max_iter, backend, log,
                                           extend=l2_extend)}
     if raw_baseline:
         log("raw-pixel baseline through the same classifier")

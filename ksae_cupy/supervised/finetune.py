@@ -260,6 +260,7 @@ class FinetuneReport:
     valid_error: float | None
     seconds: float
     momentum: float | None = None  # the epoch's momentum (it varies only with a --momentum-end ramp)
+    device: str | None = None  # where the epoch ran ("cpu", "gpu:0"): a resume may move a run to another device
 
 
 class FinetuneTrainer:
@@ -373,7 +374,8 @@ class FinetuneTrainer:
             phase=phase, epoch=self.epoch, step=self.step, lr=epoch.own["lr"],
             train_loss=tally.mean("loss", "batches") or 0.0,
             valid_error=self.error(X_valid_nd, y_valid_n) if X_valid_nd is not None else None,
-            seconds=time.perf_counter() - epoch.start, momentum=epoch.own["momentum"])
+            seconds=time.perf_counter() - epoch.start, momentum=epoch.own["momentum"],
+            device=self.backend.name)
         if self.epoch >= self.config.epochs:
             self._next_phase()
         return report

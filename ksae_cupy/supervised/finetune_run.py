@@ -316,7 +316,8 @@ def write_results(folder, trainer, data, dataset: str, backend, started: float) 
             return trainer.error(backend.asarray(X, dtype=trainer.dtype), backend.asarray(y, dtype=np.int64))
 
         valid_rows_tuned = trainer.config.fits_valid_rows
-        results = {"dataset": dataset, "device": backend.name, "phases": trainer.config.phases,
+        results = {"dataset": dataset, "device": backend.name, "phase_devices": phase_devices(folder.read_metrics()),
+                   "phases": trainer.config.phases,
                    "epochs_per_phase": trainer.config.epochs, "kept": trainer.config.kept,
                    "train_on": trainer.config.train_on,
                    "valid_error": None if valid_rows_tuned else error(data.X_valid, data.y_valid),
@@ -325,6 +326,19 @@ def write_results(folder, trainer, data, dataset: str, backend, started: float) 
                    "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     write_json_atomic(folder.path / RESULTS, results)
     return results
+
+
+def phase_devices(records: list[dict]) -> dict:
+    """``{phase: [devices its epochs ran on]}`` from metrics.jsonl's records, in the order first met ("device"
+    in finetune.json is only the last session's: a run resumed elsewhere ran its phases on two devices).
+    Epochs logged before the records said it count as "unknown"."""
+    devices: dict = {}
+    for record in records:
+        seen = devices.setdefault(record.get("phase"), [])
+        device = record.get("device") or "unknown"
+        if device not in seen:
+            seen.append(device)
+    return devices
 
 
 def _baseline_source(path, encoders: list, ks: list, sources: list) -> dict:

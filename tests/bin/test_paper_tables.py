@@ -193,7 +193,8 @@ def test_a_fine_tuning_written_before_epochs_were_recorded_reads_them_from_its_p
 
 def test_a_deep_fine_tunings_layers_copied_into_its_own_folder_are_found_where_they_were_moved(root):
     """A deep fine-tuning moved with its layers (``pretrain/ksparse2`` inside its own folder, run elsewhere): the
-    layer's config.json, found by the folder it ran in, says it was trained on a GPU, so the row says so."""
+    layer's config.json, found by the folder it ran in, says it was trained on a GPU, so the row says so (layer 2
+    only: layer 1 ran on the CPU)."""
     deep = root / "fn-deep"
     layer2 = deep / "pretrain" / "ksparse2"
     train_run(layer2, 25, 5000)
@@ -203,7 +204,7 @@ def test_a_deep_fine_tunings_layers_copied_into_its_own_folder_are_found_where_t
     finetune_run(deep / "finetune" / "deep_ksparse", layers, phases=("top", "bottom", "all"), test=0.0130)
     found = {f.state.path.name: f for f in tables.collect(root)}
     assert found["deep_ksparse"].on_gpu
-    assert "pretrained on a GPU" in found["deep_ksparse"].notes
+    assert found["deep_ksparse"].notes == ("layer 2 pretrained on a GPU",)
 
 
 # -- the tables ----------------------------------------------------------------------------------------
@@ -664,3 +665,50 @@ def test_a_single_waiting_k_sparse_row_is_trained_by_ksae_train_itself(root, tmp
     tables.build(root, tmp_path / "t.md", [("err_mnist", "k40")], tables.Settings(), lambda c, a: c, "script",
                  children, pack_script="pack")
     assert [(c, o[0]) for c, o in children.commands] == [("ksae-train", "--resume"), ("ksae-eval", str(root / "k40"))]
+
+
+# -- devices, protocols, and rows a clone cannot run again ----------------------------------------------------
+
+def test_a_deep_row_says_which_layer_and_which_phases_ran_on_a_gpu(root, tmp_path):
+    layer2 = train_run(root / "k25-layer2", 25, 5000, test=0.02)
+    edit_config(layer2, device="gpu:0")
+    deep = finetune_run(root / "ft-deep-l2gpu", [ksparse_source(root / "k25-seed0", 5000), ksparse_source(layer2, 5000)],
+                        phases=("softmax", "top", "all"), test=0.0111)
+    results = json.loads((deep / "finetune.json").read_text())
+    results["phase_devices"] = {"softmax": ["gpu:0"], "top": ["gpu:0", "cpu"], "all": ["cpu"]}  # resumed on the CPU
+    (deep / "finetune.json").write_text(json.dumps(results))
+    placed = {f.state.path.name: f.notes for f in tables.collect(root)}
+    assert placed["ft-deep-l2gpu"] == ("layer 2 pretrained on a GPU, fine-tuned partly on a GPU (phases softmax, top)",)
+    assert placed["ft-ksparse"] == ()  # CPU throughout: no device in its label
+
+
+def test_a_table_of_two_evaluation_protocols_is_refused_and_the_old_tables_stay(root, tmp_path):
+    out = tmp_path / "tables.md"
+    out.write_text("the tables before")
+    for name, protocol in (("k25-seed1", 4), ("rbm", 4)):
+        report = json.loads((root / name / "eval.json").read_text())
+        (root / name / "eval.json").write_text(json.dumps({**report, "protocol": protocol}))
+    result = paper_tables("--runs-root", str(root), "--out", str(out), cwd=tmp_path)
+    assert result.returncode == 1 and out.read_text() == "the tables before"
+    assert_one_line_error(result, "protocol None", "protocol 4", "evaluate them again")
+    for name in ("k25-seed0", "k25-seed2", "k25-short"):  # every figure evaluated again: one protocol
+        report = json.loads((root / name / "eval.json").read_text())
+        (root / name / "eval.json").write_text(json.dumps({**report, "protocol": 4}))
+    assert "Every err_mnist figure: ksae-eval's protocol 4." in tables_of(root, tmp_path)
+
+
+def test_in_a_repository_rows_whose_inputs_are_gone_leave_the_tables_with_why(root, tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "checkpoints.json").write_text(json.dumps({"checkpoints": [
+        {"path": "runs/k25-short/checkpoint.h5", "commit": "0" * 40, "sha256": "0" * 64, "bytes": 1}]}))
+    (root / "k25-short" / "checkpoint.h5").unlink()  # kept in history: restorable, so its row stays
+    (root / "rbm" / "checkpoint.h5").unlink()  # gone: ksae-eval cannot read it, nor ksae-finetune (ft-rbm)
+    outside = train_run(tmp_path.parent / f"{tmp_path.name}-elsewhere", 25, 5000, test=0.02)
+    finetune_run(root / "ft-outside", [ksparse_source(outside, 5000)], test=0.0150)
+    text = tables_of(root, tmp_path)
+    assert line_of(text, "k-Sparse Autoencoder, k = 25", "500")[8] == "k25-short"
+    assert "| rbm |" not in text and "ft-rbm |" not in text and "ft-outside |" not in text
+    left = text.split("## Left out: commands that cannot run again from a clone")[1]
+    assert f"- ft-outside (fn_mnist, ksparse): it reads {outside}, a folder outside the repository" in left
+    assert "- rbm (err_mnist, rbm): it reads runs/rbm, which holds no checkpoint.h5" in left
+    assert "- ft-rbm (fn_mnist, rbm): it reads runs/rbm, which holds no checkpoint.h5" in left

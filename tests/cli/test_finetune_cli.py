@@ -56,6 +56,9 @@ def test_deep_run_writes_results_and_resume_of_a_finished_run_is_idempotent(runs
     assert results["phases"] == ["softmax", "top", "all"] and results["kept"] == [8, 6]
     assert 0 <= results["valid_error"] <= 1 and 0 <= results["test_error"] <= 1
     assert len(RunFolder(out).read_metrics()) == 3
+    # every phase's device, not only the last session's (a run resumed on another device ran on two)
+    assert results["phase_devices"] == {"softmax": ["cpu"], "top": ["cpu"], "all": ["cpu"]}
+    assert [record["device"] for record in RunFolder(out).read_metrics()] == ["cpu"] * 3
     config = RunFolder(out).read_config()
     assert [p["run_dir"] for p in config["pretrained"]] == [str(runs["a"]), str(runs["b"])]
     # the pretrained runs' recipe, for reports that tell the paper's from runs beyond it (bin/paper-tables)
@@ -409,3 +412,11 @@ def test_baseline_overwrite_pretrains_again_and_a_foreign_layer_is_refused_on_re
     shutil.copy(other / "pretrain-layer1" / "config.json", out / "pretrain-layer1" / "config.json")
     assert_one_line_error(invoke(["--resume", out], expect=2), "is not the layer this run pretrains",
                           "input_dropout 0.2 (config.json: 0.0)")
+
+
+def test_phase_devices_name_each_device_a_phase_ran_on_in_the_order_met():
+    from ksae_cupy.supervised.finetune_run import phase_devices
+
+    records = [{"phase": "softmax", "device": "gpu:0"}, {"phase": "top", "device": "gpu:0"},
+               {"phase": "top", "device": "cpu"}, {"phase": "all", "device": "cpu"}, {"phase": "all"}]
+    assert phase_devices(records) == {"softmax": ["gpu:0"], "top": ["gpu:0", "cpu"], "all": ["cpu", "unknown"]}
