@@ -180,7 +180,8 @@ def data_export(run_dir, fmt, layout, out, alpha, overwrite):
     if alpha is not None and not 1 <= alpha < float("inf"):
         raise KsaeError(f"--alpha {alpha} is not allowed; use a finite alpha >= 1 (the paper's 3, or 1)")
     out = default_path(run_dir, fmt, layout) if out is None else out
-    check_output(out, "--out", runs=[run_dir], overwrite=overwrite)
+    if layout == "linear":  # a file; a layout's folder is refused by the export itself when it exists
+        check_output(out, "--out", runs=[run_dir], overwrite=overwrite)
     info = export(run_dir, out, format=fmt, alpha=alpha, layout=layout)
     dead = "" if info["n_dead"] is None else f", {info['n_dead']} dead units"
     click.echo(f"wrote {out}: encoder {info['n_hidden']} x {info['n_inputs']} and decoder {info['n_inputs']} x "

@@ -97,7 +97,7 @@ def test_codes_are_csr_by_default_and_dense_on_request(run_dir, tmp_path):
     np.testing.assert_array_equal(codes[:200].toarray(), model.transform(X[:200], dtype=np.float64))
     assert json.loads((tmp_path / "codes.json").read_text())  # the side file the help names
     assert "codes.npz: codes.json" in " ".join(runner.invoke(data_command, ["codes", "--help"]).output.split())
-    dense = tmp_path / "codes.npy"  # an .npy asks for dense codes
+    dense = tmp_path / "dense.npy"  # an .npy asks for dense codes (its side file dense.json: codes.json stays)
     assert runner.invoke(data_command, ["codes", str(run_dir), str(dense)]).exit_code == 0
     np.testing.assert_array_equal(np.load(dense), codes.toarray())
     wrong = runner.invoke(data_command, ["codes", str(run_dir), str(tmp_path / "c.npy"), "--layout", "csr"])
