@@ -4,8 +4,8 @@ A fresh model is not what users run: after a few epochs at the paper's rate over
 the codes are skewed and heavy-tailed (the top-k's candidate threshold misses on them), and the update's
 velocities decay towards zero. So ``ksae-bench train`` starts its epochs and its step's parts from a trained
 model: a run's checkpoint (``--from-run RUN``, e.g. a committed run restored with ``ksae-data
-restore-checkpoint``), or one trained here to a stated epoch at the paper's rate, k fixed (as ``ksae-train
-mnist --epochs 10`` trains: a schedule too short to reach k is dropped).
+restore-checkpoint``), or one trained here to a stated epoch as ``ksae-train`` trains it: the paper's rate and
+momentum, k from 100 down to k over the first half of those epochs (with 10 epochs, the quick start's model).
 """
 from __future__ import annotations
 
@@ -60,18 +60,21 @@ def from_run(run_dir: Path, D: int, H: int) -> TrainedStart:
 
 def trained_here(backend, X_train, X_valid, H: int, k: int, batch_size: int, topk: str, epochs: int,
                  lr: float = paper.LR, log=print) -> TrainedStart:
-    """A model trained for ``epochs`` epochs on ``X_train`` at ``lr`` (the paper's rate; random rows, which
-    diverge at it, take less) and the paper's momentum, k fixed, seed 0."""
+    """A model trained for ``epochs`` epochs on ``X_train`` as ``ksae-train --epochs EPOCHS`` trains it: at ``lr``
+    (the paper's rate; random rows, which diverge at it, take less) and the paper's momentum, k from the
+    paper's 100 (clipped into [k, H]) down to k over the first half of the epochs, seed 0."""
+    from ksae_cupy.schedules import resolve_k_start
     from ksae_cupy.training.config import TrainConfig
     from ksae_cupy.training.trainer import Trainer
 
-    config = TrainConfig(hidden=H, k=k, k_start=None, epochs=epochs, batch_size=batch_size, topk=topk, lr=lr,
+    k_start = resolve_k_start("auto", k, H)
+    config = TrainConfig(hidden=H, k=k, k_start=k_start, epochs=epochs, batch_size=batch_size, topk=topk, lr=lr,
                          momentum=paper.MOMENTUM)
     trainer = Trainer(config, backend, X_train.shape[1])
     X_train, X_valid = backend.asarray(X_train), backend.asarray(X_valid)
     for epoch in range(epochs):
         report = trainer.run_epoch(X_train, X_valid)
-        log(f"training the bench's model: epoch {epoch + 1}/{epochs}, loss {report.train_loss:.4f}, "
+        log(f"training the bench's model: epoch {epoch + 1}/{epochs}, k {report.k}, loss {report.train_loss:.4f}, "
             f"dead {report.dead_fraction:.1%}")
-    return TrainedStart(trainer.checkpoint(), f"trained here: {epochs} epochs at lr {lr}, momentum "
-                                              f"{paper.MOMENTUM}, k {k} from the first epoch, seed 0")
+    return TrainedStart(trainer.checkpoint(), f"trained here: {epochs} epochs at lr {lr}, momentum {paper.MOMENTUM}, "
+                                              f"k {k_start} down to {k} over the first half, seed 0")

@@ -125,6 +125,7 @@ def test_bench_train_times_a_trained_model_beside_the_fresh_one(tmp_path):
         return
     assert data["trained_model"] == {"made": data["trained_model"]["made"], "epoch": 2}
     assert data["trained_model"]["made"].startswith("trained here: 2 epochs at lr 0.001")  # random rows: 1e-3
+    assert "k 40 down to 4 over the first half" in data["trained_model"]["made"]  # the schedule, as ksae-train
     (fresh,), (trained,) = data["epochs"], data["trained_epochs"]
     assert fresh["model"] == "fresh" and trained["model"] == data["trained_model"]["made"]
     assert trained["k"] == 4 and trained["epoch_s"] > 0 and trained["lr"] == 0.001
