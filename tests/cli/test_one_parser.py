@@ -9,7 +9,7 @@ from clicheck import assert_one_line_error
 from ksae_cupy.cli.sweep import sweep_command
 from ksae_cupy.cli.train import train_command
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.reports.train_pack import main as train_pack, parse_run, run_config
+from ksae_cupy.recipes.train_pack import main as train_pack, parse_run, run_config
 from ksae_cupy.session.fields import TRAIN, parse_text
 
 DECLARED = {option.name: option for option in TRAIN}
