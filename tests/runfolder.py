@@ -37,3 +37,16 @@ def sparse_signal_dataset(n_train=2000, n_valid=500, n_test=500, D=64, H=128, k=
     data = Dataset(name="synthetic", X_train=X[:a], y_train=y[:a], X_valid=X[a:b], y_valid=y[a:b],
                    X_test=X[b:], y_test=y[b:], n_classes=4, image_shape=(8, 8))
     return data, W_dh
+
+
+def train_centred_synthetic_run(run_dir):
+    """A real ksae-train run folder (synthetic data, 64 units, k 5, 2 epochs, centred inputs) at ``run_dir``."""
+    from click.testing import CliRunner
+
+    from ksae_cupy.cli.train import train_command
+
+    result = CliRunner().invoke(train_command, ["synthetic", "--hidden", "64", "--k", "5", "--epochs", "2",
+                                                "--center-input", "--device", "cpu", "--threads", "1",
+                                                "--run-dir", str(run_dir)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return run_dir

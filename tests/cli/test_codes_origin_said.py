@@ -1,23 +1,13 @@
 """Layer 2's codes origin: one that cannot be read is said when layer 2 trains (not found out at the
 fine-tuning), and the fine-tuning's alpha is checked against the alpha the codes were written with."""
 import numpy as np
-from click.testing import CliRunner
 
-from clicheck import assert_one_line_error
+from clicheck import FINETUNE, SESSION, assert_one_line_error, invoke
 from ksae_cupy.cli.data import data_command
 from ksae_cupy.cli.finetune import finetune_command
 from ksae_cupy.cli.train import train_command
 from ksae_cupy.session.runs import RunFolder
 
-SESSION = ["--device", "cpu", "--threads", "1", "--quiet"]
-FINETUNE = ["--epochs", "1", "--batch-size", "50", "--lr-start", "0.1", "--lr-end", "0.01", *SESSION]
-
-
-def invoke(command, args, expect=0):
-    result = CliRunner().invoke(command, [str(a) for a in args], catch_exceptions=False)
-    if expect is not None:
-        assert result.exit_code == expect, result.output
-    return result
 
 
 def layer1(tmp_path):

@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from ksae_cupy.cli.analyze import analyze_command
 from ksae_cupy.cli.baseline import baseline_command
@@ -17,18 +16,9 @@ from ksae_cupy.cli.train import train_command
 from ksae_cupy.evaluation import classifier, grid
 from ksae_cupy.evaluation import features as evaluate
 from ksae_cupy.session.runs import RunFolder
-from clicheck import assert_one_line_error
+from clicheck import FINETUNE, SESSION, assert_one_line_error, invoke
 from runfolder import make_run, sparse_signal_dataset
 
-SESSION = ["--device", "cpu", "--threads", "1", "--quiet"]
-FINETUNE = ["--epochs", "1", "--batch-size", "50", "--lr-start", "0.1", "--lr-end", "0.01", *SESSION]
-
-
-def invoke(command, args, expect=0):
-    result = CliRunner().invoke(command, [str(a) for a in args], catch_exceptions=False)
-    if expect is not None:
-        assert result.exit_code == expect, result.output
-    return result
 
 
 def write_rows(path, seed=0, n=300):

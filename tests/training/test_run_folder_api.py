@@ -11,19 +11,14 @@ from click.testing import CliRunner
 import ksae_cupy
 from ksae_cupy import KSparseAutoencoder
 from ksae_cupy.cli.data import data_command
-from ksae_cupy.cli.train import train_command
 from ksae_cupy.datasets import load_dataset
+from runfolder import train_centred_synthetic_run
 from ksae_cupy.training.chosen_alpha import default_alpha, fallback_alpha
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    run = tmp_path_factory.mktemp("runs") / "quick"
-    result = CliRunner().invoke(train_command, ["synthetic", "--hidden", "64", "--k", "5", "--epochs", "2",
-                                                "--center-input", "--device", "cpu", "--threads", "1",
-                                                "--run-dir", str(run)], catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return run
+    return train_centred_synthetic_run(tmp_path_factory.mktemp("runs") / "quick")
 
 
 def rows():
