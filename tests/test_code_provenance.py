@@ -119,7 +119,7 @@ def test_the_package_code_is_clean_while_only_results_in_the_tree_changed(monkey
     package = tmp_path / "ksae_cupy"
     package.mkdir()
     (package / "a.py").write_text("x = 1\n")
-    (tmp_path / "setup.cfg").write_text("[metadata]\n")
+    (tmp_path / "setup.cfg").write_text("[metadata]\nname = ksae-cupy\n")  # the package's own checkout
     (tmp_path / "eval.json").write_text("{}\n")
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "x"]):
@@ -129,9 +129,9 @@ def test_the_package_code_is_clean_while_only_results_in_the_tree_changed(monkey
     try:
         (tmp_path / "eval.json").write_text('{"test_error": 0.02}\n')
         assert provenance.code_commit()[1] is False and provenance.package_code_clean() is True
-        (tmp_path / "setup.cfg").write_text("[metadata]\nversion = 2\n")
+        (tmp_path / "setup.cfg").write_text("[metadata]\nname = ksae-cupy\nversion = 2\n")
         assert provenance.package_code_clean() is False
-        (tmp_path / "setup.cfg").write_text("[metadata]\n")
+        (tmp_path / "setup.cfg").write_text("[metadata]\nname = ksae-cupy\n")
         (package / "a.py").write_text("x = 2\n")
         assert provenance.package_code_clean() is False
     finally:

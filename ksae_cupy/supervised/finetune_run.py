@@ -1,7 +1,10 @@
 """The trainer of a ``ksae-finetune`` session: a new run's, from one or two pretrained run folders,
 a baseline pretrained here, or random weights; or a resumed run's, from its checkpoint with the
 options given applied or refused as :data:`~ksae_cupy.supervised.commands.FINETUNE` declares them.
-Also the positional arguments' meaning and the results file (the progress: finetune_progress.py)."""
+Also the positional arguments' meaning and the results file (the progress: finetune_progress.py).
+
+Over 400 lines: a new run's and a resumed run's trainer are made from the same options, checks and records
+(the results file with each phase's devices), which must not drift apart."""
 from __future__ import annotations
 
 import datetime as _dt

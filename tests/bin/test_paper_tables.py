@@ -133,8 +133,9 @@ def tables_of(root: Path, tmp_path: Path) -> str:
 
 @pytest.fixture
 def root(tmp_path):
-    """Run folders of every kind: done, stopped, trained but not evaluated, several seeds, variants."""
-    runs = tmp_path / "runs"
+    """Run folders of every kind: done, stopped, trained but not evaluated, several seeds, variants; under
+    results/runs, as in the repository (a manifest's entries are paths under the clone's results/)."""
+    runs = tmp_path / "results" / "runs"
     for seed, test in ((0, 0.0180), (1, 0.0190), (2, 0.0200)):  # one row, three seeds
         train_run(runs / f"k25-seed{seed}", 25, 5000, seed=seed, test=test, raw=0.0738 if seed == 0 else None)
     train_run(runs / "k25-short", 25, 500, test=0.0159)  # the same row at another length: its own line
@@ -289,7 +290,7 @@ def test_a_deep_row_whose_layer_2_trained_other_epochs_than_layer_1_says_so_on_i
     text = tables_of(root, tmp_path)
     cells = line_of(text, "Deep k-Sparse AE + F.T. (k=25, layer-wise pre-training)", "5000 (layer 2: 500) + 200 x 3")
     assert cells[2] == "1.35%" and cells[8] == "ft-deep-short-layer2"
-    assert "ksae-finetune --resume runs/ft-deep`" in text  # the asked row (both layers 5000) is still to finish
+    assert "ksae-finetune --resume results/runs/ft-deep`" in text  # the asked row (both layers 5000) is still to finish
 
 
 def deep_dropout_finetune(root, name, phases, test):
@@ -330,7 +331,7 @@ def test_a_pretrained_run_copied_under_another_name_is_named_where_it_is_now(roo
     edit_config(copy, run_dir="/elsewhere/k25-original")
     finetune_run(root / "ft-of-copy", [ksparse_source(Path("/elsewhere/k25-original"), 500)], seed=4, test=0.0150)
     command = line_of(tables_of(root, tmp_path), "k-Sparse AE + F.T. (k=25)", "500 + 200")[7]
-    assert command.startswith("`ksae-finetune runs/k25-copied --epochs 200") and "/elsewhere" not in command
+    assert command.startswith("`ksae-finetune results/runs/k25-copied --epochs 200") and "/elsewhere" not in command
 
 
 def test_without_run_each_missing_row_says_the_command_that_makes_it(root, tmp_path):
@@ -698,9 +699,8 @@ def test_a_table_of_two_evaluation_protocols_is_refused_and_the_old_tables_stay(
 
 
 def test_in_a_repository_rows_whose_inputs_are_gone_leave_the_tables_with_why(root, tmp_path):
-    (tmp_path / "results").mkdir()
     (tmp_path / "results" / "checkpoints.json").write_text(json.dumps({"checkpoints": [
-        {"path": "runs/k25-short/checkpoint.h5", "commit": "0" * 40, "sha256": "0" * 64, "bytes": 1}]}))
+        {"path": "results/runs/k25-short/checkpoint.h5", "commit": "0" * 40, "sha256": "0" * 64, "bytes": 1}]}))
     (root / "k25-short" / "checkpoint.h5").unlink()  # kept in history: restorable, so its row stays
     (root / "rbm" / "checkpoint.h5").unlink()  # gone: ksae-eval cannot read it, nor ksae-finetune (ft-rbm)
     outside = train_run(tmp_path.parent / f"{tmp_path.name}-elsewhere", 25, 5000, test=0.02)
@@ -710,5 +710,5 @@ def test_in_a_repository_rows_whose_inputs_are_gone_leave_the_tables_with_why(ro
     assert "| rbm |" not in text and "ft-rbm |" not in text and "ft-outside |" not in text
     left = text.split("## Left out: commands that cannot run again from a clone")[1]
     assert f"- ft-outside (fn_mnist, ksparse): it reads {outside}, a folder outside the repository" in left
-    assert "- rbm (err_mnist, rbm): it reads runs/rbm, which holds no checkpoint.h5" in left
-    assert "- ft-rbm (fn_mnist, rbm): it reads runs/rbm, which holds no checkpoint.h5" in left
+    assert "- rbm (err_mnist, rbm): it reads results/runs/rbm, which holds no checkpoint.h5" in left
+    assert "- ft-rbm (fn_mnist, rbm): it reads results/runs/rbm, which holds no checkpoint.h5" in left
