@@ -47,21 +47,28 @@ def test_every_command_answers_version_with_the_commit(tmp_path):
         assert done.stdout == f"{name}: {said}\n"
 
 
-def test_outside_a_checkout_or_without_git_the_commit_is_none(monkeypatch, tmp_path):
+def test_outside_a_checkout_or_without_git_the_commit_is_the_builds_or_none(monkeypatch, tmp_path):
+    # Without git (or outside the package's checkout) the commit is the one written when the package was built
+    # (an installed copy: pip install .), else none; never another repository's.
+    built = provenance.built_commit()
     provenance.code_commit.cache_clear()
     monkeypatch.setenv("PATH", str(tmp_path))  # no git on the path
     try:
-        assert provenance.code_commit() == (None, None)
+        assert provenance.code_commit() == built
         record = provenance.provenance("cpu")
-        assert record["commit"] is None and record["clean"] is None and record["version"] == ksae_cupy.__version__
-        assert provenance.version_line() == f"ksae-cupy {ksae_cupy.__version__}"
+        assert record["commit"] == built[0] and record["clean"] == built[1]
+        assert record["version"] == ksae_cupy.__version__
+        if built[0] is None:
+            assert provenance.version_line() == f"ksae-cupy {ksae_cupy.__version__}"
+        else:
+            assert built[0][:7] in provenance.version_line()
     finally:
         provenance.code_commit.cache_clear()
     monkeypatch.setattr(provenance, "PACKAGE_DIR", tmp_path / "ksae_cupy")  # a copy outside this checkout
     (tmp_path / "ksae_cupy").mkdir()
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     try:
-        assert provenance.code_commit() == (None, None)
+        assert provenance.code_commit() == built
     finally:
         provenance.code_commit.cache_clear()
 

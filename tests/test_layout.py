@@ -144,6 +144,7 @@ def test_every_folder_is_installed():
 
 def test_no_cuda_source_shares_a_stem_with_a_module():
     # A .cu beside a .py of one stem reads as one room in a drawing of the house, and hides the module's imports.
-    cuda = {p.stem for p in (PACKAGE_DIR.parent / "kernels").glob("*.cu")}
-    modules = {p.stem for p in PACKAGE_DIR.rglob("*.py")}
+    # kernels/ beside the package in a checkout, ksae_cupy/kernels once installed (setup.cfg's package_dir)
+    cuda = {p.stem for folder in (PACKAGE_DIR.parent / "kernels", PACKAGE_DIR / "kernels") for p in folder.glob("*.cu")}
+    modules = {p.stem for p in PACKAGE_DIR.rglob("*.py") if "kernels" not in p.relative_to(PACKAGE_DIR).parts}
     assert cuda and not cuda & modules, sorted(cuda & modules)
