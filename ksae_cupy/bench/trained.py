@@ -75,6 +75,6 @@ def trained_here(backend, X_train, X_valid, H: int, k: int, batch_size: int, top
     for epoch in range(epochs):
         report = trainer.run_epoch(X_train, X_valid)
         log(f"training the bench's model: epoch {epoch + 1}/{epochs}, k {report.k}, loss {report.train_loss:.4f}, "
-            f"dead {report.dead_fraction:.1%}")
+            f"unkept {report.dead_fraction:.1%}")
     return TrainedStart(trainer.checkpoint(), f"trained here: {epochs} epochs at lr {lr}, momentum {paper.MOMENTUM}, "
                                               f"k {k_start} down to {k} over the first half, seed 0")

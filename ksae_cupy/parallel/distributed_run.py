@@ -266,7 +266,7 @@ class DistributedJob(RunJob):
             "" if report.valid_fve is None else f" valid {report.valid_fve:.4f}")
         l0 = "" if report.l0 is None else f"  L0 {report.l0:.1f}"
         return [f"epoch {report.epoch}/{self.learner.config.epochs}  k {report.k}  loss {report.train_loss:.4f}"
-                f"{valid}{fve}{l0}  dead {100 * report.dead_fraction:.1f}%  {report.samples_per_s:,.0f} samples/s"]
+                f"{valid}{fve}{l0}  unkept {100 * report.dead_fraction:.1f}%  {report.samples_per_s:,.0f} samples/s"]
 
 
 def _diverged_line(exc, saved, folder, X_nd) -> str:

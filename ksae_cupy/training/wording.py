@@ -20,7 +20,8 @@ def format_duration(seconds: float) -> str:
 
 def epoch_line(report, epochs: int, eta: str = "") -> str:
     """One epoch's line: its k, learning rate, losses, the fraction of variance explained (train, valid),
-    L0 (non-zero code units per example), dead units and speed (an :class:`EpochReport`)."""
+    L0 (non-zero code units per example), the units no example kept during the epoch (``unkept``: not the
+    dead count, which the done line gives for the final weights) and speed (an :class:`EpochReport`)."""
     valid = f"  valid {report.valid_loss:.4f}" if report.valid_loss is not None else ""
     fve = getattr(report, "fve", None)
     valid_fve = getattr(report, "valid_fve", None)
@@ -29,7 +30,7 @@ def epoch_line(report, epochs: int, eta: str = "") -> str:
     sparsity = "" if l0 is None else f"  L0 {l0:.1f}"
     tail = f"  ETA {eta}" if eta else ""
     return (f"epoch {report.epoch}/{epochs}  k {report.k}  lr {report.lr:g}  loss {report.train_loss:.4f}{valid}"
-            f"{explained}{sparsity}  dead {100 * report.dead_fraction:.1f}%  {report.samples_per_s:,.0f} samples/s  "
+            f"{explained}{sparsity}  unkept {100 * report.dead_fraction:.1f}%  {report.samples_per_s:,.0f} samples/s  "
             f"{report.seconds:.1f} s{tail}")
 
 
@@ -57,8 +58,8 @@ def nothing_to_train(epoch: int) -> str:
 
 
 # What "dead" means wherever a run's dead units are counted: the end of ksae-train (this line), ksae-eval's
-# train row, ksae-plot and the export (ksae_cupy.metrics.DEAD_DEFINITION); the epoch lines count the same
-# over the epoch's examples, as the weights move, so the last one may differ by a few units.
+# train row, ksae-plot and the export (ksae_cupy.metrics.DEAD_DEFINITION). The epoch lines say "unkept": the
+# units no example kept during the epoch, as the weights moved (a few more or fewer than the dead count).
 DEAD_MEANING = "units non-zero in the k-code of no training example, with the final weights"
 # Above this fraction a run says that its dead units are a problem, and what fixes them.
 DEAD_NOTE_ABOVE = 1 / 3
