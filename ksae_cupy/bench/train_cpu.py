@@ -322,8 +322,7 @@ def _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, thread
         # Rotate through several batches so no cache holds the one batch.
         host_batches = [rng.random((batch_size, D), dtype=np.float32) for _ in range(8)]
     else:
-        host_params = {n: np.asarray(v, dtype=np.float32) for n, v in start.checkpoint.params.items()}
-        host_velocities = {n: np.asarray(v, dtype=np.float32) for n, v in start.checkpoint.velocities.items()}
+        host_params, host_velocities = start.host_state()
         config = start.config(k, 1)
         lr, momentum = float(config.lr), float(config.momentum)
         X_train = inputs[0]
@@ -602,8 +601,7 @@ def step_parts(D: int, H: int, k: int, batch_size: int, topk_method: str, thread
         velocities = {name: np.zeros_like(value) for name, value in params.items()}
         lr, momentum = paper.LR, paper.MOMENTUM
     else:
-        params = {name: np.array(value, dtype=np.float32) for name, value in start.checkpoint.params.items()}
-        velocities = {name: np.array(value, dtype=np.float32) for name, value in start.checkpoint.velocities.items()}
+        params, velocities = start.host_state()
         config = start.config(k, 1)
         lr, momentum = float(config.lr), float(config.momentum)
     params["W_dh"], velocities["W_dh"] = sparse_layout(params["W_dh"]), sparse_layout(velocities["W_dh"])

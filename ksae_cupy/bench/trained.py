@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
+
 from ksae_cupy import paper
 from ksae_cupy.errors import KsaeError
 
@@ -26,6 +28,11 @@ class TrainedStart:
     @property
     def epoch(self) -> int:
         return self.checkpoint.epoch
+
+    def host_state(self) -> tuple[dict, dict]:
+        """``(params, velocities)``: float32 copies of the checkpoint's arrays, for a step timed outside a trainer."""
+        return tuple({name: np.array(value, dtype=np.float32) for name, value in arrays.items()}
+                     for arrays in (self.checkpoint.params, self.checkpoint.velocities))
 
     def config(self, k: int, more_epochs: int):
         """The run's configuration, k fixed at ``k``, with room for ``more_epochs`` epochs after the checkpoint's."""

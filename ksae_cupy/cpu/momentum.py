@@ -43,12 +43,10 @@ def still_units(optimizer, V_dh):
     nothing once its velocity has decayed to 0). Kept on the optimizer beside its velocities, and made anew,
     all False (nothing skipped before the kernel has seen the row), for a velocity array it has not seen: a
     restored or shared one."""
-    held = optimizer.__dict__.setdefault("still_units", {})  # id -> (the velocity array, its flags)
-    velocity_and_flags = held.get(id(V_dh))
-    if velocity_and_flags is None or velocity_and_flags[0] is not V_dh:
-        held.clear()  # one velocity of W per optimizer: a new array replaces the old
-        velocity_and_flags = held[id(V_dh)] = (V_dh, np.zeros(V_dh.shape[1], dtype=np.bool_))
-    return velocity_and_flags[1]
+    held = getattr(optimizer, "still_units", None)  # (the velocity array they describe, its flags)
+    if held is None or held[0] is not V_dh:
+        held = optimizer.still_units = (V_dh, np.zeros(V_dh.shape[1], dtype=np.bool_))
+    return held[1]
 
 
 def update_weight_rows(W_dh, V_dh, grad, momentum: float, lr: float, still_h=None) -> None:
