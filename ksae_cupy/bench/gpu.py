@@ -1,6 +1,7 @@
-"""GPU benchmarks: the top-k kernels against library top-k, and seconds per training epoch.
+"""GPU benchmark of the top-k kernels against library top-k (``ksae-bench topk``); the training epochs on a GPU
+are :mod:`ksae_cupy.bench.train_gpu`.
 
-Both functions return a dict and write it as JSON through :func:`ksae_cupy.bench.metadata.write_results`
+:func:`bench_topk` returns a dict and writes it as JSON through :func:`ksae_cupy.bench.metadata.write_results`
 (with the run's metadata: device, versions, commit, date). cupy (and torch, when present) are
 imported inside the functions, so this module imports anywhere.
 
@@ -8,9 +9,6 @@ Timing method: CUDA events around every call, median over many calls; inputs rot
 buffers that the rotating set is several times the device's L2 cache, so repeated calls do not read
 a cached row. Each candidate's kept set is checked against the NumPy reference before it is timed.
 Bandwidth is reported against a large device-to-device copy measured in the same run.
-
-Over 400 lines: the top-k and the training benchmarks on a GPU share their timing, their checks against the
-NumPy reference and the conditions recorded beside each figure.
 """
 from __future__ import annotations
 
@@ -20,10 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ksae_cupy import paper
 from ksae_cupy.bench.metadata import run_metadata, torch_meta, write_results
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.topk import TOPK_METHODS
 
 TOPK_NS = (128, 4096, 65536)
 TOPK_HS = (1000, 4000, 16384, 65536)
@@ -262,234 +258,4 @@ def bench_topk(Ns=TOPK_NS, Hs=TOPK_HS, ks=TOPK_KS, *, repeats: int = 50, warmup:
     }
     if write:
         payload["path"] = str(write_results("topk-gpu", payload, out_dir))
-    return payload
-
-
-# ------------------------------------------------------------------------------------------------
-# Training epochs.
-
-def _torch_model(torch, W0, X_host):
-    """``(device, (W, b, c), velocities, X)`` of the PyTorch variants, on the GPU, float32."""
-    dev = torch.device("cuda")
-    W = torch.tensor(W0, device=dev, requires_grad=True)
-    b = torch.zeros(W0.shape[1], device=dev, requires_grad=True)
-    c = torch.zeros(W0.shape[0], device=dev, requires_grad=True)
-    return dev, (W, b, c), [torch.zeros_like(p) for p in (W, b, c)], torch.tensor(X_host, device=dev)
-
-
-def _torch_epoch_fn(torch, W0, X_host, k: int, batch: int, lr: float, momentum: float):
-    """The same model in PyTorch (torch.topk + autograd, float32): returns (run_epoch, params)."""
-    dev, (W, b, c), vel, X = _torch_model(torch, W0, X_host)
-    params = [W, b, c]
-
-    def step(x):
-        z = x @ W + b
-        vals, idx = torch.topk(z, k, dim=1)
-        zs = torch.zeros_like(z).scatter(1, idx, vals)
-        xhat = zs @ W.T + c
-        loss = 0.5 * ((xhat - x) ** 2).sum() / x.shape[0]
-        for p in params:
-            p.grad = None
-        loss.backward()
-        with torch.no_grad():
-            for p, v in zip(params, vel):  # v <- m v - lr g ; p <- p + v (ksae_cupy.optim)
-                v.mul_(momentum).sub_(lr * p.grad)
-                p.add_(v)
-        return loss.item()  # one host sync per step, like ksae_cupy.model.reconstruction_loss
-
-    def run_epoch():
-        losses = [step(X[i:i + batch]) for i in range(0, X.shape[0] - batch + 1, batch)]
-        torch.cuda.synchronize()
-        return losses
-
-    return run_epoch
-
-
-def _torch_graph_epoch_fn(torch, W0, X_host, k: int, batch: int, lr: float, momentum: float):
-    """The PyTorch step of :func:`_torch_epoch_fn` captured whole as one CUDA graph (forward, autograd's
-    backward and the momentum update; PyTorch captures cuBLAS and keeps the graph's memory in a pool of its
-    own), replayed per batch on a static input buffer: what a PyTorch user would write to remove the
-    launch overhead. The batch's loss stays on the device until the epoch ends."""
-    dev, (W, b, c), vel, X = _torch_model(torch, W0, X_host)
-    params = [W, b, c]
-    x_static = torch.empty((batch, X.shape[1]), device=dev)
-
-    def step():
-        z = x_static @ W + b
-        vals, idx = torch.topk(z, k, dim=1)
-        zs = torch.zeros_like(z).scatter(1, idx, vals)
-        xhat = zs @ W.T + c
-        loss = 0.5 * ((xhat - x_static) ** 2).sum() / batch
-        grads = torch.autograd.grad(loss, params)
-        with torch.no_grad():
-            for p, v, g in zip(params, vel, grads):  # v <- m v - lr g ; p <- p + v (ksae_cupy.optim)
-                v.mul_(momentum).sub_(lr * g)
-                p.add_(v)
-        return loss.detach()
-
-    side = torch.cuda.Stream()  # warm-up on a side stream before capture, as PyTorch's CUDA-graph recipe says
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(3):
-            x_static.copy_(X[i * batch:(i + 1) * batch])
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        loss_static = step()
-    starts = range(0, X.shape[0] - batch + 1, batch)
-    # The graph reads and writes these tensors' memory by address: they must live as long as it does. Held
-    # by nothing else once this function returns, they would go back to PyTorch's allocator and the next
-    # tensor allocated there (another variant's weights) would be what the graph trains (NaN on the GPU).
-    graph_tensors = (*params, *vel, x_static, loss_static)
-
-    def run_epoch():
-        losses = torch.empty(len(starts), device=dev)
-        for j, i in enumerate(starts):
-            x_static.copy_(X[i:i + batch])
-            graph.replay()
-            losses[j] = loss_static
-        torch.cuda.synchronize()
-        return losses.tolist()
-
-    run_epoch.graph_tensors = graph_tensors
-    return run_epoch
-
-
-def _failed_variant(message: str):
-    """A variant that could not be set up: its epoch raises, so its row records ``message`` as its error."""
-    def run_epoch():
-        raise RuntimeError(message)
-
-    return run_epoch
-
-
-DIVERGED_FACTOR = 2.0  # bench_train_gpu: an epoch's mean loss above twice the first step's is a run that diverged
-
-
-def bench_train_gpu(n_samples: int = 60000, D: int = 784, H: int = paper.HIDDEN, k: int = paper.K,
-                    batch: int = paper.BATCH_SIZE, *, lr: float = paper.LR, momentum: float = paper.MOMENTUM,
-                    sigma: float = paper.SIGMA, topk_methods=TOPK_METHODS,
-                    epochs: int = 3, project_epochs: int = 5000, device: int = 0, include_torch: bool = True,
-                    seed: int = 0, out_dir: Path | None = None, write: bool = True) -> dict:
-    """Seconds per MNIST-shaped epoch (60,000 x 784 -> 1000, k=25, batch 128) on the GPU.
-
-    Ours: :func:`ksae_cupy.model.loss_and_grads` + :class:`ksae_cupy.optim.MomentumSGD` on cupy
-    arrays, for each top-k method; also the fused-kernel step :func:`ksae_cupy.bench.kernel_step.loss_and_grads_fused`.
-    Against: the same model in PyTorch (torch.topk + autograd, float32, same batch), when torch
-    imports with CUDA, eager and captured whole as one CUDA graph (``torch_cuda_graph``). Ours also as
-    the trainer itself: each epoch one CUDA graph (``trainer_epoch_graph_*``, the default,
-    :mod:`ksae_cupy.gpu.graph_epoch`; ``trainer_epoch_graph_host_order_*`` with the epoch's order drawn on
-    the host instead of in the graph), the parts between cuBLAS products captured per step
-    (``trainer_graph_*``, :mod:`ksae_cupy.gpu.graph_step`), or not captured (``trainer_generic_*``).
-    Synthetic uniform [0, 1) data of MNIST's shape. Every variant runs one
-    warm-up epoch, then ``epochs`` timed epochs; the median epoch time is projected to
-    ``project_epochs`` epochs; a variant whose first or last epoch's mean loss is not finite, or above
-    twice its first step's, gets ``refused`` (why) and no time: at lr 0.01 these uniform rows diverge, as the
-    PyTorch rows of 2026-11-25/26 did. The like-for-like comparison with PyTorch, validated before it is
-    timed, is :mod:`ksae_cupy.bench.step_compare`. Returns the result dict (``"path"`` of the JSON unless
-    ``write=False``).
-    """
-    from ksae_cupy.bench.step_compare import refusal
-    from ksae_cupy.bench import kernel_step as fused_step
-    from ksae_cupy.model import init_params, loss_and_grads
-    from ksae_cupy.optim import MomentumSGD
-    from ksae_cupy.training.trainer import TrainConfig, Trainer
-
-    class _UncapturedTrainer(Trainer):
-        captures_gpu_step = False
-
-    class _StepGraphTrainer(Trainer):
-        gpu_epoch_graph = False
-
-    class _HostOrderTrainer(Trainer):
-        gpu_order_on_device = False
-
-    backend = _gpu_backend(device)
-    cupy = backend.xp
-    torch = _import_torch() if include_torch else None
-    rng = np.random.default_rng(seed)
-    X_host = rng.random((n_samples, D), dtype=np.float32)
-    W0 = init_params(D, H, sigma, np.random.default_rng(seed + 1))["W_dh"]
-    variants = {}
-    with backend.use():
-        X = cupy.asarray(X_host)
-
-        def ours(step_fn, method):
-            params = {name: cupy.asarray(v) for name, v in init_params(D, H, sigma, np.random.default_rng(seed + 1)).items()}
-            opt = MomentumSGD(params, momentum, cupy)
-
-            def run_epoch():
-                losses = []
-                for i in range(0, n_samples - batch + 1, batch):
-                    loss, grads, _ = step_fn(params, X[i:i + batch], k, method)
-                    opt.step(params, grads, lr)
-                    losses.append(loss)
-                backend.synchronize()
-                return losses
-
-            return run_epoch
-
-        def trainer_epochs(method, cls):
-            # The trainer itself (shuffled batches, the last smaller one, dead-unit counts): its epoch as one
-            # CUDA graph (Trainer), its step captured between the products (_StepGraphTrainer), or generic.
-            # lr / 10: at lr on this uniform data the trainer stops as diverged in its first epoch (the
-            # loops above do not check; a step's time does not depend on its rate).
-            cfg = TrainConfig(hidden=H, k=k, k_start=None, epochs=10 ** 6, batch_size=batch, lr=lr / 10,
-                              momentum=momentum,
-                              sigma=sigma, topk=method, seed=seed + 1)
-            trainer = cls(cfg, backend, D=D)
-
-            def run_epoch():
-                report = trainer.run_epoch(X)
-                return [report.train_loss] * -(-n_samples // batch)  # the epoch's mean, once per step
-
-            return run_epoch
-
-        for method in topk_methods:
-            variants[f"ksae_{method}"] = ours(loss_and_grads, method)
-            variants[f"ksae_fused_{method}"] = ours(fused_step.loss_and_grads_fused, method)
-            variants[f"trainer_epoch_graph_{method}"] = trainer_epochs(method, Trainer)
-            variants[f"trainer_epoch_graph_host_order_{method}"] = trainer_epochs(method, _HostOrderTrainer)
-            variants[f"trainer_graph_{method}"] = trainer_epochs(method, _StepGraphTrainer)
-            variants[f"trainer_generic_{method}"] = trainer_epochs(method, _UncapturedTrainer)
-        if torch is not None:
-            variants["torch"] = _torch_epoch_fn(torch, W0, X_host, k, batch, lr, momentum)
-            try:
-                variants["torch_cuda_graph"] = _torch_graph_epoch_fn(torch, W0, X_host, k, batch, lr, momentum)
-            except RuntimeError as exc:  # capture refused: recorded as the variant's error, the others go on
-                variants["torch_cuda_graph"] = _failed_variant(f"{type(exc).__name__}: {exc}".splitlines()[0])
-
-        results = {}
-        for name, run_epoch in variants.items():
-            record = {}
-            try:
-                first = run_epoch()  # warm-up: compilation, cuBLAS handles, memory pool
-                times = []
-                last = first
-                for _ in range(epochs):
-                    t0 = time.perf_counter()
-                    last = run_epoch()
-                    times.append(time.perf_counter() - t0)
-                record = {"steps_per_epoch": len(last), "first_loss": first[0], "last_loss": last[-1]}
-                why = refusal([float(np.mean(first)), float(np.mean(last))], first[0] * DIVERGED_FACTOR)
-                if why:  # a run that went to NaN or diverged times other arithmetic: no time reported
-                    record["refused"] = why + "; no time reported"
-                else:
-                    sec = float(np.median(times))
-                    record.update(seconds_per_epoch=sec, epoch_times=times, projected_hours=sec * project_epochs / 3600.0)
-            except (KsaeError, RuntimeError, MemoryError) as exc:
-                record = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
-            results[name] = record
-    payload = {
-        "benchmark": "train-gpu",
-        "meta": {**run_metadata(backend), **torch_meta()},
-        "torch": getattr(torch, "__version__", None),
-        "config": {"n_samples": n_samples, "D": D, "H": H, "k": k, "batch": batch, "lr": lr, "momentum": momentum,
-                   "sigma": sigma, "trainer_lr": lr / 10, "epochs_timed": epochs, "project_epochs": project_epochs, "dtype": "float32",
-                   "data": "synthetic uniform [0, 1), MNIST shape"},
-        "results": results,
-    }
-    if write:
-        payload["path"] = str(write_results("train-gpu", payload, out_dir))
     return payload

@@ -41,11 +41,25 @@ class TrainedStart:
         config = TrainConfig.from_dict(self.checkpoint.config)
         return dataclasses.replace(config, k=k, k_start=None, epochs=self.checkpoint.epoch + more_epochs)
 
-    def trainer(self, backend, D: int, k: int, more_epochs: int):
-        """A trainer holding the trained parameters, velocities and dead-unit counts, ready for more epochs."""
+    def trainer(self, backend, D: int, k: int, more_epochs: int, trainer_class=None, **changes):
+        """A trainer holding the trained parameters, velocities and dead-unit counts, ready for more epochs.
+        ``trainer_class``: a subclass of :class:`~ksae_cupy.training.trainer.Trainer` (another GPU path);
+        ``changes``: configuration fields to change (e.g. ``topk``)."""
         from ksae_cupy.training.trainer import Trainer
 
-        return Trainer(self.config(k, more_epochs), backend, D, checkpoint=self.checkpoint)
+        config = dataclasses.replace(self.config(k, more_epochs), **changes)
+        return (trainer_class or Trainer)(config, backend, D, checkpoint=self.checkpoint)
+
+
+def fresh(backend, D: int, H: int, k: int, batch_size: int, topk: str, lr: float) -> TrainedStart:
+    """The untrained model as a start at epoch 0: the initial weights ``ksae-train`` draws (seed 0), zero
+    velocities, at ``lr`` and the paper's momentum, k fixed."""
+    from ksae_cupy.training.config import TrainConfig
+    from ksae_cupy.training.trainer import Trainer
+
+    config = TrainConfig(hidden=H, k=k, k_start=None, epochs=1, batch_size=batch_size, topk=topk, lr=lr,
+                         momentum=paper.MOMENTUM)
+    return TrainedStart(Trainer(config, backend, D).checkpoint(), f"fresh: the initial weights (seed 0), lr {lr}")
 
 
 def from_run(run_dir: Path, D: int, H: int) -> TrainedStart:

@@ -24,7 +24,8 @@ def bench_command():
 
 
 @bench_command.command("train")
-@click.option("--device", default="cpu", help="cpu, or gpu / gpu:N (then: seconds per MNIST epoch, ours vs PyTorch).")
+@click.option("--device", default="cpu",
+              help="cpu, or gpu / gpu:N (then: seconds per MNIST epoch, fresh and trained model, ours vs PyTorch).")
 @click.option("--hidden", type=int, default=paper.HIDDEN, show_default=True,
               help=f"Hidden units H (the paper's MNIST net: {paper.HIDDEN}).")
 @click.option("--dim", type=int, default=784, show_default=True, help="Input dimensions D (MNIST: 784).")
@@ -45,17 +46,18 @@ def bench_command():
               help="X W of the sparse step (CPU kernels), timed on MNIST batches: BLAS's (dense), from the non-zero "
                    "inputs (sparse), chosen by density (auto), or dense and sparse side by side (both).")
 @click.option("--epoch-repeats", type=int, default=3, show_default=True,
-              help="Epochs timed per encoder and k of --epoch-k, interleaved; the median is reported.")
+              help="Epochs timed per encoder and k of --epoch-k, interleaved (GPU: per contender); the median is reported.")
 @click.option("--trained-epochs", type=click.IntRange(min=0), default=10, show_default=True,
-              help="Time a model trained this many epochs here (paper's rate, k fixed) beside the fresh one (CPU); "
+              help="Time a model trained this many epochs here (paper's rate, k fixed) beside the fresh one; "
                    "0: the fresh model only.")
 @click.option("--from-run", type=click.Path(path_type=Path), default=None,
               help="Time the trained model of this run folder (its checkpoint.h5) instead of training one here. "
                    "[default: a model trained here, --trained-epochs]")
+@click.option("--rows", type=click.IntRange(min=1), default=None, help="GPU: train on the first ROWS images. [default: 50,000]")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Results folder. [default: results/benchmarks]")
 @report_errors
 def bench_train(device, hidden, dim, k, batch_size, topk, repeats, steps, threads, k_sweep, no_torch, epoch_k, encoder,
-                epoch_repeats, trained_epochs, from_run, out):
+                epoch_repeats, trained_epochs, from_run, rows, out):
     """Dense step, sparse step, PyTorch and the encoder product X W alone, on MNIST shapes."""
     from ksae_cupy.backend import resolve_device
     from ksae_cupy.bench import trained
@@ -79,9 +81,11 @@ def bench_train(device, hidden, dim, k, batch_size, topk, repeats, steps, thread
     check_training_memory(backend, dim, hidden, batch_size, "float64")  # the validation runs in float64
     click.echo(backend.description)
     if backend.is_gpu:
-        from ksae_cupy.bench.gpu import bench_train_gpu
+        from ksae_cupy.bench.train_gpu import bench_train_gpu
 
-        result = bench_train_gpu(D=dim, H=hidden, k=k, batch=batch_size, device=backend.gpu_index, out_dir=out)
+        result = bench_train_gpu(backend, D=dim, H=hidden, k=k, batch=batch_size, topk=topk, epochs=epoch_repeats,
+                                 trained_epochs=trained_epochs, from_run=start, rows=rows, include_torch=not no_torch,
+                                 out_dir=out, log=click.echo)
         click.echo(json.dumps({key: value for key, value in result.items() if key != "meta"}, indent=1, default=str))
         return
     result = bench_train_step(backend, D=dim, H=hidden, k=k, batch_size=batch_size, topk_method=topk,
