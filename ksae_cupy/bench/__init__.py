@@ -2,8 +2,9 @@
 versions, commit and date with every figure (``metadata.py``).
 
 ``train_cpu.py`` (a training step against its matrix products), ``finetune_cpu.py`` (the dense
-and the sparse fine-tuning step), ``gpu.py`` (top-k kernels and a GPU epoch against CuPy and
-PyTorch), ``distributed.py`` (a data-parallel step, all-reduce and sharded top-k traffic),
+and the sparse fine-tuning step), ``gpu.py`` (top-k kernels against CuPy's, PyTorch's and RAFT's),
+``train_gpu.py`` (GPU epochs of a fresh and of a trained model, ours against PyTorch's), ``trained.py`` (the
+trained model both time), ``distributed.py`` (a data-parallel step, all-reduce and sharded top-k traffic),
 ``kernel_grid.py`` (the top-k grid in one device call), ``packed.py`` (R runs packed in one launch
 against one run alone: ``ksae-bench packed`` and the campaign's stage), ``environment.py`` (a lent device
 and NVRTC's compile of every kernel, checked first), ``step_compare.py`` (our GPU step against PyTorch's,

@@ -59,7 +59,7 @@ def fresh(backend, D: int, H: int, k: int, batch_size: int, topk: str, lr: float
 
     config = TrainConfig(hidden=H, k=k, k_start=None, epochs=1, batch_size=batch_size, topk=topk, lr=lr,
                          momentum=paper.MOMENTUM)
-    return TrainedStart(Trainer(config, backend, D).checkpoint(), f"fresh: the initial weights (seed 0), lr {lr}")
+    return TrainedStart(Trainer(config, backend, D).checkpoint(), f"the initial weights ksae-train draws (seed 0), lr {lr}")
 
 
 def from_run(run_dir: Path, D: int, H: int) -> TrainedStart:

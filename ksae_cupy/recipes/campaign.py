@@ -7,8 +7,8 @@ k-sparse rows at 5000 epochs, Table fn_mnist's k-sparse rows through bin/reprodu
     PYTHONPATH=. python3 bin/gpu-campaign campaign-out --dry-run              # anywhere, CPU, seconds
     PYTHONPATH=. python3 bin/gpu-campaign kernel-grid --kernel-grid --budget-minutes 7   # top-k grid only
 
-Stages, in this order (``--stage`` picks some): env, tests, step, packed, grid, mnist, finetune, collect.
-``--benchmarks`` picks env, step, packed, grid and collect, every one run again: all the figures of issue 52
+Stages, in this order (``--stage`` picks some): env, tests, step, epoch, packed, grid, mnist, finetune, collect.
+``--benchmarks`` picks env, step, epoch, packed, grid and collect, every one run again: all the benchmarks' figures
 in one device call of ``--budget-minutes 8``.
 Each writes ``OUT_DIR/<stage>.json`` and ``OUT_DIR/<stage>.md`` (with device, versions, commit and
 date) and its log under ``OUT_DIR/logs/``, and is not started, with the reason written down, when the
@@ -19,7 +19,8 @@ which saves a checkpoint). Everything is written under OUT_DIR; no network is ne
 read from its four ``.gz`` files under ``$KSAE_DATA_DIR/mnist`` or ``./data/mnist``).
 
 The stages call the project's commands in child processes, exactly as a user would: ``pytest -m
-gpu``, the step comparison (:mod:`ksae_cupy.bench.step_compare`), the packed runs
+gpu``, the step comparison (:mod:`ksae_cupy.bench.step_compare`), ``ksae-bench train --device gpu`` (the
+trainer's epochs on a fresh and on a trained model, :mod:`ksae_cupy.bench.train_gpu`), the packed runs
 (:mod:`ksae_cupy.bench.packed`), the kernel grid (``bin/gpu-campaign --kernel-grid``),
 ``ksae-train`` then ``ksae-eval``, and ``bin/reproduce-finetune``. ``--dry-run`` (= ``--device cpu --tiny``) runs the same plumbing
 on the CPU with tiny shapes, the synthetic dataset and a few epochs (the step comparison times the
@@ -46,17 +47,17 @@ from ksae_cupy.reports.folders import utc_now
 REPO = Path(__file__).resolve().parents[2]  # the checkout: children import it, tests and bin/ live there
 
 
-STAGES = ("env", "tests", "step", "packed", "grid", "mnist", "finetune", "collect")
-BENCHMARK_STAGES = ("env", "step", "packed", "grid", "collect")  # --benchmarks: issue 52's figures, one call
+STAGES = ("env", "tests", "step", "epoch", "packed", "grid", "mnist", "finetune", "collect")
+BENCHMARK_STAGES = ("env", "step", "epoch", "packed", "grid", "collect")  # --benchmarks: every benchmark, one call
 # Rough seconds a stage needs on an H100 before it is worth starting (tiny runs: about 1 s).
-# Measured: tests 114-126 s, the top-k grid 122 s (2026-11-25/26); step and packed: estimates.
-NEEDS_GPU = {"env": 30, "tests": 150, "step": 60, "packed": 60, "grid": 150, "mnist": 90, "finetune": 300,
-             "collect": 0}
+# Measured: tests 114-126 s, the top-k grid 122 s (2026-11-25/26); step, epoch and packed: estimates.
+NEEDS_GPU = {"env": 30, "tests": 150, "step": 60, "epoch": 90, "packed": 60, "grid": 150, "mnist": 90,
+             "finetune": 300, "collect": 0}
 # The most seconds a benchmark stage may take (the grid stops starting shapes before its end).
-STAGE_MAX_S = {"step": 180, "packed": 180, "grid": 300}
+STAGE_MAX_S = {"step": 180, "epoch": 180, "packed": 180, "grid": 300}
 MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 EXIT_INTERRUPTED = 130  # ksae-train: stopped by SIGINT, checkpoint saved
-OF_THE_CODE = ("env", "tests", "step", "packed", "grid")  # stages rerun when the commit changed since (runs resume instead)
+OF_THE_CODE = ("env", "tests", "step", "epoch", "packed", "grid")  # stages rerun when the commit changed since (runs resume instead)
 # The mnist stage's runs, in order: k = 25 at the paper's length (done on an H200, 2026-11-26), then beyond the
 # paper (issue 35: k = 25 with both options), seeds of k = 25 (issue 34), k = 40 both options, k = 40 and 10 (the
 # CPU has run their rows). The centred k = 25 and 40 are done (CPU then H200, results/runs/mnist-k*-5000-center).
@@ -103,9 +104,11 @@ class Campaign:
         self.state_path = self.out / "campaign.json"
         self.state = json.loads(self.state_path.read_text()) if self.state_path.exists() else {"stages": {}}
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
-        # Children write their caches under OUT_DIR, nowhere else.
+        # Children write their caches under OUT_DIR, nowhere else; a child without --data-dir (ksae-bench
+        # train) finds MNIST through KSAE_DATA_DIR.
         cache = self.out / "cache"
         self.env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1",
+                        KSAE_DATA_DIR=str(self.data_dir),
                         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
                         CUPY_CACHE_DIR=str(cache / "cupy"), TRITON_CACHE_DIR=str(cache / "triton"),
                         TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), MPLCONFIGDIR=str(cache / "mpl"))

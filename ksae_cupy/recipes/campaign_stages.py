@@ -1,4 +1,4 @@
-"""The GPU campaign's stages, in order: env, tests, step, packed, grid, mnist, finetune, collect
+"""The GPU campaign's stages, in order: env, tests, step, epoch, packed, grid, mnist, finetune, collect
 (``bin/gpu-campaign``; settings, clock and records in :mod:`ksae_cupy.recipes.campaign`).
 
 Each stage returns ``(status, reason)`` and writes ``<stage>.json`` / ``<stage>.md``;
@@ -85,6 +85,31 @@ def stage_step(c: Campaign):
     c.write("step", {"command": [str(a) for a in argv[3:]], **run, "bench_meta": payload["meta"]}, _step_table(payload))
     refused = [name for name, r in payload["results"].items() if "refused" in r]
     return "done", f"no time for {', '.join(refused)} (refused; reasons in the JSON)" if refused else ""
+
+
+# --tiny: ksae-bench train on tiny shapes (random rows, 8 batches an epoch), a model trained 2 epochs, 1 timed.
+TINY_EPOCH_OPTIONS = ("--dim", "16", "--hidden", "32", "--k", "4", "--batch-size", "8", "--rows", "64",
+                      "--trained-epochs", "2", "--epoch-repeats", "1")
+
+
+def stage_epoch(c: Campaign):
+    """``ksae-bench train --device gpu``: the trainer's epochs as ``ksae-train`` runs them on the GPU, and
+    PyTorch's, on a fresh and on a trained model side by side (:mod:`ksae_cupy.bench.train_gpu`)."""
+    argv = python_argv("ksae-bench", "train", "--device", c.device, "--out", c.out / "epoch",
+                       *(TINY_EPOCH_OPTIONS if c.tiny else ()))
+    command = ["ksae-bench", *argv[3:]]  # as a user types it
+    if c.device == "cpu":  # the CPU's figures are ksae-bench train --device cpu's, not a campaign's
+        reason = "needs a GPU (on a CPU: ksae-bench train --device cpu)"
+        c.write("epoch", {"command": command}, f"not run: {reason}")
+        return "skipped", reason
+    run, payload = _child_result(c, "epoch", argv, "train-gpu-*.json")
+    if payload is None:
+        return _failed_child(c, "epoch", argv, run)
+    c.write("epoch", {"command": command, **run, "bench_meta": payload["meta"],
+                      "starts": payload["starts"]}, _epoch_table(payload))
+    failed = sorted({name for records in payload["results"].values() for name, r in records.items()
+                     if "seconds_per_epoch" not in r})
+    return "done", f"no time for {', '.join(failed)} (diverged, refused or failed; reasons in the JSON)" if failed else ""
 
 
 def stage_packed(c: Campaign):
@@ -292,6 +317,32 @@ def _step_table(payload: dict) -> str:
             + (f"\n\nfaster than PyTorch's captured step: {speedups}" if speedups else ""))
 
 
+def _epoch_table(payload: dict) -> str:
+    """One row per contender: its seconds per epoch on the fresh and on the trained model, or why it has none."""
+    config, starts, results = payload["config"], payload["starts"], payload["results"]
+
+    def cell(record: dict | None) -> str:
+        if record is None:
+            return "-"
+        if "seconds_per_epoch" in record:
+            return f"{record['seconds_per_epoch']:.4f}"
+        for key in ("diverged", "refused", "error"):
+            if key in record:
+                return f"{key}: {record[key]}"
+        return "?"
+
+    names = list(dict.fromkeys(name for records in results.values() for name in records))
+    rows = [[name, *(cell(results.get(which, {}).get(name)) for which in ("fresh", "trained")),
+             f"{payload['trained_over_fresh'][name]:.2f}" if name in payload["trained_over_fresh"] else "-"]
+            for name in names]
+    rows += [[name, "absent", "absent", why] for name, why in payload.get("absent", {}).items()]
+    said = "; ".join(f"{which} model: {s['made']} (epoch {s['epoch']}, lr {s['lr']}, loss {s['start_loss']:.4g})"
+                     for which, s in starts.items())
+    return (f"{config['inputs']}; {config['D']} x {config['H']}, k = {config['k']}, batch {config['batch']}, float32; "
+            f"median of {config['epochs_timed']} epochs after a warm-up that checks the loss\n\n{said}\n\n"
+            + md_table(["contender", "fresh s/epoch", "trained s/epoch", "trained / fresh"], rows))
+
+
 def _mnist_row(name: str, k: int, run_dir: Path, target: int) -> dict:
     epochs, seconds = progress(run_dir)
     paper = err_mnist_error(ksparse_key(k), "mnist", 1000)
@@ -303,8 +354,8 @@ def _mnist_row(name: str, k: int, run_dir: Path, target: int) -> dict:
     return row
 
 
-STAGE_FUNCTIONS = {"env": stage_env, "tests": stage_tests, "step": stage_step, "packed": stage_packed,
-                   "grid": stage_grid, "mnist": stage_mnist, "finetune": stage_finetune, "collect": stage_collect}
+STAGE_FUNCTIONS = {"env": stage_env, "tests": stage_tests, "step": stage_step, "epoch": stage_epoch,
+                   "packed": stage_packed, "grid": stage_grid, "mnist": stage_mnist, "finetune": stage_finetune, "collect": stage_collect}
 
 
 def run_campaign(args) -> int:

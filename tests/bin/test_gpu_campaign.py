@@ -14,7 +14,7 @@ from clicheck import assert_one_line_error
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bin" / "gpu-campaign"
-STAGES = ("env", "tests", "step", "packed", "grid", "mnist", "finetune", "collect")
+STAGES = ("env", "tests", "step", "epoch", "packed", "grid", "mnist", "finetune", "collect")
 # The campaign's own clock (9 minutes by default: stages past it are cut short or not started) set
 # beyond campaign()'s hang guard, so that only a real hang ends a run early, however loaded the machine.
 BUDGET = ("--budget-minutes", "60")
@@ -45,8 +45,8 @@ def test_dry_run_runs_every_stage_and_records_where_it_ran(tmp_path):
     assert result.exit_code == 0, result.output
     out = tmp_path / "out"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing beside OUT_DIR
-    assert statuses(out) == {"env": "done", "tests": "done", "step": "done", "packed": "done", "grid": "skipped",
-                             "mnist": "done", "finetune": "done", "collect": "done"}
+    assert statuses(out) == {"env": "done", "tests": "done", "step": "done", "epoch": "skipped", "packed": "done",
+                             "grid": "skipped", "mnist": "done", "finetune": "done", "collect": "done"}
     for stage in STAGES:
         payload = json.loads((out / f"{stage}.json").read_text())
         assert payload["meta"]["device"] == "cpu"
@@ -69,7 +69,7 @@ def test_dry_run_runs_every_stage_and_records_where_it_ran(tmp_path):
     again = campaign(tmp_path, "out", "--dry-run", *BUDGET)
     assert again.exit_code == 0, again.output
     assert "tests: start" in again.stdout
-    for stage in ("env", "step", "packed", "grid", "mnist", "finetune"):
+    for stage in ("env", "step", "epoch", "packed", "grid", "mnist", "finetune"):
         assert f"{stage}: {statuses(out)[stage]} in an earlier call" in again.stdout
     for r in rows:
         assert r["epochs"] == r["target"] == 3
@@ -102,14 +102,16 @@ def test_tiny_gpu_run_takes_the_gpu_branches(tmp_path, gpu_cupy):
 
 @pytest.mark.gpu
 def test_benchmarks_in_one_call_down_the_gpu_branches(tmp_path, gpu_cupy):
-    """--benchmarks --tiny --device gpu: env, step, packed, grid and collect in one call, each figure with its
-    device, versions, commit and date; the step's variants validated before they are timed; every stage
-    run again by a second call (figures are of the commit and the device)."""
+    """--benchmarks --tiny --device gpu: env, step, epoch, packed, grid and collect in one call, each figure with
+    its device, versions, commit and date; the step's variants validated before they are timed; ksae-bench
+    train's epochs timed on a fresh and on a trained model; every stage run again by a second call (figures
+    are of the commit and the device)."""
     result = campaign(tmp_path, "out", "--benchmarks", "--tiny", "--device", "gpu", *BUDGET)
     assert result.exit_code == 0, result.output
     out = tmp_path / "out"
-    assert statuses(out) == {"env": "done", "step": "done", "packed": "done", "grid": "done", "collect": "done"}
-    for stage in ("step", "grid"):
+    assert statuses(out) == {"env": "done", "step": "done", "epoch": "done", "packed": "done", "grid": "done",
+                             "collect": "done"}
+    for stage in ("step", "epoch", "grid"):
         figures = json.loads((out / json.loads((out / f"{stage}.json").read_text())["result_file"]).read_text())
         for key in ("device", "cupy", "cuda_runtime", "cuda_driver", "numpy", "commit", "date"):
             assert figures["meta"][key], (stage, key)
@@ -122,9 +124,16 @@ def test_benchmarks_in_one_call_down_the_gpu_branches(tmp_path, gpu_cupy):
     assert len(ours) == 4 and all(r["valid"] for r in ours)  # block and radix, sort and threshold
     packed = json.loads((out / json.loads((out / "packed.json").read_text())["result_file"]).read_text())
     assert [(row["runs"], row["stacked"]) for row in packed["packs"]] == [(1, True), (4, True)]  # validated, timed
+    epoch = json.loads((out / json.loads((out / "epoch.json").read_text())["result_file"]).read_text())
+    assert json.loads((out / "epoch.json").read_text())["command"][:4] == ["ksae-bench", "train", "--device", "gpu"]
+    assert (epoch["starts"]["fresh"]["epoch"], epoch["starts"]["trained"]["epoch"]) == (0, 2)  # a trained model
+    for which, records in epoch["results"].items():  # ksae-train's GPU path, from each start, checked then timed
+        assert records["trainer_epoch_graph_sort"]["from_epoch"] == epoch["starts"][which]["epoch"]
+        assert "seconds_per_epoch" in records["trainer_epoch_graph_sort"], (which, records)
+    assert "| trainer_epoch_graph_sort |" in (out / "epoch.md").read_text()
     assert "| step | done |" in (out / "summary.md").read_text()
     again = campaign(tmp_path, "out", "--benchmarks", "--tiny", "--device", "gpu", *BUDGET)
-    assert again.exit_code == 0 and all(f"{stage}: start" in again.stdout for stage in ("env", "step", "grid"))
+    assert again.exit_code == 0 and all(f"{stage}: start" in again.stdout for stage in ("env", "step", "epoch", "grid"))
 
 
 def test_second_call_resumes_the_interrupted_training(tmp_path):

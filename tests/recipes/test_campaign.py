@@ -36,7 +36,7 @@ def test_dry_run_is_the_cpu_and_tiny_shapes_and_ks_become_runs(tmp_path):
 def test_benchmarks_are_the_stages_of_one_call(tmp_path):
     args = options(tmp_path, benchmarks=True)
     assert check_options(args) is None
-    assert args.stage == ["env", "step", "packed", "grid", "collect"]
+    assert args.stage == ["env", "step", "epoch", "packed", "grid", "collect"]
 
 
 @pytest.mark.parametrize("given, fragment", [
