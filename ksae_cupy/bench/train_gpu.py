@@ -15,9 +15,11 @@ order drawn on the host), its step graphs between the products (``trainer_graph_
 (``trainer_generic_*``); and, where torch sees CUDA, the same model in PyTorch, eager (``torch``) and captured
 whole as one CUDA graph (``torch_cuda_graph``): the start's weights, velocities and rate, full batches in order.
 
-Protocol per contender: one warm-up epoch (compilation, capture), which is also its check: its mean loss
-must be finite and not diverged, and PyTorch's first step must lose what NumPy float64 loses on the start's
-weights (it trains the same model); then ``epochs`` timed epochs, each checked again. A contender that
+Protocol per contender: warm-up epochs (compilation; our captured trainer runs two, as its first runs
+uncaptured and its second captures the epoch's graph; PyTorch's graph is captured before its first), which are
+also its check: their mean losses must be finite and not diverged, and PyTorch's first step must lose what
+NumPy float64 loses on the start's weights (it trains the same model); then ``epochs`` timed epochs, each
+checked again. A contender that
 diverged (an epoch's mean loss not finite, above the untrained model's, or above twice the start's; or our
 trainer stopping as diverged) is recorded ``diverged``, with why, and gets no time.
 """
@@ -46,12 +48,15 @@ LOSS_ROWS = 4096  # rows the starting model's loss is taken on (float64, on the 
 class Contender:
     """One way to train an epoch: ``run_epoch()`` trains one and returns its losses (per step, or the trainer's
     epoch mean once); ``first_step``: the first loss is the first batch's, in order, from the start's state
-    (checked against NumPy); ``from_epoch``: the epoch the contender's model starts at (the start's)."""
+    (checked against NumPy); ``from_epoch``: the epoch the contender's model starts at (the start's);
+    ``warmup_epochs``: epochs before the timed ones (our captured trainer: its first runs uncaptured and the
+    second captures, as in ``ksae-train``; the timed ones replay)."""
 
     run_epoch: Callable[[], list]
     path: str
     from_epoch: int
     first_step: bool = False
+    warmup_epochs: int = 1
 
 
 @dataclasses.dataclass
@@ -89,8 +94,8 @@ def weights_digest(params: dict) -> str:
 
 
 def measure(contender: Contender, epochs: int, divergence: Divergence, first_loss: float | None = None) -> dict:
-    """Check, then time, one contender: a warm-up epoch (its check), then ``epochs`` timed ones (medians)."""
-    record = {"path": contender.path, "from_epoch": contender.from_epoch}
+    """Check, then time, one contender: its warm-up epochs (its check), then ``epochs`` timed ones (medians)."""
+    record = {"path": contender.path, "from_epoch": contender.from_epoch, "warmup_epochs": contender.warmup_epochs}
     try:
         warm = contender.run_epoch()
         losses = [float(np.mean(warm))]
@@ -102,6 +107,8 @@ def measure(contender: Contender, epochs: int, divergence: Divergence, first_los
                                      f"same weights (rel. diff. {diff:.3g} > {FIRST_STEP_RTOL:g}); not timed")
                 record["epoch_losses"] = losses
                 return record
+        for _ in range(contender.warmup_epochs - 1):
+            losses.append(float(np.mean(contender.run_epoch())))
         why = divergence.why(losses)
         times = []
         for _ in range(0 if why else epochs):
@@ -152,7 +159,8 @@ def trainer_contender(backend, start, trainer_class, D: int, k: int, method: str
     def run_epoch():
         return [trainer.run_epoch(X_train, X_valid).train_loss]
 
-    return Contender(run_epoch, f"Trainer.run_epoch ({path}), validation pass included", trainer.epoch)
+    return Contender(run_epoch, f"Trainer.run_epoch ({path}), validation pass included", trainer.epoch,
+                     warmup_epochs=2 if trainer._captures else 1)
 
 
 def torch_contender(torch, device: str, state: tuple[dict, dict], X_host, k: int, batch: int, lr: float,
@@ -235,21 +243,28 @@ def _torch_on(backend, include_torch: bool):
 
 
 def contenders(backend, start, D: int, k: int, X_train, X_valid, X_host, batch: int, topk_methods, epochs: int,
-               torch) -> dict:
-    """name -> a function building the contender from ``start`` (built one at a time: each holds its own model)."""
-    builders = {}
+               torch) -> tuple[dict, dict]:
+    """``(builders, absent)``: name -> a function building the contender from ``start`` (built one at a time: each
+    holds its own model); name -> why a contender is left out."""
+    from ksae_cupy import optimizers
+
+    builders, absent = {}, {}
     for method in topk_methods:
         for prefix, cls in trainer_kinds().items():
             builders[f"{prefix}_{method}"] = (
                 lambda cls=cls, method=method: trainer_contender(backend, start, cls, D, k, method, X_train, X_valid,
-                                                                 epochs + 1))
-    if torch is not None:
-        lr, momentum = start.config(k, 0).lr, start.config(k, 0).momentum
+                                                                 epochs + 2))
+    config = start.config(k, 0)
+    if torch is not None and (config.activation, config.aux_k, config.optimizer) != ("linear", 0, optimizers.PAPER):
+        absent["torch"] = absent["torch_cuda_graph"] = (
+            f"the model has {config.activation} units, aux_k {config.aux_k}, optimizer {config.optimizer}: PyTorch's "
+            f"step here is the paper's (linear units, no AuxK, momentum SGD)")
+    elif torch is not None:
         device = f"cuda:{backend.gpu_index}"
         for name, captured in (("torch", False), ("torch_cuda_graph", True)):
             builders[name] = lambda captured=captured: torch_contender(
-                torch, device, start.host_state(), X_host, k, batch, lr, momentum, start.epoch, captured)
-    return builders
+                torch, device, start.host_state(), X_host, k, batch, config.lr, config.momentum, start.epoch, captured)
+    return builders, absent
 
 
 # ------------------------------------------------------------------------------------------------
@@ -288,7 +303,7 @@ def bench_train_gpu(backend, D: int = 784, H: int = paper.HIDDEN, k: int = paper
         sample = X_host[:LOSS_ROWS]
         untrained = model_loss(starts["fresh"].checkpoint.params, sample, k)
         first_rows = X_host[:batch]
-        said, results = {}, {}
+        said, results, absent = {}, {}, {} if torch is not None else {"torch": torch_absent}
         for which, start in starts.items():
             start_loss = model_loss(start.checkpoint.params, sample, k)
             config = start.config(k, 0)
@@ -298,8 +313,10 @@ def bench_train_gpu(backend, D: int = 784, H: int = paper.HIDDEN, k: int = paper
             divergence = Divergence(untrained, start_loss)
             first_loss = model_loss(start.checkpoint.params, first_rows, k)
             results[which] = {}
-            for name, build in contenders(backend, start, D, k, X_train, X_valid, X_host, batch, topk_methods,
-                                          epochs, torch).items():
+            builders, left_out = contenders(backend, start, D, k, X_train, X_valid, X_host, batch, topk_methods,
+                                            epochs, torch)
+            absent.update({f"{name} ({which} model)": why for name, why in left_out.items()})
+            for name, build in builders.items():
                 try:
                     contender = build()
                 except (KsaeError, RuntimeError, MemoryError) as exc:  # e.g. a capture refused: the others go on
@@ -320,7 +337,7 @@ def bench_train_gpu(backend, D: int = 784, H: int = paper.HIDDEN, k: int = paper
         "benchmark": "train-gpu",
         "meta": {**run_metadata(backend), **torch_meta()},
         "torch": getattr(torch, "__version__", None),
-        "absent": {} if torch is not None else {"torch": torch_absent},
+        "absent": absent,
         "config": {"D": D, "H": H, "k": k, "batch": batch, "n_train": int(X_host.shape[0]),
                    "n_valid": int(X_valid_host.shape[0]), "inputs": what, "epochs_timed": epochs,
                    "project_epochs": project_epochs, "dtype": "float32", "topk_methods": list(topk_methods),

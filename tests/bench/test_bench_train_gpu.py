@@ -49,7 +49,10 @@ def test_the_gpu_bench_times_a_trained_model_beside_the_fresh_one(tmp_path, gpu_
             record = results[which][name]
             assert record["from_epoch"] == epoch, (which, name, record)
             assert "seconds_per_epoch" in record and "diverged" not in record, (which, name, record)
-            assert len(record["epoch_losses"]) == 2 and all(np.isfinite(record["epoch_losses"]))
+            # ksae-train's first epoch runs uncaptured, its second captures: both before the timed one
+            assert record["warmup_epochs"] == (1 if name == "trainer_generic_sort" else 2), (name, record)
+            assert len(record["epoch_losses"]) == record["warmup_epochs"] + 1
+            assert all(np.isfinite(record["epoch_losses"]))
     assert results["trained"]["trainer_epoch_graph_sort"]["path"].startswith("Trainer.run_epoch (one CUDA graph per epoch")
     assert set(data["trained_over_fresh"]) == set(TRAINER_KINDS)
     if data["torch"] is None:  # no torch with CUDA beside the GPU: recorded absent, never timed
@@ -160,3 +163,22 @@ def test_the_pytorch_contender_starts_from_the_trained_weights_and_a_diverged_on
                                   captured=False), 2, limits, first)
     assert bad["first_step_rel_diff"] <= 1e-5  # the same weights: it diverged by its rate
     assert "diverged" in bad and "seconds_per_epoch" not in bad, bad
+
+
+def test_pytorch_is_left_out_where_the_model_is_not_the_papers():
+    """PyTorch's step is the paper's model: beside a start with AuxK (e.g. a --from-run of such a run) it is
+    recorded absent, with why, rather than timed on another model."""
+    import dataclasses
+
+    from ksae_cupy.backend import resolve_device
+    from ksae_cupy.bench.train_gpu import contenders
+
+    plain = trained.fresh(resolve_device("cpu"), 16, 32, 4, 8, "sort", 0.05)
+    auxk = trained.TrainedStart(dataclasses.replace(plain.checkpoint, config={**plain.checkpoint.config, "aux_k": 8}),
+                                "a run with AuxK")
+    gpu = SimpleNamespace(gpu_index=0)
+    builders, absent = contenders(gpu, plain, 16, 4, None, None, None, 8, ("sort",), 1, torch=object())
+    assert {"torch", "torch_cuda_graph"} <= set(builders) and absent == {}
+    builders, absent = contenders(gpu, auxk, 16, 4, None, None, None, 8, ("sort",), 1, torch=object())
+    assert not {"torch", "torch_cuda_graph"} & set(builders) and set(builders) >= set(TRAINER_KINDS)
+    assert "aux_k 8" in absent["torch"] and absent["torch_cuda_graph"] == absent["torch"]
