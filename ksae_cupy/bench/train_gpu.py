@@ -286,6 +286,8 @@ def bench_train_gpu(backend, D: int = 784, H: int = paper.HIDDEN, k: int = paper
 
     if not backend.is_gpu:
         raise KsaeError(f"device {backend.name}: this benchmark times GPU epochs; use ksae-bench train --device cpu")
+    if rows is not None and rows < batch:
+        raise KsaeError(f"--rows {rows} is not allowed; use at least --batch-size ({batch}) rows")
     n_train = rows or 50_000
     X_host, X_valid_host, what = mnist_inputs(D, n_train, 10_000 if rows is None else max(1, rows // 5))
     if lr is None:

@@ -89,6 +89,14 @@ def test_a_run_that_diverges_is_recorded_diverged_and_not_timed(gpu_cupy):
     assert out["trained_over_fresh"] == {}
 
 
+def test_fewer_rows_than_a_batch_are_refused():
+    from ksae_cupy.bench.train_gpu import bench_train_gpu
+    from ksae_cupy.errors import KsaeError
+
+    with pytest.raises(KsaeError, match=r"--rows 4 is not allowed; use at least --batch-size \(8\) rows"):
+        bench_train_gpu(SimpleNamespace(is_gpu=True), **dict(TINY, rows=4))
+
+
 def test_the_cli_takes_the_gpu_bench_with_its_trained_model(tmp_path, monkeypatch):
     """The GPU branch of ksae-bench train passes the trained model's options on (the bench itself is
     stubbed: its runs are the tests above)."""
