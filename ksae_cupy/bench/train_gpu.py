@@ -200,28 +200,30 @@ def torch_contender(torch, device: str, state: tuple[dict, dict], X_host, k: int
         return Contender(run_epoch, f"PyTorch {torch.__version__} eager on {device}", from_epoch, first_step=True)
 
     x_static = torch.empty((batch, X.shape[1]), device=dev)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(3):
-            x_static.copy_(X[i * batch:(i + 1) * batch])
-            step(x_static)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        loss_static = step(x_static)
-    with torch.no_grad():  # the warm-up trained: back to the start's state, in place (the graph holds addresses)
-        for t, value in zip((*params, *velocities), start):
-            t.copy_(value)
+    with torch.cuda.device(dev):  # streams, capture and replay are per device
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for i in range(3):
+                x_static.copy_(X[i * batch:(i + 1) * batch])
+                step(x_static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            loss_static = step(x_static)
+        with torch.no_grad():  # the warm-up trained: back to the start's state, in place (the graph holds addresses)
+            for t, value in zip((*params, *velocities), start):
+                t.copy_(value)
 
     def run_epoch():
-        losses = torch.empty(len(starts), device=dev)
-        for j, i in enumerate(starts):
-            x_static.copy_(X[i:i + batch])
-            graph.replay()
-            losses[j] = loss_static
-        torch.cuda.synchronize()
-        return losses.tolist()
+        with torch.cuda.device(dev):
+            losses = torch.empty(len(starts), device=dev)
+            for j, i in enumerate(starts):
+                x_static.copy_(X[i:i + batch])
+                graph.replay()
+                losses[j] = loss_static
+            torch.cuda.synchronize()
+            return losses.tolist()
 
     # The graph reads and writes these tensors by address: they must live as long as it does.
     run_epoch.graph_tensors = (*params, *velocities, x_static, loss_static)
