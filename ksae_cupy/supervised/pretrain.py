@@ -184,3 +184,31 @@ def write_codes(run_dir, out_path, alpha: float | None = None, data_dir=None, de
         return provenance.write_codes_origin(out_path, layer, info)
     except OSError as exc:
         raise KsaeError(f"could not write {provenance.origin_file(out_path)} ({exc.strerror or exc})") from None
+
+
+def write_asked_codes(run_dir, out, alpha, layout, data_dir, overwrite: bool) -> str:
+    """``ksae-data codes``: its options checked against RUN_DIR's kind and OUT's suffix before any work, OUT and
+    OUT.json checked writable, the codes written (:func:`write_codes`); returns the line that says so."""
+    from ksae_cupy.session.outputs import check_output
+    from ksae_cupy.supervised.baseline_trainer import is_baseline_run
+
+    if alpha is not None and (alpha <= 0 or alpha != alpha):
+        raise KsaeError(f"--alpha {alpha} is not allowed; use a positive number (the paper's 3, or 1)")
+    baseline = is_baseline_run(run_dir)
+    layout = layout or ("dense" if baseline else layout_of(out))
+    if out.suffix != CODE_LAYOUTS[layout]:
+        raise KsaeError(f"OUT {out} is not allowed with --layout {layout}; name an {CODE_LAYOUTS[layout]} file "
+                        f"(ksae-train reads it)")
+    if baseline and alpha is not None:
+        raise KsaeError(f"--alpha {alpha} has no effect on {run_dir}, a ksae-baseline run folder: its codes are "
+                        f"every sigmoid unit; leave --alpha out")
+    if baseline and layout != "dense":
+        raise KsaeError(f"--layout {layout} does not fit {run_dir}, a ksae-baseline run folder: its features are "
+                        f"all non-zero; leave --layout out (dense)")
+    for path in (out, provenance.origin_file(out)):  # the codes and their origin, OUT.json
+        check_output(path, "OUT", runs=[run_dir], overwrite=overwrite)
+    info = write_codes(run_dir, out, alpha=alpha, data_dir=data_dir, layout=layout)
+    alpha_words = "" if info["alpha"] is None else f", alpha {info['alpha']:g}"
+    return (f"wrote {out}: {info['shape'][0]} x {info['shape'][1]} {layout} float32{alpha_words}, from {run_dir} "
+            f"after {info['epochs_trained']} epochs, in {info['seconds']:.1f} s; their origin in "
+            f"{provenance.origin_file(out)}")
