@@ -292,7 +292,7 @@ def _torch_epoch_fn(torch, W0, X_host, k: int, batch: int, lr: float, momentum: 
             p.grad = None
         loss.backward()
         with torch.no_grad():
-            for p, v in zip(params, vel):  # v <- m v - lr g ; p <- p + v (ksae_cupy.optim)
+            for p, v in zip(params, vel):  # v <- m v - lr g ; p <- p + v (ksae_cupy.momentum_sgd)
                 v.mul_(momentum).sub_(lr * p.grad)
                 p.add_(v)
         return loss.item()  # one host sync per step, like ksae_cupy.model.reconstruction_loss
@@ -322,7 +322,7 @@ def _torch_graph_epoch_fn(torch, W0, X_host, k: int, batch: int, lr: float, mome
         loss = 0.5 * ((xhat - x_static) ** 2).sum() / batch
         grads = torch.autograd.grad(loss, params)
         with torch.no_grad():
-            for p, v, g in zip(params, vel, grads):  # v <- m v - lr g ; p <- p + v (ksae_cupy.optim)
+            for p, v, g in zip(params, vel, grads):  # v <- m v - lr g ; p <- p + v (ksae_cupy.momentum_sgd)
                 v.mul_(momentum).sub_(lr * g)
                 p.add_(v)
         return loss.detach()
@@ -374,7 +374,7 @@ def bench_train_gpu(n_samples: int = 60000, D: int = 784, H: int = paper.HIDDEN,
                     seed: int = 0, out_dir: Path | None = None, write: bool = True) -> dict:
     """Seconds per MNIST-shaped epoch (60,000 x 784 -> 1000, k=25, batch 128) on the GPU.
 
-    Ours: :func:`ksae_cupy.model.loss_and_grads` + :class:`ksae_cupy.optim.MomentumSGD` on cupy
+    Ours: :func:`ksae_cupy.model.loss_and_grads` + :class:`ksae_cupy.momentum_sgd.MomentumSGD` on cupy
     arrays, for each top-k method; also the fused-kernel step :func:`ksae_cupy.bench.kernel_step.loss_and_grads_fused`.
     Against: the same model in PyTorch (torch.topk + autograd, float32, same batch), when torch
     imports with CUDA, eager and captured whole as one CUDA graph (``torch_cuda_graph``). Ours also as
@@ -393,7 +393,7 @@ def bench_train_gpu(n_samples: int = 60000, D: int = 784, H: int = paper.HIDDEN,
     from ksae_cupy.bench.step_compare import refusal
     from ksae_cupy.bench import kernel_step as fused_step
     from ksae_cupy.model import init_params, loss_and_grads
-    from ksae_cupy.optim import MomentumSGD
+    from ksae_cupy.momentum_sgd import MomentumSGD
     from ksae_cupy.training.trainer import TrainConfig, Trainer
 
     class _UncapturedTrainer(Trainer):

@@ -95,8 +95,7 @@ def bench_train(device, hidden, dim, k, batch_size, topk, repeats, steps, thread
 # The other benchmarks live in modules of their own: subcommands all the same.
 from ksae_cupy.cli.bench_dist import bench_dist_command  # noqa: E402
 from ksae_cupy.cli.bench_finetune import bench_finetune  # noqa: E402
-from ksae_cupy.cli.bench_packed import bench_packed_command  # noqa: E402
-from ksae_cupy.cli.bench_topk import bench_topk_command  # noqa: E402
+from ksae_cupy.cli.bench_gpu import bench_packed_command, bench_topk_command  # noqa: E402
 
 bench_command.add_command(bench_finetune, "finetune")
 bench_command.add_command(bench_dist_command, "dist")

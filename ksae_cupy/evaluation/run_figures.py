@@ -15,13 +15,19 @@ from ksae_cupy.evaluation.trained_run import dataset_split, load_run_dataset, op
 HIST_WIDTH = 800  # pixels: save_activity_histograms' default size
 
 
+def _checked_output(output, default: Path, runs, overwrite: bool) -> Path:
+    """The image to write (-o, else ``default``, the command's own file in the first run folder), checked before
+    any work: a file the user named is replaced only with --overwrite, the command's own as a plot made again."""
+    check_image_output(output or default, runs=runs, overwrite=overwrite or output is None)
+    return output or default
+
+
 def draw_filters(run_dir, output, n_filters, skip_dead, cols, shape, channels, layout, layout_given, scale, data_dir,
                  say, overwrite) -> str:
     """Each column of W as an image, in a grid; ``layout_given``: --layout was on the command line."""
     require_matplotlib()
     run = open_run(run_dir)
-    check_image_output(output or run.path / "filters.png", runs=[run_dir], overwrite=overwrite or output is None)
-    output = output or run.path / "filters.png"
+    output = _checked_output(output, run.path / "filters.png", [run_dir], overwrite)
     image_shape, channels = parse_image_shape(shape), None if channels is None else int(channels)
     if image_shape is None and channels is None:  # draw the run's dataset as it is laid out
         from ksae_cupy.datasets.registry import DATASETS
@@ -70,8 +76,7 @@ def run_firing_counts(run, data_dir, say):
 def draw_firing(run_dir, output, data_dir, say, overwrite) -> str:
     """The histogram of log10 firing frequency per unit, dead units counted in the legend."""
     require_matplotlib()
-    check_image_output(output or Path(run_dir) / "firing.png", runs=[run_dir], overwrite=overwrite or output is None)
-    output = output or Path(run_dir) / "firing.png"
+    output = _checked_output(output, Path(run_dir) / "firing.png", [run_dir], overwrite)
     run = open_run(run_dir)
     counts_h, rows = run_firing_counts(run, data_dir, say)
     n_dead = int((counts_h == 0).sum())
@@ -86,9 +91,7 @@ def draw_hist(run_dirs, output, n_samples, split, alpha, bins, data_dir, say, ov
     from ksae_cupy.model import encode
 
     require_matplotlib()
-    check_image_output(output or Path(run_dirs[0]) / "activity-histogram.png", runs=run_dirs,
-                       overwrite=overwrite or output is None)
-    output = output or Path(run_dirs[0]) / "activity-histogram.png"  # into the run folder, as the other plots
+    output = _checked_output(output, Path(run_dirs[0]) / "activity-histogram.png", run_dirs, overwrite)
     if n_samples < 1 or bins < 1:
         raise KsaeError("--n-samples and --bins must be positive")
     if bins > HIST_WIDTH:  # more bins than pixels draws nothing more (and 10^9 of them fill the memory)
@@ -114,8 +117,7 @@ def draw_curves(run_dir, output, overwrite) -> str:
     require_matplotlib()
     if Path(run_dir).is_file():  # before its default output, run_dir/curves.png, is named as unwritable
         raise KsaeError(f"{run_dir} is a file, not a run folder; give the folder that holds metrics.jsonl")
-    check_image_output(output or Path(run_dir) / "curves.png", runs=[run_dir], overwrite=overwrite or output is None)
-    output = output or Path(run_dir) / "curves.png"
+    output = _checked_output(output, Path(run_dir) / "curves.png", [run_dir], overwrite)
     metrics = RunFolder(run_dir).read_metrics()
     check_training_records(metrics, Path(run_dir) / "metrics.jsonl")
     last = metrics[-1] if metrics else None

@@ -54,7 +54,7 @@ def evaluation_code() -> dict:
     version, and the commit of the checkout it ran from (None outside one; ``code_clean`` false when the package's
     own files differed from it; results rewritten in the tree, as a re-evaluation does, do not count). Tables
     refuse to mix protocols (:mod:`ksae_cupy.reports.paper_tables`)."""
-    from ksae_cupy.provenance import code_commit, package_code_clean, package_version
+    from ksae_cupy.made_with import code_commit, package_code_clean, package_version
 
     return {"protocol": PROTOCOL, "package_version": package_version(), "commit": code_commit()[0],
             "code_clean": package_code_clean()}

@@ -70,7 +70,7 @@ def load_run_dataset(run: Run, data_root=None, log=print, overrides: dict | None
     from ksae_cupy.datasets import load_dataset
     from ksae_cupy.datasets.user_files import DataSpec
 
-    from ksae_cupy.session.provenance import check_run_data
+    from ksae_cupy.session.trained_on import check_run_data
 
     if not run.dataset:
         raise KsaeError(f"{run.path}: neither config.json nor the checkpoint names the dataset")

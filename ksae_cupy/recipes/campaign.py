@@ -8,8 +8,8 @@ k-sparse rows at 5000 epochs, Table fn_mnist's k-sparse rows through bin/reprodu
     PYTHONPATH=. python3 bin/gpu-campaign kernel-grid --kernel-grid --budget-minutes 7   # top-k grid only
 
 Stages, in this order (``--stage`` picks some): env, tests, step, packed, grid, mnist, finetune, collect.
-``--benchmarks`` picks env, step, packed, grid and collect, every one run again: all the figures of issue 52
-in one device call of ``--budget-minutes 8``.
+``--benchmarks`` picks env, step, packed, grid and collect, every one run again: every benchmark
+figure in one device call of ``--budget-minutes 8``.
 Each writes ``OUT_DIR/<stage>.json`` and ``OUT_DIR/<stage>.md`` (with device, versions, commit and
 date) and its log under ``OUT_DIR/logs/``, and is not started, with the reason written down, when the
 budget left is smaller than it needs. ``OUT_DIR/campaign.json`` records each stage's status, so a
@@ -47,9 +47,9 @@ REPO = Path(__file__).resolve().parents[2]  # the checkout: children import it, 
 
 
 STAGES = ("env", "tests", "step", "packed", "grid", "mnist", "finetune", "collect")
-BENCHMARK_STAGES = ("env", "step", "packed", "grid", "collect")  # --benchmarks: issue 52's figures, one call
+BENCHMARK_STAGES = ("env", "step", "packed", "grid", "collect")  # --benchmarks: every benchmark figure, one call
 # Rough seconds a stage needs on an H100 before it is worth starting (tiny runs: about 1 s).
-# Measured: tests 114-126 s, the top-k grid 122 s (2026-11-25/26); step and packed: estimates.
+# Measured: tests 114-126 s, the top-k grid 122 s; step and packed: estimates.
 NEEDS_GPU = {"env": 30, "tests": 150, "step": 60, "packed": 60, "grid": 150, "mnist": 90, "finetune": 300,
              "collect": 0}
 # The most seconds a benchmark stage may take (the grid stops starting shapes before its end).
@@ -57,9 +57,9 @@ STAGE_MAX_S = {"step": 180, "packed": 180, "grid": 300}
 MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 EXIT_INTERRUPTED = 130  # ksae-train: stopped by SIGINT, checkpoint saved
 OF_THE_CODE = ("env", "tests", "step", "packed", "grid")  # stages rerun when the commit changed since (runs resume instead)
-# The mnist stage's runs, in order: k = 25 at the paper's length (done on an H200, 2026-11-26), then beyond the
-# paper (issue 35: k = 25 with both options), seeds of k = 25 (issue 34), k = 40 both options, k = 40 and 10 (the
-# CPU has run their rows). The centred k = 25 and 40 are done (CPU then H200, results/runs/mnist-k*-5000-center).
+# The mnist stage's runs, in order: k = 25 at the paper's length, then beyond the paper (AuxK and centred
+# inputs: k = 25 with both options), seeds of k = 25, k = 40 both options, k = 40 and 10 (the CPU has run their
+# rows). The centred k = 25 and 40 are done (CPU then H200, results/runs/mnist-k*-5000-center).
 # "K[+auxkA][+center][+seedS]".
 DEFAULT_RUNS = ("25", "25+auxk256+center", "25+seed1", "25+seed2", "40+auxk256+center", "40", "10")
 

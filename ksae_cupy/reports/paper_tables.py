@@ -1,4 +1,4 @@
-"""Tables err_mnist and fn_mnist from run folders, beside the paper's figures (issue 34).
+"""Tables err_mnist and fn_mnist from run folders, beside the paper's figures.
 
 Each run folder under a root is read (config.json, metrics.jsonl, eval.json / finetune.json,
 never the checkpoint) and placed in the table row it is, by what its config.json says:

@@ -1,4 +1,4 @@
-"""Provenance end to end (ksae_cupy/session/provenance.py), through the real commands: a run's data file
+"""Provenance end to end (ksae_cupy/session/trained_on.py), through the real commands: a run's data file
 replaced since training is refused by every command that reads it; codes carry their origin, layer 2
 records it and deep fine-tuning checks the chain; the evaluation's kept fits are keyed on every value of
 the data."""

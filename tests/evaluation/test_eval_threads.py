@@ -61,7 +61,7 @@ def without_timings(report: dict) -> dict:
 
 
 def test_eval_json_records_the_protocol_and_the_code(tmp_path):
-    from ksae_cupy.provenance import code_commit, package_code_clean
+    from ksae_cupy.made_with import code_commit, package_code_clean
 
     data, W_dh = sparse_signal_dataset(n_train=400, n_valid=100, n_test=100)
     run = make_run(tmp_path / "run", W_dh, k=5)
