@@ -30,8 +30,8 @@ DEFAULT_L2 = (1e-3, 1e-4, 1e-5)
 DEFAULT_L2_EXTEND = 3  # decades tried beyond DEFAULT_L2's edge while the best L2 is on it
 # The selection protocol's version, in eval.json and in the kept fits' fingerprint (fits of another protocol are
 # not reused, and bin/paper-tables refuses to mix them): the walk of select_and_test, its fits to
-# classifier.CHOICE_TOL and the refit to TOL, the encoder's X W in pieces of ROWS_PER_PIECE rows on one BLAS
-# thread (the same bits at every thread count). docs/guide/evaluation.md tells the earlier versions apart.
+# classifier.CHOICE_TOL and the refit to TOL, the encoder's X W in pieces of features.ROWS_PER_PIECE rows on
+# one BLAS thread (the same bits at every thread count). docs/guide/evaluation.md tells the earlier versions apart.
 PROTOCOL = 4
 REFIT_CHOICES = ("train+valid", "train")
 
