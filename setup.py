@@ -3,7 +3,7 @@
 ``pip install .`` copies the package without its git folder, so the installed copy could not name the
 commit it was built from. The build step (setuptools' ``build_py``) writes ``ksae_cupy/_build_commit.py``
 into the built package, holding ``COMMIT`` and ``CLEAN`` of this checkout at build time, read by
-``ksae_cupy.provenance.code_commit`` (so ``--version`` and config.json name it). Nothing is written when
+``ksae_cupy.made_with.code_commit`` (so ``--version`` and config.json name it). Nothing is written when
 this folder is not a git checkout of its own (a source archive, a copy inside another repository):
 provenance is ours or none. The file is git-ignored; an editable install reads the checkout's git instead.
 """

@@ -6,13 +6,13 @@ The algorithm sits at the top of the package, to be read first:
     sparse_step.py  the same step through the k kept units only (only X W dense); --step
     packed_step.py  the dense step of a stack of models at once (many runs per launch)
     topk.py       the top-k contract: sort and iterative-threshold selection, gathers, scatters
-    optim.py      momentum SGD as in section 4.3.2
+    momentum_sgd.py  momentum SGD as in section 4.3.2; optimizers.py: the optimizers by name
     schedules.py  the sparsity schedule (k from k_start down to k over the first half)
     backend.py    NumPy or CuPy on the chosen device
     errors.py     KsaeError, the one error a user sees
     paths.py      checks of the paths a user gives, made before any work starts
     metrics.py    FVE, L0 and dead units of a model on a set of rows
-    provenance.py the package version, commit, libraries and device a result was made with
+    made_with.py  the package version, commit, libraries and device a result was made with
 
 Around it, one folder per job, imports pointing down this list only:
 
@@ -33,7 +33,7 @@ stays light):
     load_dataset(spec)   a built-in dataset or your own file, with labels and splits
     Dataset, KsaeError   what load_dataset returns; the one error a user sees
     export(model, path)  a model's weights as safetensors, .npz or a PyTorch state dict (session/export.py)
-    __version__          the package's version (setup.cfg's; provenance.py reads it)
+    __version__          the package's version (setup.cfg's; made_with.py reads it)
 """
 
 # name -> (module, attribute); read by __getattr__ on first use (PEP 562)
@@ -59,7 +59,7 @@ def load(path, device: str = "auto", raw_inputs: bool = False):
 
 def __getattr__(name: str):
     if name == "__version__":  # read once, on first use: the version is typed in setup.cfg only
-        from ksae_cupy.provenance import package_version
+        from ksae_cupy.made_with import package_version
 
         return package_version()
     if name not in _API:

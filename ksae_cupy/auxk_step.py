@@ -1,4 +1,4 @@
-"""The sparse training step with the auxiliary loss of Gao et al. (2024) ("AuxK"): beyond the paper (issue 35).
+"""The sparse training step with the auxiliary loss of Gao et al. (2024) ("AuxK"): beyond the paper.
 
 A separate branch of :func:`ksae_cupy.sparse_step.loss_and_grads_sparse`, taken only when
 ``aux_k > 0``; the paper's step is not touched. The dense reference, and the loss and its

@@ -163,7 +163,7 @@ def alpha_k(k: int, alpha: float, H: int) -> int:
     return int(round(alpha * k))
 
 
-# ---- Beyond the paper: the auxiliary loss of Gao et al. (2024), "AuxK" (issue 35) ----
+# ---- Beyond the paper: the auxiliary loss of Gao et al. (2024), "AuxK" ----
 # Units that no example kept for a while ("dead") get a gradient of their own: with the main
 # reconstruction's residual e_nd = X_nd - Xhat_nd held constant, the top ``aux_k`` of the dead
 # units' pre-activations reconstruct e through W alone (no decoder bias):

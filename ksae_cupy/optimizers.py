@@ -8,7 +8,7 @@ the CPU kernels and on the GPU's captured step. The paper's is momentum SGD (sec
 The protocol an optimizer keeps: ``make(params, config, xp)`` returns an object with ``velocities``, one
 state array per parameter, named and shaped as the parameter (a checkpoint's ``optim/`` group: a resumed
 run takes the very same next step), and ``step(optimizer, params, grads, lr)`` updates the parameters in
-place. Adding an optimizer is its update (:mod:`ksae_cupy.optim`) and one entry here; :func:`register` adds
+place. Adding an optimizer is its update (:mod:`ksae_cupy.momentum_sgd`) and one entry here; :func:`register` adds
 one at run time (a test's toy optimizer, a user's plug-in).
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ksae_cupy.cpu import momentum as cpu_momentum
-from ksae_cupy.optim import MomentumSGD
+from ksae_cupy.momentum_sgd import MomentumSGD
 from ksae_cupy.registry import Registry
 
 

@@ -3,7 +3,7 @@
 The dense step of :mod:`ksae_cupy.model` (the same equations, the same names), with a leading axis
 ``m`` over the models of the stack: ``W_mdh`` holds m weight matrices, ``X_mnd`` one batch per model.
 Every product is one batched ``xp.matmul`` over the stack, so on a GPU the m small products of the
-paper's 784 x 1000 model become one launch that fills the device (issue 52, "many runs per launch").
+paper's 784 x 1000 model become one launch that fills the device.
 The top-k sees the m batches as the rows of one ``(m n, H)`` array: the models of one stack share k
 (a pack with several k takes one stack per k, :mod:`ksae_cupy.training.packed`).
 
@@ -23,7 +23,7 @@ import numpy as np
 
 from ksae_cupy.backend import array_module, to_host
 from ksae_cupy.model import select_units
-from ksae_cupy.optim import flush_denormals
+from ksae_cupy.momentum_sgd import flush_denormals
 from ksae_cupy.topk import scatter_rows
 
 
@@ -70,7 +70,7 @@ def kept_counts(idx_mnk, H: int):
 def stacked_momentum_update(theta_m, v_m, grad_m, momentum_m, lr_m) -> None:
     """``v <- mu v - lr grad; theta <- theta + v`` in place for every model, each with its own ``momentum_m[i]``
     and ``lr_m[i]`` (device arrays of the parameters' float type, one value per model): per element the very
-    operations of :func:`ksae_cupy.optim.momentum_update`, the denormals flushed as there."""
+    operations of :func:`ksae_cupy.momentum_sgd.momentum_update`, the denormals flushed as there."""
     shape = (-1,) + (1,) * (theta_m.ndim - 1)
     v_m *= momentum_m.reshape(shape)
     v_m -= lr_m.reshape(shape) * grad_m

@@ -9,7 +9,7 @@ unit; everything after the top-k touches the k kept rows of ``W_hd = W_dh^T`` pe
     db_h     = scatter-add of dZ_nk into the kept units
     dW_hd[h] = sum over (n, j) with idx_nj = h of dZ_nj X_n + val_nj R_n     2 N k D
 
-That is N D H + 4 N k D multiply-adds instead of 5 N D H (section "Why" of issue 14). Where the
+That is N D H + 4 N k D multiply-adds instead of the dense step's 5 N D H. Where the
 inputs are sparse too (MNIST: 19% non-zero), the CPU kernels compute ``X W`` from each example's
 non-zero inputs instead (:mod:`ksae_cupy.cpu.sparse_encoder`; the trainer passes ``X_rows``).
 The dense (N, H) code ``Zs_nh`` is never built: the cache holds ``idx_nk`` and ``val_nk``.
@@ -41,7 +41,7 @@ from ksae_cupy.topk import TOPK_METHODS
 STEPS = ("dense", "sparse", "auto")
 
 # ``auto`` takes the sparse step when k / H is at most this. Measured on the CPU with
-# `ksae-bench train --k-sweep 10,40,70,100,250,500` (docs/benchmarks-history-2026-11-23.md), H = 1000:
+# `ksae-bench train --k-sweep 10,40,70,100,250,500` (the benchmarks' history page in docs/), H = 1000:
 # with the Numba kernels the sparse step is 1.35x the dense one's speed at k = 250 and 0.88x at
 # k = 500; without them about even at k = 100 and 0.57x at k = 250.
 AUTO_MAX_K_OVER_H = {"cpu kernels": 0.25, "otherwise": 0.1}

@@ -52,7 +52,7 @@ def set_blas_threads(threads: int | None) -> tuple[str, int | None]:
     from ksae_cupy.cpu import numba_kernels as cpu_kernels
     cpu_kernels.set_threads(wanted or cores)
     # SciPy bundles a BLAS of its own (L-BFGS-B's, scipy.linalg's): loaded after the limit it would run on every
-    # core, since a limit reaches only the libraries loaded (ksae-eval --threads 1 spun on both, 2026-11-28).
+    # core, since a limit reaches only the libraries loaded; so it is loaded before the limit is set.
     import scipy.linalg  # noqa: F401
     try:
         from threadpoolctl import threadpool_info, threadpool_limits

@@ -6,7 +6,7 @@ import pytest
 from ksae_cupy import model
 from ksae_cupy.auxk_step import GradientWithDeadRows, loss_and_grads_sparse_auxk
 from ksae_cupy.cpu import momentum as cpu_momentum
-from ksae_cupy.optim import MomentumSGD
+from ksae_cupy.momentum_sgd import MomentumSGD
 from ksae_cupy.sparse_step import loss_and_grads_sparse, sparse_layout
 from gradcheck import matches_finite_differences
 

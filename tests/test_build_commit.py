@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from ksae_cupy import provenance
+from ksae_cupy import made_with
 
 REPO = Path(__file__).resolve().parents[1]
-PRINT = ("import json, ksae_cupy.provenance as p; "
+PRINT = ("import json, ksae_cupy.made_with as p; "
          "print(json.dumps([str(p.PACKAGE_DIR), p.version_line(), p.provenance('cpu')['commit']]))")
 
 
@@ -69,7 +69,7 @@ def test_a_garbled_build_commit_is_no_commit(monkeypatch):
         module = types.ModuleType("ksae_cupy._build_commit")
         module.COMMIT, module.CLEAN = commit, True
         monkeypatch.setitem(sys.modules, "ksae_cupy._build_commit", module)
-        assert provenance.built_commit() == (None, None)
+        assert made_with.built_commit() == (None, None)
 
 
 @pytest.mark.parametrize("setup_cfg", [None, "[metadata]\nname = someone-elses\n"])

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 import ksae_cupy
-from ksae_cupy import provenance
+from ksae_cupy import made_with
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,11 +28,11 @@ def test_version_is_setup_cfgs():
 
 
 def test_every_command_answers_version_with_the_commit(tmp_path):
-    commit, clean = provenance.code_commit()
-    if provenance.PACKAGE_DIR.parent == REPO:  # run from this checkout: its commit
+    commit, clean = made_with.code_commit()
+    if made_with.PACKAGE_DIR.parent == REPO:  # run from this checkout: its commit
         assert commit is not None and len(commit) == 40
     else:  # an installed copy (CI's): the commit its build wrote into it, if it was built from a checkout
-        assert (commit, clean) == provenance.built_commit()
+        assert (commit, clean) == made_with.built_commit()
     said = f"ksae-cupy {ksae_cupy.__version__}" + (
         "" if commit is None else f" (commit {commit[:12]}, {'clean' if clean else 'uncommitted changes'})")
     scripts = setup_cfg()["options.entry_points"]["console_scripts"].split("\n")
@@ -50,31 +50,31 @@ def test_every_command_answers_version_with_the_commit(tmp_path):
 def test_outside_a_checkout_or_without_git_the_commit_is_the_builds_or_none(monkeypatch, tmp_path):
     # Without git (or outside the package's checkout) the commit is the one written when the package was built
     # (an installed copy: pip install .), else none; never another repository's.
-    built = provenance.built_commit()
-    provenance.code_commit.cache_clear()
+    built = made_with.built_commit()
+    made_with.code_commit.cache_clear()
     monkeypatch.setenv("PATH", str(tmp_path))  # no git on the path
     try:
-        assert provenance.code_commit() == built
-        record = provenance.provenance("cpu")
+        assert made_with.code_commit() == built
+        record = made_with.provenance("cpu")
         assert record["commit"] == built[0] and record["clean"] == built[1]
         assert record["version"] == ksae_cupy.__version__
         if built[0] is None:
-            assert provenance.version_line() == f"ksae-cupy {ksae_cupy.__version__}"
+            assert made_with.version_line() == f"ksae-cupy {ksae_cupy.__version__}"
         else:
-            assert built[0][:7] in provenance.version_line()
+            assert built[0][:7] in made_with.version_line()
     finally:
-        provenance.code_commit.cache_clear()
-    monkeypatch.setattr(provenance, "PACKAGE_DIR", tmp_path / "ksae_cupy")  # a copy outside this checkout
+        made_with.code_commit.cache_clear()
+    monkeypatch.setattr(made_with, "PACKAGE_DIR", tmp_path / "ksae_cupy")  # a copy outside this checkout
     (tmp_path / "ksae_cupy").mkdir()
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     try:
-        assert provenance.code_commit() == built
+        assert made_with.code_commit() == built
     finally:
-        provenance.code_commit.cache_clear()
+        made_with.code_commit.cache_clear()
 
 
 def test_the_record_names_libraries_without_importing_cupy():
-    record = provenance.provenance("cpu")
+    record = made_with.provenance("cpu")
     assert record["numpy"] == np.__version__ and record["h5py"] == h5py.__version__
     assert record["python"].count(".") == 2 and record["cpu"] and record["gpu"] is None
     assert set(record) == {"package", "version", "commit", "clean", "python", "numpy", "scipy", "h5py", "numba",
@@ -96,7 +96,7 @@ def test_run_folders_and_checkpoints_record_their_code_and_a_resume_adds_its_own
     run = tmp_path / "run"
     train([str(tmp_path / "x.npy"), "--hidden", "12", "--k", "3", "--epochs", "1", "--batch-size", "20",
            "--device", "cpu", "--threads", "1", "--run-dir", str(run)])
-    now = provenance.provenance("cpu")
+    now = made_with.provenance("cpu")
     config = json.loads((run / "config.json").read_text())
     assert config["provenance"] == {"created_by": now, "last_run_by": now}
     assert load_checkpoint(run / "checkpoint.h5").provenance == now
@@ -118,7 +118,7 @@ def test_run_folders_and_checkpoints_record_their_code_and_a_resume_adds_its_own
 
 @pytest.mark.parametrize("device, expected", [("cpu", None), (None, None)])
 def test_no_gpu_name_without_a_gpu(device, expected):
-    assert provenance.gpu_name(device) == expected
+    assert made_with.gpu_name(device) == expected
 
 
 def test_the_package_code_is_clean_while_only_results_in_the_tree_changed(monkeypatch, tmp_path):
@@ -131,15 +131,15 @@ def test_the_package_code_is_clean_while_only_results_in_the_tree_changed(monkey
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "x"]):
         subprocess.run([*git, *args], cwd=tmp_path, check=True)
-    monkeypatch.setattr(provenance, "PACKAGE_DIR", package)
-    provenance.code_commit.cache_clear()
+    monkeypatch.setattr(made_with, "PACKAGE_DIR", package)
+    made_with.code_commit.cache_clear()
     try:
         (tmp_path / "eval.json").write_text('{"test_error": 0.02}\n')
-        assert provenance.code_commit()[1] is False and provenance.package_code_clean() is True
+        assert made_with.code_commit()[1] is False and made_with.package_code_clean() is True
         (tmp_path / "setup.cfg").write_text("[metadata]\nname = ksae-cupy\nversion = 2\n")
-        assert provenance.package_code_clean() is False
+        assert made_with.package_code_clean() is False
         (tmp_path / "setup.cfg").write_text("[metadata]\nname = ksae-cupy\n")
         (package / "a.py").write_text("x = 2\n")
-        assert provenance.package_code_clean() is False
+        assert made_with.package_code_clean() is False
     finally:
-        provenance.code_commit.cache_clear()
+        made_with.code_commit.cache_clear()

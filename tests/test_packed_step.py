@@ -6,7 +6,7 @@ import pytest
 
 from gradcheck import KinkError, numerical_gradient, relative_error
 from ksae_cupy import model
-from ksae_cupy.optim import momentum_update
+from ksae_cupy.momentum_sgd import momentum_update
 from ksae_cupy.packed_step import host_losses, kept_counts, stacked_loss_and_grads, stacked_momentum_update
 
 M, N, D, H = 3, 4, 6, 9

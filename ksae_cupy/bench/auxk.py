@@ -38,7 +38,7 @@ def auxk_trainer(X_nd, k: int, aux_k: int, hidden: int = paper.HIDDEN, checkpoin
 
 def step_seconds(trainer, X_nd, k: int, auxk: bool, clock=time.process_time, steps: int = 5) -> float:
     """Median seconds of one step on scratch copies of the parameters (as Trainer.step_seconds times it)."""
-    from ksae_cupy.optim import MomentumSGD
+    from ksae_cupy.momentum_sgd import MomentumSGD
 
     config = trainer.config
     params = {name: value.copy(order="K") for name, value in trainer.params.items()}

@@ -25,7 +25,7 @@ from ksae_cupy.bench.train_cpu import _cpu_kernels_setting, _median_seconds, _th
 from ksae_cupy.cpu import numba_kernels as cpu_kernels
 from ksae_cupy.cpu import momentum as cpu_momentum
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.optim import MomentumSGD
+from ksae_cupy.momentum_sgd import MomentumSGD
 from ksae_cupy.sparse_step import sparse_layout
 from ksae_cupy.supervised import finetune
 from ksae_cupy.supervised.sparse_finetune import loss_and_grads_sparse

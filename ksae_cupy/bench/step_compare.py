@@ -148,7 +148,7 @@ def training_rows(tiny: bool, data_dir: Path | None, D: int, seed: int) -> tuple
 def reference_losses(setup: StepSetup, state: ModelState, X_nd, batches) -> list[float]:
     """Each step's loss of the same steps from ``state`` in NumPy float64 (the model's own functions)."""
     from ksae_cupy.model import loss_and_grads
-    from ksae_cupy.optim import MomentumSGD
+    from ksae_cupy.momentum_sgd import MomentumSGD
 
     params = {name: value.astype(np.float64) for name, value in state.params.items()}
     optimizer = MomentumSGD(params, setup.momentum, np)
@@ -315,7 +315,7 @@ class TorchStep(_BatchedVariant):
 
     def train_step(self):
         """One step on the batch ``self.rows``; adds its loss to ``self.total``. No host sync: captured as is.
-        ``v <- m v - lr g; theta <- theta + v`` in float32, as :func:`ksae_cupy.optim.momentum_update`."""
+        ``v <- m v - lr g; theta <- theta + v`` in float32, as :func:`ksae_cupy.momentum_sgd.momentum_update`."""
         torch, s = self.torch, self.setup
         X_nd = self.X.index_select(0, self.rows)
         Z_nh = torch.addmm(self.b, X_nd, self.W)

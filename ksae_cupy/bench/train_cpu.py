@@ -38,7 +38,7 @@ from ksae_cupy.cpu import momentum as cpu_momentum
 from ksae_cupy.cpu.numba_kernels import _compiled, _kernel
 from ksae_cupy.cpu import sparse_encoder
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.optim import MomentumSGD
+from ksae_cupy.momentum_sgd import MomentumSGD
 from ksae_cupy.sparse_step import loss_and_grads_sparse, sparse_layout
 
 prange = range  # numba.prange once a kernel here is compiled (set by cpu.numba_kernels._compiled)

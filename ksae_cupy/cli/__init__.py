@@ -1,7 +1,8 @@
 """The command line: one module per command, thin by design (parse, resolve the device, print the
 resolved configuration, call the library).
 
-``train`` (ksae-train), ``data`` (ksae-data), ``bench`` (ksae-bench), ``evaluate`` (ksae-eval),
+``train`` (ksae-train), ``data`` (ksae-data; ``data_runs``: its codes and export), ``bench`` (ksae-bench;
+``bench_finetune``, ``bench_dist``, ``bench_gpu``: its other benchmarks), ``evaluate`` (ksae-eval),
 ``plot`` (ksae-plot), ``analyze`` (ksae-analyze), ``finetune`` (ksae-finetune), ``sweep``
 (ksae-sweep), ``baseline`` (ksae-baseline), ``mpi_train`` (``python -m mpi4py -m ksae_cupy.cli.mpi_train``),
 and what the commands share: ``common`` (the one-line error wrapper), ``options`` (click options made

@@ -7,7 +7,7 @@ import click
 
 from ksae_cupy.cli.version import VersionedGroup, version_option
 from ksae_cupy.cli.common import (CONTEXT, DATA_DIR, DEVICE, QUIET, RUN_DIR, check_run_outputs, run_data_options,
-                                   data_overrides, dataset_split, progress_printer, report_errors, write_json)
+                                   data_overrides, progress_printer, report_errors, write_json)
 from ksae_cupy.cli.run_options import SPLITS
 from ksae_cupy.errors import KsaeError
 
@@ -25,7 +25,7 @@ def analyze_coherence(run_dir):
     """Mutual coherence mu(W) of the learnt dictionary (unit-norm columns), with the Welch
     bound and the largest k for which Theorem 3.1's condition can hold. Writes RUN_DIR/coherence.json."""
     from ksae_cupy.evaluation.analysis import coherence_report
-    from ksae_cupy.evaluation.features import open_run
+    from ksae_cupy.evaluation.trained_run import open_run
 
     run = open_run(run_dir)
     report = coherence_report(run.params["W_dh"])
@@ -53,7 +53,7 @@ def analyze_iti(run_dir, n_samples, split, k, max_iter, device, data_dir, quiet,
     converges to (section 3.1-3.2). Writes RUN_DIR/iti.json."""
     from ksae_cupy.evaluation.analysis import encoder_vs_iti
     from ksae_cupy.backend import resolve_device
-    from ksae_cupy.evaluation.features import load_run_dataset, open_run
+    from ksae_cupy.evaluation.trained_run import dataset_split, load_run_dataset, open_run
 
     run = open_run(run_dir)
     check_run_outputs(run_dir, "iti.json")

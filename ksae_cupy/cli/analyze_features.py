@@ -27,7 +27,8 @@ def analyze_variants(run_dir, variants_text, alphas, l2_text, max_iter, device, 
     standardised features, early stopping instead of L2), every one chosen on validation and
     tested once. Writes RUN_DIR/variants.json and variants.md."""
     from ksae_cupy.backend import resolve_device
-    from ksae_cupy.evaluation.features import load_run_dataset, open_run, parse_alphas, parse_l2
+    from ksae_cupy.evaluation.trained_run import load_run_dataset, open_run
+    from ksae_cupy.evaluation.selection import parse_alphas, parse_l2
     from ksae_cupy.evaluation.variants import markdown, parse_variants, run_variants
 
     variants, alpha_list, l2_list = parse_variants(variants_text), parse_alphas(alphas), parse_l2(l2_text)
@@ -58,7 +59,8 @@ def analyze_compare(run_dir, alpha, l2_text, n_train, dict_seconds, data_dir, qu
     dictionary learnt by MiniBatchDictionaryLearning in the same wall time: test error and
     encoding speed (needs: pip install ksae-cupy[compare]). Writes RUN_DIR/compare.json."""
     from ksae_cupy.evaluation.compare import compare_encoders, require_sklearn
-    from ksae_cupy.evaluation.features import load_run_dataset, open_run, parse_l2
+    from ksae_cupy.evaluation.trained_run import load_run_dataset, open_run
+    from ksae_cupy.evaluation.selection import parse_l2
 
     require_sklearn()
     run = open_run(run_dir)

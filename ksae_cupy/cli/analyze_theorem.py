@@ -48,7 +48,7 @@ def analyze_theorem(run_dir, dictionary, D, H, k, n, seed, output, overwrite):
     elif dictionary == "gaussian":
         W_dh = gaussian_dictionary(D, H, np.random.default_rng(seed))
     else:
-        from ksae_cupy.evaluation.features import open_run
+        from ksae_cupy.evaluation.trained_run import open_run
 
         W_dh = open_run(dictionary).params["W_dh"]
     report = theorem_experiment(W_dh, k, n, seed)

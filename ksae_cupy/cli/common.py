@@ -100,7 +100,7 @@ def _one_line(exc: Exception) -> str:
 from ksae_cupy.cli.data_options import (DATA_OPTION_NAMES, DATA_PATH_OPTIONS, data_options,  # noqa: E402,F401
                                         data_overrides, data_spec, run_data_options)
 from ksae_cupy.cli.run_options import (CONTEXT, DATA_DIR, DEVICE, PATH, QUIET, RUN_DIR,  # noqa: E402,F401
-                                       check_run_outputs, dataset_split, progress_printer, write_json)
+                                       check_run_outputs, progress_printer, write_json)
 from ksae_cupy.session.stopping import STOP_SIGNALS, StopOnSignals, signals_interrupt  # noqa: E402,F401
 
 

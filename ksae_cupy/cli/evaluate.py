@@ -5,7 +5,6 @@ Results go to stdout and the run folder; progress goes to stderr.
 """
 from __future__ import annotations
 
-import contextlib
 import sys
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import click
 from ksae_cupy.cli.version import version_option
 from ksae_cupy.cli.common import (signals_interrupt, CONTEXT, DATA_DIR, DEVICE, EXIT_INTERRUPTED, QUIET, RUN_DIR, check_run_outputs,
                                    data_overrides, progress_printer, report_errors, run_data_options)
-from ksae_cupy.evaluation.features import REFIT_CHOICES
+from ksae_cupy.evaluation.selection import REFIT_CHOICES
 from ksae_cupy.errors import KsaeError
 
 
@@ -69,9 +68,11 @@ def eval_command(run_dir, alphas, l2_text, l2_extend, refit, raw_baseline, max_i
     """
     from ksae_cupy.backend import resolve_device
     from ksae_cupy.threads import set_blas_threads, usable_cores
-    from ksae_cupy.evaluation.features import evaluate_run, markdown_report, parse_alphas, parse_l2
+    from ksae_cupy.evaluation.eval_report import final_line, markdown_report
+    from ksae_cupy.evaluation.grid import FITS_FILE, EvaluationInterrupted, interruption_words
+    from ksae_cupy.evaluation.run_evaluation import evaluate_run
+    from ksae_cupy.evaluation.selection import parse_alphas, parse_l2
     from ksae_cupy.supervised import baseline_eval
-    from ksae_cupy.evaluation.grid import FITS_FILE, EvaluationInterrupted
 
     alpha_list, l2_list = parse_alphas(alphas), parse_l2(l2_text)
     if linear_svm:
@@ -97,7 +98,8 @@ def eval_command(run_dir, alphas, l2_text, l2_extend, refit, raw_baseline, max_i
     workers = 1 if baseline else threads_used or usable_cores()  # a baseline's fits run one at a time
     if not backend.is_gpu:
         log(f"classifier fits: up to {workers} side by side; {threads_line}")
-    with stop_signals_interrupt() as received:
+    received = []  # SIGTERM and SIGHUP stop the evaluation as Ctrl-C does (the finished fits are kept)
+    with signals_interrupt(("SIGTERM", "SIGHUP"), received.append):
         try:
             if baseline:  # a ksae-baseline run: its own features, the same classifier
                 result = baseline_eval.evaluate_baseline_run(run_dir, l2_list, refit, raw_baseline, backend, None,
@@ -109,34 +111,10 @@ def eval_command(run_dir, alphas, l2_text, l2_extend, refit, raw_baseline, max_i
                                       log=log, data_overrides=data_overrides(data), workers=workers,
                                       l2_extend=l2_extend, max_iter_name="--max-iter")
         except (EvaluationInterrupted, KeyboardInterrupt) as exc:
-            kept = Path(run_dir) / FITS_FILE
-            message = str(exc) if isinstance(exc, EvaluationInterrupted) else (
-                f"interrupted: the finished classifier fits are kept in {kept}; run the same command again to "
-                f"continue from them" if kept.is_file() else "interrupted before any classifier fit finished")
-            click.echo(f"\n{message}", err=True)
+            click.echo(f"\n{interruption_words(exc, run_dir)}", err=True)
             sys.exit(128 + received[0] if received else EXIT_INTERRUPTED)
     report = baseline_eval.markdown_report if "model" in result else markdown_report
     click.echo(report(result), nl=False)
     click.echo(f"wrote {Path(run_dir) / 'eval.json'} and {Path(run_dir) / 'eval.md'}", err=True)
     click.echo(final_line(result), err=True)  # the last line: what the evaluation is for
 
-
-def final_line(result: dict) -> str:
-    """``test error 2.01% (alpha=3, l2=1e-05, refit on train+valid; 124 s)``."""
-    from ksae_cupy.evaluation.features import _fmt_alpha
-
-    block = result["features"] if "features" in result else result
-    selected = block["selected"]
-    alpha = f"alpha={_fmt_alpha(selected['alpha'])}, " if selected.get("alpha") is not None else ""
-    seconds = f"; {result['seconds']:.0f} s" if "seconds" in result else ""
-    return (f"test error {100 * block['test_error']:.2f}% ({alpha}l2={selected['l2']:g}, "
-            f"refit on {block['refit']}{seconds})")
-
-
-@contextlib.contextmanager
-def stop_signals_interrupt():
-    """SIGTERM and SIGHUP stop the evaluation as Ctrl-C does (the finished fits are kept);
-    yields a list that receives the signal's number (exit status 128 + it)."""
-    received = []
-    with signals_interrupt(("SIGTERM", "SIGHUP"), received.append):
-        yield received

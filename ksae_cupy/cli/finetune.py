@@ -55,7 +55,7 @@ def finetune_command(ctx, pretrained, **values):
     given; with --no-pretraining or --baseline it is required. --dataset is its old spelling.
     """
     from ksae_cupy.supervised import finetune_run as ft
-    from ksae_cupy.session.provenance import data_files_record
+    from ksae_cupy.session.trained_on import data_files_record
     from ksae_cupy.session.runs import FINETUNE as KIND, dataset_record
 
     ft.check_step(values["step"])

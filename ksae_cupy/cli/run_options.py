@@ -8,7 +8,6 @@ import click
 from ksae_cupy.atomic import write_json_atomic
 from ksae_cupy.backend import DEVICES
 from ksae_cupy.cli.given_path import GivenPath
-from ksae_cupy.errors import KsaeError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True}
 
@@ -40,12 +39,4 @@ def write_json(path: Path, payload: dict) -> None:
     write_json_atomic(path, payload)
 
 
-SPLITS = ("test", "valid", "train")  # --split's choices: the splits dataset_split reads
-
-
-def dataset_split(dataset, split: str):
-    """``(X, y)`` of one split of a loaded dataset, or a one-line error when it has none."""
-    X, y = getattr(dataset, f"X_{split}"), getattr(dataset, f"y_{split}")
-    if X is None:
-        raise KsaeError(f"dataset {dataset.name} has no {split} split; use --split valid")
-    return X, y
+SPLITS = ("test", "valid", "train")  # --split's choices (evaluation.trained_run.dataset_split)

@@ -9,8 +9,6 @@ See :mod:`ksae_cupy.parallel.sweep` for what one grid point does.
 """
 from __future__ import annotations
 
-import contextlib
-import logging
 import signal
 import sys
 from pathlib import Path
@@ -18,44 +16,10 @@ from pathlib import Path
 import click
 
 from ksae_cupy.cli.version import version_option
-from ksae_cupy.cli.common import GivenPath, STOP_SIGNALS, report_errors, signals_interrupt
-from ksae_cupy.errors import KsaeError
-from ksae_cupy.parallel.sweep import check_data, check_specs, grid, run_packed, run_sweep, write_results
+from ksae_cupy.cli.common import GivenPath, STOP_SIGNALS, report_errors
+from ksae_cupy.parallel.sweep import check_data, check_specs, run_packed, run_sweep, stopped_by_signals, write_results
 from ksae_cupy.paths import check_writable_folder
 from ksae_cupy.session.fields import PAPER  # the paper's defaults, typed once (TrainConfig)
-
-
-def _declared(field: str, text: str):
-    """One value of ksae-train's option ``field`` given as text, parsed and checked as ksae-train does."""
-    from ksae_cupy.session.fields import TRAIN, parse_text
-
-    return parse_text(next(option for option in TRAIN if option.name == field), text)
-
-
-def _values(text: str, what: str, field: str | None = None) -> list:
-    """A comma-separated list for ``--what``, each value parsed and checked by ksae-train's declaration of the
-    option ``field`` (:func:`~ksae_cupy.session.fields.parse_text`; None: a positive number, as --alpha); a value
-    given twice, or none, is a one-line error naming ``--what``."""
-    from ksae_cupy.session.fields import TRAIN, parse_text
-
-    parts = [part.strip() for part in text.split(",") if part.strip()]
-    example, words = ("1,2,3", "numbers") if field is None else ("5,10", "integers")
-    if not parts:
-        raise KsaeError(f"--{what} {text!r} is not allowed; use comma-separated {words} such as {example}")
-    values = []
-    for part in parts:
-        if field is None:  # an encoding multiple: its range (alpha*k within hidden) is check_specs's
-            try:
-                value = float(part)
-            except ValueError:
-                raise KsaeError(f"--{what} {text!r} is not allowed; use comma-separated {words} such as "
-                                f"{example}") from None
-        else:
-            value = parse_text(next(option for option in TRAIN if option.name == field), part, f"--{what}")
-        if value in values:
-            raise KsaeError(f"--{what} {text!r} gives {part} twice; give each value once (each trains a model)")
-        values.append(value)
-    return values
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -92,29 +56,13 @@ def _values(text: str, what: str, field: str | None = None) -> list:
 def sweep_command(dataset, ks, alphas, hiddens, seeds, epochs, batch_size, lr, threads, no_k_schedule, scheduler,
                   workers, data_dir, out, device, pack):
     """Train a grid of k-sparse autoencoders on DATASET in parallel; write one results table."""
+    from ksae_cupy.parallel.sweep_options import check_launch, specs_of
+
     on_gpu = device.startswith("gpu") or (device == "auto" and _gpu_answers())
     pack = on_gpu if pack is None else pack
-    if not pack and on_gpu:
-        raise KsaeError(f"--no-pack with --device {device} is not allowed: the Dask workers train on the CPU; "
-                        f"give --pack (the default on a GPU) or --device cpu")
-    if pack and scheduler is not None:
-        raise KsaeError(f"--scheduler {scheduler} contradicts --pack, which trains the grid in this process; "
-                        f"give one")
-    if workers <= 0:
-        raise KsaeError(f"--workers {workers} is not allowed; use a positive number")
-    if scheduler is not None and click.get_current_context().get_parameter_source("workers").name != "DEFAULT":
-        raise KsaeError(f"--workers {workers} has no effect with --scheduler {scheduler}: it sizes the LocalCluster "
-                        f"started without one, and that cluster's own workers run the trainings; leave it out")
-    if pack and click.get_current_context().get_parameter_source("workers").name != "DEFAULT":
-        raise KsaeError(f"--workers {workers} has no effect with --pack, which trains the grid in this process "
-                        f"(no Dask workers); leave it out")
-    if threads <= 0:
-        raise KsaeError(f"--threads {threads} is not allowed; use a positive number of threads per training")
-    base = {"batch_size": batch_size, "lr": _declared("lr", lr),
-            "threads": threads, "k_start": None if no_k_schedule else "auto"}
-    specs = grid(_values(ks, "k", "k"), None if alphas is None else _values(alphas, "alpha"),
-                 _values(hiddens, "hidden", "hidden"), _values(seeds, "seeds", "seed"),
-                 _values(epochs, "epochs", "epochs"), base)
+    workers_given = click.get_current_context().get_parameter_source("workers").name != "DEFAULT"
+    check_launch(device, on_gpu, pack, scheduler, workers, workers_given, threads)
+    specs = specs_of(ks, alphas, hiddens, seeds, epochs, batch_size, lr, threads, no_k_schedule)
     check_specs(specs)  # here, in one line, not on a worker after a remote traceback
     check_writable_folder(out, "--out")  # before the trainings, not after them
     if pack:
@@ -156,31 +104,6 @@ def _packed(specs, dataset, out: Path, device: str, data_dir) -> list[dict]:
         click.echo(f"the sweep stopped; every run saved its checkpoint under {out / 'runs'} "
                    f"({len(stop.unfinished)} unfinished); the same command again continues them", err=True)
         sys.exit(stop.status)
-
-
-def _ignore_unraisable(unraisable) -> None:
-    """``sys.unraisablehook`` once a stop signal came: say nothing."""
-
-
-@contextlib.contextmanager
-def stopped_by_signals():
-    """Ctrl-C, SIGTERM and SIGHUP stop the sweep alike: a ``KeyboardInterrupt`` in the main thread,
-    so that the cluster is closed on the way out, with the logs of Dask's client and of asyncio
-    silenced first (the client's cancelled waits would each print a traceback as the cluster
-    closes). Yields a one-item list: the signal received."""
-    received = [signal.SIGINT]
-
-    def stop(signum):
-        received[0] = signum
-        for logger in ("asyncio", "distributed"):
-            logging.getLogger(logger).setLevel(logging.CRITICAL)
-        # The interrupt can land inside a constructor (a Dask Future half built by client.submit):
-        # that object's __del__ then fails as the process ends, and Python prints "Exception ignored
-        # in ..." and a traceback under our one line. The process is stopping: nothing there is news.
-        sys.unraisablehook = _ignore_unraisable
-
-    with signals_interrupt(STOP_SIGNALS, stop):
-        yield received
 
 
 def main(argv=None):

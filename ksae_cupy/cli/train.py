@@ -35,7 +35,7 @@ def train_command(ctx, dataset, **values):
       ksae-train --resume runs/mnist-h1000-k25-20261121-101500
     """
     from ksae_cupy.session import train_run
-    from ksae_cupy.session.provenance import data_files_record
+    from ksae_cupy.session.trained_on import data_files_record
     from ksae_cupy.session.runs import TRAIN as KIND, dataset_record, default_run_dir
 
     values["dataset"] = dataset

@@ -8,7 +8,7 @@ import click
 def _print_version(ctx, param, value) -> None:
     if not value or ctx.resilient_parsing:
         return
-    from ksae_cupy.provenance import version_line
+    from ksae_cupy.made_with import version_line
 
     name = ctx.find_root().info_name or ""
     click.echo(f"{name.split()[-1] if name.strip() else 'ksae-cupy'}: {version_line()}")  # the MPI trainer's

@@ -8,7 +8,7 @@ weight gradient as a scatter of rows, and the momentum update in one pass. ``fin
 holds the same kind of loops for the sparse fine-tuning step
 (:mod:`ksae_cupy.supervised.sparse_finetune`), compiled the same way. ``momentum.py`` holds the
 momentum updates built on them (one pass per array; the sparse step's weight gradient row by
-row), which the trainers choose once instead of :class:`ksae_cupy.optim.MomentumSGD`'s plain one.
+row), which the trainers choose once instead of :class:`ksae_cupy.momentum_sgd.MomentumSGD`'s plain one.
 ``sparse_encoder.py`` computes ``X W + b`` from each example's non-zero inputs (a set's CSR form,
 built once per run) where the inputs are sparse enough to beat BLAS's product.
 Without Numba every caller keeps its NumPy/SciPy path (:func:`numba_kernels.available` says which runs).

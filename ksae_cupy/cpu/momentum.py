@@ -1,4 +1,4 @@
-"""Momentum SGD on the CPU kernels: the update of :class:`ksae_cupy.optim.MomentumSGD`, in fewer passes.
+"""Momentum SGD on the CPU kernels: the update of :class:`ksae_cupy.momentum_sgd.MomentumSGD`, in fewer passes.
 
 The optimizer is the paper's three lines on plain arrays. Where a trainer runs on NumPy with the
 kernels enabled, it chooses one of these instead, once, when it is built
@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ksae_cupy.cpu import numba_kernels as kernels
-from ksae_cupy.optim import flush_denormals, momentum_update
+from ksae_cupy.momentum_sgd import flush_denormals, momentum_update
 
 
 def fused_step(optimizer, params, grads, lr: float) -> None:

@@ -545,7 +545,7 @@ def _flushed(x, tiny):
     the momentum times the smallest denormals rounds back to themselves: without this the velocity never
     reaches 0, and arithmetic on denormals is many times slower on x86 (the W update took 2.5-3.5x as long
     from the third MNIST epoch on). NaN and infinities pass unchanged. The same rule as
-    :func:`ksae_cupy.optim.flush_denormals`, the NumPy reference."""
+    :func:`ksae_cupy.momentum_sgd.flush_denormals`, the NumPy reference."""
     return tiny - tiny if abs(x) < tiny else x
 
 

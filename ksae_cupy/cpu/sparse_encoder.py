@@ -53,7 +53,7 @@ _BLOCK = 16  # the copy of a tile by input dimension goes in BLOCK x BLOCK block
 
 # The sparse encoder is chosen where the inputs' fraction of non-zeros is at most this. Measured on the
 # 2-core AMD EPYC (Zen 4) machine, N = 128, D = 784, H = 1000, random inputs of each density, X W + b from
-# the non-zeros over BLAS's (interleaved medians; the machine shared, load average 7-11, 2026-11-27):
+# the non-zeros over BLAS's (interleaved medians; the machine shared, load average 7-11):
 #   one thread:                  0.44 at 10% non-zero, 0.65 at 20%, 1.06 at 30%, 1.30 at 40%
 #   two lanes (BLAS in lanes):   0.51 at 10%, 0.77 at 20%, 0.89 at 30%, 1.16 at 40%
 #   MNIST batches (19%):         0.62 on one thread, 0.66 in two lanes

@@ -8,6 +8,18 @@ from pathlib import Path
 
 from ksae_cupy.datasets.fetch import ensure_files, present_copy, verify_file
 from ksae_cupy.datasets.registry import DATASETS, lookup
+from ksae_cupy.errors import KsaeError
+
+
+def checked_root(data_dir) -> Path:
+    """The data root (--data-dir, else $KSAE_DATA_DIR or ./data). One that is a file would read as
+    "no files present": say what it is instead."""
+    from ksae_cupy.datasets import data_root
+
+    root = data_dir or data_root()
+    if Path(root).exists() and not Path(root).is_dir():
+        raise KsaeError(f"--data-dir {root} is a file, not a folder; give the folder that holds the datasets")
+    return root
 
 
 def list_datasets(root: Path) -> list[tuple[str, str, str]]:
@@ -39,7 +51,11 @@ def verify_all(root: Path, names=None) -> list[tuple[str, str, str, str]]:
 
     ``status`` is ``ok``, ``missing`` or ``bad``; ``detail`` is the path checked and, for a
     bad file, what failed. Files are checked in full (digests, size, format), never changed.
+    A root that does not exist is refused: every file "missing" would pass a mistyped root as verified.
     """
+    if not Path(root).exists():
+        raise KsaeError(f"data root {root} does not exist: nothing to verify; give the folder that holds the "
+                        f"datasets (--data-dir or $KSAE_DATA_DIR), or fetch one there with ksae-data fetch NAME")
     rows = []
     for name in names or sorted(name for name, entry in DATASETS.items() if entry.folder):
         entry = lookup(name)

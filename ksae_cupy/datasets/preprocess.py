@@ -98,7 +98,7 @@ def split_rows(n: int, valid_fraction: float, seed: int):
     return np.sort(order[n_valid:]), np.sort(order[:n_valid])
 
 
-# ---- Centred inputs (beyond the paper, issue 35: ksae-train --center-input) ----
+# ---- Centred inputs (beyond the paper: ksae-train --center-input) ----
 # The training rows' mean, kept in the checkpoint's preprocess dict under this name; a model trained
 # on centred inputs sees x - mean wherever it is used (the estimator subtracts it; ksae-eval and
 # fine-tuning, which read the parameters, take them through raw_input_params).

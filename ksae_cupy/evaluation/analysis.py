@@ -8,8 +8,6 @@
   or to violate, ``k mu <= z_k / (2 z_1)``; how often ``supp_k(W^T x)`` is the true support.
 * :func:`encoder_vs_iti` -- on a trained dictionary, how often the one-step encoder's support
   ``supp_k(W^T x + b)`` agrees with the converged ITI support.
-* :func:`dead_units` -- the units no row keeps in its top k (what ``ksae-plot filters --skip-dead``
-  leaves out); :func:`coherence_report`'s zero-norm columns are another thing.
 
 Supports are the k *largest* entries (signed), as in the autoencoder and the theorem.
 Everything runs on the array module of its inputs, in float64 (the inversion solves
@@ -23,7 +21,6 @@ import numpy as np
 
 from ksae_cupy.backend import array_module, to_host
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.model import hidden_preactivations
 from ksae_cupy.topk import topk
 
 # Relative ridge added to W_Gamma^T W_Gamma so a repeated column gives the least-squares
@@ -73,18 +70,6 @@ def coherence_report(W_dh) -> dict:
         "p99_abs_inner": float(np.quantile(off, 0.99)),
         "theorem_max_k": int(np.floor(1 / (2 * mu))) if mu > 0 else None,
     }
-
-
-def dead_units(params, X_nd, k: int, batch_rows: int = 2000):
-    """Mask of the units no row of ``X_nd`` keeps in its top ``k`` (the selection the trainer
-    counts): the meaning of "dead" that every command uses (training counts it over an epoch)."""
-    xp = array_module(params["W_dh"])
-    H = params["W_dh"].shape[1]
-    kept_h = xp.zeros(H, dtype=np.int64)
-    for start in range(0, len(X_nd), batch_rows):  # a batch at a time: N x H at once can fill the memory
-        idx_nk, _ = topk(hidden_preactivations(params, X_nd[start:start + batch_rows]), k)
-        kept_h += xp.bincount(idx_nk.ravel(), minlength=H)
-    return to_host(kept_h == 0)
 
 
 @dataclass

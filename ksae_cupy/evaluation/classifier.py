@@ -15,7 +15,7 @@ strictly convex for l2 > 0, so a quasi-Newton method converges to the optimum in
 or so passes, with no learning rate or schedule to tune -- which matters here, because
 the L2 strength is chosen on validation error and an under-converged classifier would
 confound that choice. L-BFGS keeps :data:`HISTORY` = 100 gradient pairs, not SciPy's 10
-(or the 20 used here until 2026-11-27): the weakly regularised fits are ill-conditioned, and
+(nor 20): the weakly regularised fits are ill-conditioned, and
 the longer memory reaches the same optimum in half the passes (measured on MNIST codes,
 k = 25, alpha = 3: 1015 passes over the L2 path 1e-3 .. 1e-6 with 20 pairs, 461 with 100),
 for 16 MB of history at 1000 units. Loss and gradient are computed by the array module of the features
@@ -115,7 +115,7 @@ def fit(X_nh, y_n, n_classes: int, l2: float, max_iter: int = 500, tol: float = 
 
     Stops when the projected gradient's largest entry falls below ``tol`` or one iteration
     lowers the loss by less than the fraction ``ftol`` (scipy's ``gtol`` / ``ftol``), or after
-    ``max_iter`` iterations. (Until 2026-11-27 ``tol`` was 1e-6: 1e-5 stops where the validation
+    ``max_iter`` iterations. (``tol`` 1e-5, not 1e-6, stops where the validation
     error no longer moves -- on MNIST codes, k = 25, alpha = 3, within 0.01 point at L2 >= 1e-5
     -- in two thirds of the passes.) Runs where ``X_nh`` lives (NumPy or CuPy). ``should_stop()``,
     asked before every pass over the data, abandons the fit with :class:`FitStopped` (a fit

@@ -21,7 +21,8 @@ from dataclasses import replace
 import numpy as np
 
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.evaluation.features import select_and_test, sparse_features
+from ksae_cupy.evaluation.selection import select_and_test
+from ksae_cupy.evaluation.features import sparse_features
 
 
 def require_sklearn():

@@ -1,4 +1,4 @@
-"""Running the (alpha, L2) grid of :mod:`ksae_cupy.evaluation.features`: finished fits kept on
+"""Running the (alpha, L2) grid of :mod:`ksae_cupy.evaluation.selection`: finished fits kept on
 disk, fits run side by side, and a progress line per fit.
 
 * :class:`FitStore` keeps every finished fit (its trial row and its weights) in
@@ -39,6 +39,16 @@ class EvaluationInterrupted(Exception):
         super().__init__(f"interrupted: {kept} finished classifier fit(s) {where}; run the same command again "
                          f"to continue from them")
         self.kept, self.path = kept, path
+
+
+def interruption_words(exc: BaseException, run_dir) -> str:
+    """What an evaluation stopped by ``exc`` (:class:`EvaluationInterrupted`, or a Ctrl-C outside the grid)
+    left behind, and how to go on."""
+    if isinstance(exc, EvaluationInterrupted):
+        return str(exc)
+    kept = Path(run_dir) / FITS_FILE
+    return (f"interrupted: the finished classifier fits are kept in {kept}; run the same command again to continue "
+            f"from them" if kept.is_file() else "interrupted before any classifier fit finished")
 
 
 def fingerprint(checkpoint_path: Path, dataset, **settings) -> str:
@@ -131,7 +141,7 @@ class GridProgress:
     """One line per fit, ``fit 5 of 9 (at most 11) ...; 40 s to 70 s left``.
 
     The fits still to come are those of the walk's current round, the refit, and at most
-    ``later`` more (the steps the walk may still take, :func:`~ksae_cupy.evaluation.features.select_and_test`).
+    ``later`` more (the steps the walk may still take, :func:`~ksae_cupy.evaluation.selection.select_and_test`).
     Each is estimated at the mean time of the fits made so far on the same alpha (the codes of a
     larger alpha cost more per pass), the refit at its alpha's mean scaled by its rows; a round's
     fits run ``workers`` side by side.

@@ -1,6 +1,6 @@
 """Variants of the feature evaluation, for the investigation of the gap to the paper's 1.35%.
 
-:mod:`ksae_cupy.evaluation.features` fixes one protocol (section 4.5: ``supp_{alpha k}(W^T x + b)``,
+:mod:`ksae_cupy.evaluation.selection` fixes one protocol (section 4.5: ``supp_{alpha k}(W^T x + b)``,
 a converged L2-regularised softmax, alpha and L2 chosen on validation). The paper does
 not say more than that, so each choice it leaves open is a variant here, evaluated on the
 same checkpoint with the same selection rule (validation only; test read once per variant):
@@ -26,7 +26,11 @@ import numpy as np
 from ksae_cupy.backend import CPU, Backend
 from ksae_cupy.errors import KsaeError, OptionError
 from ksae_cupy.model import alpha_k
-from ksae_cupy.evaluation.features import _fmt_alpha, _pct, _write_atomic, load_run_dataset, open_run, select_and_test, sparse_features
+from ksae_cupy.atomic import write_text_atomic
+from ksae_cupy.evaluation.eval_report import pct
+from ksae_cupy.evaluation.features import sparse_features
+from ksae_cupy.evaluation.selection import fmt_alpha, select_and_test
+from ksae_cupy.evaluation.trained_run import load_run_dataset, open_run
 
 BASE_VARIANTS = ("sparse", "relu", "standardized")
 EARLY_STOP_L2 = 1e-6  # small enough that the iteration cap, not the penalty, regularises
@@ -110,8 +114,8 @@ def run_variants(run_dir, variants, alphas, l2_grid, max_iter: int = 500, backen
                      "seconds": round(time.perf_counter() - start, 1), "trials": outcome["trials"]})
     result = {"run_dir": str(run.path), "k": run.k, "hidden": run.H, "epoch": run.ckpt.epoch,
               "activation": activation, "device": backend.name, "dataset": dataset.name, "variants": rows}
-    _write_atomic(run.path / "variants.json", json.dumps(result, indent=2, sort_keys=True) + "\n")
-    _write_atomic(run.path / "variants.md", markdown(result))
+    write_text_atomic(run.path / "variants.json", json.dumps(result, indent=2, sort_keys=True) + "\n")
+    write_text_atomic(run.path / "variants.md", markdown(result))
     return result
 
 
@@ -122,6 +126,6 @@ def markdown(result: dict) -> str:
              "and L2 (or the iteration cap) on the validation set and reads the test set once.", "",
              "| variant | alpha | L2 | valid error | test error |", "|---|---|---|---|---|"]
     for r in result["variants"]:
-        lines.append(f"| {r['variant']} | {_fmt_alpha(r['alpha'])} | {r['l2']:g} | {_pct(r['valid_error'])} | "
-                     f"{_pct(r['test_error'])} |")
+        lines.append(f"| {r['variant']} | {fmt_alpha(r['alpha'])} | {r['l2']:g} | {pct(r['valid_error'])} | "
+                     f"{pct(r['test_error'])} |")
     return "\n".join(lines) + "\n"

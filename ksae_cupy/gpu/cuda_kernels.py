@@ -520,22 +520,3 @@ def scatter_rows_gpu(idx_nk, val_nk, H: int, out=None):
 def mask_rows_gpu(src_nh, idx_nk, out=None):
     """``src_nh`` kept at ``idx_nk`` and zero elsewhere: the fused gather + scatter of dZ_nh."""
     return _rows_gpu("mask", src_nh, idx_nk, tuple(int(s) for s in src_nh.shape), out)
-
-
-def csr_from_topk(idx_nk, val_nk, H: int):
-    """The sparse code as a ``cupyx.scipy.sparse.csr_matrix`` (N, H) sharing ``idx_nk``/``val_nk``.
-
-    The alternative to dense masked products: ``csr @ W.T`` (decoder) and ``X.T @ csr`` (dW)
-    touch only the N*k kept entries. A GPU session can time it against the dense products.
-    """
-    cupy = _cupy()
-    import cupyx.scipy.sparse as sparse
-
-    _require_gpu_array(val_nk, "val_nk")
-    _check_array(val_nk, "val_nk", 2, (np.dtype(np.float32), np.dtype(np.float64)))
-    N, k = (int(s) for s in val_nk.shape)
-    _check_array(idx_nk, "idx_nk", 2, (np.dtype(np.int32),))
-    if int(idx_nk.shape[0]) != N:
-        raise KsaeError(f"idx_nk has {idx_nk.shape[0]} rows; expected {N}")
-    indptr = cupy.arange(0, N * k + 1, k, dtype=np.int32)
-    return sparse.csr_matrix((val_nk.ravel(), idx_nk.ravel(), indptr), shape=(N, int(H)))

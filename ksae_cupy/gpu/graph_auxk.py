@@ -1,4 +1,4 @@
-"""The auxiliary loss (AuxK, beyond the paper: issue 35) as parts of the captured GPU step.
+"""The auxiliary loss (AuxK, beyond the paper) as parts of the captured GPU step.
 
 The arithmetic of :func:`ksae_cupy.model.auxk_loss_and_grads`, on fixed buffers so that the parts
 between its three matrix products are captured as CUDA graphs with the rest of the step

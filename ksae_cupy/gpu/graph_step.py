@@ -3,7 +3,7 @@
 Why: on MNIST's shapes (a batch of 128 x 784, 1000 units) a step is microseconds of GPU work but
 about 35 array operations, each a Python call and a kernel launch, and the generic step reads its
 loss back to the host after every batch. On an H100 that made the trainer launch-bound, about
-2 s per epoch (2026-11-25, ``results/benchmarks/gpu-campaign-2026-11-25``). Here every operation
+2 s per epoch (``results/benchmarks/gpu-campaign-2026-11-25``). Here every operation
 writes into buffers allocated once, so the operations between the step's four matrix products
 (gather the batch's rows, bias, top-k, residual, loss, mask, bias gradients, momentum update,
 dead-unit counts) are captured once, part by part, as CUDA graphs and replayed per batch: on an H100
@@ -14,7 +14,7 @@ stay outside the graphs because CuPy refuses cuBLAS calls during capture. With `
 on a GPU, :mod:`ksae_cupy.gpu.graph_epoch`, captures a whole epoch of these steps as one graph; the step
 graphs here are kept to compare (``Trainer.gpu_epoch_graph = False``).
 
-The arithmetic is :func:`ksae_cupy.model.loss_and_grads` followed by :class:`~ksae_cupy.optim.MomentumSGD`
+The arithmetic is :func:`ksae_cupy.model.loss_and_grads` followed by :class:`~ksae_cupy.momentum_sgd.MomentumSGD`
 (linear or ReLU units, with AuxK's parts when asked, :mod:`ksae_cupy.gpu.graph_auxk`), with the top-k kernel
 writing the dense sparse code itself and one mask kernel for the gradient through the kept units, as in
 :mod:`ksae_cupy.bench.kernel_step`. Results agree with the generic step to float32 rounding
@@ -260,7 +260,7 @@ class GraphStep:
 
     def _momentum_update(self):
         """``v <- m v - lr g; theta <- theta + v`` for every parameter (``lr g`` into ``g``, a scratch), the
-        denormals of ``v`` and ``theta`` flushed to zero as :func:`ksae_cupy.optim.momentum_update` does."""
+        denormals of ``v`` and ``theta`` flushed to zero as :func:`ksae_cupy.momentum_sgd.momentum_update` does."""
         cp = self.cupy
         for name, theta in self.params.items():
             v, grad = self.velocities[name], self.grads[name]

@@ -34,7 +34,7 @@ Why kernels of ours and not cuBLAS: the whole epoch on a GPU is one CUDA graph
 
 The loss's sum is ours too: CuPy's full reductions (``cupy.sum`` of a whole array, through CUB)
 allocate temporary storage, which a capture must not (on an H100 the captured step's loss part was
-left uncaptured for it, 2026-11-25).
+left uncaptured for it).
 
 As :mod:`ksae_cupy.gpu.cuda_kernels`: a *plan* per launch (:func:`plan_matmul`, :func:`plan_sum_squares`)
 made without cupy, which the CPU harness runs, and a launcher that hands it to ``cupy.RawKernel``.

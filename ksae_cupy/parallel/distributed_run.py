@@ -228,18 +228,18 @@ class DistributedJob(RunJob):
     and a divergence retold by rank 0 for every rank. ``saved``: the ``(epoch, step)`` of the last checkpoint."""
 
     def __init__(self, trainer, comm, folder, data, preprocess: dict, saved):
-        self.learner, self.comm, self.folder, self.preprocess, self.saved = trainer, comm, folder, preprocess, saved
+        self._trainer, self.comm, self.folder, self.preprocess, self.saved = trainer, comm, folder, preprocess, saved
         self.X_host = data.X_train  # for the divergence's advice: a rate derived from these rows
         self.X_train = trainer.backend.asarray(data.X_train, dtype=trainer.dtype)
         self.X_valid = trainer.backend.asarray(data.X_valid, dtype=trainer.dtype)
 
     def trainer(self):
-        return self.learner
+        return self._trainer
 
     def fit(self, on_epoch, on_batch) -> None:
         # Every rank stops at the same step: the stop is agreed over the ranks (StopAgreedOverRanks).
         try:
-            self.learner.fit(self.X_train, self.X_valid, on_epoch, on_batch)
+            self._trainer.fit(self.X_train, self.X_valid, on_epoch, on_batch)
         except TrainingDiverged as exc:
             # Raised on every rank at the same step: the losses it checks are all-reduced and the
             # parameter check is agreed (StopAgreedOverRanks), so every rank leaves together.
@@ -249,7 +249,7 @@ class DistributedJob(RunJob):
     def save(self) -> None:
         from ksae_cupy.training.checkpoint import save_checkpoint
 
-        trainer = self.learner
+        trainer = self._trainer
         try:
             trainer.check_replicas_agree()  # raises on every rank alike (an all-gather)
         except KsaeError as exc:
@@ -265,7 +265,7 @@ class DistributedJob(RunJob):
         fve = "" if report.fve is None else f"  FVE {report.fve:.4f}" + (
             "" if report.valid_fve is None else f" valid {report.valid_fve:.4f}")
         l0 = "" if report.l0 is None else f"  L0 {report.l0:.1f}"
-        return [f"epoch {report.epoch}/{self.learner.config.epochs}  k {report.k}  loss {report.train_loss:.4f}"
+        return [f"epoch {report.epoch}/{self._trainer.config.epochs}  k {report.k}  loss {report.train_loss:.4f}"
                 f"{valid}{fve}{l0}  unkept {100 * report.dead_fraction:.1f}%  {report.samples_per_s:,.0f} samples/s"]
 
 

@@ -10,8 +10,6 @@ every alpha. Each configuration trains on one worker (a
 so workers do not fight over cores; ``--lr auto`` resolved there from the data), and reports its final validation loss with k and with alpha*k kept
 units. Without ``--scheduler`` a :class:`distributed.LocalCluster` is started; with it
 the runs go to that scheduler. Results: ``OUT/results.json`` and ``OUT/results.md``. The command is :mod:`ksae_cupy.cli.sweep`.
-When :mod:`ksae_cupy.evaluation.features` exists its metrics can be added per row; this module only
-relies on training.
 
 Packed (``--pack``, the default with ``--device gpu``): no cluster; the whole grid trains in this
 process as one pack of runs (:mod:`ksae_cupy.training.packed`), on a GPU as one stacked model per
@@ -20,16 +18,20 @@ what stopped (:func:`run_packed`).
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
 import os
+import signal
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from ksae_cupy.errors import KsaeError, OptionError, literal, one_line
+from ksae_cupy.session.stopping import STOP_SIGNALS, signals_interrupt
 
 SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
@@ -236,6 +238,31 @@ def _connect(Client, scheduler: str, timeout_s: float = 10.0):
         raise OptionError("scheduler", f"{{name}} {literal(scheduler)}: no Dask scheduler answers there (waited up "
                                        f"to {timeout_s:g} s; {type(exc).__name__}: {literal(one_line(exc)[:200])}); "
                                        f"check the address and that dask-scheduler runs") from None
+
+
+def _ignore_unraisable(unraisable) -> None:
+    """``sys.unraisablehook`` once a stop signal came: say nothing."""
+
+
+@contextlib.contextmanager
+def stopped_by_signals():
+    """Ctrl-C, SIGTERM and SIGHUP stop the sweep alike: a ``KeyboardInterrupt`` in the main thread,
+    so that the cluster is closed on the way out, with the logs of Dask's client and of asyncio
+    silenced first (the client's cancelled waits would each print a traceback as the cluster
+    closes). Yields a one-item list: the signal received."""
+    received = [signal.SIGINT]
+
+    def stop(signum):
+        received[0] = signum
+        for logger in ("asyncio", "distributed"):
+            logging.getLogger(logger).setLevel(logging.CRITICAL)
+        # The interrupt can land inside a constructor (a Dask Future half built by client.submit):
+        # that object's __del__ then fails as the process ends, and Python prints "Exception ignored
+        # in ..." and a traceback under our one line. The process is stopping: nothing there is news.
+        sys.unraisablehook = _ignore_unraisable
+
+    with signals_interrupt(STOP_SIGNALS, stop):
+        yield received
 
 
 COLUMNS = ("k", "hidden", "seed", "epochs", "alpha", "kept", "final_train_loss", "final_valid_loss",

@@ -81,7 +81,7 @@ def score(folder: Path, l2: float, max_iter: int) -> int:
     """Validation error of logistic regression on the run's features (the test set is not read)."""
     from ksae_cupy.evaluation import classifier
     from ksae_cupy.supervised.baseline_eval import open_baseline_run
-    from ksae_cupy.evaluation.features import load_run_dataset
+    from ksae_cupy.evaluation.trained_run import load_run_dataset
     from ksae_cupy.supervised.baselines import encode
 
     run, model = open_baseline_run(folder)

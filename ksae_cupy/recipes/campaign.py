@@ -8,8 +8,8 @@ k-sparse rows at 5000 epochs, Table fn_mnist's k-sparse rows through bin/reprodu
     PYTHONPATH=. python3 bin/gpu-campaign kernel-grid --kernel-grid --budget-minutes 7   # top-k grid only
 
 Stages, in this order (``--stage`` picks some): env, tests, step, epoch, packed, grid, mnist, finetune, collect.
-``--benchmarks`` picks env, step, epoch, packed, grid and collect, every one run again: all the benchmarks' figures
-in one device call of ``--budget-minutes 8``.
+``--benchmarks`` picks env, step, epoch, packed, grid and collect, every one run again: every benchmark
+figure in one device call of ``--budget-minutes 8``.
 Each writes ``OUT_DIR/<stage>.json`` and ``OUT_DIR/<stage>.md`` (with device, versions, commit and
 date) and its log under ``OUT_DIR/logs/``, and is not started, with the reason written down, when the
 budget left is smaller than it needs. ``OUT_DIR/campaign.json`` records each stage's status, so a
@@ -50,7 +50,7 @@ REPO = Path(__file__).resolve().parents[2]  # the checkout: children import it, 
 STAGES = ("env", "tests", "step", "epoch", "packed", "grid", "mnist", "finetune", "collect")
 BENCHMARK_STAGES = ("env", "step", "epoch", "packed", "grid", "collect")  # --benchmarks: every benchmark, one call
 # Rough seconds a stage needs on an H100 before it is worth starting (tiny runs: about 1 s).
-# Measured: tests 114-126 s, the top-k grid 122 s (2026-11-25/26); step, epoch and packed: estimates.
+# Measured: tests 114-126 s, the top-k grid 122 s; step, epoch and packed: estimates.
 NEEDS_GPU = {"env": 30, "tests": 150, "step": 60, "epoch": 90, "packed": 60, "grid": 150, "mnist": 90,
              "finetune": 300, "collect": 0}
 # The most seconds a benchmark stage may take (the grid stops starting shapes before its end).

@@ -150,8 +150,8 @@ def stage_grid(c: Campaign):
 
 def stage_mnist(c: Campaign):
     """ksae-train then ksae-eval for each run, resuming checkpoints, ``--side-by-side`` runs at once on the
-    one GPU (the step is launch-bound: two go at about 0.135 s/epoch each where one alone goes at 0.10,
-    H200 2026-11-26); stops at the budget's end."""
+    one GPU (the step is launch-bound: two go at about 0.135 s/epoch each where one alone goes at 0.10
+    on an H200); stops at the budget's end."""
     dataset = "synthetic" if c.tiny else "mnist"
     hidden = 32 if c.tiny else 1000
     if not c.tiny:

@@ -1,4 +1,4 @@
-"""The dead-units table (beyond the paper: issue 35's AuxK and centred-input runs beside the paper's recipe):
+"""The dead-units table (beyond the paper: the AuxK and centred-input runs beside the paper's recipe):
 one row per ksae-train run folder.
 
 For each RUN_DIR: its options beyond the paper (config.json), the last epoch's dead fractions and losses
@@ -65,7 +65,7 @@ def counted_row(run_dir: Path, config: dict, metrics: list) -> str:
     from ksae_cupy.datasets.user_files import DataSpec
     from ksae_cupy.training.estimator import KSparseAutoencoder
 
-    from ksae_cupy.session.provenance import check_run_data
+    from ksae_cupy.session.trained_on import check_run_data
 
     train = config["train"]
     last = metrics[-1]

@@ -28,7 +28,7 @@ from ksae_cupy.reports.folders import evaluation_is_current, read_json, read_met
 def pca_row(dataset, n_components: int, l2_grid, max_iter: int) -> dict:
     """Logistic regression on the projections onto the top ``n_components`` principal components."""
     from ksae_cupy.backend import CPU
-    from ksae_cupy.evaluation.features import select_and_test
+    from ksae_cupy.evaluation.selection import select_and_test
 
     mean_d = dataset.X_train.mean(0, dtype=np.float64)
     centred = dataset.X_train.astype(np.float64) - mean_d

@@ -24,7 +24,7 @@ def run_main(main) -> int:
 
 def refuse_no_arguments(parser, what_to_give: str, argv=None) -> None:
     """With no arguments at all: the usage line and one ``error:`` line saying what to give, status 2. A bare
-    script name must not start an hours-long run or write a file (issue 54): the whole run takes a flag."""
+    script name must not start an hours-long run or write a file: the whole run takes a flag."""
     if sys.argv[1:] if argv is None else argv:
         return
     parser.print_usage(sys.stderr)

@@ -1,4 +1,4 @@
-"""``bin/train-pack``: several ``ksae-train`` runs in one launch, each in its own run folder (issue 52).
+"""``bin/train-pack``: several ``ksae-train`` runs in one launch, each in its own run folder.
 
     bin/train-pack mnist --run dir=runs/k10,k=10,epochs=5000 --run dir=runs/k25,k=25,seed=1,epochs=5000
     bin/train-pack mnist --run dir=runs/k10 --run dir=runs/k25        # resume both as they were asked

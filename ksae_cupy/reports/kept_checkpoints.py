@@ -2,7 +2,7 @@
 
 The run folders under ``results/`` keep what a reader needs to check a figure (config.json, metrics,
 eval.json / eval.md, logs); their checkpoints (6-15 MB each) were removed from the tree so that a clone
-stays small (issue 53). Each removed checkpoint stays reachable by commit and path, and
+stays small. Each removed checkpoint stays reachable by commit and path, and
 ``results/checkpoints.json`` lists it with its SHA-256 and size::
 
     {"checkpoints": [{"path": "results/runs/mnist-k25-5000/checkpoint.h5", "commit": "<40 hex>",

@@ -1,4 +1,4 @@
-"""Tables err_mnist and fn_mnist from run folders, beside the paper's figures (issue 34).
+"""Tables err_mnist and fn_mnist from run folders, beside the paper's figures.
 
 Each run folder under a root is read (config.json, metrics.jsonl, eval.json / finetune.json,
 never the checkpoint) and placed in the table row it is, by what its config.json says:
@@ -658,7 +658,7 @@ def _made_by(found: Found, command_text, target: Target | None) -> str:
 def _eval_options(results: dict | None) -> list:
     """ksae-eval's options that made ``results`` (eval.json) where they are not its defaults: the L2 grid, the
     grid's extension, the iterations per fit."""
-    from ksae_cupy.evaluation.features import DEFAULT_L2, DEFAULT_L2_EXTEND
+    from ksae_cupy.evaluation.selection import DEFAULT_L2, DEFAULT_L2_EXTEND
 
     results = results or {}
     grid, options = results.get("l2_grid"), []

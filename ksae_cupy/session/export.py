@@ -233,7 +233,7 @@ def export_tensors(model: dict) -> dict:
 def export_metadata(model: dict) -> dict:
     """What the tensors need to be used (k, alpha, activation) and where they come from."""
     from ksae_cupy.model import alpha_k
-    from ksae_cupy.provenance import provenance
+    from ksae_cupy.made_with import provenance
 
     config = model["config"]
     D, H = np.asarray(model["W_dh"]).shape

@@ -29,7 +29,7 @@ from ksae_cupy.session import resuming
 from ksae_cupy.training.checkpoint import CheckpointWriteError
 from ksae_cupy.session.checkpoint_policy import CheckpointPolicy
 from ksae_cupy.session.fields import RUN_LEVEL
-from ksae_cupy.session.provenance import check_data_files
+from ksae_cupy.session.trained_on import check_data_files
 from ksae_cupy.session.runs import RunFolder
 from ksae_cupy.session.stopping import StopOnSignals
 from ksae_cupy.training.wording import epochs_done, interrupted, nothing_to_train, position

@@ -31,7 +31,7 @@ def run_inputs(source) -> dict[str, Path]:
     """``{what: path}`` of the files that make the run ``source`` (a run folder, or a checkpoint file inside
     one): its checkpoint, config.json and metrics, the data files config.json records, and a layer 2's codes
     origin (the ``OUT.json`` beside its codes)."""
-    from ksae_cupy.session.provenance import DATA_FILES, data_file, origin_file
+    from ksae_cupy.session.trained_on import DATA_FILES, data_file, origin_file
     from ksae_cupy.session.runs import CHECKPOINT, CONFIG, METRICS
 
     source = Path(source)

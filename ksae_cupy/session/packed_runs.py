@@ -1,4 +1,4 @@
-"""Many ``ksae-train`` runs in one launch, each in its own run folder (issue 52, "many runs per launch").
+"""Many ``ksae-train`` runs in one launch, each in its own run folder.
 
     outcomes = train_packed(configs, data, backend, folders, dataset="mnist")
 
@@ -138,7 +138,7 @@ def _data_record(dataset) -> dict:
     SHA-256, with its labels and splits (``dataset`` a :class:`~ksae_cupy.datasets.user_files.DataSpec` for
     splits other than the defaults)."""
     from ksae_cupy.datasets.user_files import DataSpec
-    from ksae_cupy.session.provenance import data_files_record
+    from ksae_cupy.session.trained_on import data_files_record
 
     spec = dataset if isinstance(dataset, DataSpec) else DataSpec(str(dataset)).validate().resolved()
     record = dataset_record(spec.data)

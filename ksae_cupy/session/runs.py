@@ -32,7 +32,7 @@ from pathlib import Path
 from ksae_cupy.atomic import write_json_atomic, write_text_atomic
 from ksae_cupy.errors import KsaeError, note
 from ksae_cupy.paths import check_writable_folder, file_sha256
-from ksae_cupy.session.provenance import codes_origin, data_files_record
+from ksae_cupy.session.trained_on import codes_origin, data_files_record
 from ksae_cupy.session.runlock import RunLock, check_unlocked
 
 CHECKPOINT = "checkpoint.h5"
@@ -270,9 +270,9 @@ class RunFolder:
 def code_record(previous: dict, device: str | None) -> dict:
     """config.json's ``provenance``: ``created_by``, the code that started the run (kept from ``previous``,
     the folder's config.json; None for a run started before it was recorded), and ``last_run_by``, this
-    session's (:func:`ksae_cupy.provenance.provenance`). A resume with other code or other libraries is
+    session's (:func:`ksae_cupy.made_with.provenance`). A resume with other code or other libraries is
     recorded, never refused."""
-    from ksae_cupy.provenance import provenance
+    from ksae_cupy.made_with import provenance
 
     now = provenance(device)
     if not previous:  # a new run: no config.json yet
@@ -335,7 +335,7 @@ def parse_metrics(path: Path) -> tuple[list[dict], bool]:
 def dataset_record(dataset: str, with_sha256: bool = True) -> dict:
     """How config.json names the data: a user file by its absolute path (a run can then be
     resumed from any folder) and its SHA-256 (a changed file is noticed), and for codes written by
-    ``ksae-data codes`` their origin (:mod:`ksae_cupy.session.provenance`); a built-in name as is."""
+    ``ksae-data codes`` their origin (:mod:`ksae_cupy.session.trained_on`); a built-in name as is."""
     from ksae_cupy.datasets import is_user_file
 
     if not is_user_file(dataset):

@@ -165,7 +165,7 @@ class TrainJob(RunJob):
     saves_itself = True
 
     def __init__(self, trainer, preprocess: dict, X_nd, X_valid_nd):
-        self.learner, self.preprocess, self.X_nd, self.X_valid_nd = trainer, dict(preprocess), X_nd, X_valid_nd
+        self._trainer, self.preprocess, self.X_nd, self.X_valid_nd = trainer, dict(preprocess), X_nd, X_valid_nd
         self.run = self.progress = None
         self.saved_at = None  # (path, epoch, step) of the last save: what a divergence says was kept
 
@@ -180,14 +180,14 @@ class TrainJob(RunJob):
         self.run, self.quiet, self.echo = run, quiet, echo
 
     def trainer(self):
-        return self.learner
+        return self._trainer
 
     def fit(self, on_epoch, on_batch) -> None:
         """The trainer's epochs up to its last; a checkpoint after each epoch the policy names and at the end
         (when a step was trained, or none is there); a diverged loss retold (what was kept, a rate to use)."""
         from ksae_cupy.training.trainer import TrainingDiverged
 
-        trainer, checkpoint = self.learner, self.run.folder.checkpoint
+        trainer, checkpoint = self._trainer, self.run.folder.checkpoint
         trainer.config.check(name=cli_name)  # validated again only if --resume changed it
         X_dev, X_valid_dev = self.on_device(self.X_nd), self.on_device(self.X_valid_nd)
         step_before = trainer.step
@@ -202,15 +202,15 @@ class TrainJob(RunJob):
 
     def retold(self, exc):
         """The divergence ``exc`` retold for the user: what the run folder keeps, and a rate that trains its rows."""
-        return prepare.retold(exc, self.X_nd, self.run.folder.checkpoint, self.saved_at, self.learner.config.sigma,
-                              cli_name, rate=self.learner.config.lr)
+        return prepare.retold(exc, self.X_nd, self.run.folder.checkpoint, self.saved_at, self._trainer.config.sigma,
+                              cli_name, rate=self._trainer.config.lr)
 
     def on_device(self, X_nd):
         """Host rows ``X_nd`` (None: none) on the trainer's device, in its dtype."""
-        return None if X_nd is None else self.learner.backend.asarray(X_nd, dtype=self.learner.dtype)
+        return None if X_nd is None else self._trainer.backend.asarray(X_nd, dtype=self._trainer.dtype)
 
     def save(self) -> None:
-        self.saved_at = prepare.save_state(self.learner, self.run.folder.checkpoint, self.preprocess,
+        self.saved_at = prepare.save_state(self._trainer, self.run.folder.checkpoint, self.preprocess,
                                            self.run.folder.run_id)
 
     def epoch_lines(self, report) -> list[str]:
@@ -228,7 +228,7 @@ class TrainJob(RunJob):
         from ksae_cupy.session.progress import RunProgress
 
         if self.progress is None:
-            trainer = self.learner
+            trainer = self._trainer
             sample_nd = trainer.backend.asarray(self.X_nd[:trainer.config.batch_size])
             # Compile the validation pass's kernels now, before the progress clock starts: the
             # estimate printed after epoch 1 is then the run's pace, not the compiler's.

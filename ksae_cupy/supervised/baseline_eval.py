@@ -4,7 +4,7 @@ Section 5 of the paper: the features of a dropout autoencoder are *all* its hidd
 of a denoising autoencoder the code of the *uncorrupted* input; the RBM's are its hidden
 probabilities. All are :func:`ksae_cupy.supervised.baselines.encode`, ``sigmoid(x W + b)`` with
 no noise and no dropout. They go through the very steps k-sparse features go through
-(:func:`ksae_cupy.evaluation.features.select_and_test`): L2 chosen on the validation set with the
+(:func:`ksae_cupy.evaluation.selection.select_and_test`): L2 chosen on the validation set with the
 classifier fit on the training set, a refit, the test set read once. There is no alpha (every
 unit is kept). Results go to ``eval.json`` and ``eval.md`` in the run folder, with the paper's
 figure of Table err_mnist for an MNIST run of 1000 hidden units.
@@ -18,7 +18,7 @@ from pathlib import Path
 from ksae_cupy.backend import CPU, Backend
 from ksae_cupy.errors import KsaeError, OptionError
 from ksae_cupy.supervised.baseline_trainer import KIND, is_baseline_run, load_baseline_checkpoint  # noqa: F401 (re-export)
-from ksae_cupy.evaluation.features import DEFAULT_L2_EXTEND
+from ksae_cupy.evaluation.selection import DEFAULT_L2_EXTEND
 from ksae_cupy.supervised.baselines import BASELINES, PAPER_ERR_MNIST, encode
 
 NAMES = {name: baseline.label for name, baseline in BASELINES.items()}  # as the report names each model
@@ -26,8 +26,8 @@ NAMES = {name: baseline.label for name, baseline in BASELINES.items()}  # as the
 
 def open_baseline_run(run_dir):
     """``(Run, model)``: the checkpoint and data record of a baseline run folder, as
-    :func:`ksae_cupy.evaluation.features.open_run` gives them for a k-sparse one."""
-    from ksae_cupy.evaluation.features import Run
+    :func:`ksae_cupy.evaluation.trained_run.open_run` gives them for a k-sparse one."""
+    from ksae_cupy.evaluation.trained_run import Run
     from ksae_cupy.session.runs import RunFolder
 
     path = Path(run_dir)
@@ -51,7 +51,9 @@ def evaluate_baseline_run(run_dir, l2_grid, refit: str = "train+valid", raw_base
                           linear_svm: bool = False, log=print, data_overrides: dict | None = None,
                           l2_extend: int = DEFAULT_L2_EXTEND) -> dict:
     """Evaluate a baseline run's features; write ``eval.json`` and ``eval.md`` there."""
-    from ksae_cupy.evaluation.features import _write_atomic, evaluation_code, load_run_dataset, select_and_test
+    from ksae_cupy.atomic import write_text_atomic
+    from ksae_cupy.evaluation.selection import evaluation_code, select_and_test
+    from ksae_cupy.evaluation.trained_run import load_run_dataset
 
     if linear_svm:
         raise OptionError("linear_svm", "{name} is not offered for baseline runs; leave it out")
@@ -79,14 +81,14 @@ def evaluate_baseline_run(run_dir, l2_grid, refit: str = "train+valid", raw_base
     result["seconds"] = round(time.perf_counter() - start, 1)
     if dataset.name == "mnist" and run.H == 1000:
         result["paper_test_error"] = PAPER_ERR_MNIST.get(model)
-    _write_atomic(run.path / "eval.json", json.dumps(result, indent=2, sort_keys=True) + "\n")
-    _write_atomic(run.path / "eval.md", markdown_report(result))
+    write_text_atomic(run.path / "eval.json", json.dumps(result, indent=2, sort_keys=True) + "\n")
+    write_text_atomic(run.path / "eval.md", markdown_report(result))
     return result
 
 
 def markdown_report(result: dict) -> str:
     """The chosen L2, valid and test error against the paper's figure, and every setting tried."""
-    from ksae_cupy.evaluation.features import trials_table
+    from ksae_cupy.evaluation.eval_report import pct, trials_table
 
     feats, paper = result["features"], result.get("paper_test_error")
     sel = feats["selected"]
@@ -96,15 +98,11 @@ def markdown_report(result: dict) -> str:
              f"{result['device']}. Features: every hidden unit of the uncorrupted input (section 5). L2 chosen on "
              f"the validation set; classifier refit on {feats['refit']}; test set used once.", "",
              "| features | L2 | valid error | test error | paper |", "|---|---|---|---|---|",
-             f"| sigmoid(W^T x + b), all units | {sel['l2']:g} | {_pct(sel['valid_error'])} | "
-             f"{_pct(feats['test_error'])} | {_pct(paper) if paper else '-'} |"]
+             f"| sigmoid(W^T x + b), all units | {sel['l2']:g} | {pct(sel['valid_error'])} | "
+             f"{pct(feats['test_error'])} | {pct(paper) if paper else '-'} |"]
     raw = result.get("raw_baseline")
     if raw:
-        lines.append(f"| raw pixels | {raw['selected']['l2']:g} | {_pct(raw['selected']['valid_error'])} | "
-                     f"{_pct(raw['test_error'])} | - |")
+        lines.append(f"| raw pixels | {raw['selected']['l2']:g} | {pct(raw['selected']['valid_error'])} | "
+                     f"{pct(raw['test_error'])} | - |")
     lines += trials_table((("hidden units", feats), ("raw", raw)), alpha=False)
     return "\n".join(lines) + "\n"
-
-
-def _pct(x) -> str:
-    return f"{100 * x:.2f}%"

@@ -118,25 +118,25 @@ class BaselineJob(RunJob):
     the device rows, its checkpoint written to ``checkpoint``, its lines and bar by ``progress``."""
 
     def __init__(self, trainer, X_train, X_valid, checkpoint, progress, prefix: str = ""):
-        self.learner, self.X_train, self.X_valid = trainer, X_train, X_valid
+        self._trainer, self.X_train, self.X_valid = trainer, X_train, X_valid
         self.checkpoint, self.progress, self.prefix = checkpoint, progress, prefix
 
     def trainer(self):
-        return self.learner
+        return self._trainer
 
     def fit(self, on_epoch, on_batch) -> None:
         """Epochs until the run ends or a stop is requested; each report to ``on_epoch``."""
         from ksae_cupy.training.epochs import run_epochs
 
-        trainer = self.learner
+        trainer = self._trainer
         if not trainer.stop_requested:  # a stop asked for while loading: no step taken
             run_epochs(trainer, (self.X_train, self.X_valid), on_epoch, on_batch=on_batch)
 
     def save(self) -> None:
-        self.learner.save(self.checkpoint)
+        self._trainer.save(self.checkpoint)
 
     def epoch_lines(self, report) -> list[str]:
-        return [self.prefix + line for line in epoch_lines(report, self.learner, self.progress)]
+        return [self.prefix + line for line in epoch_lines(report, self._trainer, self.progress)]
 
     def on_batch(self, done: int, total: int) -> None:
         self.progress.on_batch(done, total)

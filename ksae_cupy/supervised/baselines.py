@@ -35,7 +35,7 @@ Trained by CD-1 (Hinton's practical guide): with uniform numbers ``U_nh``,
     Ph1 = sigmoid(V1 W + b)
     dW = -(V0^T Ph0 - V1^T Ph1)/N + weight_decay W ;  db = -mean(Ph0 - Ph1) ;  dc = -mean(V0 - V1)
 
-``d*`` are the directions handed to :class:`~ksae_cupy.optim.MomentumSGD` (which subtracts
+``d*`` are the directions handed to :class:`~ksae_cupy.momentum_sgd.MomentumSGD` (which subtracts
 ``lr * d``), i.e. minus the CD-1 estimate of the log-likelihood gradient, plus L2 weight
 decay on ``W``. The encoder given to fine-tuning is ``sigmoid(x W + b)``.
 

@@ -81,10 +81,6 @@ from ksae_cupy.sparse_step import STEPS  # noqa: F401,E402 (re-exported: the fin
 
 # -- the network ---------------------------------------------------------------------------
 
-def n_layers(params) -> int:
-    return sum(1 for name in params if name.startswith("W") and name != "W_hc")
-
-
 def trainable_names(phase: str, L: int) -> list[str]:
     """The parameters that learn in ``phase`` of a net with ``L`` hidden layers."""
     if phase == "softmax":

@@ -19,7 +19,7 @@ from ksae_cupy.supervised import finetune
 from ksae_cupy.supervised.commands import FINETUNE
 from ksae_cupy.supervised.finetune_config import parse_hidden, parse_phases
 from ksae_cupy.supervised.units import check_dropout_rate
-from ksae_cupy.session import provenance
+from ksae_cupy.session import trained_on
 from ksae_cupy.session.fields import APPLIED, DATA, KEPT, REFUSED, named
 from ksae_cupy.session.lifecycle import RunJob
 from ksae_cupy.training.options import check_positive_finite
@@ -138,7 +138,7 @@ def check_new(values: dict, pretrained, given: set) -> None:
 def read_pretrained(pretrained, alpha: float | None = None) -> tuple[list, list, list, dict]:
     """``(encoders, ks, sources, network)`` of the pretrained run folders; ``alpha``: the fine-tuning's, checked
     against the alpha layer 2's codes were written with
-    (:func:`~ksae_cupy.session.provenance.check_codes_alpha`)."""
+    (:func:`~ksae_cupy.session.trained_on.check_codes_alpha`)."""
     from ksae_cupy.supervised.baseline_trainer import is_baseline_run
     from ksae_cupy.supervised.pretrain import encoder_of, load_pretrained_run
 
@@ -165,9 +165,9 @@ def read_pretrained(pretrained, alpha: float | None = None) -> tuple[list, list,
     if len(encoders) == 2:  # the shapes first: two layers in the wrong order are named as such
         check_stacking(pretrained, [W_dh.shape for W_dh, _ in encoders])
     if len(sources) == 2:  # layer 2 must have been trained on the codes of layer 1 as it is now
-        provenance.check_chain(pretrained[0], sources[0]["run_id"], sources[0]["epochs_trained"], pretrained[1],
+        trained_on.check_chain(pretrained[0], sources[0]["run_id"], sources[0]["epochs_trained"], pretrained[1],
                                sources[1]["config"])
-        provenance.check_codes_alpha(alpha, pretrained, sources[1]["config"])
+        trained_on.check_codes_alpha(alpha, pretrained, sources[1]["config"])
     for source in sources:
         del source["config"]  # config.json keeps what it records of each layer, not its whole config
     return encoders, ks, sources, network
@@ -213,12 +213,12 @@ def data_of(dataset, sources, data_given: dict):
     layer1 = sources[0] if sources else {}
     if dataset is not None:
         if layer1.get("dataset") and dataset_record(dataset, False)["dataset"] == layer1["dataset"]:
-            provenance.check_data(layer1["dataset"], layer1.get("dataset_sha256"), layer1["run_dir"])
+            trained_on.check_data(layer1["dataset"], layer1.get("dataset_sha256"), layer1["run_dir"])
         return DataSpec(dataset, **given).validate().resolved()
     if layer1.get("dataset") is None:
         raise KsaeError("missing DATASET; name a labelled dataset such as mnist")
-    provenance.check_data(layer1["dataset"], layer1.get("dataset_sha256"), layer1["run_dir"])  # the rows it learnt
-    provenance.check_data_files(layer1["data"], layer1["run_dir"], given)  # its labels and test set, unless replaced
+    trained_on.check_data(layer1["dataset"], layer1.get("dataset_sha256"), layer1["run_dir"])  # the rows it learnt
+    trained_on.check_data_files(layer1["data"], layer1["run_dir"], given)  # its labels and test set, unless replaced
     return DataSpec.from_record(layer1["dataset"], layer1["data"]).for_run(**given)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.session import provenance
+from ksae_cupy.session import trained_on
 from ksae_cupy.training.estimator import KSparseAutoencoder
 from ksae_cupy.session.runs import RunFolder
 
@@ -119,7 +119,7 @@ def write_codes(run_dir, out_path, alpha: float | None = None, data_dir=None, de
     (float32 sums in another order differ in the last bit; see ``KSparseAutoencoder.transform``).
     Written to ``<out_path>.tmp`` and renamed, so ``out_path`` only ever holds a whole file. A run whose
     data file changed since it was trained is refused. Beside the codes, ``OUT.json`` records where they
-    came from (:mod:`ksae_cupy.session.provenance`; ``codes.npz`` -> ``codes.json``): the codes' SHA-256 and the run's folder, id, epoch
+    came from (:mod:`ksae_cupy.session.trained_on`; ``codes.npz`` -> ``codes.json``): the codes' SHA-256 and the run's folder, id, epoch
     and checkpoint SHA-256. Returns that record: the run folder, its epochs, alpha, the shape, the
     seconds taken, ``codes_sha256`` and ``layer``.
     """
@@ -135,7 +135,7 @@ def write_codes(run_dir, out_path, alpha: float | None = None, data_dir=None, de
         ckpt, config = load_baseline_run(run_dir)
         params64 = {name: np.asarray(to_host(ckpt.params[name]), dtype=np.float64) for name in ("W_dh", "b_h")}
         features, epochs, alpha = (lambda X: encode(params64, X.astype(np.float64))), ckpt.epoch, None
-        layer = provenance.layer_record(run_dir, config.get("run_id") or ckpt.run_id, ckpt.epoch, ckpt.step)
+        layer = trained_on.layer_record(run_dir, config.get("run_id") or ckpt.run_id, ckpt.epoch, ckpt.step)
     else:
         model, config = load_pretrained_run(run_dir, device=device, what="RUN_DIR", advice=CODES_ADVICE)
         if alpha is None:
@@ -147,8 +147,8 @@ def write_codes(run_dir, out_path, alpha: float | None = None, data_dir=None, de
         sparse = {"csr": True, "topk": "topk"}.get(layout, False)
         features, epochs = (lambda X: model.transform(X.astype(np.float32), alpha=alpha, dtype=np.float64,
                                                       sparse=sparse)), model.trainer_.epoch
-        layer = provenance.layer_record(run_dir, config.get("run_id") or model.run_id_, epochs, model.trainer_.step)
-    provenance.check_run_data(run_dir, config)  # the rows the run trained on, not a file replaced since
+        layer = trained_on.layer_record(run_dir, config.get("run_id") or model.run_id_, epochs, model.trainer_.step)
+    trained_on.check_run_data(run_dir, config)  # the rows the run trained on, not a file replaced since
     spec = DataSpec.from_record(config["dataset"], config.get("data"))
     root = data_dir if data_dir is not None else config.get("data_dir")
     data = load_dataset(spec, root=Path(root) if root else None)
@@ -181,6 +181,34 @@ def write_codes(run_dir, out_path, alpha: float | None = None, data_dir=None, de
             "alpha": alpha, "shape": shape, "layout": layout or "dense",
             "seconds": time.perf_counter() - start}
     try:  # OUT.json: where the codes came from, which a layer 2 trained on them records
-        return provenance.write_codes_origin(out_path, layer, info)
+        return trained_on.write_codes_origin(out_path, layer, info)
     except OSError as exc:
-        raise KsaeError(f"could not write {provenance.origin_file(out_path)} ({exc.strerror or exc})") from None
+        raise KsaeError(f"could not write {trained_on.origin_file(out_path)} ({exc.strerror or exc})") from None
+
+
+def write_asked_codes(run_dir, out, alpha, layout, data_dir, overwrite: bool) -> str:
+    """``ksae-data codes``: its options checked against RUN_DIR's kind and OUT's suffix before any work, OUT and
+    OUT.json checked writable, the codes written (:func:`write_codes`); returns the line that says so."""
+    from ksae_cupy.session.outputs import check_output
+    from ksae_cupy.supervised.baseline_trainer import is_baseline_run
+
+    if alpha is not None and (alpha <= 0 or alpha != alpha):
+        raise KsaeError(f"--alpha {alpha} is not allowed; use a positive number (the paper's 3, or 1)")
+    baseline = is_baseline_run(run_dir)
+    layout = layout or ("dense" if baseline else layout_of(out))
+    if out.suffix != CODE_LAYOUTS[layout]:
+        raise KsaeError(f"OUT {out} is not allowed with --layout {layout}; name an {CODE_LAYOUTS[layout]} file "
+                        f"(ksae-train reads it)")
+    if baseline and alpha is not None:
+        raise KsaeError(f"--alpha {alpha} has no effect on {run_dir}, a ksae-baseline run folder: its codes are "
+                        f"every sigmoid unit; leave --alpha out")
+    if baseline and layout != "dense":
+        raise KsaeError(f"--layout {layout} does not fit {run_dir}, a ksae-baseline run folder: its features are "
+                        f"all non-zero; leave --layout out (dense)")
+    for path in (out, trained_on.origin_file(out)):  # the codes and their origin, OUT.json
+        check_output(path, "OUT", runs=[run_dir], overwrite=overwrite)
+    info = write_codes(run_dir, out, alpha=alpha, data_dir=data_dir, layout=layout)
+    alpha_words = "" if info["alpha"] is None else f", alpha {info['alpha']:g}"
+    return (f"wrote {out}: {info['shape'][0]} x {info['shape'][1]} {layout} float32{alpha_words}, from {run_dir} "
+            f"after {info['epochs_trained']} epochs, in {info['seconds']:.1f} s; their origin in "
+            f"{trained_on.origin_file(out)}")

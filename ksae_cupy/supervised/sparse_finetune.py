@@ -31,7 +31,7 @@ Three ways to run it, one contract (as :mod:`ksae_cupy.sparse_step` for the auto
 * NumPy with Numba: the loops of :mod:`ksae_cupy.cpu.finetune_kernels`. With
   ``defer_weight_gradient`` (the trainer's setting) each weight gradient comes back in parts
   (:class:`InputLayerGradient`, :class:`SparseOuterGradient`) that
-  :class:`~ksae_cupy.optim.MomentumSGD` applies row by row, never building the dense array;
+  :class:`~ksae_cupy.momentum_sgd.MomentumSGD` applies row by row, never building the dense array;
   the update is still the full ``v <- m v - lr g; W <- W + v`` over every entry.
 * NumPy without Numba (or ``KSAE_CPU_KERNELS=0``): SciPy CSR products and batched gathers.
 * CuPy: not supported; the trainer takes the dense step on a GPU.

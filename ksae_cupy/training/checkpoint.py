@@ -9,7 +9,7 @@ Layout (``format = "ksae-cupy checkpoint"``, ``format_version = 2``):
   files the Python API saved outside a run folder); in files written before ``epoch_tally/``
   existed, mid-epoch, ``epoch_loss_sum`` and ``epoch_loss_batches`` (still read); ``provenance``
   (JSON: the package version, commit, libraries and device of the code that wrote the file,
-  :func:`ksae_cupy.provenance.provenance`; absent in older files, never checked on load);
+  :func:`ksae_cupy.made_with.provenance`; absent in older files, never checked on load);
 * ``params/``: ``W_dh``, ``b_h``, ``c_d``;  ``optim/``: their velocities (same names);
 * ``rng/``: attribute ``state`` (JSON of NumPy's bit-generator state) and, mid-epoch,
   dataset ``epoch_perm`` (the order of the unfinished epoch);
@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from ksae_cupy.errors import KsaeError, note, one_line
-from ksae_cupy.provenance import provenance
+from ksae_cupy.made_with import provenance
 from ksae_cupy.training import checksums
 
 FORMAT = "ksae-cupy checkpoint"
@@ -88,7 +88,7 @@ def write_hdf5_atomically(path: Path, write_fn, verify_fn) -> None:
     """Write an HDF5 file so that ``path`` only ever holds a complete, verified file.
 
     ``write_fn(f)`` fills an open ``h5py.File`` (then the root attribute ``provenance`` is added: the
-    code writing it, :func:`ksae_cupy.provenance.provenance`), built in memory and then written to
+    code writing it, :func:`ksae_cupy.made_with.provenance`), built in memory and then written to
     ``<name>.tmp`` by plain file I/O; ``verify_fn(tmp_path)`` reopens and checks it (raising on
     damage); only then is it renamed to ``path``. A crash or a failed check leaves the previous
     file at ``path`` untouched; a failed write (``OSError``, e.g. a full disk) removes the

@@ -71,10 +71,6 @@ def seal(f) -> None:
         obj.attrs[ATTRIBUTE] = checksum(obj)
 
 
-def is_sealed(f) -> bool:
-    return ATTRIBUTE in f.attrs
-
-
 def verify(f, path: Path) -> None:
     """Recompute every checksum of the open file ``f``; a difference is one line naming the object
     (members before their groups, so that the most precise name is given)."""

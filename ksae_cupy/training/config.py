@@ -142,7 +142,7 @@ class TrainConfig(DictConfig, ValidatedOnce):
     step: str = "auto"
     # Whether lr was derived from the data (lr "auto", see learning_rate.py); lr holds the rate.
     lr_auto: bool = False
-    # Beyond the paper (issue 35), all off by default. aux_k > 0: the auxiliary loss of Gao et al.
+    # Beyond the paper, all off by default. aux_k > 0: the auxiliary loss of Gao et al.
     # (2024) on the dead units (model.loss_and_grads_auxk), weighted by aux_coef (1/32, as theirs).
     # A unit is dead when no example of the last dead_window examples kept it (also what the
     # dead_window_fraction metric counts, whatever aux_k). center_input: the training mean is

@@ -68,7 +68,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     epoch of ``fit`` (loss, validation loss, speed, time left), as scikit-learn's estimators do;
     ``n_threads`` caps the CPU threads of ``fit`` (BLAS and the CPU kernels; ``None``: as
     ``ksae-train`` chooses: the count a command set, else ``OMP_NUM_THREADS`` and its kin, else
-    one per core that other jobs leave free). Beyond the paper (issue 35), off by default:
+    one per core that other jobs leave free). Beyond the paper, off by default:
     ``aux_k > 0`` adds the auxiliary loss of Gao et al. (2024) on the units kept in none of the last
     ``dead_window`` examples, weighted by ``aux_coef``; ``center_input=True`` subtracts the training
     mean from every input (kept in ``preprocess_["input_mean"]``, subtracted by ``transform`` and ``score``).
@@ -110,7 +110,7 @@ class KSparseAutoencoder(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         self.activation, self.step, self.alpha, self.warm_start = activation, step, alpha, warm_start
         self.input_scale = input_scale
         self.verbose, self.n_threads = verbose, n_threads
-        # Beyond the paper (issue 35): the AuxK loss on dead units, and centred inputs (TrainConfig says how).
+        # Beyond the paper: the AuxK loss on dead units, and centred inputs (TrainConfig says how).
         self.aux_k, self.aux_coef, self.dead_window, self.center_input = aux_k, aux_coef, dead_window, center_input
         self.optimizer = optimizer  # the update (ksae_cupy.optimizers): the paper's momentum SGD
 

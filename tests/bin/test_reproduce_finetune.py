@@ -333,7 +333,7 @@ def test_write_codes_gives_the_runs_transform_of_its_training_rows_and_leaves_no
         data.X_train, alpha=2.0, dtype=np.float64).astype(np.float32))
     assert ((codes != 0).sum(axis=1) <= 6).all()  # alpha*k = 6 units kept per row
     assert info["shape"] == [len(data.X_train), 12] and info["epochs_trained"] == 1 and info["alpha"] == 2.0
-    # no codes.npy.tmp; codes.json: where they came from (ksae_cupy.session.provenance)
+    # no codes.npy.tmp; codes.json: where they came from (ksae_cupy.session.trained_on)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["codes.json", "codes.npy", "run"]
 
     # Written again over a file a killed writer left half done: replaced whole.

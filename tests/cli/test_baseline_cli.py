@@ -121,11 +121,11 @@ def test_kill_9_after_a_mid_epoch_checkpoint_then_resume_ends_bit_identical(labe
 def test_eval_classifies_every_hidden_unit_of_the_uncorrupted_input(labelled_rows_file, tmp_path, model, monkeypatch):
     run = tmp_path / "run"
     invoke(common(labelled_rows_file, model) + ["--epochs", "2", "--run-dir", run, "--quiet"])
-    from ksae_cupy.evaluation import features
+    from ksae_cupy.evaluation import selection
 
     seen = []
-    real = features.select_and_test
-    monkeypatch.setattr(features, "select_and_test", lambda encode, *a, **k: seen.append(encode) or real(encode, *a, **k))
+    real = selection.select_and_test
+    monkeypatch.setattr(selection, "select_and_test", lambda encode, *a, **k: seen.append(encode) or real(encode, *a, **k))
     result = CliRunner().invoke(eval_command, [str(run), "--device", "cpu", "--l2", "1e-3,1e-5", "--l2-extend", "0",
                                                     "--threads", "1"],
                                 catch_exceptions=False)

@@ -1,4 +1,4 @@
-"""Provenance end to end (ksae_cupy/session/provenance.py), through the real commands: a run's data file
+"""Provenance end to end (ksae_cupy/session/trained_on.py), through the real commands: a run's data file
 replaced since training is refused by every command that reads it; codes carry their origin, layer 2
 records it and deep fine-tuning checks the chain; the evaluation's kept fits are keyed on every value of
 the data."""
@@ -14,7 +14,7 @@ from ksae_cupy.cli.evaluate import eval_command
 from ksae_cupy.cli.finetune import finetune_command
 from ksae_cupy.cli.train import train_command
 from ksae_cupy.evaluation import classifier, grid
-from ksae_cupy.evaluation import features as evaluate
+from ksae_cupy.evaluation import run_evaluation, selection
 from ksae_cupy.session.runs import RunFolder
 from clicheck import FINETUNE, SESSION, assert_one_line_error, invoke
 from runfolder import make_run, sparse_signal_dataset
@@ -237,14 +237,14 @@ def test_kept_fits_are_not_reused_when_a_row_outside_the_old_sample_changed(tmp_
     monkeypatch.setattr(classifier, "fit", fit)
     grid_args = dict(alphas=[1], l2_grid=[1e-2, 1e-3], log=lambda *_: None, l2_extend=0)
     with pytest.raises(grid.EvaluationInterrupted):
-        evaluate.evaluate_run(run, dataset=data, **grid_args)
+        run_evaluation.evaluate_run(run, dataset=data, **grid_args)
     kept = grid.FitStore(run / grid.FITS_FILE, grid.fingerprint(run / "checkpoint.h5", data, max_iter=500,
                                                                  topk="sort", activation="linear",
-                                                                 protocol=evaluate.PROTOCOL))
+                                                                 protocol=selection.PROTOCOL))
     assert len(kept) == 1  # the fit made before the stop, under the data's key
     data.X_train = data.X_train.copy()
     data.X_train[1, 0] += 1.0
     calls.clear()
     stop[0] = False
-    evaluate.evaluate_run(run, dataset=data, **grid_args)
+    run_evaluation.evaluate_run(run, dataset=data, **grid_args)
     assert len(calls) == 3  # both fits made again, and the refit: none from the old data reused

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from ksae_cupy.cli.evaluate import eval_command
 from ksae_cupy.cli.train import train_command
 from ksae_cupy.datasets.synthetic import make_sparse_signals
-from ksae_cupy.evaluation.features import parse_alphas, parse_l2
+from ksae_cupy.evaluation.selection import parse_alphas, parse_l2
 from runfolder import make_run
 
 ROOT = Path(__file__).resolve().parents[2]

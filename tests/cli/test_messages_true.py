@@ -40,7 +40,7 @@ def walk(command, path=()):
 
 
 def test_every_command_and_subcommand_answers_version():
-    from ksae_cupy.provenance import version_line
+    from ksae_cupy.made_with import version_line
 
     seen = 0
     for name, command in commands().items():

@@ -90,9 +90,9 @@ def test_eval_and_analyze_check_where_they_write_before_the_work(tmp_path, monke
     run = make_run(tmp_path / "run", np.random.default_rng(0).normal(size=(64, 32)), k=3)
     monkeypatch.setattr(paths, "writable", lambda folder: False)  # as a read-only folder is (root ignores bits)
     work = []
-    import ksae_cupy.evaluation.features as features
+    import ksae_cupy.evaluation.run_evaluation as run_evaluation
 
-    monkeypatch.setattr(features, "evaluate_run", lambda *a, **k: work.append("eval"))
+    monkeypatch.setattr(run_evaluation, "evaluate_run", lambda *a, **k: work.append("eval"))
     result = CliRunner().invoke(eval_command, [str(run), "--device", "cpu"])
     assert_one_line_error(result, "eval.json", "not writable", status=2)
     result = CliRunner().invoke(analyze_command, ["theorem", "--dim", "8", "--k", "2", "-o",
@@ -182,7 +182,7 @@ def test_a_stopped_sweep_says_so_in_one_line_and_exits_128_plus_the_signal(tmp_p
 
 _HALF_BUILT_AT_STOP = """
 import os, signal, sys
-from ksae_cupy.cli.sweep import stopped_by_signals
+from ksae_cupy.parallel.sweep import stopped_by_signals
 
 
 class HalfBuilt:  # as a Dask Future whose __init__ the interrupt cut short: its __del__ fails

@@ -2,7 +2,7 @@
 
 A unit no example keeps gets a zero gradient; its velocity decays by the momentum each step and, without a
 flush, stops at the smallest denormals (0.9 times them rounds back to themselves), where x86 arithmetic is
-many times slower. Every momentum update flushes denormals to zero (``ksae_cupy.optim.flush_denormals``,
+many times slower. Every momentum update flushes denormals to zero (``ksae_cupy.momentum_sgd.flush_denormals``,
 the CPU kernels' ``_flushed``, the GPU step's ``_flush_denormals``). Once a dead unit's velocity is zero, the
 row-by-row W update skips it (``still_h``), which must change no bit.
 """
@@ -12,7 +12,7 @@ import pytest
 from ksae_cupy import model
 from ksae_cupy.cpu import momentum as cpu_momentum
 from ksae_cupy.cpu import numba_kernels as kernels
-from ksae_cupy.optim import MomentumSGD, flush_denormals, momentum_update
+from ksae_cupy.momentum_sgd import MomentumSGD, flush_denormals, momentum_update
 from ksae_cupy.packed_step import stacked_momentum_update
 
 needs_numba = pytest.mark.skipif(not kernels.available(),

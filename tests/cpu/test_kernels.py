@@ -5,7 +5,7 @@ import pytest
 from ksae_cupy import model
 from ksae_cupy.cpu import numba_kernels as kernels
 from ksae_cupy.cpu import momentum as cpu_momentum
-from ksae_cupy.optim import MomentumSGD
+from ksae_cupy.momentum_sgd import MomentumSGD
 
 pytestmark = pytest.mark.skipif(not kernels.available(),
                                 reason="Numba is not installed (pip install '.[fast]'): the CPU kernels cannot run")

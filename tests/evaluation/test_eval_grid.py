@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from ksae_cupy.cli.evaluate import eval_command
 from ksae_cupy.evaluation import classifier, grid
-from ksae_cupy.evaluation import features as evaluate
+from ksae_cupy.evaluation import run_evaluation, selection
 from ksae_cupy.datasets.synthetic import make_sparse_signals
 from clicheck import assert_one_line_error
 from runfolder import make_run, sparse_signal_dataset
@@ -44,7 +44,7 @@ def interrupt_after(fits, monkeypatch, run, **grid_args):
     stops, saying it kept them."""
     counting_fits(monkeypatch, stop_after=fits)
     with pytest.raises(grid.EvaluationInterrupted, match=f"{fits} finished classifier fit"):
-        evaluate.evaluate_run(run, **grid_args)
+        run_evaluation.evaluate_run(run, **grid_args)
 
 
 TWO_FITS = dict(alphas=[1], l2_grid=[1e-2, 1e-3], log=lambda *_: None, l2_extend=0)  # then the refit
@@ -59,10 +59,10 @@ def run_and_data(tmp_path):
 def test_fits_side_by_side_give_the_same_trials_as_one_at_a_time(run_and_data):
     run, data = run_and_data
     # the grid as given (l2_extend=0): its fits are counted below
-    one = evaluate.evaluate_run(run, alphas=[1, 2, 3], l2_grid=[1e-2, 1e-4], dataset=data, log=lambda *_: None,
+    one = run_evaluation.evaluate_run(run, alphas=[1, 2, 3], l2_grid=[1e-2, 1e-4], dataset=data, log=lambda *_: None,
                                 l2_extend=0)
     lines = []
-    two = evaluate.evaluate_run(run, alphas=[1, 2, 3], l2_grid=[1e-2, 1e-4], dataset=data, log=lines.append,
+    two = run_evaluation.evaluate_run(run, alphas=[1, 2, 3], l2_grid=[1e-2, 1e-4], dataset=data, log=lines.append,
                                 workers=2, l2_extend=0)
     assert without_seconds(two["features"]["trials"]) == without_seconds(one["features"]["trials"])
     assert two["features"]["test_error"] == one["features"]["test_error"]
@@ -79,7 +79,7 @@ def test_fits_side_by_side_give_the_same_trials_as_one_at_a_time(run_and_data):
 def test_each_alpha_walks_the_l2_path_warm_started(run_and_data, monkeypatch):
     run, data = run_and_data
     warm = counting_fits(monkeypatch)
-    result = evaluate.evaluate_run(run, alphas=[1, 2], l2_grid=[1e-4, 1e-2, 1e-3], dataset=data,
+    result = run_evaluation.evaluate_run(run, alphas=[1, 2], l2_grid=[1e-4, 1e-2, 1e-3], dataset=data,
                                    log=lambda *_: None, l2_extend=0)
     trials = result["features"]["trials"]
     # The first alpha starts from zero at the grid's middle (1e-3), the second from its fit; then each walks
@@ -91,39 +91,39 @@ def test_each_alpha_walks_the_l2_path_warm_started(run_and_data, monkeypatch):
 def test_the_walk_skips_a_value_that_cannot_beat_the_best_if_the_error_is_convex():
     def fits(**errors):  # {l2: (trial, model)} from valid errors by name
         values = {"s": 1e-3, "m": 1e-4, "w": 1e-5}
-        return {values[name]: (evaluate.Trial(1, values[name], e, 0, 1, True, 0), f"model {name}")
+        return {values[name]: (selection.Trial(1, values[name], e, 0, 1, True, 0), f"model {name}")
                 for name, e in errors.items()}
 
     lattice = [1e-3, 1e-4, 1e-5]
     # The start (1e-4) alone: its weaker neighbour first, warm-started from it.
-    assert evaluate._next_step(1, fits(m=0.30), lattice, 0.10) == (1, 1e-5, "model m")
+    assert selection._next_step(1, fits(m=0.30), lattice, 0.10) == (1, 1e-5, "model m")
     # Weaker was worse: the stronger neighbour is at least 0.30 - (0.35 - 0.30) = 0.25 ...
-    assert evaluate._next_step(1, fits(m=0.30, w=0.35), lattice, 0.25) is None  # ... which cannot beat 0.25
-    assert evaluate._next_step(1, fits(m=0.30, w=0.35), lattice, 0.26) == (1, 1e-3, "model m")
+    assert selection._next_step(1, fits(m=0.30, w=0.35), lattice, 0.25) is None  # ... which cannot beat 0.25
+    assert selection._next_step(1, fits(m=0.30, w=0.35), lattice, 0.26) == (1, 1e-3, "model m")
     # Weaker was better and is the lattice's end: done; both neighbours tried: done.
-    assert evaluate._next_step(1, fits(m=0.30, w=0.20), lattice, 0.20) is None
-    assert evaluate._next_step(1, fits(s=0.4, m=0.30, w=0.35), lattice, 0.30) is None
+    assert selection._next_step(1, fits(m=0.30, w=0.20), lattice, 0.20) is None
+    assert selection._next_step(1, fits(s=0.4, m=0.30, w=0.35), lattice, 0.30) is None
     # A tie keeps the stronger L2 as the alpha's best.
-    assert evaluate._next_step(1, fits(m=0.30, w=0.30), lattice, 0.29) is None
+    assert selection._next_step(1, fits(m=0.30, w=0.30), lattice, 0.29) is None
 
 
 def test_the_lattice_adds_exact_decades_beyond_each_edge():
-    assert evaluate.l2_lattice([1e-4, 1e-3, 1e-5], 2) == [0.1, 0.01, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7]
-    assert evaluate.l2_lattice([1e-3, 1e-5], 0) == [1e-3, 1e-5]
-    assert evaluate.l2_lattice([1e-3], 3) == [1e-3]  # one value: a fixed L2
-    assert evaluate.l2_lattice([1e-3, 0.0], 1) == [1e-2, 1e-3, 0.0]  # nothing weaker than 0
+    assert selection.l2_lattice([1e-4, 1e-3, 1e-5], 2) == [0.1, 0.01, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7]
+    assert selection.l2_lattice([1e-3, 1e-5], 0) == [1e-3, 1e-5]
+    assert selection.l2_lattice([1e-3], 3) == [1e-3]  # one value: a fixed L2
+    assert selection.l2_lattice([1e-3, 0.0], 1) == [1e-2, 1e-3, 0.0]  # nothing weaker than 0
 
 
 def test_an_unconverged_fit_is_a_warning_line(run_and_data):
     run, data = run_and_data
     lines = []
-    result = evaluate.evaluate_run(run, alphas=[1], l2_grid=[1e-5], dataset=data, max_iter=2, log=lines.append)
+    result = run_evaluation.evaluate_run(run, alphas=[1], l2_grid=[1e-5], dataset=data, max_iter=2, log=lines.append)
     assert not result["features"]["trials"][0]["converged"]
     warnings = [line for line in lines if "warning:" in line]
     assert len(warnings) == 2, lines  # the fit and the refit
     assert "alpha=1 l2=1e-05" in warnings[0] and "reached max_iter 2" in warnings[0]
     converged = []
-    evaluate.evaluate_run(run, alphas=[1], l2_grid=[1e-2], dataset=data, log=converged.append)
+    run_evaluation.evaluate_run(run, alphas=[1], l2_grid=[1e-2], dataset=data, log=converged.append)
     assert not any("warning:" in line for line in converged)  # control: a converged fit says nothing
 
 
@@ -134,12 +134,12 @@ def test_ctrl_c_keeps_the_finished_fits_and_a_rerun_continues_from_them(run_and_
     interrupt_after(4, monkeypatch, run, **grid_args)
     assert (run / grid.FITS_FILE).is_file() and not (run / "eval.json").exists()
     calls = counting_fits(monkeypatch)
-    resumed = evaluate.evaluate_run(run, **grid_args)
+    resumed = run_evaluation.evaluate_run(run, **grid_args)
     assert len(calls) == len(resumed["features"]["trials"]) + 1 - 4  # the fits left, and the refit
     assert all(calls)  # each warm-starts from a stored (or new) fit
     assert not (run / grid.FITS_FILE).exists()  # the report holds everything now
     monkeypatch.undo()
-    fresh = evaluate.evaluate_run(run, **grid_args)
+    fresh = run_evaluation.evaluate_run(run, **grid_args)
     assert without_seconds(resumed["features"]["trials"]) == without_seconds(fresh["features"]["trials"])
     assert resumed["features"]["test_error"] == fresh["features"]["test_error"]
 
@@ -147,11 +147,11 @@ def test_ctrl_c_keeps_the_finished_fits_and_a_rerun_continues_from_them(run_and_
 def test_fits_of_another_protocol_are_not_reused(run_and_data, monkeypatch):
     run, data = run_and_data
     interrupt_after(1, monkeypatch, run, dataset=data, **TWO_FITS)
-    monkeypatch.setattr(evaluate, "PROTOCOL", evaluate.PROTOCOL + 1)  # e.g. a later release's walk
+    monkeypatch.setattr(selection, "PROTOCOL", selection.PROTOCOL + 1)  # e.g. a later release's walk
     calls = counting_fits(monkeypatch)
-    result = evaluate.evaluate_run(run, dataset=data, **TWO_FITS)
+    result = run_evaluation.evaluate_run(run, dataset=data, **TWO_FITS)
     assert len(calls) == len(result["features"]["trials"]) + 1  # the kept fit was made again
-    assert result["protocol"] == evaluate.PROTOCOL
+    assert result["protocol"] == selection.PROTOCOL
 
 
 def test_fits_of_another_checkpoint_are_not_reused(run_and_data, monkeypatch):
@@ -160,7 +160,7 @@ def test_fits_of_another_checkpoint_are_not_reused(run_and_data, monkeypatch):
     _, W_dh = sparse_signal_dataset(seed=1)
     make_run(run, W_dh, k=5)  # another model in the same folder
     calls = counting_fits(monkeypatch)
-    evaluate.evaluate_run(run, dataset=data, **TWO_FITS)
+    run_evaluation.evaluate_run(run, dataset=data, **TWO_FITS)
     assert len(calls) == 3
 
 
@@ -168,7 +168,7 @@ def test_a_damaged_fits_file_is_made_again(run_and_data, monkeypatch):
     run, data = run_and_data
     (run / grid.FITS_FILE).write_bytes(b"not an npz")
     calls = counting_fits(monkeypatch)
-    evaluate.evaluate_run(run, alphas=[1], l2_grid=[1e-2], dataset=data, log=lambda *_: None)
+    run_evaluation.evaluate_run(run, alphas=[1], l2_grid=[1e-2], dataset=data, log=lambda *_: None)
     assert len(calls) == 2
 
 
@@ -265,7 +265,7 @@ def test_a_long_fit_says_it_is_still_working(run_and_data, monkeypatch):
     run, data = run_and_data
     monkeypatch.setattr(grid, "HEARTBEAT_S", 0.0)  # every pass after the first counts as long
     lines = []
-    evaluate.evaluate_run(run, alphas=[1], l2_grid=[1e-2], dataset=data, log=lines.append)
+    run_evaluation.evaluate_run(run, alphas=[1], l2_grid=[1e-2], dataset=data, log=lines.append)
     still = [line for line in lines if "still fitting" in line]
     fit = [line for line in still if "alpha=1 l2=0.01: still fitting" in line]
     refit = [line for line in still if "refit on train+valid: still fitting" in line]
@@ -274,7 +274,7 @@ def test_a_long_fit_says_it_is_still_working(run_and_data, monkeypatch):
     assert counts == list(range(1, len(counts) + 1))  # the passes made so far, one more each time
     quiet = []
     monkeypatch.setattr(grid, "HEARTBEAT_S", 1e9)
-    evaluate.evaluate_run(run, alphas=[1], l2_grid=[1e-2], dataset=data, log=quiet.append)
+    run_evaluation.evaluate_run(run, alphas=[1], l2_grid=[1e-2], dataset=data, log=quiet.append)
     assert not any("still fitting" in line for line in quiet)  # control: a fit shorter than the beat is silent
 
 
@@ -283,7 +283,7 @@ def test_fits_made_with_other_labels_are_not_reused(run_and_data, monkeypatch):
     interrupt_after(1, monkeypatch, run, dataset=data, **TWO_FITS)
     data.y_train = (data.y_train + 1) % 4  # e.g. another --labels file, same shapes
     calls = counting_fits(monkeypatch)
-    evaluate.evaluate_run(run, dataset=data, **TWO_FITS)
+    run_evaluation.evaluate_run(run, dataset=data, **TWO_FITS)
     assert len(calls) == 3
 
 
@@ -305,11 +305,11 @@ def test_command_ends_with_the_test_error_and_its_warnings_name_max_iter(synthet
 def test_early_stopping_reaches_its_cap_without_a_warning(run_and_data):
     _, data = run_and_data
     lines = []
-    capped = evaluate.select_and_test(lambda alpha, X: X, data, [None], [1e-6], max_iter=2, log=lines.append,
+    capped = selection.select_and_test(lambda alpha, X: X, data, [None], [1e-6], max_iter=2, log=lines.append,
                                       early_stop=True)
     assert not capped["trials"][0]["converged"]
     assert not any("warning:" in line for line in lines) and any("(the cap)" in line for line in lines)
-    evaluate.select_and_test(lambda alpha, X: X, data, [None], [1e-6], max_iter=2, log=lines.append)
+    selection.select_and_test(lambda alpha, X: X, data, [None], [1e-6], max_iter=2, log=lines.append)
     assert any("warning:" in line for line in lines)  # control: the same fits warn when the cap is no regulariser
 
 
@@ -338,7 +338,7 @@ def test_the_walks_fits_stop_at_a_gradient_of_their_l2_and_the_refit_at_tol(run_
         return REAL_FIT(*args, **kwargs)
 
     monkeypatch.setattr(classifier, "fit", fit)
-    result = evaluate.evaluate_run(run, alphas=[1], l2_grid=[1e-2, 1e-3, 1e-4, 1e-5, 1e-6], dataset=data,
+    result = run_evaluation.evaluate_run(run, alphas=[1], l2_grid=[1e-2, 1e-3, 1e-4, 1e-5, 1e-6], dataset=data,
                                    log=lambda *_: None, l2_extend=0)
     walk, (refit_l2, refit_tol) = tols[:-1], tols[-1]
     assert len(walk) == len(result["features"]["trials"]) >= 2

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from ksae_cupy import metrics
-from ksae_cupy.evaluation import features as evaluate
+from ksae_cupy.evaluation import features, run_evaluation
 from runfolder import make_run, sparse_signal_dataset
 
 
@@ -14,7 +14,7 @@ def test_eval_reports_fve_l0_and_dead_units_per_split(tmp_path):
     b_h = np.zeros(W_dh.shape[1], np.float32)
     b_h[:13] = -1e3  # 13 of 128 units no example keeps
     run = make_run(tmp_path / "run", W_dh, k=5, b_h=b_h)
-    result = evaluate.evaluate_run(run, alphas=[2], l2_grid=[1e-3], dataset=data, log=lambda *_: None)
+    result = run_evaluation.evaluate_run(run, alphas=[2], l2_grid=[1e-3], dataset=data, log=lambda *_: None)
     report = json.loads((run / "eval.json").read_text())
     saved = report["reconstruction"]
     assert report["dead_definition"] == metrics.DEAD_DEFINITION  # named where the count is
@@ -39,13 +39,13 @@ def test_eval_encodes_each_split_once(tmp_path, monkeypatch):
     data, W_dh = sparse_signal_dataset(n_train=300, n_valid=100, n_test=100)
     run = make_run(tmp_path / "run", W_dh, k=5)
     encoded = []
-    top_units = evaluate.top_units
+    top_units = features.top_units
 
     def counted(params, X_nd, *args, **kwargs):
         encoded.append(len(X_nd))
         return top_units(params, X_nd, *args, **kwargs)
 
-    monkeypatch.setattr(evaluate, "top_units", counted)
-    result = evaluate.evaluate_run(run, alphas=[1, 2], l2_grid=[1e-3], dataset=data, log=lambda *_: None)
+    monkeypatch.setattr(features, "top_units", counted)
+    result = run_evaluation.evaluate_run(run, alphas=[1, 2], l2_grid=[1e-3], dataset=data, log=lambda *_: None)
     assert sorted(encoded) == [100, 100, 300]  # train, valid, test: once each
     assert set(result["reconstruction"]) == {"train", "valid", "test"}

@@ -4,7 +4,7 @@ import json
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from ksae_cupy.evaluation import features as evaluate
+from ksae_cupy.evaluation import features, run_evaluation, selection
 from runfolder import make_run, sparse_signal_dataset
 
 THREAD_COUNTS = (1, 2, 3)
@@ -22,11 +22,11 @@ def signals():
 def test_top_units_are_the_same_bits_at_every_lane_and_blas_thread_count():
     data, W_dh = signals()
     params = {"W_dh": W_dh, "b_h": np.linspace(-0.1, 0.1, W_dh.shape[1], dtype=np.float32)}
-    assert len(data.X_train) > 2 * evaluate.ROWS_PER_PIECE
+    assert len(data.X_train) > 2 * features.ROWS_PER_PIECE
     tops = {}
     for threads in THREAD_COUNTS:
         with threadpool_limits(limits=threads, user_api="blas"):  # as ksae-eval --threads leaves the BLAS
-            tops[threads] = evaluate.top_units(params, data.X_train, 30, lanes=threads)
+            tops[threads] = features.top_units(params, data.X_train, 30, lanes=threads)
     for threads in THREAD_COUNTS[1:]:
         assert np.array_equal(tops[threads][0], tops[1][0]), f"{threads} threads chose other units"
         assert tops[threads][1].tobytes() == tops[1][1].tobytes(), f"{threads} threads gave other values"
@@ -43,7 +43,7 @@ def test_evaluate_run_writes_the_same_report_at_every_thread_count(tmp_path):
     for threads in THREAD_COUNTS:
         run = make_run(tmp_path / f"run-{threads}", W_dh, k=10)
         with threadpool_limits(limits=threads, user_api="blas"):  # ksae-eval --threads N: N BLAS threads, N workers
-            evaluate.evaluate_run(run, alphas=[1, 2, 3], l2_grid=[1e-2, 1e-3, 1e-4], dataset=data, workers=threads,
+            run_evaluation.evaluate_run(run, alphas=[1, 2, 3], l2_grid=[1e-2, 1e-3, 1e-4], dataset=data, workers=threads,
                                   log=lambda *_: None)
         reports[threads] = without_timings(json.loads((run / "eval.json").read_text()))
     assert 0 < reports[1]["features"]["test_error"] < 0.75  # the features do carry the labels (chance: 0.75)
@@ -61,12 +61,12 @@ def without_timings(report: dict) -> dict:
 
 
 def test_eval_json_records_the_protocol_and_the_code(tmp_path):
-    from ksae_cupy.provenance import code_commit, package_code_clean
+    from ksae_cupy.made_with import code_commit, package_code_clean
 
     data, W_dh = sparse_signal_dataset(n_train=400, n_valid=100, n_test=100)
     run = make_run(tmp_path / "run", W_dh, k=5)
-    evaluate.evaluate_run(run, alphas=[1], l2_grid=[1e-3], dataset=data, log=lambda *_: None)
+    run_evaluation.evaluate_run(run, alphas=[1], l2_grid=[1e-3], dataset=data, log=lambda *_: None)
     report = json.loads((run / "eval.json").read_text())
-    assert report["protocol"] == evaluate.PROTOCOL == 4
+    assert report["protocol"] == selection.PROTOCOL == 4
     assert (report["commit"], report["code_clean"]) == (code_commit()[0], package_code_clean())
     assert report["package_version"]

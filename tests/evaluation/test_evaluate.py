@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from ksae_cupy.evaluation import features as evaluate
+from ksae_cupy.evaluation import classifier, features, run_evaluation, selection
 from ksae_cupy import model
 from ksae_cupy.errors import KsaeError, OptionError
 from runfolder import make_run, sparse_signal_dataset
@@ -16,7 +16,7 @@ def test_sparse_features_equal_model_encode(alpha):
     params = model.init_params(20, 30, 0.3, rng)
     params["b_h"] = rng.standard_normal(30).astype(np.float32) * 0.1
     X_nd = rng.standard_normal((25, 20)).astype(np.float32)
-    F = evaluate.sparse_features(params, X_nd, 4, alpha, batch=7)
+    F = features.sparse_features(params, X_nd, 4, alpha, batch=7)
     dense = model.encode(params, X_nd, 4, alpha)
     # Batching may change the last bit of the float32 products, never the kept set.
     assert np.array_equal(F.toarray() != 0, dense != 0)
@@ -27,8 +27,8 @@ def test_sparse_features_equal_model_encode(alpha):
 def run_selection(data, W_dh, alphas=(1, 2), l2_grid=(1e-2, 1e-4)):
     params = {"W_dh": W_dh.astype(np.float32), "b_h": np.zeros(W_dh.shape[1], np.float32),
               "c_d": np.zeros(W_dh.shape[0], np.float32)}
-    encode = lambda alpha, X: evaluate.sparse_features(params, X, 5, alpha)  # noqa: E731
-    return evaluate.select_and_test(encode, data, list(alphas), list(l2_grid), log=lambda *_: None)
+    encode = lambda alpha, X: features.sparse_features(params, X, 5, alpha)  # noqa: E731
+    return selection.select_and_test(encode, data, list(alphas), list(l2_grid), log=lambda *_: None)
 
 
 def test_choice_is_the_best_validation_trial_and_ignores_test_labels():
@@ -56,7 +56,7 @@ def test_poisoned_validation_labels_do_move_the_result():
 def test_evaluate_run_writes_json_and_markdown(tmp_path):
     data, W_dh = sparse_signal_dataset(n_train=800, n_valid=200, n_test=200)
     run = make_run(tmp_path / "run", W_dh, k=5)
-    result = evaluate.evaluate_run(run, alphas=[1, 2], l2_grid=[1e-3], raw_baseline=True, dataset=data,
+    result = run_evaluation.evaluate_run(run, alphas=[1, 2], l2_grid=[1e-3], raw_baseline=True, dataset=data,
                                    log=lambda *_: None)
     saved = json.loads((run / "eval.json").read_text())
     assert saved["features"]["test_error"] == result["features"]["test_error"]
@@ -70,14 +70,14 @@ def test_alpha_times_k_above_hidden_is_refused_before_any_work(tmp_path):
     data, W_dh = sparse_signal_dataset(n_train=50, n_valid=20, n_test=20)
     run = make_run(tmp_path / "run", W_dh, k=50)
     with pytest.raises(KsaeError, match="exceeds the 128 hidden units"):
-        evaluate.evaluate_run(run, alphas=[1, 3], dataset=data, log=lambda *_: None)
+        run_evaluation.evaluate_run(run, alphas=[1, 3], dataset=data, log=lambda *_: None)
     assert not (run / "eval.json").exists()
 
 
-@pytest.mark.parametrize("text,parser,field", [("0.5,1", evaluate.parse_alphas, "alphas"),
-                                               ("1,x", evaluate.parse_alphas, "alphas"),
-                                               ("", evaluate.parse_alphas, "alphas"),
-                                               ("-1e-3", evaluate.parse_l2, "l2_grid"), ("1,{", evaluate.parse_l2, "l2_grid")])
+@pytest.mark.parametrize("text,parser,field", [("0.5,1", selection.parse_alphas, "alphas"),
+                                               ("1,x", selection.parse_alphas, "alphas"),
+                                               ("", selection.parse_alphas, "alphas"),
+                                               ("-1e-3", selection.parse_l2, "l2_grid"), ("1,{", selection.parse_l2, "l2_grid")])
 def test_bad_grids_are_user_errors_naming_the_parameter(text, parser, field):
     # The library names the Python parameter (evaluate_run's alphas, l2_grid); ksae-eval prints its flag.
     with pytest.raises(OptionError) as refused:
@@ -92,7 +92,7 @@ def test_linear_svm_rows_choose_C_on_validation_and_refit_on_train_and_valid(tmp
 
     data, W_dh = sparse_signal_dataset(n_train=800, n_valid=200, n_test=200)
     run = make_run(tmp_path / "run", W_dh, k=5)
-    result = evaluate.evaluate_run(run, alphas=[1, 2], l2_grid=[1e-3], linear_svm=True, dataset=data,
+    result = run_evaluation.evaluate_run(run, alphas=[1, 2], l2_grid=[1e-3], linear_svm=True, dataset=data,
                                    log=lambda *_: None)
     svm = result["linear_svm"]
     assert svm["alpha"] == result["features"]["selected"]["alpha"]
@@ -105,7 +105,7 @@ def test_linear_svm_rows_choose_C_on_validation_and_refit_on_train_and_valid(tmp
     # The choice of C never reads the test labels.
     params = {"W_dh": W_dh.astype(np.float32), "b_h": np.zeros(W_dh.shape[1], np.float32),
               "c_d": np.zeros(W_dh.shape[0], np.float32)}
-    encode = lambda alpha, X: evaluate.sparse_features(params, X, 5, alpha)  # noqa: E731
+    encode = lambda alpha, X: features.sparse_features(params, X, 5, alpha)  # noqa: E731
     clean = linear_svm_rows(encode, data, 1.0, log=lambda *_: None)
     data.y_test = (data.y_test + 1) % 4
     poisoned = linear_svm_rows(encode, data, 1.0, log=lambda *_: None)
@@ -117,7 +117,7 @@ def test_linear_svm_rows_choose_C_on_validation_and_refit_on_train_and_valid(tmp
 def selection_over(data, encode, l2_grid, extend):
     """select_and_test over one feature map (no alpha); its log lines too."""
     lines = []
-    result = evaluate.select_and_test(lambda alpha, X: encode(X), data, [None], list(l2_grid), log=lines.append,
+    result = selection.select_and_test(lambda alpha, X: encode(X), data, [None], list(l2_grid), log=lines.append,
                                       extend=extend)
     return result, lines
 
@@ -141,9 +141,9 @@ def test_a_best_l2_on_the_grids_strong_edge_is_followed_stronger_until_a_best_in
     # A validation error that is lowest at 1e-2, beyond the grid's strongest (the classifier stubbed out:
     # on real data near this edge the errors differ by noise only).
     curve = {1e-1: 0.30, 1e-2: 0.20, 1e-3: 0.25, 1e-4: 0.30, 1e-5: 0.35}
-    monkeypatch.setattr(evaluate.classifier, "fit", lambda X, y, C, l2, **_: evaluate.classifier.SoftmaxModel(
+    monkeypatch.setattr(classifier, "fit", lambda X, y, C, l2, **_: classifier.SoftmaxModel(
         W_hc=np.zeros((X.shape[1], C)), b_c=np.zeros(C), l2=l2, converged=True))
-    monkeypatch.setattr(evaluate.classifier, "error_rate", lambda model, X, y: curve[model.l2])
+    monkeypatch.setattr(classifier, "error_rate", lambda model, X, y: curve[model.l2])
     data, _ = sparse_signal_dataset(n_train=40, n_valid=40, n_test=40)
     as_given, _ = selection_over(data, lambda X: X, (1e-3, 1e-4, 1e-5), extend=0)
     assert as_given["selected"]["l2"] == 1e-3
@@ -162,10 +162,10 @@ def test_one_encoding_gives_every_alphas_codes(topk_method, activation):
     params = model.init_params(20, 30, 0.3, rng)
     params["b_h"] = rng.standard_normal(30).astype(np.float32)
     X_nd = rng.standard_normal((25, 20)).astype(np.float32)
-    encode = evaluate.CodesByAlpha(params, 4, [1, 2, 3.5], topk_method, activation=activation)
+    encode = features.CodesByAlpha(params, 4, [1, 2, 3.5], topk_method, activation=activation)
     for alpha in (3.5, 1, 2):
         shared = encode(alpha, X_nd).toarray()
-        alone = evaluate.sparse_features(params, X_nd, 4, alpha, topk_method, activation=activation).toarray()
+        alone = features.sparse_features(params, X_nd, 4, alpha, topk_method, activation=activation).toarray()
         assert np.array_equal(shared, alone), alpha
         assert np.array_equal(shared != 0, model.encode(params, X_nd, 4, alpha, activation=activation) != 0) \
             or activation == "relu"  # relu: a kept unit may be clipped to an explicit zero

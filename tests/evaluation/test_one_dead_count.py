@@ -34,7 +34,8 @@ def test_every_place_gives_the_runs_one_dead_count(run_dir):
     assert firing.exit_code == 0 and f", {n_dead} dead: " in firing.output, firing.output
     assert (run / "firing.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     from ksae_cupy.datasets import load_dataset
-    from ksae_cupy.evaluation.features import open_run, reconstruction_splits
+    from ksae_cupy.evaluation.trained_run import open_run
+    from ksae_cupy.evaluation.run_evaluation import reconstruction_splits
 
     data = load_dataset("synthetic")
     opened = open_run(run)

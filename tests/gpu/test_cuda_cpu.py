@@ -194,7 +194,7 @@ def test_gpu_trajectory_falls_at_every_step_on_numpy():
                                 trajectory_setup)
 
     from ksae_cupy.model import loss_and_grads
-    from ksae_cupy.optim import MomentumSGD
+    from ksae_cupy.momentum_sgd import MomentumSGD
 
     params, X = trajectory_setup()
     opt = MomentumSGD(params, TRAJECTORY_MOMENTUM, np)

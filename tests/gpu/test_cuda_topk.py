@@ -257,7 +257,7 @@ def test_gather_rejects_bad_index_dtype():
 @pytest.mark.parametrize("method", ["sort", "threshold"])
 def test_training_step_matches_numpy(method):
     from ksae_cupy.model import loss_and_grads
-    from ksae_cupy.optim import MomentumSGD
+    from ksae_cupy.momentum_sgd import MomentumSGD
 
     params, X = setup()
     gparams = {name: cupy.asarray(value) for name, value in params.items()}
@@ -285,7 +285,7 @@ def test_training_step_matches_numpy(method):
 
 def test_ten_step_loss_trajectory_matches_numpy():
     from ksae_cupy.model import loss_and_grads
-    from ksae_cupy.optim import MomentumSGD
+    from ksae_cupy.momentum_sgd import MomentumSGD
 
     params, X = trajectory_setup()  # standardised data, lr 0.003: the NumPy loss falls at every step
     gparams = {name: cupy.asarray(value) for name, value in params.items()}

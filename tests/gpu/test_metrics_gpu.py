@@ -22,7 +22,7 @@ def test_reconstruction_metrics_on_the_gpu_equal_the_cpus():
 
 def test_the_provenance_record_names_the_gpu():
     from ksae_cupy.backend import resolve_device
-    from ksae_cupy.provenance import gpu_name, provenance
+    from ksae_cupy.made_with import gpu_name, provenance
 
     backend = resolve_device("gpu")
     name = gpu_name(backend.name)

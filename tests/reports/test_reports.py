@@ -112,7 +112,7 @@ def test_a_write_whose_check_fails_leaves_the_old_file_as_it_was(tmp_path):
 # -- the paper's figures ---------------------------------------------------------------------------------------
 
 def test_the_paper_figures_are_read_where_they_are_quoted():
-    from ksae_cupy.evaluation.features import markdown_report
+    from ksae_cupy.evaluation.eval_report import markdown_report
     from ksae_cupy.supervised.baselines import PAPER_ERR_MNIST, PAPER_FN_MNIST
 
     assert PAPER_ERR_MNIST == {"rbm": 0.0181, "dropout-ae": 0.0180, "denoising-ae": 0.0195,

@@ -6,7 +6,7 @@ import pytest
 
 from ksae_cupy.supervised import baseline_fit, baselines
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.optim import MomentumSGD
+from ksae_cupy.momentum_sgd import MomentumSGD
 from ksae_cupy.supervised.units import dropout_mask, sigmoid
 from gradcheck import numerical_gradient, relative_error
 

@@ -6,7 +6,7 @@ from ksae_cupy.backend import CPU
 from ksae_cupy.cpu import numba_kernels as cpu_kernels
 from ksae_cupy.datasets.synthetic import make_sparse_signals
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.optim import MomentumSGD
+from ksae_cupy.momentum_sgd import MomentumSGD
 from ksae_cupy.sparse_step import sparse_layout
 from ksae_cupy.supervised import finetune
 from ksae_cupy.supervised import sparse_finetune as sf

@@ -141,7 +141,7 @@ def test_cli_records_the_options_and_resume_refuses_other_values(tmp_path):
 
 
 def test_ksae_eval_encodes_a_centred_run_as_its_estimator_does(tmp_path, monkeypatch):
-    from ksae_cupy.evaluation import features
+    from ksae_cupy.evaluation import run_evaluation, selection
 
     data = tmp_path / "d.npz"
     y = np.arange(len(X_nd)) % 3
@@ -160,9 +160,9 @@ def test_ksae_eval_encodes_a_centred_run_as_its_estimator_does(tmp_path, monkeyp
         seen["codes"], seen["X"] = encode(1.0, dataset.X_train[:20]), dataset.X_train[:20]
         raise Seen
 
-    monkeypatch.setattr(features, "select_and_test", capture)
+    monkeypatch.setattr(selection, "select_and_test", capture)
     with pytest.raises(Seen):
-        features.evaluate_run(run_dir, alphas=[1.0])
+        run_evaluation.evaluate_run(run_dir, alphas=[1.0])
     estimator = KSparseAutoencoder.load(run_dir / "checkpoint.h5", device="cpu")
     codes = seen["codes"].toarray() if hasattr(seen["codes"], "toarray") else np.asarray(seen["codes"])
     np.testing.assert_allclose(codes, estimator.transform(seen["X"], alpha=1), rtol=1e-4, atol=1e-5)
@@ -170,7 +170,7 @@ def test_ksae_eval_encodes_a_centred_run_as_its_estimator_does(tmp_path, monkeyp
 
 
 def test_a_centred_runs_parameters_act_on_raw_rows_in_analyze_plot_and_finetune(tmp_path):
-    from ksae_cupy.evaluation.features import open_run
+    from ksae_cupy.evaluation.trained_run import open_run
     from ksae_cupy.supervised.pretrain import encoder_of
 
     data = tmp_path / "d.npy"

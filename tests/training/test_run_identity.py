@@ -106,7 +106,7 @@ def test_the_repositorys_run_folders_written_before_ids_still_open(tmp_path):
 
     import numpy as np
 
-    from ksae_cupy.evaluation.features import open_run
+    from ksae_cupy.evaluation.trained_run import open_run
     from ksae_cupy.reports.kept_checkpoints import read_manifest
 
     # Their checkpoints are kept in git history, not in the tree (results/checkpoints.json; a shallow clone lacks
@@ -127,7 +127,7 @@ def test_the_repositorys_run_folders_written_before_ids_still_open(tmp_path):
 def test_the_documented_legacy_runs_still_evaluate_from_their_folder(tmp_path):
     run = make_run(tmp_path / "old", [[1.0, 0.0], [0.0, 1.0]], k=1)  # the helper writes no ids
     assert "run_id" not in config(run)
-    from ksae_cupy.evaluation.features import open_run
+    from ksae_cupy.evaluation.trained_run import open_run
 
     assert open_run(run).k == 1
 

@@ -5,7 +5,7 @@ import pytest
 from ksae_cupy.backend import CPU
 from ksae_cupy.cpu import numba_kernels as cpu_kernels
 from ksae_cupy.cpu import momentum as cpu_momentum
-from ksae_cupy.optim import MomentumSGD
+from ksae_cupy.momentum_sgd import MomentumSGD
 from ksae_cupy.training import steps as steps_module
 from ksae_cupy.training.trainer import TrainConfig, Trainer
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from ksae_cupy.errors import KsaeError, OptionError, cli_name
-from ksae_cupy.optim import MomentumSGD
+from ksae_cupy.momentum_sgd import MomentumSGD
 from ksae_cupy.schedules import linear_decay, resolve_k_start, sparsity_at_epoch
 from ksae_cupy.training.trainer import TrainConfig
 

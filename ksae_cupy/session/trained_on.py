@@ -1,4 +1,4 @@
-"""Provenance: what a command reads from a run is what the run was trained on.
+"""What a run was trained on, checked: what a command reads from a run is what the run was trained on.
 
 Four records, each checked by every command that reads it:
 
@@ -201,7 +201,7 @@ def check_chain(layer1_dir, layer1_run_id: str | None, layer1_epoch: int, layer2
 def check_codes_alpha(alpha: float | None, pretrained, layer2_config: dict) -> None:
     """Refuse fine-tuning at an ``alpha`` other than the one layer 2's codes were written with (its config.json's
     ``codes_origin``): layer 1 would feed layer 2 alpha*k units of another count than it was trained on. A layer 2
-    that does not record it is left to :func:`~ksae_cupy.session.provenance.check_chain`'s note."""
+    that does not record it is left to :func:`~ksae_cupy.session.trained_on.check_chain`'s note."""
     origin = layer2_config.get("codes_origin")
     made_with = origin.get("alpha") if isinstance(origin, dict) else None
     if alpha is None or not isinstance(made_with, (int, float)) or float(made_with) == float(alpha):
