@@ -27,7 +27,7 @@ from ksae_cupy.bench.metadata import run_metadata, write_results
 from ksae_cupy.errors import KsaeError
 
 AGREE_RTOL = 1e-4  # seed 0 packed against seed 0 alone on the first epoch (float32 rounding)
-CAMPAIGN_RUNS, TINY_RUNS = (1, 16), (1, 4)  # the campaign's packs: issue 52's 16 runs; --tiny's
+CAMPAIGN_RUNS, TINY_RUNS = (1, 16), (1, 4)  # the campaign's packs: 16 runs, the goal's size; --tiny's
 TINY_ROWS, TINY_HIDDEN, TINY_K = 512, 32, 4  # --tiny: a few batches (the stand-in emulates every kernel)
 
 

@@ -383,16 +383,15 @@ def _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, thread
             "torch": torch_info}
 
 
-# ---- The encoder side by side: BLAS's X W and X W from the non-zero inputs (issue 52) ----
+# ---- The encoder side by side: BLAS's X W and X W from the non-zero inputs ----
 
 # After a product on several threads, OpenBLAS's worker threads spin (sched_yield) for about 2^28
 # cycles (0.1 s at 2.6 GHz; OPENBLAS_THREAD_TIMEOUT) before they sleep. A contender timed in lanes
 # right after ``X W`` on two BLAS threads shared its cores with that spinner, which the trainer's
 # epochs never do (BLAS runs on one thread beside the lanes). The pause is not timed.
 BLAS_SPIN_PAUSE_S = 0.3
-# Then each contender runs this many calls untimed before its timed block. Measured (2026-11-28, the quiet
-# 2-core machine, per-step times of the step in two lanes): right after X W on two BLAS threads the first
-# ~70 steps took 2.5-3 ms against 1.4 ms (the spinner); after the pause, still the first ~5 (2.0-2.7 ms: a
+# Then each contender runs this many calls untimed before its timed block. Measured (the quiet 2-core machine,
+# per-step times of the step in two lanes): right after X W on two BLAS threads the first ~70 steps took 2.5-3 ms against 1.4 ms (the spinner); after the pause, still the first ~5 (2.0-2.7 ms: a
 # core idle for 0.3 s wakes slowly). A timed block of 50 steps starting cold had a median of 1.6-2.5 ms;
 # the trainer's epoch runs its 391 steps back to back (1.43 ms each, from its epoch time). Every contender
 # gets the same lead-in, ``X W`` alone too.
@@ -541,7 +540,7 @@ def encoder_density_sweep(D: int, H: int, batch_size: int, threads: int | None, 
     return result
 
 
-# ---- The step part by part, beside its floors (issue 33) ----
+# ---- The step part by part, beside its floors ----
 
 @_kernel(fastmath={"contract"})
 def _stream_floor(W_hd, V_hd, momentum, row_start, row_stop):

@@ -58,9 +58,9 @@ STAGE_MAX_S = {"step": 180, "epoch": 180, "packed": 180, "grid": 300}
 MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 EXIT_INTERRUPTED = 130  # ksae-train: stopped by SIGINT, checkpoint saved
 OF_THE_CODE = ("env", "tests", "step", "epoch", "packed", "grid")  # stages rerun when the commit changed since (runs resume instead)
-# The mnist stage's runs, in order: k = 25 at the paper's length (done on an H200, 2026-11-26), then beyond the
-# paper (issue 35: k = 25 with both options), seeds of k = 25 (issue 34), k = 40 both options, k = 40 and 10 (the
-# CPU has run their rows). The centred k = 25 and 40 are done (CPU then H200, results/runs/mnist-k*-5000-center).
+# The mnist stage's runs, in order: k = 25 at the paper's length, then beyond the paper (k = 25 with AuxK and
+# centring), seeds 1 and 2 of k = 25, k = 40 with both options, k = 40 and 10 (rows the CPU has also run; their
+# history: results/runs/README.md).
 # "K[+auxkA][+center][+seedS]".
 DEFAULT_RUNS = ("25", "25+auxk256+center", "25+seed1", "25+seed2", "40+auxk256+center", "40", "10")
 
