@@ -391,8 +391,9 @@ def _time_at_k(backend, D, H, k, batch_size, topk_method, repeats, steps, thread
 # epochs never do (BLAS runs on one thread beside the lanes). The pause is not timed.
 BLAS_SPIN_PAUSE_S = 0.3
 # Then each contender runs this many calls untimed before its timed block. Measured (the quiet 2-core machine,
-# per-step times of the step in two lanes): right after X W on two BLAS threads the first ~70 steps took 2.5-3 ms against 1.4 ms (the spinner); after the pause, still the first ~5 (2.0-2.7 ms: a
-# core idle for 0.3 s wakes slowly). A timed block of 50 steps starting cold had a median of 1.6-2.5 ms;
+# per-step times of the step in two lanes): right after X W on two BLAS threads the first ~70 steps took
+# 2.5-3 ms against 1.4 ms (the spinner); after the pause, still the first ~5 (2.0-2.7 ms: a core idle for
+# 0.3 s wakes slowly). A timed block of 50 steps starting cold had a median of 1.6-2.5 ms;
 # the trainer's epoch runs its 391 steps back to back (1.43 ms each, from its epoch time). Every contender
 # gets the same lead-in, ``X W`` alone too.
 LEAD_IN_CALLS = 20
