@@ -153,7 +153,7 @@ def test_sparsify_loads_the_folder_and_encodes_and_decodes_as_we_do(which, reque
                                    rtol=1e-5, atol=1e-5)
 
 
-def test_the_folders_own_tensors_lie_beside_the_librarys(linear_run, tmp_path, SAE):
+def test_the_folders_own_tensors_lie_beside_the_librarys(SAE, linear_run, tmp_path):
     """What the libraries do not load (the input mean, the unit counts) is in ksae_cupy.safetensors, read back
     as the linear export holds it; cfg.json's ksae_cupy holds the metadata, which SAELens' loader leaves aside."""
     folder = export_folder(linear_run, tmp_path / "sae", "saelens")
