@@ -25,8 +25,9 @@ of ``encoder(x)``, zero the rest (ReLU models: and the negative ones).
 
 ``layout="saelens"`` or ``"sparsify"`` writes a folder the field's libraries load instead
 (:mod:`ksae_cupy.session.export_layouts`): SAELens' ``sae_weights.safetensors`` (``W_enc`` D x H, ``b_enc``,
-``W_dec`` H x D, ``b_dec``) or sparsify's ``sae.safetensors``, each with its ``cfg.json``; the tensors and
-metadata above ride along under the same names.
+``W_dec`` H x D, ``b_dec``) or sparsify's ``sae.safetensors``, each with its ``cfg.json``; the tensors above
+that are not a layer's (``input.mean``, ``units.*``, ``preprocess.*``) lie beside them in ``ksae_cupy.safetensors``
+(the libraries load their file strictly), under the same names, with the metadata.
 
 safetensors is written here with NumPy and JSON (8-byte little-endian header length, a JSON header
 of dtype, shape and byte offsets per tensor and a ``__metadata__`` map of strings, then the raw

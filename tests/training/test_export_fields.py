@@ -80,6 +80,9 @@ def test_saelens_layout_loads_by_its_names_and_config(run_dir, tmp_path):
     result = CliRunner().invoke(data_command, ["export", str(run_dir), "--layout", "saelens", "--out", str(out)])
     assert result.exit_code == 0, result.output
     tensors, _ = numpy_safetensors(out / "sae_weights.safetensors")
+    assert set(tensors) == {"W_enc", "b_enc", "W_dec", "b_dec"}  # SAELens loads the file strictly
+    assert set(numpy_safetensors(out / "ksae_cupy.safetensors")[0]) == {"input.mean", "units.firing_count",
+                                                                      "units.dead"}
     cfg = json.loads((out / "cfg.json").read_text())
     assert (cfg["d_in"], cfg["d_sae"], cfg["architecture"], cfg["activation_fn_kwargs"]) == (64, 64, "topk", {"k": 5})
     assert cfg["apply_b_dec_to_input"] is False and cfg["ksae_cupy"]["alpha"] == 3.0
@@ -98,8 +101,10 @@ def test_sparsify_layout_subtracts_b_dec_first(run_dir, tmp_path):
     assert CliRunner().invoke(data_command, ["export", str(run_dir), "--layout", "sparsify",
                                              "--out", str(out)]).exit_code == 0
     tensors, _ = numpy_safetensors(out / "sae.safetensors")
+    assert set(tensors) == {"encoder.weight", "encoder.bias", "W_dec", "b_dec"}  # sparsify loads it strictly
     cfg = json.loads((out / "cfg.json").read_text())
-    assert (cfg["d_in"], cfg["num_latents"], cfg["k"]) == (64, 64, 5)
+    assert (cfg["d_in"], cfg["num_latents"], cfg["k"], cfg["activation"]) == (64, 64, 5, "topk")
+    assert "expansion_factor" not in cfg  # an int in sparsify's config; num_latents says H
     X = load_dataset("synthetic").X_test.astype(np.float64)
     Z = (X - tensors["b_dec"]) @ tensors["encoder.weight"].T.astype(np.float64) + tensors["encoder.bias"]
     assert_same_codes_up_to_ties(Z, ksae_cupy.load(run_dir).transform(X.astype(np.float32), alpha=1), kept=5)
