@@ -48,7 +48,8 @@ def data_codes(run_dir, out, alpha, layout, data_dir, overwrite):
                    "[default: from --out's suffix, else safetensors]")
 @click.option("--layout", type=click.Choice(LAYOUTS), default="linear", show_default=True,
               help="linear: two nn.Linear layers' weights in one file; saelens or sparsify: a folder those "
-                   "libraries load (W_enc, b_enc, W_dec, b_dec or sparsify's names, and cfg.json).")
+                   "libraries load (W_enc, b_enc, W_dec, b_dec or sparsify's names, and cfg.json), our "
+                   "own tensors (input mean, unit counts) beside them in ksae_cupy.safetensors.")
 @click.option("--out", type=GivenPath(path_type=Path), default=None,
               help="The file (or, for --layout saelens/sparsify, the folder) to write; written whole or not at "
                    "all. [default: RUN_DIR's name in the current folder: RUN.safetensors, or RUN-saelens/]")
