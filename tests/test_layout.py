@@ -148,3 +148,65 @@ def test_no_cuda_source_shares_a_stem_with_a_module():
     cuda = {p.stem for folder in (PACKAGE_DIR.parent / "kernels", PACKAGE_DIR / "kernels") for p in folder.glob("*.cu")}
     modules = {p.stem for p in PACKAGE_DIR.rglob("*.py") if "kernels" not in p.relative_to(PACKAGE_DIR).parts}
     assert cuda and not cuda & modules, sorted(cuda & modules)
+
+
+# -- the house as docs/design.md draws it: rooms, arrows between them, floors -------------------------------
+
+
+def _room(module: str) -> str:
+    """The room ``module`` stands in: its folder (``training/``), else its own file (``model.py``); the package's
+    ``__init__`` is a room of its own."""
+    if module == FRONT_DOOR:
+        return "__init__"
+    top = module.split(".")[1]
+    return top + "/" if (PACKAGE_DIR / top).is_dir() else top + ".py"
+
+
+def house_plan() -> tuple[dict[str, int], set[tuple[str, str]]]:
+    """``(floor_of_room, arrows)``: an arrow ``(a, b)`` where a module of room ``a`` imports one of room ``b``;
+    a room stands one floor above the highest room it imports (floor 1 imports no other room)."""
+    arrows = {(_room(m), _room(d)) for m, deps in GRAPH.items() for d in deps if d in MODULES} - \
+        {(room, room) for room in map(_room, MODULES)}
+    floors: dict[str, int] = {}
+
+    def floor(room: str, path: tuple = ()) -> int:
+        assert room not in path, f"rooms import each other in a circle: {' -> '.join(path + (room,))}"
+        if room not in floors:
+            below = [floor(b, path + (room,)) for a, b in arrows if a == room]
+            floors[room] = 1 + max(below, default=0)
+        return floors[room]
+
+    for room in sorted(map(_room, MODULES)):
+        floor(room)
+    return floors, arrows
+
+
+def _drawn_house() -> tuple[tuple[int, int, int], dict[str, int]]:
+    """docs/design.md's picture of the house: its counts (rooms, floors, arrows) and each room's floor."""
+    import re
+
+    text = " ".join((PACKAGE_DIR.parent / "docs" / "design.md").read_text().split())
+    counts = re.search(r"the package is (\d+) rooms on (\d+) floors with (\d+) arrows", text)
+    assert counts, "docs/design.md no longer says 'the package is N rooms on F floors with A arrows'"
+    listing = text[text.index("From the top floor down:"):text.index("on the ground.")]
+    drawn = {}
+    for part in listing.split(";"):
+        number = re.search(r"\((\d+)\)\s*$", part)
+        for name in re.findall(r"`([^`]+)`", part):
+            drawn[name] = int(number.group(1)) if number else 1
+    return tuple(map(int, counts.groups())), drawn
+
+
+def test_the_design_page_draws_the_house_as_it_is():
+    floors, arrows = house_plan()
+    counts, drawn = _drawn_house()
+    assert counts == (len(floors), max(floors.values()), len(arrows)), \
+        f"docs/design.md: {len(floors)} rooms on {max(floors.values())} floors with {len(arrows)} arrows (python tests/test_layout.py)"
+    assert drawn == floors, "docs/design.md's floors differ: run python tests/test_layout.py"
+
+
+if __name__ == "__main__":  # the house as docs/design.md draws it, measured now
+    floors, arrows = house_plan()
+    print(f"{len(floors)} rooms on {max(floors.values())} floors with {len(arrows)} arrows")
+    for level in sorted(set(floors.values()), reverse=True):
+        print(level, ", ".join(sorted(room for room, at in floors.items() if at == level)))
