@@ -1,5 +1,5 @@
-"""Click options made from the declarations of :mod:`ksae_cupy.session.fields` (one source for a
-command's flags, help, defaults and resume policy), and the resume table of every training command:
+"""Click options made from the declarations of :mod:`ksae_cupy.session.fields` (one source for a command's
+flags, help, defaults and resume policy), their values one typed object (:func:`typed`), and the resume table:
 
     python -m ksae_cupy.cli.options       # prints it, as markdown (what --resume does with each option)
 """

@@ -36,9 +36,8 @@ from ksae_cupy.training.wording import epochs_done, interrupted, nothing_to_trai
 
 
 class RunLifecycle:
-    """``command`` (how the lines name it) writes run folders of ``kind``; ``options`` are its values, an
-    object of its options class (:func:`~ksae_cupy.session.fields.options_class`), ``given`` (``options.given``)
-    those typed; ``echo(message, err=False)`` prints (``say`` is silent with --quiet)."""
+    """``command`` (how the lines name it) writes run folders of ``kind``; ``options`` are its values (``given``:
+    those typed); ``echo(message, err=False)`` prints (``say`` is silent with --quiet)."""
 
     # The session's settings kept in config.json (those of them the command offers: a name not among
     # ``options``' fields is left out); a command with settings of its own adds them (the MPI trainer's --comm).

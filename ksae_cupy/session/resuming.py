@@ -1,9 +1,8 @@
 """``--resume``: every option given is applied, refused or checked against the run, as its declared
 policy says (:mod:`ksae_cupy.session.fields`); every option not given keeps the run's value.
 
-``options`` are the command's option values, an object of its options class
-(:func:`~ksae_cupy.session.fields.options_class`), ``options.given`` the names typed on this command line; a
-policy reads each option it names by that name. Messages name the options as the command line spells them.
+``options`` are the command's values (:func:`~ksae_cupy.session.fields.options_class`), ``options.given`` the names
+typed; a policy reads each option it lists by its name. Messages name the options as the command line spells them.
 """
 from __future__ import annotations
 

@@ -111,9 +111,8 @@ def own_options() -> list:
 
 
 def own_settings(model: str, options) -> dict:
-    """The baseline ``model``'s own settings that the command's ``options`` give (an own option left at None is not
-    given; each is a field of the options, by its name); one a learner of another kind owns and ``model`` lacks is
-    refused in one line."""
+    """The baseline ``model``'s own settings that the command's ``options`` give (a field left at None is not given);
+    one a learner of another kind owns and ``model`` lacks is refused in one line."""
     baseline = registered().get(model)
     if baseline is None:  # an unknown model: the caller refuses it by name
         return {}

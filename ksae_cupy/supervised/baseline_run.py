@@ -30,8 +30,7 @@ def default_run_dir(dataset: str, model: str, hidden: int, root: Path = Path("ru
 
 
 def new_config(options):
-    """The learner's configuration from the command's ``options`` (a
-    :class:`~ksae_cupy.supervised.commands.BaselineOptions`), validated (the one check of the options alone)."""
+    """The learner's configuration from the command's ``options``, validated (the one check of the options alone)."""
     if options.model is None:
         raise KsaeError(f"missing --model; use one of {', '.join(BASELINES)}")
     config = bt.config_for(options.model, hidden=options.hidden, epochs=options.epochs, batch_size=options.batch_size,

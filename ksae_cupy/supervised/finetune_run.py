@@ -85,8 +85,7 @@ def dropouts(options) -> dict:
 
 
 def check_new(options, pretrained) -> None:
-    """The ``options`` (a :class:`~ksae_cupy.supervised.commands.FinetuneOptions`) of a new run that contradict
-    each other, before any work."""
+    """The ``options`` of a new run that contradict each other, before any work."""
     baseline, no_pretraining, given = options.baseline, options.no_pretraining, options.given
     if len(pretrained) > 2:
         raise KsaeError(f"{len(pretrained)} pretrained runs given; fine-tuning takes one (shallow) or two (deep)")
