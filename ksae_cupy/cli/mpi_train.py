@@ -28,7 +28,7 @@ from ksae_cupy.session.fields import APPLIED, PAPER, TEXT_PATH, TRAIN, Option, o
 from ksae_cupy.training.options import check_in_dtype
 
 OPTIONS = {option.name: option for option in TRAIN}  # declared once, with ksae-train's
-MPI_TRAIN = [
+MPI_TRAIN = [  # the trainer's options, in --help's order: ksae-train's declarations where it shares them
     *(OPTIONS[name] for name in ("hidden", "k", "k_start", "no_k_schedule", "epochs")),
     OPTIONS["batch_size"].but(help="The GLOBAL minibatch, split over the ranks."),
     OPTIONS["lr"].but(help=f"Learning rate eta (paper: {PAPER.lr}).", default=PAPER.lr, type=float),
