@@ -154,12 +154,12 @@ def options_class(name: str, declarations: list[Option]) -> type:
     """The frozen dataclass of a command's values: a field per declared option (its name, its type: a path a
     Path, a choice its name, ``| None`` where it defaults to None; its default), DATASET and the data options it
     does not declare (None: not given), and ``given``: the names typed (what --resume applies or refuses)."""
-    def typed(option):
+    def kind_of(option):
         kind = Path if option.type == PATH else option.type if isinstance(option.type, type) else str
         return kind | None if option.default is None else kind
 
     data = [(n, kind | None, None) for n, kind in DATA_TYPES.items() if n not in {o.name for o in declarations}]
-    fields = data + [(o.name, typed(o), o.default) for o in declarations] + [("given", frozenset, frozenset())]
+    fields = data + [(o.name, kind_of(o), o.default) for o in declarations] + [("given", frozenset, frozenset())]
     return dataclasses.make_dataclass(name, [(n, kind, dataclasses.field(default=d)) for n, kind, d in fields],
                                       namespace={"declarations": declarations}, frozen=True)
 
