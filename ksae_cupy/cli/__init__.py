@@ -6,7 +6,7 @@ resolved configuration, call the library).
 ``plot`` (ksae-plot), ``analyze`` (ksae-analyze), ``finetune`` (ksae-finetune), ``sweep``
 (ksae-sweep), ``baseline`` (ksae-baseline), ``mpi_train`` (``python -m mpi4py -m ksae_cupy.cli.mpi_train``),
 and what the commands share: ``common`` (the one-line error wrapper), ``options`` (click options made
-from the declarations of ``session/fields.py``), ``resume``, ``progress``, ``data_options`` (DATASET's
+from the declarations of ``session/fields.py``, their values one typed object), ``progress``, ``data_options`` (DATASET's
 options), ``run_options`` (those of the commands that read a run folder), ``given_path``.
 
 May import: everything. Nothing imports it.

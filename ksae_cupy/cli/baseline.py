@@ -23,12 +23,12 @@ from ksae_cupy.cli.options import dataset_command, run_of
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.supervised.baseline_run import default_run_dir
 from ksae_cupy.supervised.baseline_trainer import KIND  # the run folders' kind
-from ksae_cupy.supervised.commands import BASELINE
+from ksae_cupy.supervised.commands import BaselineOptions
 from ksae_cupy.training.options import check_seed
 
 
-@dataset_command(BASELINE)
-def baseline_command(ctx, dataset, **values):
+@dataset_command(BaselineOptions)
+def baseline_command(ctx, options: BaselineOptions):
     """Train a baseline learner of the paper ({baselines}) on DATASET.
 
     DATASET is what ksae-train takes (a built-in name or your file, with the same data options).
@@ -45,23 +45,22 @@ def baseline_command(ctx, dataset, **values):
     from ksae_cupy.supervised import baseline_trainer as bt
     from ksae_cupy.session.runs import data_record
 
-    values["dataset"] = dataset
-    run = run_of(ctx, "ksae-baseline", KIND, values)
-    given = run.given
+    dataset = options.dataset
+    run = run_of(ctx, "ksae-baseline", KIND, options)
     say = run.say
-    check_seed("--seed", values["seed"])
+    check_seed("--seed", options.seed)
     if run.resuming:
-        baseline_run.check_resumable(run.open(), values["resume"])
+        baseline_run.check_resumable(run.open(), options.resume)
         spec = run.spec
         dataset = spec.data
-        trainer, changes = baseline_run.resumed_trainer(run.folder, run.start(), values, given)
+        trainer, changes = baseline_run.resumed_trainer(run.folder, run.start(), options)
         say(run.where(trainer, changes))
         config = trainer.config
     else:
         if dataset is None:
             raise KsaeError("missing DATASET; give a dataset name or file, or --resume RUN_DIR")
-        spec, config = data_spec(dataset, values), baseline_run.new_config(values)
-        run.open(lambda: default_run_dir(dataset, values["model"], values["hidden"]))
+        spec, config = data_spec(dataset, options), baseline_run.new_config(options)
+        run.open(lambda: default_run_dir(dataset, options.model, options.hidden))
         run.start()
         trainer = None
     record = data_record(spec)
@@ -79,7 +78,7 @@ def baseline_command(ctx, dataset, **values):
     with backend.use():
         X_train = backend.asarray(data.X_train, dtype=trainer.dtype)
         X_valid = backend.asarray(data.X_valid, dtype=trainer.dtype) if data.X_valid is not None else None
-    progress = RunProgress(baseline_run.progress_view(trainer), len(data.X_train), enabled=not values["quiet"],
+    progress = RunProgress(baseline_run.progress_view(trainer), len(data.X_train), enabled=not options.quiet,
                            tty=sys.stderr.isatty(), interval_s=run.settings["progress_seconds"], echo=click.echo)
     run.fit(baseline_run.BaselineJob(trainer, X_train, X_valid, run.folder.checkpoint, progress))
     run.end(trainer, "done: {epochs} in {seconds:.1f} s; checkpoint {checkpoint}; evaluate with: ksae-eval {run}")

@@ -43,12 +43,12 @@ def run_data_options(func):
                              "file.npz:y. [default: the run's labels]")(func)
 
 
-def data_spec(dataset: str, options: dict):
+def data_spec(dataset: str, options):
     """The :class:`~ksae_cupy.datasets.user_files.DataSpec` of a new run: DATASET and the data
-    options given (None: the default), checked, with absolute paths."""
+    options given (``options``, the command's options object; None: the default), checked, with absolute paths."""
     from ksae_cupy.datasets.user_files import DataSpec
 
-    given = {key: value for key, value in options.items() if key in DATA_OPTION_NAMES and value is not None}
+    given = {key: getattr(options, key) for key in DATA_OPTION_NAMES if getattr(options, key) is not None}
     return DataSpec(dataset, **given).validate().resolved()
 
 

@@ -25,6 +25,7 @@ Bad input is one line ``error: ...`` and exit status 2 (see :func:`ksae_cupy.cli
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -32,9 +33,9 @@ import click
 
 from ksae_cupy.cli.version import version_option
 from ksae_cupy.cli.common import GivenPath, data_options, report_errors
-from ksae_cupy.cli.options import CONTEXT, declared, run_of
+from ksae_cupy.cli.options import CONTEXT, declared, run_of, typed
 from ksae_cupy.supervised.baseline_pretrain import still_pretraining
-from ksae_cupy.supervised.commands import FINETUNE
+from ksae_cupy.supervised.commands import FINETUNE, FinetuneOptions
 from ksae_cupy.supervised.finetune import FinetuneConfig
 from ksae_cupy.supervised.finetune_progress import PhasePace, PhaseProgress
 from ksae_cupy.supervised.finetune_run import RESULTS
@@ -47,7 +48,8 @@ from ksae_cupy.supervised.finetune_run import RESULTS
 @data_options
 @click.pass_context
 @report_errors
-def finetune_command(ctx, pretrained, **values):
+@typed(FinetuneOptions)
+def finetune_command(ctx, options: FinetuneOptions, pretrained):
     """Fine-tune a softmax network initialised from PRETRAINED_RUN_DIR [PRETRAINED_RUN_DIR_2]
     (ksae-train or ksae-baseline runs).
 
@@ -58,38 +60,37 @@ def finetune_command(ctx, pretrained, **values):
     from ksae_cupy.session.trained_on import data_files_record
     from ksae_cupy.session.runs import FINETUNE as KIND, dataset_record
 
-    ft.check_step(values["step"])
-    pretrained, dataset = ft.split_arguments(pretrained, values["dataset"])
-    run = run_of(ctx, "ksae-finetune", KIND, values)
-    given = run.given
-    given |= {"dataset"} if dataset is not None else set()
+    ft.check_step(options.step)
+    pretrained, dataset = ft.split_arguments(pretrained, options.dataset)
+    if dataset is not None:  # DATASET as an argument: given, as --dataset is
+        options = dataclasses.replace(options, given=options.given | {"dataset"})
+    run = run_of(ctx, "ksae-finetune", KIND, options)
     say = run.say
     if run.resuming:
-        ft.refuse_on_resume(given, pretrained)
-        pretraining = still_pretraining(values["resume"])  # stopped before fine-tuning began: no checkpoint yet
+        ft.refuse_on_resume(options, pretrained)
+        pretraining = still_pretraining(options.resume)  # stopped before fine-tuning began: no checkpoint yet
         previous = run.open(needs_checkpoint=not pretraining)
         backend = run.start()
-        trainer = None if pretraining else ft.resumed_trainer(run.folder, backend, values, given)
+        trainer = None if pretraining else ft.resumed_trainer(run.folder, backend, options)
         record = {key: value for key, value in previous.items() if key not in ("run_id", "kind")}
         spec = run.spec
         dataset = spec.data
         data = run.load(spec)
     else:
-        ft.check_new(values, pretrained, given)
+        ft.check_new(options, pretrained)
         run.open()
         run.start()  # the threads before the pretraining, which runs here too
-        read = ft.read_pretrained(pretrained, values["alpha"])
-        ft.check_alpha_applies(given, values, read[1])
-        spec = ft.data_of(dataset, read[2], values)
+        read = ft.read_pretrained(pretrained, options.alpha)
+        ft.check_alpha_applies(options, read[1])
+        spec = ft.data_of(dataset, read[2], options)
         dataset = spec.data
         run.new_folder(lambda: ft.default_run_dir(dataset))
         data = run.load(spec)
-        trainer, record = ft.new_trainer(values, pretrained, read, data, run.backend)
+        trainer, record = ft.new_trainer(options, pretrained, read, data, run.backend)
         record.update({**dataset_record(spec.data), "data": data_files_record(spec.record())})  # SHA-256s: --resume checks them
     backend = run.backend
     if trainer is None:  # --baseline before its fine-tuning: on a resume, --step and --topk apply as to a checkpoint
-        applied = {name: values[name] for name in ft.IN_CHECKPOINT if run.resuming and name in given}
-        config = FinetuneConfig.from_dict({**record["finetune"], **applied})
+        config = FinetuneConfig.from_dict({**record["finetune"], **(ft.applied(options) if run.resuming else {})})
     else:
         config = trainer.config
     step_kind = config.resolved_step(backend)
@@ -107,7 +108,7 @@ def finetune_command(ctx, pretrained, **values):
     X_train, y_train, X_valid, y_valid = (None if a is None else backend.asarray(a, dtype=t) for a, t in
                                           zip(rows, (trainer.dtype, "int64", trainer.dtype, "int64")))
     pace = PhasePace(trainer.config.phases, trainer.config.epochs)
-    progress = PhaseProgress(trainer, pace, len(rows[0]), enabled=not values["quiet"], tty=sys.stderr.isatty(),
+    progress = PhaseProgress(trainer, pace, len(rows[0]), enabled=not options.quiet, tty=sys.stderr.isatty(),
                              interval_s=run.settings["progress_seconds"], echo=click.echo)
     run.fit(ft.FinetuneJob(trainer, (X_train, y_train, X_valid, y_valid), run.folder, pace, progress))
     run.end(trainer, None, where=lambda t: f"in phase {t.phase}, epoch {t.epoch + 1}")

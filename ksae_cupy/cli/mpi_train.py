@@ -15,9 +15,8 @@ import sys
 
 import click
 
-from ksae_cupy.cli import resume as resuming
-from ksae_cupy.cli.common import GivenPath, data_options, data_spec, flag_of, refuse_empty
-from ksae_cupy.cli.options import declared
+from ksae_cupy.cli.common import data_options, data_spec, flag_of, refuse_empty
+from ksae_cupy.cli.options import declared, typed
 from ksae_cupy.cli.version import VersionedGroup, version_option
 from ksae_cupy.errors import KsaeError
 from ksae_cupy.parallel.agree import abort_on_error, agree
@@ -25,10 +24,30 @@ from ksae_cupy.parallel.comm import COMMS
 from ksae_cupy.parallel.sharded_topk import DIST_TOPK_METHODS
 from ksae_cupy.parallel.distributed_run import run_distributed
 from ksae_cupy.session import train_run
-from ksae_cupy.session.fields import PAPER, TRAIN
+from ksae_cupy.session.fields import APPLIED, PAPER, TEXT_PATH, TRAIN, Option, options_class
 from ksae_cupy.training.options import check_in_dtype
 
 OPTIONS = {option.name: option for option in TRAIN}  # declared once, with ksae-train's
+MPI_TRAIN = [  # the trainer's options, in --help's order: ksae-train's declarations where it shares them
+    *(OPTIONS[name] for name in ("hidden", "k", "k_start", "no_k_schedule", "epochs")),
+    OPTIONS["batch_size"].but(help="The GLOBAL minibatch, split over the ranks."),
+    OPTIONS["lr"].but(help=f"Learning rate eta (paper: {PAPER.lr}).", default=PAPER.lr, type=float),
+    *(OPTIONS[name] for name in ("momentum", "sigma", "topk", "seed", "dtype")),
+    OPTIONS["device"].but(help="cpu, or gpu (GPU rank % GPUs per node) or gpu:N.", default="cpu"),
+    Option("comm", "Gradient all-reduce: MPI on host buffers, or NCCL on GPU buffers.", "mpi", COMMS, APPLIED),
+    Option("shard_hidden", "Split the hidden units (W's columns) over the ranks.", False, bool),
+    Option("topk_dist", "With --shard-hidden: global top-k by all-reduced radix counts, or local top-k + all-gather.",
+           "threshold", DIST_TOPK_METHODS, APPLIED),
+    OPTIONS["run_dir"].but(type=TEXT_PATH),
+    *(OPTIONS[name] for name in ("checkpoint_every", "overwrite")),
+    OPTIONS["resume"].but(type=TEXT_PATH, help="Continue the run in this folder (same rank count); options given are "
+                          "applied (--epochs, --topk, --device, --comm, --topk-dist, --checkpoint-every, --data-dir) "
+                          "or, if they would change the model, refused by name."),
+    OPTIONS["data_dir"].but(type=TEXT_PATH),
+    OPTIONS["quiet"],
+]
+MpiTrainOptions = options_class("MpiTrainOptions", MPI_TRAIN)  # the trainer's values, by attribute
+
 
 @click.group(cls=VersionedGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @version_option
@@ -39,57 +58,36 @@ def main():
 @main.command("train", context_settings={"show_default": True})
 @click.argument("dataset", required=False)
 @data_options
-@declared([OPTIONS[name] for name in ("hidden", "k", "k_start", "no_k_schedule", "epochs")])
-@click.option("--batch-size", type=int, default=PAPER.batch_size, help="The GLOBAL minibatch, split over the ranks.")
-@click.option("--lr", type=float, default=PAPER.lr, help=f"Learning rate eta (paper: {PAPER.lr}).")
-@declared([OPTIONS[name] for name in ("momentum", "sigma", "topk", "seed", "dtype")])
-@click.option("--device", default="cpu", help="cpu, or gpu (GPU rank % GPUs per node) or gpu:N.")
-@click.option("--comm", "comm", type=click.Choice(COMMS), default="mpi",
-              help="Gradient all-reduce: MPI on host buffers, or NCCL on GPU buffers.")
-@click.option("--shard-hidden", is_flag=True, help="Split the hidden units (W's columns) over the ranks.")
-@click.option("--topk-dist", type=click.Choice(DIST_TOPK_METHODS), default="threshold",
-              help="With --shard-hidden: global top-k by all-reduced radix counts, or local top-k + all-gather.")
-@click.option("--run-dir", type=GivenPath(), default=None, help=OPTIONS["run_dir"].help)
-@click.option("--checkpoint-every", type=int, default=10, help=OPTIONS["checkpoint_every"].help)
-@click.option("--overwrite", is_flag=True,
-              help="Start afresh in a --run-dir that holds another run: its checkpoint, config, metrics and results are removed.")
-@click.option("--resume", type=GivenPath(), default=None,
-              help="Continue the run in this folder (same rank count); options given are applied (--epochs, --topk, "
-                   "--device, --comm, --topk-dist, --checkpoint-every, --data-dir) or, if they would change the model, "
-                   "refused by name.")
-@click.option("--data-dir", type=GivenPath(), default=None, help=OPTIONS["data_dir"].help)
-@click.option("--quiet", is_flag=True, help=OPTIONS["quiet"].help)
+@declared(MPI_TRAIN)
 @click.option("--fail-at-step", type=int, default=None, hidden=True, help="Fault injection for tests.")
 @click.option("--fail-rank", type=int, default=1, hidden=True, help="The rank that fails (--fail-at-step).")
 @click.option("--fail-mode", type=click.Choice(["raise", "exit"]), default="raise", hidden=True,
               help="How it fails: an exception, or the process exiting.")
 @click.pass_context
 @abort_on_error(spell=flag_of)
-def train(ctx, dataset, labels, test, test_labels, valid_fraction, test_fraction, split_seed, hidden, k, k_start, no_k_schedule, epochs, batch_size, lr, momentum, sigma, topk, seed,
-          dtype, device, comm, shard_hidden, topk_dist, run_dir, checkpoint_every, overwrite, resume, data_dir,
-          quiet, fail_at_step, fail_rank, fail_mode):
+@typed(MpiTrainOptions)
+def train(ctx, options: MpiTrainOptions, fail_at_step, fail_rank, fail_mode):
     """Train on DATASET with every rank of the MPI job."""
     from ksae_cupy.parallel.comm import world
 
     ranks = world()
-    typed = resuming.given(ctx)
 
     def new_config():  # the same on every rank
         refuse_empty(ctx.params)  # --run-dir '' would be the current folder
-        if resume is None and "topk_dist" in typed and not shard_hidden:
-            raise KsaeError(f"--topk-dist {topk_dist} is not allowed without --shard-hidden: it chooses how ranks "
-                            f"holding parts of the hidden layer find the top-k; add --shard-hidden or drop it")
-        if resume is not None:
+        if options.resume is None and "topk_dist" in options.given and not options.shard_hidden:
+            raise KsaeError(f"--topk-dist {options.topk_dist} is not allowed without --shard-hidden: it chooses how "
+                            f"ranks holding parts of the hidden layer find the top-k; add --shard-hidden or drop it")
+        if options.resume is not None:
             return None, None
-        config = train_run.new_config(ctx.params, lr)  # as ksae-train's, validated once
-        check_in_dtype(dtype, **{"--lr": ("rate", lr)})  # a rate of 0 in the model's dtype trains nothing
-        if dataset is None:
+        config = train_run.new_config(options, options.lr)  # as ksae-train's, validated once
+        check_in_dtype(options.dtype, **{"--lr": ("rate", options.lr)})  # a rate of 0 in the dtype trains nothing
+        if options.dataset is None:
             raise KsaeError("missing DATASET; give a dataset name or file, or --resume RUN_DIR")
-        return config, data_spec(dataset, ctx.params)  # DATASET with its labels and splits, by absolute paths
+        return config, data_spec(options.dataset, options)  # DATASET with its labels and splits, by absolute paths
 
     config, spec = agree(ranks, new_config)
     fail = (fail_at_step, fail_mode) if fail_at_step is not None and ranks.rank == fail_rank else None
-    run_distributed(ctx.params, typed, config, spec, fail_at_step=fail, log=lambda *a, **kw: click.echo(*a, **kw))
+    run_distributed(options, config, spec, fail_at_step=fail, log=lambda *a, **kw: click.echo(*a, **kw))
 
 
 # How the trainer is started (there is no console script of it): its usage line and help say so.

@@ -1,16 +1,18 @@
-"""Click options made from the declarations of :mod:`ksae_cupy.session.fields` (one source for a
-command's flags, help, defaults and resume policy), and the resume table of every training command:
+"""Click options made from the declarations of :mod:`ksae_cupy.session.fields` (one source for a command's
+flags, help, defaults and resume policy), their values one typed object (:func:`typed`), and the resume table:
 
     python -m ksae_cupy.cli.options       # prints it, as markdown (what --resume does with each option)
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 from pathlib import Path
 
 import click
 
 from ksae_cupy.cli.given_path import GivenPath
-from ksae_cupy.session.fields import PATH, Option
+from ksae_cupy.session.fields import PATH, TEXT_PATH, Option
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True}
 
@@ -37,8 +39,8 @@ def click_option(option: Option):
     kind = option.type
     if kind is bool:
         return click.option(option.spelled, option.name, is_flag=True, help=option.help)
-    if kind == PATH:
-        kind = GivenPath(path_type=Path)
+    if kind in (PATH, TEXT_PATH):
+        kind = GivenPath(path_type=Path if kind == PATH else None)
     elif isinstance(kind, dict):
         kind = RegistryChoice(kind)
     elif isinstance(kind, tuple):
@@ -48,17 +50,30 @@ def click_option(option: Option):
 
 def declared(options: list[Option]):
     """Decorate a command with ``options``, in their order in ``--help``."""
+    return lambda func: functools.reduce(lambda f, option: click_option(option)(f), reversed(options), func)
+
+
+def typed(options_class):
+    """Call the command with its values as one ``options_class`` (:func:`~ksae_cupy.session.fields.options_class`),
+    ``given`` the names typed; a parameter none of its fields names (PRETRAINED_RUN_DIR...) stays a keyword."""
+    names = {field.name for field in dataclasses.fields(options_class)}
+
     def decorate(func):
-        for option in reversed(options):
-            func = click_option(option)(func)
-        return func
+        @functools.wraps(func)
+        def command(ctx, **values):
+            given = {n for n in values if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE}
+            options = options_class(**{n: v for n, v in values.items() if n in names}, given=frozenset(given))
+            return func(ctx, options, **{n: v for n, v in values.items() if n not in names})
+
+        return command
 
     return decorate
 
 
-def dataset_command(options: list[Option]):
-    """A training command on an optional DATASET argument (``ksae-train``, ``ksae-baseline``): its
-    declared ``options``, the user-data options, the click context, one-line errors."""
+def dataset_command(options_class):
+    """A training command on an optional DATASET argument (``ksae-train``, ``ksae-baseline``): the options
+    its class declares, the user-data options, its values as one ``options_class`` (:func:`typed`), one-line
+    errors."""
     from ksae_cupy.cli.common import data_options, report_errors
     from ksae_cupy.cli.version import version_option
 
@@ -69,7 +84,8 @@ def dataset_command(options: list[Option]):
         # the help names the registries' datasets and baselines
         func.__doc__ = func.__doc__.replace("{datasets}", spelled(names())).replace("{baselines}", ", ".join(BASELINES))
         # as the decorators stacked above a def would apply: the innermost first
-        func = declared(options)(data_options(click.pass_context(report_errors(func))))
+        func = data_options(click.pass_context(report_errors(typed(options_class)(func))))
+        func = declared(options_class.declarations)(func)
         return click.command(context_settings=CONTEXT)(version_option(click.argument("dataset", required=False)(func)))
 
     return decorate
@@ -83,13 +99,11 @@ def commands() -> dict[str, list[Option]]:
     return {"ksae-train": TRAIN, "ksae-baseline": BASELINE, "ksae-finetune": FINETUNE}
 
 
-def run_of(ctx, command: str, kind: str, values: dict):
-    """The session's :class:`~ksae_cupy.session.lifecycle.RunLifecycle`: the options typed on this
-    command line known, the run folder released when the command ends."""
-    from ksae_cupy.cli.resume import given
+def run_of(ctx, command: str, kind: str, options):
+    """The session's :class:`~ksae_cupy.session.lifecycle.RunLifecycle`; its folder released when the command ends."""
     from ksae_cupy.session.lifecycle import RunLifecycle
 
-    run = RunLifecycle(command, kind, values, given(ctx), click.echo)
+    run = RunLifecycle(command, kind, options, click.echo)
     ctx.call_on_close(run.release)
     return run
 

@@ -11,13 +11,13 @@ import click
 from ksae_cupy.cli.common import data_spec
 from ksae_cupy.cli.options import dataset_command, run_of
 from ksae_cupy.errors import KsaeError
-from ksae_cupy.session.fields import TRAIN, default_lr, parse_lr
+from ksae_cupy.session.fields import TrainOptions, default_lr, parse_lr
 from ksae_cupy.training.options import check_seed
 from ksae_cupy.training.wording import dead_units_note, done_dead
 
 
-@dataset_command(TRAIN)
-def train_command(ctx, dataset, **values):
+@dataset_command(TrainOptions)
+def train_command(ctx, options: TrainOptions):
     """Train a k-sparse autoencoder on DATASET.
 
     DATASET is a built-in name ({datasets}: `ksae-data list` tells more)
@@ -38,23 +38,22 @@ def train_command(ctx, dataset, **values):
     from ksae_cupy.session.trained_on import data_files_record
     from ksae_cupy.session.runs import TRAIN as KIND, dataset_record, default_run_dir
 
-    values["dataset"] = dataset
-    run = run_of(ctx, "ksae-train", KIND, values)
-    given = run.given
+    dataset = options.dataset
+    run = run_of(ctx, "ksae-train", KIND, options)
     say = run.say
-    check_seed("--seed", values["seed"])  # paths are checked by RunFolder, memory once the data's width is known
+    check_seed("--seed", options.seed)  # paths are checked by RunFolder, memory once the data's width is known
     if run.resuming:
         run.open()
         spec, backend = run.spec, run.start()
         dataset = spec.data
-        trainer, preprocess, changes = train_run.resumed_job(run.folder, backend, values, given)
+        trainer, preprocess, changes = train_run.resumed_job(run.folder, backend, options)
         say(run.where(trainer, changes))
     else:
         if dataset is None:
             raise KsaeError("missing DATASET; give a dataset name or file, or --resume RUN_DIR")
-        spec = data_spec(dataset, values)
-        lr = parse_lr(values["lr"], default=default_lr(dataset))
-        config = train_run.new_config(values, lr)
+        spec = data_spec(dataset, options)
+        lr = parse_lr(options.lr, default=default_lr(dataset))
+        config = train_run.new_config(options, lr)
         run.open(lambda: default_run_dir(dataset, config.hidden, config.k))
         backend, trainer = run.start(), None
     record = dataset_record(spec.data)  # a user file by absolute path and SHA-256 (a resume: the run's, checked)
@@ -74,7 +73,7 @@ def train_command(ctx, dataset, **values):
     else:
         job = train_run.TrainJob.resumed(trainer, preprocess, data)
     run.begin({**record, "train": job.trainer().config.to_dict()}, "train", trainer)
-    job.into(run, values["quiet"], click.echo)  # every checkpoint carries the folder's identity
+    job.into(run, options.quiet, click.echo)  # every checkpoint carries the folder's identity
     run.fit(job)
     trainer = job.trainer()
     n_dead = final_dead_count(run, trainer, job, data)

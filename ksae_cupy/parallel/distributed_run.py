@@ -1,7 +1,7 @@
 """One MPI training run on every rank: the run folder, resume, signals and lines around the
 :class:`~ksae_cupy.parallel.data_parallel.DataParallelTrainer` (or the sharded-hidden one).
 
-    run_distributed(values, given, config, spec)   # every rank: the command's options, those typed
+    run_distributed(options, config, spec)   # every rank: the command's options (cli/mpi_train.py's MpiTrainOptions)
 
 It runs through the run lifecycle every training command shares
 (:class:`~ksae_cupy.session.lifecycle.RunLifecycle`: the checks of a new or resumed run folder, its
@@ -52,24 +52,22 @@ def check_settings(settings: dict, size: int, hidden: int) -> None:
                         f"use at most {hidden} ranks, or more hidden units")
 
 
-def run_distributed(values: dict, given: set, config=None, spec=None, *, fail_at_step=None, log=print):
+def run_distributed(options, config=None, spec=None, *, fail_at_step=None, log=print):
     """Train on every rank of ``MPI.COMM_WORLD``; rank 0 writes the run folder. Returns the trainer.
 
-    ``values``: the command's options by name (``resume``, ``run_dir``, ``overwrite``, ``device``, ``comm``,
-    ``shard_hidden``, ``topk_dist``, ``checkpoint_every``, ``data_dir``, ``quiet``, DATASET and the data
-    options), ``given`` the names typed; ``config`` and ``spec`` (the
-    :class:`~ksae_cupy.datasets.user_files.DataSpec` of DATASET) a new run's, None with ``--resume``, whose
-    run keeps its own with the options given applied or refused (:mod:`ksae_cupy.parallel.resume`). Every
-    check that can fail before training (options, run folder, checkpoint, data files, device, data) runs
-    where every rank can agree on its outcome (:func:`~ksae_cupy.parallel.agree.agree`): a mistake is one
-    line and every rank leaves with status 2, before any work. Ctrl-C, SIGTERM and SIGHUP reaching any rank
-    stop every rank after the same step; the job saves a checkpoint, prints the resume line and exits
-    128 + the signal.
+    ``options``: the command's values (``cli/mpi_train.py``'s ``MpiTrainOptions``, ``given`` the names typed);
+    ``config`` and ``spec`` (the :class:`~ksae_cupy.datasets.user_files.DataSpec` of DATASET) a new run's, None with
+    ``--resume``, whose run keeps its own with the options given applied or refused
+    (:mod:`ksae_cupy.parallel.resume`). Every check that can fail before training (options, run folder, checkpoint,
+    data files, device, data) runs where every rank can agree on its outcome
+    (:func:`~ksae_cupy.parallel.agree.agree`): a mistake is one line and every rank leaves with status 2, before any
+    work. Ctrl-C, SIGTERM and SIGHUP reaching any rank stop every rank after the same step; the job saves a
+    checkpoint, prints the resume line and exits 128 + the signal.
     """
     from ksae_cupy.parallel.comm import world
 
     comm = world()  # one line when mpi4py is missing
-    run = RankLifecycle(comm, values, given, log)
+    run = RankLifecycle(comm, options, log)
     try:
         return _train(comm, run, config, spec, fail_at_step)
     finally:
@@ -99,7 +97,7 @@ def _train(comm, run: "RankLifecycle", config, spec, fail_at_step):
         from ksae_cupy.parallel.resume import resumed_run
         from ksae_cupy.session.resuming import run_level_changes
 
-        ckpt, resumed_config, changes = resumed_run(run.folder, run.values, run.given, size)
+        ckpt, resumed_config, changes = resumed_run(run.folder, run.options, size)
         changes += run_level_changes(run.settings, run.given, run.previous)
         return ckpt, resumed_config, changes, run.spec, data_record(run.spec)
 
@@ -181,8 +179,8 @@ class RankLifecycle(RunLifecycle):
 
     run_level = RUN_LEVEL + ("comm", "shard_hidden", "topk_dist")
 
-    def __init__(self, comm, values: dict, given: set, log):
-        super().__init__(LAUNCH.format(size=comm.size), KIND, values, given, log if comm.rank == 0 else _silent)
+    def __init__(self, comm, options, log):
+        super().__init__(LAUNCH.format(size=comm.size), KIND, options, log if comm.rank == 0 else _silent)
         self.comm, self.signals = comm, None
 
     def open(self, default_dir=None, needs_checkpoint: bool = True, then=None):

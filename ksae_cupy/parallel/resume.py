@@ -19,7 +19,7 @@ from ksae_cupy.training.trainer import TrainConfig
 REFUSED = named(TRAIN, REFUSED_POLICY) + ("shard_hidden",)
 
 
-def resumed_run(folder, values: dict, given: set, size: int):
+def resumed_run(folder, options, size: int):
     """``(ckpt, config, changes)`` of the run in ``folder`` (checked and locked by the lifecycle): its
     checkpoint, this folder's and trained on ``size`` ranks, and its configuration with the options given
     applied or refused (:func:`resumed`)."""
@@ -34,12 +34,12 @@ def resumed_run(folder, values: dict, given: set, size: int):
     if saved_size != size:
         raise KsaeError(f"--resume: the run was trained on {saved_size} ranks; resume it with mpiexec -n "
                         f"{saved_size} (this job has {size})")
-    config, changes = resumed(values, given, ckpt)
+    config, changes = resumed(options, ckpt)
     return ckpt, config, changes
 
 
-def resumed(values: dict, given: set, ckpt):
-    """``(config, changes)``: the checkpoint's configuration, the refused options given checked (by name),
+def resumed(options, ckpt):
+    """``(config, changes)``: the checkpoint's configuration, the refused ``options`` given checked (by name),
     --epochs and --topk applied as ksae-train applies them, and --topk-dist refused on a run that does not
     shard its hidden units."""
     config = TrainConfig.from_dict(ckpt.config)
@@ -51,10 +51,10 @@ def resumed(values: dict, given: set, ckpt):
         # --k-start: a schedule the run dropped when it was made, asked again, is the run's own
         return train_run.same(name, value, saved) if name in ("k_start", "no_k_schedule") else None
 
-    resuming.check_refused(REFUSED, given, values, config.to_dict(), same)
-    if "topk_dist" in given and not sharded:
-        raise KsaeError(f"--topk-dist {values['topk_dist']} is not allowed: the run shards its data, not its hidden "
+    resuming.check_refused(REFUSED, options, config.to_dict(), same)
+    if "topk_dist" in options.given and not sharded:
+        raise KsaeError(f"--topk-dist {options.topk_dist} is not allowed: the run shards its data, not its hidden "
                         f"units (--shard-hidden), so it has no distributed top-k; drop it")
     # --epochs (extend, or shorten to no fewer than done) and --topk (the same set): as ksae-train applies them.
     where = SimpleNamespace(config=config, epoch=ckpt.epoch, batch_in_epoch=ckpt.batch_in_epoch)
-    return config, resuming.apply(("epochs", "topk"), given, values, where)
+    return config, resuming.apply(("epochs", "topk"), options, where)

@@ -56,7 +56,7 @@ def run_config(dataset: str, run: dict, hidden: int | None):
     config.json's ``train``, ``epochs`` applied when given; a ``--hidden`` given that is not its own is
     refused, not ignored); else ksae-train's for these options (``hidden`` None: the default)."""
     from ksae_cupy.errors import OptionError
-    from ksae_cupy.session.fields import TRAIN, default_lr
+    from ksae_cupy.session.fields import TrainOptions, default_lr
     from ksae_cupy.session.runs import RunFolder
     from ksae_cupy.session.train_run import new_config
     from ksae_cupy.training.config import TrainConfig
@@ -74,10 +74,10 @@ def run_config(dataset: str, run: dict, hidden: int | None):
     missing = [key for key in ("k", "epochs") if key not in run]
     if missing:
         raise KsaeError(f"--run dir={run['dir']}: a new run needs {' and '.join(missing)} (e.g. k=25,epochs=5000)")
-    values = {option.name: option.default for option in TRAIN}
-    values.update(hidden=DEFAULT_HIDDEN if hidden is None else hidden, k=run["k"], epochs=run["epochs"], seed=run.get("seed", 0), no_k_schedule=False)
+    options = TrainOptions(hidden=DEFAULT_HIDDEN if hidden is None else hidden, k=run["k"], epochs=run["epochs"],
+                           seed=run.get("seed", 0))  # ksae-train's options, its defaults where not given
     try:
-        return new_config(values, run.get("lr", default_lr(dataset)))
+        return new_config(options, run.get("lr", default_lr(dataset)))
     except OptionError as exc:  # a value checked against the others (k <= hidden): named as the --run key
         flag = "--hidden" if exc.field == "hidden" else f"--run dir={run['dir']}: {exc.field}"
         raise KsaeError(exc.spelled(flag)) from None

@@ -20,11 +20,15 @@ What ``--resume`` does with an option (:attr:`Option.resume`):
   again it must name the run's own, else it is refused; not given, the run's is kept (ksae-finetune:
   DATASET and the data options are refused whenever given, as its refused options are).
 * ``session``: how this one invocation behaves (``--quiet``); never recorded, never inherited.
+
+A command's values travel as one frozen object of its options class (:func:`options_class`: ``TrainOptions``
+here), read by attribute from the command line to the configuration (``options.k`` -> ``TrainConfig(k=...)``).
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 from ksae_cupy.datasets.registry import names as dataset_names, spelled
 from ksae_cupy import optimizers
@@ -38,6 +42,7 @@ from ksae_cupy.training.options import DTYPES
 APPLIED, REFUSED, KEPT, SESSION = "applied", "refused", "kept", "session"
 POLICIES = (APPLIED, REFUSED, KEPT, SESSION)
 PATH = "path"  # the type of an option that names a file or folder
+TEXT_PATH = "text path"  # one kept as typed, a str (the MPI trainer's: its lines quote it as given)
 
 
 @dataclass(frozen=True)
@@ -100,8 +105,10 @@ def shared(*names: str, **helps: str) -> list[Option]:
     return [SHARED[name].but(help=helps[name]) if name in helps else SHARED[name] for name in names]
 
 
-# DATASET and the options that choose its rows (cli/common.py's data_options): the run's own on --resume.
-DATA = ("dataset", "labels", "test", "test_labels", "valid_fraction", "test_fraction", "split_seed")
+# DATASET and the options that choose its rows (cli/common.py's data_options), by type: the run's own on --resume.
+DATA_TYPES = {"dataset": str, "labels": str, "test": str, "test_labels": str, "valid_fraction": float,
+              "test_fraction": float, "split_seed": int}
+DATA = tuple(DATA_TYPES)
 # Shared options kept in config.json (not in the checkpoint): on --resume, one not given takes the run's value.
 RUN_LEVEL = ("checkpoint_every", "checkpoint_minutes", "threads", "device", "data_dir", "progress_seconds")
 
@@ -141,6 +148,23 @@ TRAIN = [
                    "--checkpoint-*, --threads) or, if they would change the model, refused by name. DATASET may name the "
                    "run's data file at a new path (its SHA-256 is checked)."),
 ]
+
+
+def options_class(name: str, declarations: list[Option]) -> type:
+    """The frozen dataclass of a command's values: a field per declared option (its name, its type: a path a
+    Path, a choice its name, ``| None`` where it defaults to None; its default), DATASET and the data options it
+    does not declare (None: not given), and ``given``: the names typed (what --resume applies or refuses)."""
+    def kind_of(option):
+        kind = Path if option.type == PATH else option.type if isinstance(option.type, type) else str
+        return kind | None if option.default is None else kind
+
+    data = [(n, kind | None, None) for n, kind in DATA_TYPES.items() if n not in {o.name for o in declarations}]
+    fields = data + [(o.name, kind_of(o), o.default) for o in declarations] + [("given", frozenset, frozenset())]
+    return dataclasses.make_dataclass(name, [(n, kind, dataclasses.field(default=d)) for n, kind, d in fields],
+                                      namespace={"declarations": declarations}, frozen=True)
+
+
+TrainOptions = options_class("TrainOptions", TRAIN)  # ksae-train's values: options.k is --k
 
 
 def default_lr(dataset: str):

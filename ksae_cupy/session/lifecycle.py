@@ -1,6 +1,6 @@
 """One session of a training run, the same for every command (ksae-train, ksae-baseline, ksae-finetune).
 
-    run = RunLifecycle("ksae-train", TRAIN, values, given, echo)
+    run = RunLifecycle("ksae-train", TRAIN, options, echo)   # options: a TrainOptions (session/fields.py)
     run.open(default_dir)                 # --resume: check, lock, read the run and its data (run.spec);
                                           #   a new run: check its folder; then the session's settings
     backend = run.start()                 # the device and the CPU threads: as given, else the run's
@@ -36,16 +36,16 @@ from ksae_cupy.training.wording import epochs_done, interrupted, nothing_to_trai
 
 
 class RunLifecycle:
-    """``command`` (how the lines name it) writes run folders of ``kind``; ``values`` are its options
-    by name, ``given`` those typed; ``echo(message, err=False)`` prints (``say`` is silent with --quiet)."""
+    """``command`` (how the lines name it) writes run folders of ``kind``; ``options`` are its values (``given``:
+    those typed); ``echo(message, err=False)`` prints (``say`` is silent with --quiet)."""
 
-    # The session's settings kept in config.json (those of them the command offers: a name not in
-    # ``values`` is left out); a command with settings of its own adds them (the MPI trainer's --comm).
+    # The session's settings kept in config.json (those of them the command offers: a name not among
+    # ``options``' fields is left out); a command with settings of its own adds them (the MPI trainer's --comm).
     run_level = RUN_LEVEL
 
-    def __init__(self, command: str, kind: str, values: dict, given: set, echo):
-        self.command, self.kind, self.values, self.given, self.echo = command, kind, values, given, echo
-        self.say = (lambda *a, **kw: None) if values.get("quiet") else echo
+    def __init__(self, command: str, kind: str, options, echo):
+        self.command, self.kind, self.options, self.given, self.echo = command, kind, options, options.given, echo
+        self.say = (lambda *a, **kw: None) if options.quiet else echo
         self.folder: RunFolder | None = None
         self.previous: dict | None = None
         self.settings: dict = {}
@@ -53,7 +53,7 @@ class RunLifecycle:
 
     @property
     def resuming(self) -> bool:
-        return self.values.get("resume") is not None
+        return self.options.resume is not None
 
     def log(self, message: str) -> None:
         self.say(message, err=True)
@@ -64,26 +64,26 @@ class RunLifecycle:
         data checked (:attr:`spec`) and its config.json returned. A new run: its folder checked (made and
         locked by :meth:`begin`) when ``default_dir`` is given, else by :meth:`new_folder` later. Then the
         session's settings (:attr:`settings`) and checkpoint policy (:attr:`policy`)."""
-        values = self.values
+        options = self.options
         if self.resuming:
-            resume = values["resume"]
-            resuming.check_overwrite(resume, values.get("overwrite", False))
+            resume = options.resume
+            resuming.check_overwrite(resume, options.overwrite)
             self.folder = RunFolder(resume, kind=self.kind)
             self.folder.check_resumable(needs_checkpoint)
-            resuming.check_run_dir(values.get("run_dir"), resume)
+            resuming.check_run_dir(options.run_dir, resume)
             self.folder.lock(log=self.log)
             self.previous = self.folder.read_config()
             # The run's data: DATASET and the data options given again must name the run's own.
-            dataset = resuming.check_dataset(values.get("dataset"), self.previous)
-            self.spec = resuming.check_data_options(self.given, values, dataset, self.previous)
+            dataset = resuming.check_dataset(options.dataset, self.previous)
+            self.spec = resuming.check_data_options(options, dataset, self.previous)
             check_data_files(self.previous.get("data"), self.folder.path)  # its --labels, --test: the run's bytes
         elif default_dir is not None:
             self.new_folder(default_dir)
-        self.settings = resuming.run_level(self.run_level, values, self.given, self.previous or {})
+        self.settings = resuming.run_level(self.run_level, options, self.previous or {})
         if "progress_seconds" in self.settings:
             check_progress_seconds(self.settings["progress_seconds"])
-            if "progress_seconds" in self.given and values.get("quiet"):  # said, not refused: scripts pass both
-                note(f"--progress-seconds {values['progress_seconds']} has no effect with --quiet, which shows no "
+            if "progress_seconds" in self.given and options.quiet:  # said, not refused: scripts pass both
+                note(f"--progress-seconds {options.progress_seconds} has no effect with --quiet, which shows no "
                      f"progress")
         self.policy = self.checkpoint_policy()
         return self.previous
@@ -100,8 +100,8 @@ class RunLifecycle:
 
     def new_folder(self, default_dir) -> None:
         """A new run's folder: --run-dir, else ``default_dir()``; checked here, made by :meth:`begin`."""
-        self.folder = RunFolder(self.values.get("run_dir") or default_dir(), kind=self.kind)
-        self.folder.check_new(self.values.get("overwrite", False), command=self.command)  # "continue it with ..."
+        self.folder = RunFolder(self.options.run_dir or default_dir(), kind=self.kind)
+        self.folder.check_new(self.options.overwrite, command=self.command)  # "continue it with ..."
 
     def start(self):
         """The device and the CPU threads of the session (the count used is the run's from now on: a
@@ -145,7 +145,7 @@ class RunLifecycle:
         """Make and lock the folder (a new run: its identity; a resumed one: the metrics logged after its
         checkpoint dropped), write config.json (``record`` and the session's settings), and say
         ``record[shown]``, the folder and the checkpoint schedule."""
-        self.folder.create(log=self.log, new=not self.resuming, overwrite=self.values.get("overwrite", False))
+        self.folder.create(log=self.log, new=not self.resuming, overwrite=self.options.overwrite)
         if trainer is not None and self.resuming:
             dropped = self.folder.drop_metrics_after(trainer.step, trainer.epoch, trainer.config.epochs)
             if dropped:
@@ -173,7 +173,7 @@ class RunLifecycle:
     def nested(self, folder: RunFolder) -> "RunLifecycle":
         """The lifecycle of a run folder inside this run's (a layer ``ksae-finetune --baseline`` pretrains),
         made and locked by the caller: this session's settings, device and checkpoint policy."""
-        inner = RunLifecycle(self.command, folder.kind, self.values, self.given, self.echo)
+        inner = RunLifecycle(self.command, folder.kind, self.options, self.echo)
         inner.folder, inner.settings, inner.backend = folder, self.settings, self.backend
         inner.policy = inner.checkpoint_policy()
         return inner

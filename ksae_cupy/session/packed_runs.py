@@ -21,22 +21,20 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from ksae_cupy.datasets.preprocess import INPUT_MEAN
 from ksae_cupy.errors import KsaeError, TrainingDiverged
-from ksae_cupy.session.fields import RUN_LEVEL, TRAIN as TRAIN_OPTIONS
+from ksae_cupy.session.fields import RUN_LEVEL, TrainOptions
 from ksae_cupy.session.lifecycle import RunLifecycle
 from ksae_cupy.training.packed import Pack, stack_key
 from ksae_cupy.session.runs import TRAIN, RunFolder, dataset_record
 from ksae_cupy.session.stopping import StopOnSignals
 from ksae_cupy.threads import estimator_threads
 
-# Settings of a ksae-train session recorded in config.json (a resume alone reads them): their defaults.
-DEFAULT_SETTINGS = {option.name: option.default for option in TRAIN_OPTIONS if option.name in RUN_LEVEL}
 # Fields of a run's configuration a resumed folder may differ in from the one asked.
 NOT_COMPARED = ("epochs", "k_schedule_epochs", "lr_auto", "lr")
 
@@ -84,7 +82,10 @@ def train_packed(configs: list, data, backend, folders: list, *, dataset=None, s
         a, b = repeated[0]
         same = "is given" if a == b else f"(given also as {b}) is given"
         raise KsaeError(f"run folder {a} {same} to more than one run; give each run its own folder")
-    settings = {**DEFAULT_SETTINGS, **(settings or {})}
+    # Every run's options: the pack's settings (ksae-train's defaults where not given), as if all were given
+    # (one device and thread count for every run), and its configuration's --epochs (a resumed run applies them).
+    options = TrainOptions(**{name: value for name, value in (settings or {}).items() if name in RUN_LEVEL},
+                           given=frozenset(RUN_LEVEL) | {"epochs"})
     # Each run's own copy (validated or not, as given): a new run drops a schedule that never reaches k and
     # resolves --lr auto in its configuration; the caller's configurations stay as they were given.
     configs = [copy.copy(config) for config in configs]
@@ -93,11 +94,11 @@ def train_packed(configs: list, data, backend, folders: list, *, dataset=None, s
     try:
         # Everything checked and every model built before any folder is written.
         for config, path in zip(configs, paths):
-            members.append(_open_member(config, data, backend, path, record, settings, restart_unstarted, log))
+            members.append(_open_member(config, data, backend, path, record, options, restart_unstarted, log))
         outcomes = [PackedOutcome(member.run.folder.path, member.job) for member in members]
         # The CPU threads of every run (BLAS's products differ in their last bits on another count: a run
         # resumed alone keeps the count recorded here).
-        with estimator_threads(settings["threads"]) as (count, _):
+        with estimator_threads(options.threads) as (count, _):
             for member in members:
                 member.begin(record, backend, count)
             if members:
@@ -189,7 +190,7 @@ class _Member:
         self.job.save()
 
 
-def _open_member(config, data, backend, path: Path, record: dict, settings: dict, restart_unstarted: bool,
+def _open_member(config, data, backend, path: Path, record: dict, options: TrainOptions, restart_unstarted: bool,
                  log) -> _Member:
     """The run in ``path`` opened by its lifecycle as ``ksae-train`` opens one, its job built by ksae-train's
     own functions (:mod:`ksae_cupy.session.train_run`): resumed from its checkpoint
@@ -203,10 +204,9 @@ def _open_member(config, data, backend, path: Path, record: dict, settings: dict
     folder = RunFolder(path, kind=TRAIN)
     resume = folder.checkpoint.is_file()
     restart = not resume and restart_unstarted and folder.folder_kind() in (None, TRAIN) and bool(folder.run_files())
-    values = {**settings, "dataset": record["dataset"], "resume": path if resume else None, "run_dir": path,
-              "overwrite": restart, "quiet": False}
-    # The session's settings are the pack's, all of them (one device and thread count for every run).
-    run = _PackedLifecycle("ksae-train", TRAIN, values, set(RUN_LEVEL) & set(values), say)
+    options = replace(options, dataset=record["dataset"], resume=path if resume else None, run_dir=path,
+                      overwrite=restart, epochs=config.epochs)
+    run = _PackedLifecycle("ksae-train", TRAIN, options, say)
     try:
         run.open(lambda: path)
         if restart:
@@ -226,7 +226,7 @@ def _open_member(config, data, backend, path: Path, record: dict, settings: dict
         if trainer.params["W_dh"].shape[0] != data.dim:
             raise KsaeError(f"run folder {path}: its model takes {trainer.params['W_dh'].shape[0]} "
                             f"dimensions, the data has {data.dim}")
-        resuming.apply(["epochs"], {"epochs"}, {"epochs": config.epochs}, trainer)
+        resuming.apply(["epochs"], options, trainer)
     except BaseException:
         run.release()  # a resumed folder is locked from open on
         raise

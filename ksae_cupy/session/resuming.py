@@ -1,8 +1,8 @@
 """``--resume``: every option given is applied, refused or checked against the run, as its declared
 policy says (:mod:`ksae_cupy.session.fields`); every option not given keeps the run's value.
 
-``values`` are the command's option values by name, ``given`` the names typed on this command
-line. Messages name the options as the command line spells them.
+``options`` are the command's values (:func:`~ksae_cupy.session.fields.options_class`), ``options.given`` the names
+typed; a policy reads each option it lists by its name. Messages name the options as the command line spells them.
 """
 from __future__ import annotations
 
@@ -23,11 +23,11 @@ def where_line(folder_path: Path, epoch: int, batch_in_epoch: int, step: int) ->
     return f"resuming {folder_path} {position(epoch, batch_in_epoch)} (step {step})"
 
 
-def run_level(names, values: dict, given: set, previous: dict) -> dict:
-    """Each of ``names``: as given, else as the run had it (``previous``, its config.json), else the
-    default. Paths come back as text, as config.json holds them."""
-    settings = {name: values[name] if name in given or name not in previous else previous[name]
-                for name in names if name in values}
+def run_level(names, options, previous: dict) -> dict:
+    """Each of ``names`` the command offers: as given, else as the run had it (``previous``, its config.json),
+    else the default. Paths come back as text, as config.json holds them."""
+    settings = {name: getattr(options, name) if name in options.given or name not in previous else previous[name]
+                for name in names if hasattr(options, name)}
     if isinstance(settings.get("data_dir"), Path):
         settings["data_dir"] = str(settings["data_dir"])
     return settings
@@ -89,14 +89,15 @@ def _member(dataset: str) -> str:
     return dataset.rsplit(":", 1)[1] if ".h5:" in dataset or ".hdf5:" in dataset else ""
 
 
-def check_data_options(given: set, values: dict, dataset: str, previous: dict):
+def check_data_options(options, dataset: str, previous: dict):
     """The run's DataSpec; data options given again must equal the run's (they choose its rows)."""
     from ksae_cupy.datasets.user_files import DataSpec
 
     spec = DataSpec.from_record(dataset, previous.get("data"))
-    data_given = {key: values[key] for key in given if key in DataSpec.__dataclass_fields__ and key != "data"}
+    data_given = {key: getattr(options, key) for key in options.given
+                  if key in DataSpec.__dataclass_fields__ and key != "data"}
     typed_spec = DataSpec(dataset, **data_given)
-    differing = [f"{flag(key)} {values[key]} (the run has {getattr(spec, key)})" for key in sorted(data_given)
+    differing = [f"{flag(key)} {data_given[key]} (the run has {getattr(spec, key)})" for key in sorted(data_given)
                  if getattr(typed_spec.resolved(), key) != getattr(spec, key)]
     if differing:
         raise KsaeError("--resume: options contradict the run's data (they choose the rows it trains on): "
@@ -104,13 +105,13 @@ def check_data_options(given: set, values: dict, dataset: str, previous: dict):
     return spec
 
 
-def check_refused(names, given: set, values: dict, saved: dict, same=None) -> None:
+def check_refused(names, options, saved: dict, same=None) -> None:
     """Name every refused option given whose value differs from the run's ``saved`` one.
     ``same(name, value, saved)`` judges where equality is not the test: True (the run's own), a
     text (refused, worded so), or None elsewhere (compared with ``==``)."""
     differing = []
-    for name in sorted(given & set(names)):
-        value = values[name]
+    for name in sorted(options.given & set(names)):
+        value = getattr(options, name)
         verdict = same(name, value, saved) if same is not None else None
         if verdict is None:
             verdict = value == saved.get(name) or f"{flag(name)} {value} (the run has {saved.get(name)})"
@@ -130,15 +131,16 @@ def check_epochs(epochs: int, trainer) -> None:
                         f"use at least {max(done, 1)}")
 
 
-def apply(names, given: set, values: dict, trainer) -> list[str]:
+def apply(names, options, trainer) -> list[str]:
     """Apply the options ``names`` given to ``trainer.config`` (--epochs first checked against the
     epochs done; a k schedule keeps the epochs it was planned over, or shrinks with a shortened run so
     that k is still reached); return what changed, as ``epochs 4 -> 8``."""
     config, changes = trainer.config, []
     for name in names:
-        if name not in given or values[name] == getattr(config, name):
+        if name not in options.given or getattr(options, name) == getattr(config, name):
             continue
-        value, change = values[name], f"{name} {getattr(config, name)} -> {values[name]}"
+        value = getattr(options, name)
+        change = f"{name} {getattr(config, name)} -> {value}"
         fields = {name: value}
         if name == "epochs":
             check_epochs(value, trainer)

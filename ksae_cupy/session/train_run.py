@@ -28,20 +28,26 @@ def describe_auto_lr(scale) -> str:
             f"MNIST's {MNIST_MEAN_SQUARED_NORM:g} and {MNIST_TOP_EIGENVALUE:g} give 0.01")
 
 
-def new_config(values: dict, lr):
-    """The run's :class:`TrainConfig` from the options (k-start resolved), validated: the one check of
-    the options alone, before any data is read."""
+# TrainConfig's fields beyond the paper: ksae-train offers them, the MPI trainer not (its runs take the defaults).
+BEYOND_THE_PAPER = ("activation", "step", "aux_k", "aux_coef", "dead_window", "center_input", "optimizer")
+
+
+def new_config(options, lr):
+    """The run's :class:`TrainConfig` from the command's ``options`` (a ``TrainOptions``, or the MPI trainer's)
+    and ``lr`` (--lr parsed), k-start resolved, validated: the one check of the options alone, before any data."""
     from ksae_cupy.errors import cli_name
     from ksae_cupy.schedules import resolve_k_start
     from ksae_cupy.training.trainer import TrainConfig
 
-    if values["no_k_schedule"] and values["k_start"] is not None:
-        raise KsaeError(f"--k-start {values['k_start']} contradicts --no-k-schedule (which trains with k from the "
+    if options.no_k_schedule and options.k_start is not None:
+        raise KsaeError(f"--k-start {options.k_start} contradicts --no-k-schedule (which trains with k from the "
                         f"first epoch); give one")
-    fields = {name: values[name] for name in TrainConfig.__dataclass_fields__ if name in values and name != "k_start"}
-    k_start = values["k_start"] if values["k_start"] is not None else "auto"
-    config = TrainConfig(**{**fields, "lr": lr, "k_start": None if values["no_k_schedule"]
-                            else resolve_k_start(k_start, values["k"], values["hidden"])})
+    k_start = None if options.no_k_schedule else resolve_k_start(
+        "auto" if options.k_start is None else options.k_start, options.k, options.hidden)
+    config = TrainConfig(hidden=options.hidden, k=options.k, k_start=k_start, epochs=options.epochs,
+                         batch_size=options.batch_size, lr=lr, momentum=options.momentum, sigma=options.sigma,
+                         topk=options.topk, seed=options.seed, dtype=options.dtype,
+                         **{name: getattr(options, name) for name in BEYOND_THE_PAPER if hasattr(options, name)})
     config.check()
     config.check_new(cli_name)
     return config
@@ -147,13 +153,13 @@ def resumed_trainer(folder, backend):
     return trainer, dict(ckpt.preprocess)
 
 
-def resumed_job(folder, backend, values: dict, given: set):
-    """The run's trainer from its checkpoint (:func:`resumed_trainer`), the refused options given checked, the
+def resumed_job(folder, backend, options):
+    """The run's trainer from its checkpoint (:func:`resumed_trainer`), the refused ``options`` given checked, the
     applied ones (--epochs, --topk, --step) applied; returns it, the run's preprocessing (:meth:`TrainJob.resumed`
     takes both, with the data) and what changed."""
     trainer, preprocess = resumed_trainer(folder, backend)
-    resuming.check_refused(named(TRAIN, REFUSED), given, values, trainer.config.to_dict(), same)
-    changes = resuming.apply([n for n in named(TRAIN, APPLIED) if n in IN_CHECKPOINT], given, values, trainer)
+    resuming.check_refused(named(TRAIN, REFUSED), options, trainer.config.to_dict(), same)
+    changes = resuming.apply([n for n in named(TRAIN, APPLIED) if n in IN_CHECKPOINT], options, trainer)
     return trainer, preprocess, changes
 
 

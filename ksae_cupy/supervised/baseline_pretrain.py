@@ -70,7 +70,7 @@ def pretrain_layers(run, configs: list, spec, data, say) -> list[dict]:
                 f"run folder {folder.path}")
             layer_run = run.nested(folder)
             progress = RunProgress(baseline_run.progress_view(trainer), X_train.shape[0],
-                                   enabled=not run.values.get("quiet"), tty=sys.stderr.isatty(),
+                                   enabled=not run.options.quiet, tty=sys.stderr.isatty(),
                                    interval_s=run.settings["progress_seconds"], echo=run.echo)
             # ksae-baseline's job, its lines (ETA included) naming the layer
             layer_run.fit(baseline_run.BaselineJob(trainer, X_train, X_valid, folder.checkpoint, progress,
@@ -106,7 +106,7 @@ def _layer_trainer(folder: RunFolder, config, D: int, backend, run, layer: int):
         if dropped:
             run.say(f"pretraining layer {layer}: {dropped}")
         return trainer
-    overwrite = run.resuming or run.values.get("overwrite", False)
+    overwrite = run.resuming or run.options.overwrite
     if folder.run_files() and not overwrite:  # said before the lock is taken: a refusal leaves none held
         raise KsaeError(f"{folder.path} holds an earlier run's pretraining ({', '.join(folder.run_files())}); "
                         f"discard it with --overwrite, or choose another --run-dir")

@@ -110,8 +110,8 @@ def own_options() -> list:
     return list(seen.values())
 
 
-def own_settings(model: str, values: dict) -> dict:
-    """The baseline ``model``'s own settings that ``values`` gives (an own option left at None is not given);
+def own_settings(model: str, options) -> dict:
+    """The baseline ``model``'s own settings that the command's ``options`` give (a field left at None is not given);
     one a learner of another kind owns and ``model`` lacks is refused in one line."""
     baseline = registered().get(model)
     if baseline is None:  # an unknown model: the caller refuses it by name
@@ -119,10 +119,11 @@ def own_settings(model: str, values: dict) -> dict:
     has = {f.name for f in fields(baseline.config)}
     settings = {}
     for option in own_options():
-        if values.get(option.name) is None:
+        value = getattr(options, option.name, None)  # registered after the command was built: not offered
+        if value is None:
             continue
         if option.name not in has:
             owners = ", ".join(b.name for b in BASELINES.values() if any(o.name == option.name for o in b.options))
             raise OptionError(option.name, f"{{name}} is a setting of {owners}; {model} has none (leave it out)")
-        settings[option.name] = values[option.name]
+        settings[option.name] = value
     return settings

@@ -29,13 +29,14 @@ def default_run_dir(dataset: str, model: str, hidden: int, root: Path = Path("ru
     return root / f"{name}-{model}-h{hidden}-{stamp}"
 
 
-def new_config(values: dict):
-    """The learner's configuration from the options, validated (the one check of the options alone)."""
-    if values["model"] is None:
+def new_config(options):
+    """The learner's configuration from the command's ``options``, validated (the one check of the options alone)."""
+    if options.model is None:
         raise KsaeError(f"missing --model; use one of {', '.join(BASELINES)}")
-    config = bt.config_for(values["model"], **{name: values[name] for name in (
-        "hidden", "epochs", "batch_size", "lr", "momentum", "weight_decay", "sigma", "seed", "dtype")},
-        **own_settings(values["model"], values))
+    config = bt.config_for(options.model, hidden=options.hidden, epochs=options.epochs, batch_size=options.batch_size,
+                           lr=options.lr, momentum=options.momentum, weight_decay=options.weight_decay,
+                           sigma=options.sigma, seed=options.seed, dtype=options.dtype,
+                           **own_settings(options.model, options))
     config.check()
     return config
 
@@ -46,13 +47,13 @@ def check_resumable(previous: dict, resume) -> None:
                         f"continue it with the command that started it")
 
 
-def resumed_trainer(folder, backend, values: dict, given: set):
-    """The run's trainer from its checkpoint, refused options checked, --epochs applied; and what changed."""
+def resumed_trainer(folder, backend, options):
+    """The run's trainer from its checkpoint, refused ``options`` checked, --epochs applied; and what changed."""
     trainer = bt.BaselineTrainer.load(folder.checkpoint, backend)
     folder.check_checkpoint(trainer.run_id)  # this folder's run, not a copy
-    resuming.check_refused(REFUSED_NAMES, given, values, bt.config_to_dict(trainer.config))
+    resuming.check_refused(REFUSED_NAMES, options, bt.config_to_dict(trainer.config))
     # --epochs (at least the epochs begun) is the one applied option the checkpoint holds
-    return trainer, resuming.apply(("epochs",), given, values, trainer)
+    return trainer, resuming.apply(("epochs",), options, trainer)
 
 
 def check_input(config, data, dataset: str, trainer=None) -> None:

@@ -7,7 +7,7 @@ from ksae_cupy.supervised.baseline_registry import own_options, per_family_defau
 from ksae_cupy import paper
 from ksae_cupy.datasets.registry import names as dataset_names
 from ksae_cupy.supervised.finetune_config import TRAIN_ON, UNITS, FinetuneConfig
-from ksae_cupy.session.fields import APPLIED, KEPT, PAPER, SHARED, THREADS_DEFAULT, Option, shared
+from ksae_cupy.session.fields import APPLIED, KEPT, PAPER, SHARED, THREADS_DEFAULT, Option, options_class, shared
 
 FINETUNE_PAPER = FinetuneConfig()  # the paper's supervised settings (section 4.3.2)
 LABELLED = dataset_names(labelled=True)  # the datasets ksae-finetune can train on
@@ -36,6 +36,7 @@ BASELINE = [
             threads=f"Threads on the CPU for BLAS. {THREADS_DEFAULT}"),
     *own_options(),  # the settings a baseline has of its own (its registry entry declares them)
 ]
+BaselineOptions = options_class("BaselineOptions", BASELINE)  # ksae-baseline's values, by attribute
 
 FINETUNE = [
     Option("dataset", f"Deprecated: give DATASET as an argument. Labelled dataset: {', '.join(LABELLED)}, "
@@ -95,3 +96,4 @@ FINETUNE = [
             resume="Continue the fine-tuning run in this folder; --device, --step, --topk, --threads, "
                    "--checkpoint-*, --data-dir and --progress-seconds may be given, the others are refused by name."),
 ]
+FinetuneOptions = options_class("FinetuneOptions", FINETUNE)  # ksae-finetune's values, by attribute

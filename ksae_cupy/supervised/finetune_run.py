@@ -54,28 +54,39 @@ def check_step(step: str) -> None:
     check_by_rule("step", step)
 
 
-def refuse_on_resume(given: set, pretrained) -> None:
+def refuse_on_resume(options, pretrained) -> None:
     if pretrained:
         raise KsaeError("--resume takes no PRETRAINED_RUN_DIR; the run folder remembers its own")
     typed = sorted("DATASET" if name == "dataset" else "--" + name.replace("_", "-")
-                   for name in given & set(RUN_SHAPING))
+                   for name in options.given & set(RUN_SHAPING))
     if typed:
         raise KsaeError(f"--resume: {', '.join(typed)} cannot change a run in progress; leave them out")
 
 
-def resumed_trainer(folder, backend, values: dict, given: set):
+def resumed_trainer(folder, backend, options):
     """The run's trainer from its checkpoint, --step and --topk applied when given (the same math)."""
     from ksae_cupy.supervised.checkpoint import load_finetune_checkpoint
 
     state = load_finetune_checkpoint(folder.checkpoint)
     folder.check_checkpoint(state.get("run_id"))  # this folder's run, not a copy
-    state["config"].update({name: values[name] for name in IN_CHECKPOINT if name in given})
+    state["config"].update(applied(options))
     return finetune.FinetuneTrainer.from_state(state, backend)
 
 
-def check_new(values: dict, pretrained, given: set) -> None:
-    """The options of a new run that contradict each other, before any work."""
-    baseline, no_pretraining = values["baseline"], values["no_pretraining"]
+def applied(options) -> dict:
+    """The options applied to a resumed run's configuration, as given (--step, --topk: the same math)."""
+    return {name: getattr(options, name) for name in IN_CHECKPOINT if name in options.given}
+
+
+def dropouts(options) -> dict:
+    """--input-dropout and --hidden-dropout where given (None: the baseline's own rates, or none)."""
+    rates = {"input_dropout": options.input_dropout, "hidden_dropout": options.hidden_dropout}
+    return {name: rate for name, rate in rates.items() if rate is not None}
+
+
+def check_new(options, pretrained) -> None:
+    """The ``options`` of a new run that contradict each other, before any work."""
+    baseline, no_pretraining, given = options.baseline, options.no_pretraining, options.given
     if len(pretrained) > 2:
         raise KsaeError(f"{len(pretrained)} pretrained runs given; fine-tuning takes one (shallow) or two (deep)")
     if no_pretraining and pretrained:
@@ -86,16 +97,17 @@ def check_new(values: dict, pretrained, given: set) -> None:
     if not no_pretraining and not pretrained and not baseline:
         raise KsaeError("missing PRETRAINED_RUN_DIR; give one or two ksae-train or ksae-baseline run folders, "
                         "--no-pretraining or --baseline")
-    for name in ("lr_start", "lr_end", "softmax_lr_start"):  # a rate that is no rate first: not as a rising schedule
-        if values.get(name) is not None:
-            check_positive_finite("--" + name.replace("_", "-"), values[name], "learning rate")
-    if values["lr_end"] > values["lr_start"] and not values["rising_lr"]:  # NaN is named by the config's check
-        raise KsaeError(f"--lr-end {values['lr_end']} is above --lr-start {values['lr_start']}: the rate would rise "
+    rates = {"--lr-start": options.lr_start, "--lr-end": options.lr_end, "--softmax-lr-start": options.softmax_lr_start}
+    for flag, rate in rates.items():  # a rate that is no rate first: not as a rising schedule
+        if rate is not None:
+            check_positive_finite(flag, rate, "learning rate")
+    if options.lr_end > options.lr_start and not options.rising_lr:  # NaN is named by the config's check
+        raise KsaeError(f"--lr-end {options.lr_end} is above --lr-start {options.lr_start}: the rate would rise "
                         f"over the run (the paper's falls from 1 to 0.001); swap them, or give --rising-lr if that is "
                         f"meant")
-    softmax_start = values.get("softmax_lr_start")
-    if softmax_start is not None and values["lr_end"] > softmax_start and not values["rising_lr"]:
-        raise KsaeError(f"--lr-end {values['lr_end']} is above --softmax-lr-start {softmax_start}: the softmax "
+    softmax_start = options.softmax_lr_start
+    if softmax_start is not None and options.lr_end > softmax_start and not options.rising_lr:
+        raise KsaeError(f"--lr-end {options.lr_end} is above --softmax-lr-start {softmax_start}: the softmax "
                         f"phase's rate would rise; give a smaller --lr-end, or --rising-lr if that is meant")
     typed = {name for name in ("hidden", "k") if name in given}
     if pretrained and typed:
@@ -103,34 +115,33 @@ def check_new(values: dict, pretrained, given: set) -> None:
         raise KsaeError(f"{' and '.join('--' + name for name in sorted(typed))} only appl{'y' if many else 'ies'} "
                         f"with --no-pretraining or --baseline: the PRETRAINED_RUN_DIR runs set the layers' sizes and "
                         f"k; leave {'them' if many else 'it'} out")
-    if values["units"] != "ksparse" and not no_pretraining:
-        raise KsaeError(f"--units {values['units']} only applies with --no-pretraining (the pretrained or baseline "
+    if options.units != "ksparse" and not no_pretraining:
+        raise KsaeError(f"--units {options.units} only applies with --no-pretraining (the pretrained or baseline "
                         f"layers set the units); leave it out")
-    if values["units"] == "relu" and "k" in given:
+    if options.units == "relu" and "k" in given:
         raise KsaeError("--k does not apply with --units relu: a plain network keeps every unit; leave it out")
     if baseline and "k" in typed:
         raise KsaeError(f"--k only applies with --no-pretraining: --baseline {baseline} gives sigmoid layers, which "
                         f"keep every unit; leave it out")
-    for name in ("input_dropout", "hidden_dropout"):  # before --baseline's pretraining, not after it
-        if values.get(name) is not None:
-            check_dropout_rate(name, values[name])
-    phases = [phase.strip() for phase in (values.get("phases") or "").split(",") if phase.strip()]
+    for name, rate in dropouts(options).items():  # before --baseline's pretraining, not after it
+        check_dropout_rate(name, rate)
+    phases = [phase.strip() for phase in (options.phases or "").split(",") if phase.strip()]
     repeated = sorted({phase for phase in phases if phases.count(phase) > 1}, key=phases.index)
     if repeated:  # allowed (more epochs of a phase), but not the continuation it may look like
-        note(f"--phases {values['phases']}: phase {' and '.join(repeated)} comes more than once; each time it runs "
+        note(f"--phases {options.phases}: phase {' and '.join(repeated)} comes more than once; each time it runs "
              f"its --epochs again with its rate schedule restarted from the start (--lr-start"
              f"{' or --softmax-lr-start' if 'softmax' in repeated else ''}), not continued")
     if "pretrain_epochs" in given and not baseline:
-        raise KsaeError(f"--pretrain-epochs {values['pretrain_epochs']} only applies with --baseline (which pretrains "
+        raise KsaeError(f"--pretrain-epochs {options.pretrain_epochs} only applies with --baseline (which pretrains "
                         f"its layers here); the other runs' layers are trained already; leave it out")
-    if "alpha" in given and (baseline or values["units"] == "relu"):
-        raise KsaeError(f"--alpha {values['alpha']} has no effect with "
+    if "alpha" in given and (baseline or options.units == "relu"):
+        raise KsaeError(f"--alpha {options.alpha} has no effect with "
                         f"{'--baseline ' + baseline if baseline else '--units relu'}: its layers keep every unit; "
                         f"leave it out")
-    if values["pretrain_epochs"] <= 0:
-        raise KsaeError(f"--pretrain-epochs {values['pretrain_epochs']} is not allowed; use a positive number of "
+    if options.pretrain_epochs <= 0:
+        raise KsaeError(f"--pretrain-epochs {options.pretrain_epochs} is not allowed; use a positive number of "
                         f"epochs")
-    if baseline and values["step"] == "sparse":  # said before the pretraining, not after it
+    if baseline and options.step == "sparse":  # said before the pretraining, not after it
         raise KsaeError(f"--step sparse needs k-sparse layers without dropout; --baseline {baseline} gives "
                         f"sigmoid layers; use --step dense or auto")
 
@@ -195,21 +206,21 @@ def check_stacking(pretrained, shapes) -> None:
                     f"codes.npz, then ksae-train codes.npz)")
 
 
-def check_alpha_applies(given: set, values: dict, ks: list) -> None:
+def check_alpha_applies(options, ks: list) -> None:
     """Refuse --alpha for pretrained layers that keep every unit (ksae-baseline runs: no k to multiply)."""
-    if "alpha" in given and ks and all(k is None for k in ks):
-        raise KsaeError(f"--alpha {values['alpha']} has no effect on ksae-baseline layers: their sigmoid units are "
+    if "alpha" in options.given and ks and all(k is None for k in ks):
+        raise KsaeError(f"--alpha {options.alpha} has no effect on ksae-baseline layers: their sigmoid units are "
                         f"all kept; leave it out")
 
 
-def data_of(dataset, sources, data_given: dict):
+def data_of(dataset, sources, options):
     """The run's DataSpec: DATASET's, else the pretrained run's data with its splits (labels or a test set
-    may be added)."""
+    may be added by the data ``options``)."""
     from ksae_cupy.datasets.user_files import DataSpec
 
     from ksae_cupy.session.runs import dataset_record
 
-    given = {key: data_given[key] for key in DATA[1:] if data_given.get(key) is not None}
+    given = {key: getattr(options, key) for key in DATA[1:] if getattr(options, key) is not None}
     layer1 = sources[0] if sources else {}
     if dataset is not None:
         if layer1.get("dataset") and dataset_record(dataset, False)["dataset"] == layer1["dataset"]:
@@ -222,7 +233,7 @@ def data_of(dataset, sources, data_given: dict):
     return DataSpec.from_record(layer1["dataset"], layer1["data"]).for_run(**given)
 
 
-def new_trainer(values: dict, pretrained, read, data, backend):
+def new_trainer(options, pretrained, read, data, backend):
     """The network of a new run (pretrained, or random) and its trainer; returns it and config.json's record
     of where its weights came from. With ``--baseline`` the trainer is None: its layers are pretrained once
     the run folder exists (:func:`baseline_trainer`), and the record holds their settings."""
@@ -233,22 +244,22 @@ def new_trainer(values: dict, pretrained, read, data, backend):
     if data.y_train is None:
         raise KsaeError(f"dataset {data.name!r} has no labels; fine-tuning needs labels: --labels, or an .npz "
                         f"holding y, or a labelled dataset such as mnist")
-    rng, dtype, baseline = np.random.default_rng(values["seed"]), np.dtype(values["dtype"]), values["baseline"]
+    rng, dtype, baseline = np.random.default_rng(options.seed), np.dtype(options.dtype), options.baseline
     host_params, pretrain_layers = None, None
-    if values["no_pretraining"]:
-        sizes = parse_hidden(values["hidden"])
-        plain = values["units"] == "relu"  # every unit kept: Table fn_mnist's row read as a plain ReLU network
-        ks = [None if plain else values["k"]] * len(sizes)
-        host_params = finetune.init_random(data.dim, sizes, data.n_classes, values["sigma"], rng, dtype)
+    if options.no_pretraining:
+        sizes = parse_hidden(options.hidden)
+        plain = options.units == "relu"  # every unit kept: Table fn_mnist's row read as a plain ReLU network
+        ks = [None if plain else options.k] * len(sizes)
+        host_params = finetune.init_random(data.dim, sizes, data.n_classes, options.sigma, rng, dtype)
         if plain:
             network = dict(activations=["relu"] * len(sizes))
     elif baseline:
         from ksae_cupy.supervised import baseline_fit, baselines
         from ksae_cupy.supervised.baseline_trainer import config_to_dict
 
-        sizes = parse_hidden(values["hidden"])
+        sizes = parse_hidden(options.hidden)
         ks = [None] * len(sizes)  # sigmoid layers keep every unit
-        configs = baseline_fit.stack_configs(baseline, sizes, values["pretrain_epochs"], values["seed"])
+        configs = baseline_fit.stack_configs(baseline, sizes, options.pretrain_epochs, options.seed)
         for config in configs:  # before the folder is made: a bad input writes nothing
             config.validate(n_train=len(data.X_train))
         baselines.BASELINES[baseline].check_input(data.X_train)  # layer 1's (the RBM's visible units: in [0, 1])
@@ -258,21 +269,21 @@ def new_trainer(values: dict, pretrained, read, data, backend):
         if encoders[0][0].shape[0] != data.dim:
             raise KsaeError(f"the pretrained run {pretrained[0]} takes {encoders[0][0].shape[0]} dimensions, "
                             f"{data.name} has {data.dim}")
-        host_params = finetune.init_from_encoders(encoders, data.n_classes, values["sigma"], rng, dtype)
-    # --input-dropout / --hidden-dropout: in place of the baseline's own rates (or of none)
-    network = {**network, **{name: values[name] for name in ("input_dropout", "hidden_dropout")
-                             if values.get(name) is not None}}
+        host_params = finetune.init_from_encoders(encoders, data.n_classes, options.sigma, rng, dtype)
+    network = {**network, **dropouts(options)}  # in place of the baseline's own rates (or of none)
     sizes = ([host_params[finetune.layer_names(l)[0]].shape[1] for l in range(1, len(ks) + 1)]
              if host_params is not None else sizes)
-    kept = [None if k_l is None else alpha_k(k_l, values["alpha"], H_l) for k_l, H_l in zip(ks, sizes)]
-    config = finetune.FinetuneConfig(kept=kept, phases=parse_phases(values["phases"], len(ks)), **network, **{
-        name: values[name] for name in ("epochs", "batch_size", "lr_start", "lr_end", "softmax_lr_start", "momentum",
-                                        "momentum_end", "momentum_epochs", "sigma", "seed",
-                                        "dtype", "step", "topk", "train_on")})
+    kept = [None if k_l is None else alpha_k(k_l, options.alpha, H_l) for k_l, H_l in zip(ks, sizes)]
+    config = finetune.FinetuneConfig(
+        kept=kept, phases=parse_phases(options.phases, len(ks)), **network, epochs=options.epochs,
+        batch_size=options.batch_size, lr_start=options.lr_start, lr_end=options.lr_end,
+        softmax_lr_start=options.softmax_lr_start, momentum=options.momentum, momentum_end=options.momentum_end,
+        momentum_epochs=options.momentum_epochs, sigma=options.sigma, seed=options.seed, dtype=options.dtype,
+        step=options.step, topk=options.topk, train_on=options.train_on)
     check_batch_size("--batch-size", config.batch_size, len(data.X_train))  # the rest: the trainer validates
-    record = {"alpha": values["alpha"], "pretrained": sources, "no_pretraining": bool(values["no_pretraining"]),
-              "units": values["units"],
-              "baseline": baseline, "pretrain_epochs": values["pretrain_epochs"] if baseline else None,
+    record = {"alpha": options.alpha, "pretrained": sources, "no_pretraining": bool(options.no_pretraining),
+              "units": options.units,
+              "baseline": baseline, "pretrain_epochs": options.pretrain_epochs if baseline else None,
               "pretrain_seconds": None,  # --baseline: each layer's seconds, once pretrained
               # reports tell runs from before upper layers had their own start by its absence
               "pretrain_layers": pretrain_layers, "finetune": config.to_dict()}

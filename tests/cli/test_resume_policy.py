@@ -181,16 +181,20 @@ def test_the_mpi_trainers_resume_refuses_and_applies_as_ksae_train_and_keeps_its
 
     ckpt = SimpleNamespace(config={**TrainConfig(hidden=16, k=4, k_start=8, epochs=4).to_dict(), "shard_hidden": False},
                            epoch=2, batch_in_epoch=0)
-    params = {"no_k_schedule": True, "shard_hidden": True, "hidden": 16, "epochs": 6, "topk": "threshold",
-              "topk_dist": "gather"}
+    from ksae_cupy.cli.mpi_train import MpiTrainOptions
+
+    def params(*given):  # the MPI trainer's options, those named given
+        return MpiTrainOptions(no_k_schedule=True, shard_hidden=True, hidden=16, epochs=6, topk="threshold",
+                               topk_dist="gather", given=frozenset(given))
+
     with pytest.raises(KsaeError) as refused:
-        resumed(params, {"no_k_schedule", "shard_hidden", "hidden"}, ckpt)
+        resumed(params("no_k_schedule", "shard_hidden", "hidden"), ckpt)
     assert str(refused.value) == ("--resume: options contradict the checkpoint (they shape the model or the batches): "
                                   "--no-k-schedule (the run has k-start 8), --shard-hidden (the run shards its data, "
                                   "not its hidden units)")  # --hidden 16 is the run's own
     with pytest.raises(KsaeError, match="--topk-dist gather is not allowed: the run shards its data"):
-        resumed(params, {"topk_dist"}, ckpt)
-    config, changes = resumed(params, {"epochs", "topk"}, ckpt)
+        resumed(params("topk_dist"), ckpt)
+    config, changes = resumed(params("epochs", "topk"), ckpt)
     assert (config.epochs, config.topk, config.hidden) == (6, "threshold", 16)
     assert changes == ["epochs 4 -> 6", "topk sort -> threshold"]
     # The session's settings (the lifecycle's, from config.json): what the options given changed, as the line says it.

@@ -16,7 +16,8 @@ from click.testing import CliRunner
 
 from clicheck import assert_one_line_error
 from heldrun import held_train, wait_until_held
-from ksae_cupy.cli import resume as resuming
+from ksae_cupy.session import fields
+from ksae_cupy.session.train_run import IN_CHECKPOINT
 from ksae_cupy.session.progress import RunProgress
 from ksae_cupy.training.wording import format_duration
 from ksae_cupy.cli.train import train_command
@@ -153,16 +154,23 @@ def test_resume_drops_metric_lines_written_after_the_checkpoint(data_file, tmp_p
 
 # -- resume: every option applied or refused ------------------------------------------------------
 
+# ksae-train's options by what --resume does with them (session/fields.py declares each one's policy).
+SESSION = fields.named(fields.TRAIN, fields.SESSION)
+APPLIED = fields.named(fields.TRAIN, fields.APPLIED) + SESSION
+REFUSED = fields.named(fields.TRAIN, fields.REFUSED)
+DATA, RUN_LEVEL = fields.DATA[1:], fields.RUN_LEVEL
+
+
 def test_every_option_of_ksae_train_is_applied_or_refused_on_resume():
     names = {param.name for param in train_command.params if param.expose_value}  # not --version: no value
-    classified = (set(resuming.APPLIED) | set(resuming.REFUSED) | set(resuming.DATA)
+    classified = (set(APPLIED) | set(REFUSED) | set(DATA)
                   | {"dataset", "run_dir", "resume", "overwrite"})
     assert names == classified
-    assert not set(resuming.APPLIED) & (set(resuming.REFUSED) | set(resuming.DATA))
+    assert not set(APPLIED) & (set(REFUSED) | set(DATA))
     # ... and every applied option not given keeps the run's value: from config.json, from the
     # checkpoint's training configuration, or (only --quiet) it belongs to one session.
-    kept = set(resuming.RUN_LEVEL) | set(resuming.IN_CHECKPOINT) | set(resuming.SESSION)
-    assert set(resuming.APPLIED) == kept and set(resuming.IN_CHECKPOINT) <= set(TrainConfig().to_dict())
+    kept = set(RUN_LEVEL) | set(IN_CHECKPOINT) | set(SESSION)
+    assert set(APPLIED) == kept and set(IN_CHECKPOINT) <= set(TrainConfig().to_dict())
 
 
 def test_resume_keeps_the_value_of_every_option_not_given(data_file, tmp_path):
@@ -173,7 +181,7 @@ def test_resume_keeps_the_value_of_every_option_not_given(data_file, tmp_path):
     data_dir.mkdir()
     values = {"epochs": 2, "topk": "threshold", "step": "sparse", "device": "cpu", "checkpoint_every": 3,
               "checkpoint_minutes": 2.5, "threads": 1, "data_dir": str(data_dir), "progress_seconds": 7.0}
-    assert set(values) == set(resuming.APPLIED) - set(resuming.SESSION)
+    assert set(values) == set(APPLIED) - set(SESSION)
     args = [f"--{name.replace('_', '-')}={value}" for name, value in values.items()]
     first = train(data_file, *SMALL[:-2], *args, "--run-dir", run)
     assert first.returncode == 0, first.stderr
@@ -182,7 +190,7 @@ def test_resume_keeps_the_value_of_every_option_not_given(data_file, tmp_path):
     assert resumed.stdout.splitlines()[2].startswith("BLAS threads: 1 (")
     config, ckpt = json.loads((run / "config.json").read_text()), load_checkpoint(run / "checkpoint.h5")
     for name, value in values.items():
-        found = ckpt.config[name] if name in resuming.IN_CHECKPOINT else config[name]
+        found = ckpt.config[name] if name in IN_CHECKPOINT else config[name]
         assert found == (3 if name == "epochs" else value), name
 
 
@@ -209,20 +217,22 @@ def test_resume_applies_epochs_topk_and_checkpoint_options_and_keeps_the_k_sched
 
 def test_shortened_epochs_shrink_the_k_schedule_so_k_is_still_reached():
     from ksae_cupy.backend import CPU
+    from ksae_cupy.session.fields import TrainOptions
+    from ksae_cupy.session.resuming import apply
     from ksae_cupy.training.trainer import Trainer
 
     trainer = Trainer(TrainConfig(hidden=24, k=3, k_start=21, epochs=100, batch_size=10), CPU, D=8)
     trainer.epoch = 10
 
-    class Ctx:
-        params = {"epochs": 40}
+    def given(epochs):  # ksae-train --resume RUN --epochs N, as its options object
+        return TrainOptions(epochs=epochs, given=frozenset({"epochs"}))
 
-    assert resuming.apply_options(Ctx, {"epochs"}, trainer) == ["epochs 100 -> 40 (the k schedule now spans 40 epochs)"]
+    changes = apply(IN_CHECKPOINT, given(40), trainer)
+    assert changes == ["epochs 100 -> 40 (the k schedule now spans 40 epochs)"]
     assert (trainer.config.epochs, trainer.config.k_schedule_epochs) == (40, 40)
     trainer.epoch = 20
     assert trainer.current_k() == 3  # half of the 40 epochs: k reached
-    Ctx.params = {"epochs": 90}
-    assert resuming.apply_options(Ctx, {"epochs"}, trainer) == ["epochs 40 -> 90"]
+    assert apply(IN_CHECKPOINT, given(90), trainer) == ["epochs 40 -> 90"]
     assert trainer.config.k_schedule_epochs == 40 and trainer.current_k() == 3
 
 
