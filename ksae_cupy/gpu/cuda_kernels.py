@@ -59,7 +59,6 @@ STATIC_SHARED_BYTES = {"threshold": 1168, "sort": 0, "radix": 8192}
 TOPK_VARIANTS = ("block", "radix")
 DEFAULT_TOPK_VARIANT = "block"
 RADIX_MAX_WARPS = 8  # as in select_topk.cu
-RADIX_BLOCK_LIMIT = 256  # the kernels' __launch_bounds__
 ROW_KINDS = ("gather", "scatter", "mask")
 INT32_MAX = int(np.iinfo(np.int32).max)
 
