@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ksae_cupy.bench.metadata import run_metadata, torch_meta, write_results
+from ksae_cupy.bench.metadata import import_torch, run_metadata, torch_meta, write_results
 from ksae_cupy.errors import KsaeError
 
 TOPK_NS = (128, 4096, 65536)
@@ -128,17 +128,6 @@ def absent_libraries(torch, include_torch: bool) -> dict:
     return absent
 
 
-def _import_torch():
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return torch
-    except Exception:
-        pass
-    return None
-
-
 def _to_host(a) -> np.ndarray:
     if hasattr(a, "get"):
         return a.get()
@@ -201,7 +190,7 @@ def bench_topk(Ns=TOPK_NS, Hs=TOPK_HS, ks=TOPK_KS, *, repeats: int = 50, warmup:
 
     backend = _gpu_backend(device)
     cupy = backend.xp
-    torch = _import_torch() if include_torch else None
+    torch = import_torch(cuda=True)[0] if include_torch else None
     results, skipped = [], []
     t_start = time.perf_counter()
     with backend.use():
