@@ -119,19 +119,6 @@ def kernel_source(name: str = SOURCE_NAME) -> str:
     return _SOURCE_CACHE[name]
 
 
-def instantiation_source(include_path: str | Path) -> str:
-    """A ``.cu`` translation unit that includes the kernels and instantiates every :data:`KERNEL_NAMES` entry.
-
-    Taking each template kernel's address in a host function makes nvcc instantiate and compile
-    it, without restating the parameter lists here.
-    """
-    lines = [f'#include "{Path(include_path).as_posix()}"', "", "void ksae_instantiate_all_kernels(void** out) {"]
-    for i, name in enumerate(KERNEL_NAMES):
-        lines.append(f"    out[{i}] = reinterpret_cast<void*>(&{name});")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
-
-
 # ------------------------------------------------------------------------------------------------
 # Launch plans (no cupy).
 
