@@ -34,12 +34,6 @@ OUR_KERNELS = (("ksae_sort", "sort", "block"), ("ksae_threshold", "threshold", "
                ("ksae_radix_sort", "sort", "radix"), ("ksae_radix_threshold", "threshold", "radix"))
 
 
-def _gpu_backend(device: int):
-    from ksae_cupy.backend import resolve_device
-
-    return resolve_device(f"gpu:{int(device)}")
-
-
 def _median_ms(cupy, fn, inputs, repeats: int, warmup: int) -> dict:
     """Median, 10th and 90th percentile of per-call times (ms), rotating over ``inputs``."""
     for i in range(warmup):
@@ -186,9 +180,10 @@ def bench_topk(Ns=TOPK_NS, Hs=TOPK_HS, ks=TOPK_KS, *, repeats: int = 50, warmup:
     within ``time_budget_s`` seconds are recorded as skipped. Returns the result dict (with
     ``"path"`` of the JSON written unless ``write=False``).
     """
+    from ksae_cupy.backend import resolve_device
     from ksae_cupy.topk import topk_threshold
 
-    backend = _gpu_backend(device)
+    backend = resolve_device(f"gpu:{int(device)}")
     cupy = backend.xp
     torch = import_torch(cuda=True)[0] if include_torch else None
     results, skipped = [], []
