@@ -154,12 +154,6 @@ def rbm_cd1(params, V0_nd, U_nh, weight_decay: float = 0.0):
     return 0.5 * float(xp.vdot(R_nd, R_nd)) / N, grads
 
 
-def rbm_free_energy(params, V_nd):
-    """``F(v) = -v c - sum_j log(1 + exp(v W + b)_j)`` per row, so that ``p(v) ~ exp(-F(v))``."""
-    xp = array_module(V_nd)
-    return -(V_nd @ params["c_d"]) - xp.logaddexp(0, V_nd @ params["W_dh"] + params["b_h"]).sum(axis=1)
-
-
 # -- features for fine-tuning ------------------------------------------------------------------
 
 def encoder(params) -> tuple[np.ndarray, np.ndarray]:
