@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ksae_cupy.backend import array_module, to_host
+from ksae_cupy.backend import array_module
 from ksae_cupy.model import select_units
 from ksae_cupy.momentum_sgd import flush_denormals
 from ksae_cupy.topk import scatter_rows
@@ -32,7 +32,7 @@ def stacked_loss_and_grads(W_mdh, b_mh, c_md, X_mnd, k: int, topk_method: str = 
     """One forward and backward pass of every model of the stack: ``(sq_error_m, grads, idx_mnk, val_mnk)``.
 
     ``sq_error_m``: each model's ``sum ||Xhat - X||^2`` on its batch (a device array of m, in the batch's float
-    type; :func:`host_losses` makes the losses of it);
+    type; a model's loss is ``0.5 / n`` times its entry);
     ``grads``: ``{"W_dh": dW_mdh, "b_h": db_mh, "c_d": dc_md}``; ``idx_mnk``/``val_mnk``: the kept units.
     """
     xp = array_module(X_mnd)
@@ -77,9 +77,3 @@ def stacked_momentum_update(theta_m, v_m, grad_m, momentum_m, lr_m) -> None:
     flush_denormals(v_m)
     theta_m += v_m
     flush_denormals(theta_m)
-
-
-def host_losses(sq_error_m, n: int) -> list[float]:
-    """Each model's loss ``0.5/n sum ||Xhat - X||^2`` as a host float, as :func:`ksae_cupy.model.reconstruction_loss`
-    makes it of its sum (one copy from the device for the whole stack)."""
-    return [0.5 * float(value) / n for value in np.asarray(to_host(sq_error_m))]

@@ -7,9 +7,14 @@ import pytest
 from gradcheck import KinkError, numerical_gradient, relative_error
 from ksae_cupy import model
 from ksae_cupy.momentum_sgd import momentum_update
-from ksae_cupy.packed_step import host_losses, kept_counts, stacked_loss_and_grads, stacked_momentum_update
+from ksae_cupy.packed_step import kept_counts, stacked_loss_and_grads, stacked_momentum_update
 
 M, N, D, H = 3, 4, 6, 9
+
+
+def host_losses(sq_error_m, n: int) -> list[float]:
+    """Each model's loss ``0.5/n sum ||Xhat - X||^2``, as model.reconstruction_loss makes it of its sum."""
+    return [0.5 * float(value) / n for value in np.asarray(sq_error_m)]
 
 
 def draw_stack(seed):

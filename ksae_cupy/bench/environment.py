@@ -10,7 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from ksae_cupy.bench.kernel_grid import torch_cuda
+from ksae_cupy.bench.metadata import import_torch
 
 
 def device_check(device: str, smi_log: Path) -> dict:
@@ -33,7 +33,7 @@ def device_check(device: str, smi_log: Path) -> dict:
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
     info.update(sm_count=props.get("multiProcessorCount"), memory_bytes=props.get("totalGlobalMem"),
                 l2_bytes=props.get("l2CacheSize"), compute_capability=f"{props.get('major')}.{props.get('minor')}",
-                torch_cuda=torch_cuda())
+                torch_cuda=import_torch(cuda=True)[0] is not None)
     compiled, failed = [], {}
     t0 = time.perf_counter()
     for source_name, source in sources.items():

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ksae_cupy.bench.metadata import run_metadata, torch_meta, write_results
+from ksae_cupy.bench.metadata import import_torch, run_metadata, torch_meta, write_results
 from ksae_cupy.errors import KsaeError
 
 TOPK_NS = (128, 4096, 65536)
@@ -32,12 +32,6 @@ TOPK_TIME_BUDGET_S = 420.0  # bench_topk starts no new shape past this many seco
 # block per row); "radix": one warp per row, several rows per block (kernels/select_topk.cu).
 OUR_KERNELS = (("ksae_sort", "sort", "block"), ("ksae_threshold", "threshold", "block"),
                ("ksae_radix_sort", "sort", "radix"), ("ksae_radix_threshold", "threshold", "radix"))
-
-
-def _gpu_backend(device: int):
-    from ksae_cupy.backend import resolve_device
-
-    return resolve_device(f"gpu:{int(device)}")
 
 
 def _median_ms(cupy, fn, inputs, repeats: int, warmup: int) -> dict:
@@ -128,17 +122,6 @@ def absent_libraries(torch, include_torch: bool) -> dict:
     return absent
 
 
-def _import_torch():
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return torch
-    except Exception:
-        pass
-    return None
-
-
 def _to_host(a) -> np.ndarray:
     if hasattr(a, "get"):
         return a.get()
@@ -197,11 +180,12 @@ def bench_topk(Ns=TOPK_NS, Hs=TOPK_HS, ks=TOPK_KS, *, repeats: int = 50, warmup:
     within ``time_budget_s`` seconds are recorded as skipped. Returns the result dict (with
     ``"path"`` of the JSON written unless ``write=False``).
     """
+    from ksae_cupy.backend import resolve_device
     from ksae_cupy.topk import topk_threshold
 
-    backend = _gpu_backend(device)
+    backend = resolve_device(f"gpu:{int(device)}")
     cupy = backend.xp
-    torch = _import_torch() if include_torch else None
+    torch = import_torch(cuda=True)[0] if include_torch else None
     results, skipped = [], []
     t_start = time.perf_counter()
     with backend.use():

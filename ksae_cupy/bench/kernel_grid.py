@@ -16,19 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ksae_cupy.bench.metadata import import_torch
 from ksae_cupy.errors import KsaeError
 
 MARGIN_S = 75.0  # kept back from the budget: the last shape started, and writing the JSON
-
-
-def torch_cuda() -> bool:
-    """Whether torch imports with a CUDA device."""
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except Exception:  # noqa: BLE001
-        return False
 
 
 def _fail(message: str) -> int:
@@ -39,7 +30,7 @@ def _fail(message: str) -> int:
 def preflight(device: str, include_torch: bool) -> dict:
     """What the grid needs, checked in seconds; raises KsaeError naming the first thing missing."""
     from ksae_cupy.backend import resolve_device
-    from ksae_cupy.bench.gpu import OUR_KERNELS, _import_torch
+    from ksae_cupy.bench.gpu import OUR_KERNELS
     from ksae_cupy.gpu import cuda_kernels as cuda
     from ksae_cupy.topk import topk_sort
 
@@ -49,7 +40,7 @@ def preflight(device: str, include_torch: bool) -> dict:
     cupy = backend.xp
     found = {"device": backend.description, "cupy": cupy.__version__}
     if include_torch:
-        torch = _import_torch()
+        torch = import_torch(cuda=True)[0]
         if torch is None:
             raise KsaeError("torch with CUDA does not import here; use a Python that has it (the device image's "
                             "python3), or pass --no-torch to time without it")

@@ -59,6 +59,18 @@ def run_metadata(backend=None) -> dict:
     return meta
 
 
+def import_torch(cuda: bool = False):
+    """``(torch, None)``, or ``(None, why)`` where torch does not import (absent or broken) or, with ``cuda``,
+    sees no CUDA device: every benchmark that times PyTorch asks here."""
+    try:
+        import torch
+    except Exception as exc:  # noqa: BLE001 -- absent or broken: said, not raised
+        return None, f"torch does not import ({type(exc).__name__})"
+    if cuda and not torch.cuda.is_available():
+        return None, f"torch {torch.__version__} sees no CUDA device"
+    return torch, None
+
+
 def torch_meta() -> dict:
     """PyTorch's version, its CUDA and whether it sees a device (None where torch does not import):
     recorded with every figure that times PyTorch."""

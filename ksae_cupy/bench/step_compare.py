@@ -54,7 +54,7 @@ from pathlib import Path
 import numpy as np
 
 from ksae_cupy import paper
-from ksae_cupy.bench.metadata import run_metadata, torch_meta, write_results
+from ksae_cupy.bench.metadata import import_torch, run_metadata, torch_meta, write_results
 
 VALIDATE_RTOL = 1e-3  # float32 against float64 over 16 steps differs by about 1e-6; a wrong rate by percents
 MIN_TIMED_EPOCHS = 5
@@ -418,15 +418,6 @@ class OursTrainer:
 # ------------------------------------------------------------------------------------------------
 # The comparison.
 
-def _import_torch():
-    """torch, or the reason it is not timed."""
-    try:
-        import torch
-    except Exception as exc:  # noqa: BLE001 -- absent or broken
-        return None, f"torch does not import ({type(exc).__name__})"
-    return torch, None
-
-
 def _variants(backend, torch, setup: StepSetup, state: ModelState, X_nd) -> tuple[list, dict]:
     """``(variants, absent)``: every variant that could be built, each starting from ``state``; each that could
     not, with why."""
@@ -509,7 +500,7 @@ def compare_steps(device: str = "gpu", *, tiny: bool = False, data_dir: Path | N
         raise ValueError(f"epochs {epochs} is not allowed; use at least {MIN_TIMED_EPOCHS} (a median of fewer says little)")
     setup = StepSetup(epochs=epochs, **(TINY if tiny else {}))
     backend = resolve_device(device)
-    torch, torch_absent = _import_torch() if include_torch else (None, "left out (--no-torch)")
+    torch, torch_absent = import_torch() if include_torch else (None, "left out (--no-torch)")
     X_host, data = training_rows(tiny, data_dir, setup.D, setup.seed)
     X_nd = np.ascontiguousarray(X_host[:(len(X_host) // setup.batch) * setup.batch], dtype=np.float32)
     W0_dh = init_params(setup.D, setup.H, setup.sigma, np.random.default_rng(setup.seed))["W_dh"]

@@ -35,7 +35,7 @@ from typing import Callable
 import numpy as np
 
 from ksae_cupy import paper
-from ksae_cupy.bench.metadata import run_metadata, torch_meta, write_results
+from ksae_cupy.bench.metadata import import_torch, run_metadata, torch_meta, write_results
 from ksae_cupy.errors import KsaeError, TrainingDiverged
 from ksae_cupy.topk import TOPK_METHODS
 
@@ -235,13 +235,10 @@ def _torch_on(backend, include_torch: bool):
     """``(torch, None)`` where torch runs on the backend's GPU, else ``(None, why)``."""
     if not include_torch:
         return None, "left out (--no-torch)"
-    try:
-        import torch
-    except Exception as exc:  # noqa: BLE001 -- absent or broken
-        return None, f"torch does not import ({type(exc).__name__})"
-    if not torch.cuda.is_available():
-        return None, f"torch {torch.__version__} sees no CUDA device: not like for like with ours on the GPU"
-    return torch, None
+    torch, why = import_torch(cuda=True)
+    if why is not None and why.endswith("sees no CUDA device"):
+        why += ": not like for like with ours on the GPU"
+    return torch, why
 
 
 def contenders(backend, start, D: int, k: int, X_train, X_valid, X_host, batch: int, topk_methods, epochs: int,

@@ -21,12 +21,6 @@ def data_root() -> Path:
     return Path(os.environ.get("KSAE_DATA_DIR") or "data")
 
 
-def load_user_file(spec: str, valid_fraction: float = 0.1, seed: int = 0) -> Dataset:
-    """An N x D array from ``file.npy``, ``file.npz``, ``file.h5`` (its only dataset) or
-    ``file.h5:name``, split as :class:`DataSpec` says (see :mod:`ksae_cupy.datasets.user_files`)."""
-    return load_user_data(DataSpec(spec, valid_fraction=valid_fraction, split_seed=seed).validate())
-
-
 def load_dataset(name, root: Path | None = None, log=print, *, labels: str | None = None, test: str | None = None,
                  test_labels: str | None = None, valid_fraction: float = 0.1, test_fraction: float = 0.0,
                  split_seed: int = 0) -> Dataset:

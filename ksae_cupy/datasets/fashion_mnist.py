@@ -32,8 +32,6 @@ SOURCES = [
 # Where `apt-get install dataset-fashion-mnist` puts the four .gz files (used in place).
 SEARCH = (Path("/usr/share/datasets/fashion-mnist"),)
 
-CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
-
 
 def fetch(folder: Path, log=print) -> dict[str, Path]:
     """The four files, verified: from ``folder``, else from :data:`SEARCH`, else fetched into ``folder``."""

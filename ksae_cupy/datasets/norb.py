@@ -27,7 +27,7 @@ _DTYPES = {MAGIC_BYTE: np.dtype(np.uint8), MAGIC_INT: np.dtype("<i4")}
 _MAX_NDIM = 8
 
 N_EXAMPLES = 24_300          # in each of the training and test files
-N_TRAIN, N_VALID = 20_000, 4_300
+N_VALID = 4_300
 N_CLASSES = 5                # animal, human, airplane, truck, car
 SPLIT_SEED = 0
 CROP = (16, 80)              # rows/columns [16, 80) = the inner 64 x 64 of 96 x 96

@@ -291,14 +291,6 @@ def save_firing_histogram(counts_h, rows: int, path, title: str = "", bins: int 
     return size[0], size[1]
 
 
-def png_size(path) -> tuple[int, int]:
-    """``(width, height)`` from a PNG's IHDR chunk; KsaeError if the file is no PNG."""
-    head = Path(path).read_bytes()[:24]
-    if head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
-        raise KsaeError(f"{path} is not a PNG file")
-    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
-
-
 def check_training_records(metrics: list[dict], path) -> None:
     """Every record names its epoch, training loss and k, as ksae-train writes them; a fine-tuning
     run's log (phases, validation errors) or an edited file is one line, not a ``KeyError``."""

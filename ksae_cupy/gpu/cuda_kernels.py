@@ -59,7 +59,6 @@ STATIC_SHARED_BYTES = {"threshold": 1168, "sort": 0, "radix": 8192}
 TOPK_VARIANTS = ("block", "radix")
 DEFAULT_TOPK_VARIANT = "block"
 RADIX_MAX_WARPS = 8  # as in select_topk.cu
-RADIX_BLOCK_LIMIT = 256  # the kernels' __launch_bounds__
 ROW_KINDS = ("gather", "scatter", "mask")
 INT32_MAX = int(np.iinfo(np.int32).max)
 
@@ -118,19 +117,6 @@ def kernel_source(name: str = SOURCE_NAME) -> str:
     if name not in _SOURCE_CACHE:
         _SOURCE_CACHE[name] = kernel_source_path(name).read_text()
     return _SOURCE_CACHE[name]
-
-
-def instantiation_source(include_path: str | Path) -> str:
-    """A ``.cu`` translation unit that includes the kernels and instantiates every :data:`KERNEL_NAMES` entry.
-
-    Taking each template kernel's address in a host function makes nvcc instantiate and compile
-    it, without restating the parameter lists here.
-    """
-    lines = [f'#include "{Path(include_path).as_posix()}"', "", "void ksae_instantiate_all_kernels(void** out) {"]
-    for i, name in enumerate(KERNEL_NAMES):
-        lines.append(f"    out[{i}] = reinterpret_cast<void*>(&{name});")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
 
 
 # ------------------------------------------------------------------------------------------------

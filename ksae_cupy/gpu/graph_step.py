@@ -16,9 +16,8 @@ graphs here are kept to compare (``Trainer.gpu_epoch_graph = False``).
 
 The arithmetic is :func:`ksae_cupy.model.loss_and_grads` followed by :class:`~ksae_cupy.momentum_sgd.MomentumSGD`
 (linear or ReLU units, with AuxK's parts when asked, :mod:`ksae_cupy.gpu.graph_auxk`), with the top-k kernel
-writing the dense sparse code itself and one mask kernel for the gradient through the kept units, as in
-:mod:`ksae_cupy.bench.kernel_step`. Results agree with the generic step to float32 rounding
-(``tests/gpu/test_graph_step.py``).
+writing the dense sparse code itself and one mask kernel for the gradient through the kept units. Results
+agree with the generic step to float32 rounding (``tests/gpu/test_graph_step.py``).
 
 Nothing allocates while a graph is captured (every operation has its ``out``): a block the memory
 pool handed out during capture would be shared by the graph with whatever later reused it. On real

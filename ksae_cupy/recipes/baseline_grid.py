@@ -45,10 +45,6 @@ def run_grid(args) -> int:
     return 0
 
 
-    collect(args.out, points, args)
-    return 0
-
-
 def run_point(args, model: str, lr: str, wd: str) -> None:
     folder = args.out / model / f"lr{lr}-wd{wd}"
     if (folder / "score.json").is_file():

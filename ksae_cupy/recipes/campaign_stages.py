@@ -15,9 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ksae_cupy.bench.environment import device_check
-from ksae_cupy.bench.metadata import git_commit
+from ksae_cupy.bench.metadata import git_commit, import_torch
 from ksae_cupy.paper import err_mnist_error, ksparse_key
-from ksae_cupy.bench.kernel_grid import torch_cuda
 from ksae_cupy.recipes.campaign import EXIT_INTERRUPTED, MNIST_FILES, OF_THE_CODE, REPO, STAGE_MAX_S, STAGES, Campaign
 from ksae_cupy.reports.children import python_argv
 from ksae_cupy.reports.folders import evaluation_is_current, progress, read_json
@@ -135,7 +134,7 @@ def stage_grid(c: Campaign):
     minutes = min(c.left(), STAGE_MAX_S["grid"]) / 60.0
     tiny = ["--tiny"] if c.tiny else []
     argv = [sys.executable, REPO / "bin" / "gpu-campaign", c.out / "grid", "--kernel-grid", "--budget-minutes",
-            f"{minutes:.2f}", "--device", c.device, *tiny, *([] if torch_cuda() else ["--no-torch"])]
+            f"{minutes:.2f}", "--device", c.device, *tiny, *([] if import_torch(cuda=True)[0] else ["--no-torch"])]
     run, payload = _child_result(c, "grid", argv, "topk-gpu-*.json")
     if c.device == "cpu":  # the grid refuses the CPU, as it must: its command line was parsed and checked
         ok = run["status"] == 2 and "use --device gpu" in (c.out / run["log"]).read_text()

@@ -71,10 +71,3 @@ def stack_configs(kind: str, sizes: list[int], epochs: int, seed: int = 0) -> li
     upper = baseline.upper_layers
     return [baseline.config(hidden=H, epochs=epochs, seed=seed + i, **baseline.regularisation, **(upper if i else {}))
             for i, H in enumerate(sizes)]
-
-
-def pretrain_baseline(kind: str, X_nd, sizes: list[int], epochs: int, seed: int = 0, backend: Backend = CPU,
-                      on_epoch=None) -> list:
-    """:func:`fit_stack` of ``len(sizes)`` layers of a baseline named in :data:`BASELINES`, each
-    configured by :func:`stack_configs`."""
-    return fit_stack(X_nd, stack_configs(kind, sizes, epochs, seed), backend, on_epoch)

@@ -58,7 +58,7 @@ from ksae_cupy.errors import KsaeError, OptionError
 from ksae_cupy.training.config import RATE, check_by_rule, check_in_dtype_by_field, check_with
 from ksae_cupy.training.options import DictConfig, ValidatedOnce, check_batch_size
 from ksae_cupy.model import reconstruction_loss
-from ksae_cupy.paper import ERR_MNIST, FN_MNIST, errors
+from ksae_cupy.paper import ERR_MNIST, errors
 from ksae_cupy.supervised import baseline_registry as registry
 from ksae_cupy.supervised.baseline_registry import (  # noqa: F401 (the registry's names, read from here too)
     BASELINES, DROPOUTS, learner_of, per_family_default, register)
@@ -152,12 +152,6 @@ def rbm_cd1(params, V0_nd, U_nh, weight_decay: float = 0.0):
              "c_d": -(V0_nd - V1_nd).sum(axis=0) / N}
     R_nd = V1_nd - V0_nd
     return 0.5 * float(xp.vdot(R_nd, R_nd)) / N, grads
-
-
-def rbm_free_energy(params, V_nd):
-    """``F(v) = -v c - sum_j log(1 + exp(v W + b)_j)`` per row, so that ``p(v) ~ exp(-F(v))``."""
-    xp = array_module(V_nd)
-    return -(V_nd @ params["c_d"]) - xp.logaddexp(0, V_nd @ params["W_dh"] + params["b_h"]).sum(axis=1)
 
 
 # -- features for fine-tuning ------------------------------------------------------------------
@@ -340,6 +334,3 @@ REGULARISATION = {name: baseline.regularisation for name, baseline in BASELINES.
 # The paper's figures for these baselines on MNIST (1000 hidden units), from ksae_cupy.paper.
 # Table err_mnist: logistic regression on the features (section 5).
 PAPER_ERR_MNIST = {model: error for model, error in errors(ERR_MNIST).items() if model in BASELINES}
-# Table fn_mnist: the pretrained net fine-tuned ("deep-dropout-ae": two layers, layer-wise).
-PAPER_FN_MNIST = {key: errors(FN_MNIST)[key]
-                  for key in (*(name for name, b in BASELINES.items() if b.fine_tuned), "deep-dropout-ae")}

@@ -1,14 +1,14 @@
-"""Greedy layer-wise pretraining (section 4.6) and loading pretrained run folders.
+"""Greedy layer-wise pretraining (section 4.6): loading pretrained run folders, and the codes a layer learns on.
 
 "We first train a shallow k-sparse autoencoder and obtain the hidden codes. We then fix
 the features and train another k-sparse autoencoder on top of them."
 
 Which codes: layer l+1 is trained on the **alpha*k-sparse** codes of layer l
-(``transform(X, alpha=code_alpha)``, ``code_alpha`` defaulting to the fine-tuning alpha).
+(``transform(X, alpha=alpha)``, ``alpha`` defaulting to the fine-tuning alpha).
 The paper does not say which; we choose the codes the second layer will actually receive
 in the fine-tuned network, where every hidden layer keeps its alpha*k largest units
 (section 4.6), so pretraining and fine-tuning see the same input distribution.
-``code_alpha=1`` gives the plain k-sparse codes instead.
+``alpha=1`` gives the plain k-sparse codes instead.
 
 :func:`write_codes` writes those codes of a ``ksae-train`` run's training set to an ``.npy``
 file, for ``ksae-train CODES.npy`` to learn layer 2 in a process of its own (``bin/reproduce-finetune``);
@@ -26,21 +26,6 @@ from ksae_cupy.errors import KsaeError
 from ksae_cupy.session import trained_on
 from ksae_cupy.training.estimator import KSparseAutoencoder
 from ksae_cupy.session.runs import RunFolder
-
-
-def pretrain_stack(X_nd, layer_settings: list[dict], code_alpha: float = 3.0, X_valid_nd=None, on_epoch=None):
-    """Train one :class:`KSparseAutoencoder` per entry of ``layer_settings`` (its kwargs), greedily.
-
-    Layer 1 learns on ``X_nd``; each next layer learns on the previous layer's
-    ``code_alpha*k``-sparse codes, with the previous layers fixed. Returns the list.
-    """
-    models, inputs, valid = [], X_nd, X_valid_nd
-    for settings in layer_settings:
-        model = KSparseAutoencoder(**settings).fit(inputs, X_valid=valid, on_epoch=on_epoch)
-        models.append(model)
-        inputs = model.transform(inputs, alpha=code_alpha)
-        valid = model.transform(valid, alpha=code_alpha) if valid is not None else None
-    return models
 
 
 def load_pretrained_run(run_dir, device: str = "cpu", what: str = "pretrained run",

@@ -177,7 +177,7 @@ def test_pytorchs_step_takes_the_reference_steps_on_the_cpu(shape, start):
     assert sum(reference[V:]) < sum(reference[:V])  # it learns: the same batches cost less the second time
     ours = step_compare.OursTrainer(resolve_device("cpu"), setup, X_nd, state).steps(order, V)
     np.testing.assert_allclose(ours, [np.mean(reference[:V]), np.mean(reference[V:])], rtol=1e-5)
-    torch, why = step_compare._import_torch()
+    torch, why = step_compare.import_torch()
     if torch is None:
         assert why.startswith("torch does not import")
         return

@@ -6,6 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from ksae_cupy.evaluation import plots
+from pngsize import png_size
 from ksae_cupy.cli.analyze import analyze_command
 from ksae_cupy.cli.evaluate import eval_command
 from ksae_cupy.cli.plot import plot_command
@@ -81,7 +82,7 @@ def test_plot_filters_png(run_dir, tmp_path):
     result = invoke(plot_command, ["filters", run_dir, "-o", out, "--n", "16", "--scale", "3"])
     assert result.exit_code == 0, result.output
     # 16 filters of 8x8 (D = 64) in a 4x4 grid with 1-pixel gaps: 4*9+1 = 37 pixels, times 3.
-    assert plots.png_size(out) == (111, 111)
+    assert png_size(out) == (111, 111)
 
 
 def test_plot_filters_says_how_many_it_draws(run_dir, tmp_path):
@@ -101,7 +102,7 @@ def test_plot_filters_can_leave_the_dead_units_out(tmp_path, synthetic_W):
     assert result.exit_code == 0, result.output
     assert "88 of 128 filters; 40 dead left out: non-zero in no training example's k-code" in result.output
     # The 88 live filters of 8x8 in a 10-column grid, 9 rows, 1-pixel gaps: 10*9+1 x 9*9+1.
-    assert plots.png_size(out) == (91, 82)
+    assert png_size(out) == (91, 82)
     drawn = plots.filter_mosaic(synthetic_W[:, 40:], image_shape=(8, 8))
     from matplotlib import image as mpimg
 
@@ -115,7 +116,7 @@ def test_plot_filters_takes_colour_patch_layout_from_the_run_dataset(tmp_path):
     result = invoke(plot_command, ["filters", run, "-o", out, "--scale", "1"])
     assert result.exit_code == 0, result.output
     # 4 colour filters of 8x8 (D = 192 = 8*8*3) in a 2x2 grid with 1-pixel gaps: 2*9+1 = 19.
-    assert plots.png_size(out) == (19, 19)
+    assert png_size(out) == (19, 19)
 
 
 def test_plot_filters_rejects_a_wrong_shape(run_dir):
@@ -136,7 +137,7 @@ def test_plot_hist_compares_runs(run_dir, tmp_path, synthetic_W):
     out = tmp_path / "h.png"
     result = invoke(plot_command, ["hist", run_dir, dense, "-o", out, "--n-samples", "200"])
     assert result.exit_code == 0, result.output
-    assert plots.png_size(out) == (800, 500)
+    assert png_size(out) == (800, 500)
     assert_user_error(invoke(plot_command, ["hist", run_dir, "--alpha", "0"]), "alpha")
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from ksae_cupy.datasets import cifar, load_user_file
+from ksae_cupy.datasets import cifar, load_dataset
 from ksae_cupy.datasets.idx import read_idx, write_idx
 from ksae_cupy.datasets.norb import read_norb_matrix, write_norb_matrix
 from ksae_cupy.errors import KsaeError
@@ -166,7 +166,7 @@ def test_cifar_archive(folder, data):
 def _load_user_file_bytes(path: Path, raw: bytes) -> None:
     """Write ``raw`` as a user data file and load it: a finite float32 dataset or a KsaeError."""
     path.write_bytes(raw)
-    dataset = parse_bounded(lambda: load_user_file(str(path)), raw)
+    dataset = parse_bounded(lambda: load_dataset(str(path)), raw)
     if dataset is not None:
         assert dataset.X_train.dtype == np.float32 and np.isfinite(dataset.X_train).all()
 
@@ -213,7 +213,7 @@ def test_lying_size_fields_are_refused_before_allocating(folder):
     header = "{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000000, 4), }"
     cases["npy"] = b"\x93NUMPY\x01\x00" + len(header.ljust(117) + "\n").to_bytes(2, "little") \
         + (header.ljust(117) + "\n").encode() + bytes(16)
-    readers = {"idx": read_idx, "mat": read_norb_matrix, "npy": lambda p: load_user_file(str(p))}
+    readers = {"idx": read_idx, "mat": read_norb_matrix, "npy": lambda p: load_dataset(str(p))}
     for suffix, raw in cases.items():
         path = folder / f"lying.{suffix}"
         path.write_bytes(raw)
@@ -226,4 +226,4 @@ def test_h5_dataset_larger_than_its_file_is_refused(folder):
     with h5py.File(path, "w") as f:  # chunks never written: HDF5 would hand back fill values
         f.create_dataset("X", shape=(10**6, 1000), dtype="f4", chunks=(100, 100))
     with pytest.raises(KsaeError, match="more than the file can hold"):
-        load_user_file(str(path))
+        load_dataset(str(path))

@@ -29,7 +29,6 @@ import pytest
 
 from ksae_cupy.gpu import cuda_kernels as kernels
 from ksae_cupy.gpu.cuda_kernels import next_pow2
-from ksae_cupy.bench.kernel_step import fused_step
 from ksae_cupy.topk import topk_sort, topk_threshold
 
 import emulated_kernels
@@ -443,44 +442,6 @@ def test_rows_million_rows(pool):
     idx = rng.integers(0, H, size=(N, 1), dtype=np.int32)
     src = rng.standard_normal((N, H)).astype(np.float32)
     pool.map([lambda d: run_rows(d, "mask", src, idx, H, harness.SCHEDULES[1], "million rows")])
-
-
-# ------------------------------------------------------------------------------------------------
-# The fused training step, with NumPy doing the matrix products and the kernels the rest.
-
-@pytest.mark.parametrize("method", ["threshold", "sort"])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_fused_step_matches_model_step(pool, method, dtype):
-    from ksae_cupy.model import init_params, loss_and_grads
-
-    rng = np.random.default_rng(4)
-    D, H, N, k = 30, 300, 37, 7
-    params = {n: v.astype(dtype) for n, v in init_params(D, H, 0.1, rng).items()}
-    params["b_h"] = rng.standard_normal(H).astype(dtype) * dtype(0.01)
-    X = rng.random((N, D)).astype(dtype)
-
-    def step(d):
-        def topk_dense(Z, k_, m):
-            outs = (np.empty((Z.shape[0], k_), np.int32), np.empty((Z.shape[0], k_), Z.dtype), np.empty_like(Z))
-            d.run(kernels.plan_topk(Z, k_, m, outs, LIMITS), harness.SCHEDULES[4], "fused step top-k")
-            return outs
-
-        def mask_rows(src, idx):
-            out = np.empty_like(src)
-            d.run(kernels.plan_rows("mask", src, idx, out, LIMITS), harness.SCHEDULES[5], "fused step mask")
-            return out
-
-        return fused_step(params, X, k, method, xp=np, topk_dense=topk_dense, mask_rows=mask_rows)
-
-    (loss_f, grads_f, cache_f), = pool.map([step])
-    loss_m, grads_m, cache_m = loss_and_grads(params, X, k, method)
-    np.testing.assert_array_equal(np.sort(cache_f.idx_nk, axis=1), np.sort(cache_m.idx_nk, axis=1))
-    np.testing.assert_array_equal(bits(cache_f.Zs_nh), bits(cache_m.Zs_nh))
-    rtol = 1e-5 if dtype == np.float32 else 1e-12
-    assert loss_f == pytest.approx(loss_m, rel=rtol)
-    for n in grads_m:
-        np.testing.assert_allclose(grads_f[n], grads_m[n], rtol=rtol, atol=rtol * float(np.abs(grads_m[n]).max()),
-                                   err_msg=n)
 
 
 # ------------------------------------------------------------------------------------------------

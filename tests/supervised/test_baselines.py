@@ -130,11 +130,11 @@ def test_stack_learns_each_layer_on_the_features_of_the_layer_below():
 
 @pytest.mark.parametrize("kind,p_in,p_hid", [("dropout-ae", 0.0, 0.5), ("denoising-ae", 0.2, 0.0),
                                              ("dropout-denoising-ae", 0.2, 0.5)])
-def test_pretrain_baseline_uses_the_papers_dropout(kind, p_in, p_hid, monkeypatch):
+def test_a_baseline_stack_uses_the_papers_dropout(kind, p_in, p_hid, monkeypatch):
     seen = []
     real = baseline_fit.fit_baseline
     monkeypatch.setattr(baseline_fit, "fit_baseline", lambda X, c, *a: seen.append(c) or real(X, c, *a))
-    baseline_fit.pretrain_baseline(kind, low_rank_images(N=200), [6, 4], epochs=1, seed=3)
+    baseline_fit.fit_stack(low_rank_images(N=200), baseline_fit.stack_configs(kind, [6, 4], epochs=1, seed=3))
     assert [(c.hidden, c.input_dropout, c.hidden_dropout, c.seed) for c in seen] == [(6, p_in, p_hid, 3),
                                                                                     (4, p_in, p_hid, 4)]
     # layer 1 the config's defaults, the layers above it their own start (baselines.UPPER_AUTOENCODER)
@@ -152,7 +152,7 @@ def test_stack_configs_give_upper_autoencoder_layers_their_own_start_and_leave_t
 
 def test_unknown_baseline_is_a_one_line_error():
     with pytest.raises(KsaeError, match="baseline 'sae' is not allowed; use one of rbm, dropout-ae, denoising-ae, dropout-denoising-ae"):
-        baseline_fit.pretrain_baseline("sae", np.zeros((4, 3)), [2], epochs=1)
+        baseline_fit.stack_configs("sae", [2], epochs=1)
 
 
 def test_an_unknown_model_names_the_parameter_and_a_bad_dropout_rate_its_field():
@@ -197,13 +197,18 @@ def test_cd1_update_equals_the_formula_on_a_tiny_example():
         np.testing.assert_allclose(updated[name], expected[name], rtol=1e-12, atol=1e-14)
 
 
+def rbm_free_energy(params, V_nd):
+    """``F(v) = -v c - sum_j log(1 + exp(v W + b)_j)`` per row, so that ``p(v) ~ exp(-F(v))``."""
+    return -(V_nd @ params["c_d"]) - np.logaddexp(0, V_nd @ params["W_dh"] + params["b_h"]).sum(axis=1)
+
+
 def exact_mean_log_likelihood(params, V_nd):
     """Mean log p(v) of a tiny RBM, log Z by enumerating every visible state."""
     D = params["W_dh"].shape[0]
     states = np.array(list(itertools.product([0.0, 1.0], repeat=D)))
-    neg_F = -baselines.rbm_free_energy(params, states)
+    neg_F = -rbm_free_energy(params, states)
     log_Z = neg_F.max() + np.log(np.exp(neg_F - neg_F.max()).sum())
-    return float((-baselines.rbm_free_energy(params, V_nd) - log_Z).mean())
+    return float((-rbm_free_energy(params, V_nd) - log_Z).mean())
 
 
 def test_free_energy_matches_summing_out_the_hidden_units():
@@ -212,7 +217,7 @@ def test_free_energy_matches_summing_out_the_hidden_units():
     v = np.array([[1.0, 0.0, 1.0]])
     total = sum(np.exp(v[0] @ params["c_d"] + np.array(h) @ params["b_h"] + v[0] @ params["W_dh"] @ np.array(h))
                 for h in itertools.product([0.0, 1.0], repeat=2))
-    assert -baselines.rbm_free_energy(params, v)[0] == pytest.approx(np.log(total), rel=1e-12)
+    assert -rbm_free_energy(params, v)[0] == pytest.approx(np.log(total), rel=1e-12)
 
 
 def test_cd1_training_raises_the_exact_log_likelihood_of_a_tiny_rbm():

@@ -137,11 +137,12 @@ def test_learns_a_small_labelled_problem_well_above_chance():
 
 
 def test_pretrained_stack_initialises_a_deep_net_that_learns():
-    from ksae_cupy.supervised.pretrain import encoder_of, pretrain_stack
+    from ksae_cupy.supervised.pretrain import encoder_of
+    from ksae_cupy.training.estimator import KSparseAutoencoder
 
     common = dict(k_start=None, epochs=5, batch_size=50, lr=0.05, sigma=0.1, device="cpu", seed=1)
-    ae1, ae2 = pretrain_stack(X_tr, [dict(n_hidden=24, k=4, **common), dict(n_hidden=12, k=3, **common)],
-                              code_alpha=2)
+    ae1 = KSparseAutoencoder(n_hidden=24, k=4, **common).fit(X_tr)
+    ae2 = KSparseAutoencoder(n_hidden=12, k=3, **common).fit(ae1.transform(X_tr, alpha=2))
     # Layer 2 was trained on the alpha*k-sparse codes of layer 1.
     assert ae2.components_.shape == (12, 24)
     codes = ae1.transform(X_tr[:5], alpha=2)
