@@ -92,7 +92,7 @@ def _epoch_report(trainer, epoch, tally, seconds: float, samples: int, valid_los
         epoch=trainer.epoch, step=trainer.step, k=epoch.k, lr=trainer.config.lr,
         train_loss=tally.mean("loss", "batches") or 0.0,
         valid_loss=valid_loss,
-        dead_fraction=trainer._dead_fraction(tally.get("kept_h")),
+        dead_fraction=float(to_host((tally.get("kept_h") == 0).mean())),  # units no example kept this epoch
         samples_per_s=samples / seconds if seconds > 0 else float("inf"),
         seconds=seconds,
         parts={name: round(value, 4) for name, value in epoch.parts.items()},
@@ -376,13 +376,9 @@ class Trainer:
         loss, aux_loss, grads, cache = step.gradients(self.params if params is None else params, X_nd, k, lanes,
                                                       X_rows, dead_h)
         kept_h = self.backend.xp.bincount(cache.idx_nk.ravel(), minlength=self.config.hidden)
-        self._batch_nonzero = self._code_nonzero(cache)
+        # relu units: the kept ones above 0, counted; linear ones keep n * k, which the tally adds without a count
+        self._batch_nonzero = None if self.config.activation == "linear" else epochs.code_nonzero(cache)
         return loss, aux_loss, grads, kept_h
-
-    def _code_nonzero(self, cache):
-        """The batch's non-zero code units, counted only for relu units (a unit kept at 0); linear units keep
-        n * k, which the tally adds without a count on the step's path."""
-        return None if self.config.activation == "linear" else epochs.code_nonzero(cache)
 
     def _note_kept(self, kept_h, n_examples: int) -> None:
         """Count ``n_examples`` more for every unit this batch kept in no example; reset those it kept."""
@@ -428,10 +424,6 @@ class Trainer:
                 self.backend.synchronize()
                 times.append(time.perf_counter() - start)
         return float(np.median(times[1:]))
-
-    def _dead_fraction(self, kept_count_h) -> float:
-        """The fraction of hidden units that no example kept during the epoch."""
-        return float(to_host((kept_count_h == 0).mean()))
 
     def code_l0(self, X_nd, k: int, chunk: int = 1024) -> float | None:
         """Mean count of non-zero code units per row of ``X_nd`` at ``k``: k for linear units (the top-k
