@@ -12,6 +12,7 @@
 * No import cycle between modules.
 * Every folder says in its ``__init__`` docstring what it holds.
 * A module over 400 lines says why in its docstring (a line that begins "Over 400 lines:").
+* A command module (``cli/``) is at most 120 lines.
 """
 from __future__ import annotations
 
@@ -126,6 +127,13 @@ def test_a_long_module_says_why():
               if not any(line.startswith("Over 400 lines:")
                          for line in (ast.get_docstring(ast.parse(MODULES[name].read_text())) or "").splitlines())]
     assert not silent, f"over 400 lines with no 'Over 400 lines:' line in the docstring: {', '.join(silent)}"
+
+
+def test_a_command_module_stays_thin():
+    # cli/ holds click declarations; what a command computes lives in the room that owns the job.
+    thick = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()
+             if _folder(name) == "cli" and len(path.read_text().splitlines()) > 120}
+    assert thick == {}, f"cli/ modules over 120 lines (move what they compute to its room): {thick}"
 
 
 def test_every_folder_is_installed():
