@@ -92,7 +92,7 @@ def _epoch_report(trainer, epoch, tally, seconds: float, samples: int, valid_los
         epoch=trainer.epoch, step=trainer.step, k=epoch.k, lr=trainer.config.lr,
         train_loss=tally.mean("loss", "batches") or 0.0,
         valid_loss=valid_loss,
-        dead_fraction=float(to_host((tally.get("kept_h") == 0).mean())),  # units no example kept this epoch
+        dead_fraction=trainer._dead_fraction(tally.get("kept_h")),
         samples_per_s=samples / seconds if seconds > 0 else float("inf"),
         seconds=seconds,
         parts={name: round(value, 4) for name, value in epoch.parts.items()},
@@ -135,8 +135,7 @@ class Trainer:
     # Whether the captured GPU step runs each epoch as one CUDA graph (ksae_cupy.gpu.graph_epoch: our product
     # kernels, no host work per step); False: the step graphs between cuBLAS products (graph_step), kept to compare.
     gpu_epoch_graph = True
-    # With the epoch graph: whether a fresh epoch's order is drawn on the device, in the graph (NumPy's permutation,
-    # bit for bit, ksae_cupy.gpu.shuffle), else on the host and copied in.
+    # With the epoch graph: a fresh epoch's order drawn in it (ksae_cupy.gpu.shuffle, NumPy's bit for bit), else on the host.
     gpu_order_on_device = True
 
     def __init__(self, config: TrainConfig, backend: Backend, D: int, checkpoint: Checkpoint | None = None):
@@ -424,6 +423,10 @@ class Trainer:
                 self.backend.synchronize()
                 times.append(time.perf_counter() - start)
         return float(np.median(times[1:]))
+
+    def _dead_fraction(self, kept_count_h) -> float:
+        """The fraction of hidden units no example kept in the epoch (the MPI trainers count theirs over the ranks)."""
+        return float(to_host((kept_count_h == 0).mean()))
 
     def code_l0(self, X_nd, k: int, chunk: int = 1024) -> float | None:
         """Mean count of non-zero code units per row of ``X_nd`` at ``k``: k for linear units (the top-k
