@@ -46,7 +46,6 @@ from ksae_cupy.supervised.finetune_run import RESULTS
 @click.argument("pretrained", nargs=-1, type=GivenPath(path_type=Path), metavar="[DATASET] [PRETRAINED_RUN_DIR]...")
 @declared(FINETUNE)
 @data_options
-@click.pass_context
 @report_errors
 @typed(FinetuneOptions)
 def finetune_command(ctx, options: FinetuneOptions, pretrained):

@@ -63,7 +63,6 @@ def main():
 @click.option("--fail-rank", type=int, default=1, hidden=True, help="The rank that fails (--fail-at-step).")
 @click.option("--fail-mode", type=click.Choice(["raise", "exit"]), default="raise", hidden=True,
               help="How it fails: an exception, or the process exiting.")
-@click.pass_context
 @abort_on_error(spell=flag_of)
 @typed(MpiTrainOptions)
 def train(ctx, options: MpiTrainOptions, fail_at_step, fail_rank, fail_mode):

@@ -54,13 +54,14 @@ def declared(options: list[Option]):
 
 
 def typed(options_class):
-    """Call the command with its values as one ``options_class`` (:func:`~ksae_cupy.session.fields.options_class`),
-    ``given`` the names typed; a parameter none of its fields names (PRETRAINED_RUN_DIR...) stays a keyword."""
+    """In ``click.pass_context``'s place: the command called with the context and its values as one ``options_class``,
+    ``given`` the names typed; a parameter no field names (PRETRAINED_RUN_DIR...) stays a keyword."""
     names = {field.name for field in dataclasses.fields(options_class)}
 
     def decorate(func):
         @functools.wraps(func)
-        def command(ctx, **values):
+        def command(**values):
+            ctx = click.get_current_context()
             given = {n for n in values if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE}
             options = options_class(**{n: v for n, v in values.items() if n in names}, given=frozenset(given))
             return func(ctx, options, **{n: v for n, v in values.items() if n not in names})
@@ -84,7 +85,7 @@ def dataset_command(options_class):
         # the help names the registries' datasets and baselines
         func.__doc__ = func.__doc__.replace("{datasets}", spelled(names())).replace("{baselines}", ", ".join(BASELINES))
         # as the decorators stacked above a def would apply: the innermost first
-        func = data_options(click.pass_context(report_errors(typed(options_class)(func))))
+        func = data_options(report_errors(typed(options_class)(func)))
         func = declared(options_class.declarations)(func)
         return click.command(context_settings=CONTEXT)(version_option(click.argument("dataset", required=False)(func)))
 
