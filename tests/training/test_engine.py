@@ -79,3 +79,30 @@ def test_each_sets_spread_is_computed_once_however_the_epochs_are_run(monkeypatc
     fresh.fit(X_nd, X_valid_nd, on_epoch=fitted.append)
     assert [r.fve for r in reports] == [r.fve for r in fitted]  # the same figures as fit's
     assert [r.valid_fve for r in reports] == [r.valid_fve for r in fitted]
+
+
+def test_one_step_is_at_most_fourteen_frames_below_the_command_line(tmp_path):
+    """From click's ``main`` down to the step's math, inclusive, as ``ksae-train`` runs a CPU step."""
+    from click.testing import CliRunner
+
+    from ksae_cupy.cli.train import train_command
+
+    chains = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_name in ("loss_and_grads_sparse", "loss_and_grads") and not chains:
+            chain, f = [], frame
+            while f is not None and not (f.f_code.co_name == "main" and "click" in f.f_code.co_filename):
+                chain.append(f.f_code.co_name)
+                f = f.f_back
+            chains.append(chain)
+
+    sys.setprofile(profile)
+    try:
+        result = CliRunner().invoke(train_command, ["synthetic", "--epochs", "1", "--hidden", "64", "--k", "8",
+                                                    "--threads", "1", "--device", "cpu", "--quiet",
+                                                    "--run-dir", str(tmp_path / "run")])
+    finally:
+        sys.setprofile(None)
+    assert result.exit_code == 0, result.output
+    assert chains and len(chains[0]) <= 14, chains  # frames below click's main, the math's own included
