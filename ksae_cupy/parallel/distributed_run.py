@@ -98,7 +98,7 @@ def _train(comm, run: "RankLifecycle", config, spec, fail_at_step):
         from ksae_cupy.session.resuming import run_level_changes
 
         ckpt, resumed_config, changes = resumed_run(run.folder, run.options, size)
-        changes += run_level_changes(run.settings, run.given, run.previous)
+        changes += run_level_changes(run.settings, run.options.given, run.previous)
         return ckpt, resumed_config, changes, run.spec, data_record(run.spec)
 
     ckpt, config, changes, spec, record = run.open(lambda: default_run_dir(spec.data, config.hidden, config.k),

@@ -44,7 +44,7 @@ class RunLifecycle:
     run_level = RUN_LEVEL
 
     def __init__(self, command: str, kind: str, options, echo):
-        self.command, self.kind, self.options, self.given, self.echo = command, kind, options, options.given, echo
+        self.command, self.kind, self.options, self.echo = command, kind, options, echo
         self.say = (lambda *a, **kw: None) if options.quiet else echo
         self.folder: RunFolder | None = None
         self.previous: dict | None = None
@@ -82,7 +82,7 @@ class RunLifecycle:
         self.settings = resuming.run_level(self.run_level, options, self.previous or {})
         if "progress_seconds" in self.settings:
             check_progress_seconds(self.settings["progress_seconds"])
-            if "progress_seconds" in self.given and options.quiet:  # said, not refused: scripts pass both
+            if "progress_seconds" in options.given and options.quiet:  # said, not refused: scripts pass both
                 note(f"--progress-seconds {options.progress_seconds} has no effect with --quiet, which shows no "
                      f"progress")
         self.policy = self.checkpoint_policy()
