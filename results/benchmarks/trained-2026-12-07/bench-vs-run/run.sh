@@ -1,24 +1,24 @@
 #!/bin/bash
-# bench-vs-run gap at two threads; quiet cores required
+# bench-vs-run gap at two threads; quiet cores required. Run with the package installed (its venv active),
+# KSAE_DATA_DIR holding MNIST, and GAP_DIR a scratch folder outside the clone (default /tmp/ksae-gap).
 set -e
-source /work/main/.venv/bin/activate
-export KSAE_DATA_DIR=/work/data
-G=/work/runs/gap; rm -rf $G; mkdir -p $G
-cd /work/main
-ksae-train mnist --k 25 --epochs 16 --threads 2 --run-dir $G/real --data-dir /work/data --quiet
+HERE=$(cd "$(dirname "$0")" && pwd)
+G=${GAP_DIR:-/tmp/ksae-gap}; rm -rf $G; mkdir -p $G
+export GAP_DIR=$G
+ksae-train mnist --k 25 --epochs 16 --threads 2 --run-dir $G/real --quiet
 for rep in 1 2; do
   cp -r $G/real $G/resume$rep
   ksae-train --resume $G/resume$rep --epochs 22 --threads 2 --quiet
 done
 for rep in 1 2; do
   for cfg in "bench sparse,dense" "bench sparse" "train sparse" "train sparse,dense"; do
-    python /work/measure/gap/probe.py $G/real $cfg | tail -1 >> $G/probe.jsonl
+    python $HERE/probe.py $G/real $cfg | tail -1 >> $G/probe.jsonl
   done
 done
 cp -r $G/real $G/resume3; ksae-train --resume $G/resume3 --epochs 22 --threads 2 --quiet
 python - <<'PY'
 import json, statistics
-G="/work/runs/gap"
+import os; G=os.environ["GAP_DIR"]
 for rep in (1,2,3):
     lines=[json.loads(l) for l in open(f"{G}/resume{rep}/metrics.jsonl")]
     ep=[l for l in lines if l.get("epoch",0)>16]
